@@ -1,0 +1,417 @@
+// Package config is deployguard's one configuration file: the cluster's policy
+// knobs (defaults, bounds, exemptions), loaded and validated once at start-up.
+// Every error names the field and the line it came from, because the person who
+// reads it is editing a YAML file.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+const (
+	// APIVersion and Kind identify the file, so that a wrong file is caught early.
+	APIVersion = "deployguard.io/v1alpha1"
+	Kind       = "GuardConfig"
+)
+
+// Config is the guard's configuration file.
+type Config struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+
+	Defaults   Defaults   `yaml:"defaults"`
+	Bounds     Bounds     `yaml:"bounds"`
+	Selector   Selector   `yaml:"selector"`
+	Finalizers Finalizers `yaml:"finalizers"`
+	Rollback   Rollback   `yaml:"rollback"`
+	Cleanup    Cleanup    `yaml:"cleanup"`
+	Policy     Policy     `yaml:"policy"`
+	Exemptions Exemptions `yaml:"exemptions"`
+}
+
+// Defaults are what the mutating webhook fills in where the user did not choose.
+type Defaults struct {
+	Strategy                Strategy `yaml:"strategy"`
+	RevisionHistoryLimit    int32    `yaml:"revisionHistoryLimit"`
+	ProgressDeadlineSeconds int32    `yaml:"progressDeadlineSeconds"`
+	// AddFinalizers adds the guard's cleanup finalizers to every guarded Deployment.
+	AddFinalizers bool `yaml:"addFinalizers"`
+}
+
+// Strategy is the default rolling update; values are an integer or a percentage.
+type Strategy struct {
+	MaxSurge       string `yaml:"maxSurge"`
+	MaxUnavailable string `yaml:"maxUnavailable"`
+}
+
+// Bounds are the limits the validating webhook enforces.
+type Bounds struct {
+	RevisionHistoryLimit    Range `yaml:"revisionHistoryLimit"`
+	ProgressDeadlineSeconds Range `yaml:"progressDeadlineSeconds"`
+}
+
+// Range is an inclusive [Min, Max].
+type Range struct {
+	Min int32 `yaml:"min"`
+	Max int32 `yaml:"max"`
+}
+
+// Selector configures the repair of missing selectors.
+type Selector struct {
+	// StableLabelKeys are the template labels that identify an application and
+	// never change between versions, in order of preference.
+	StableLabelKeys []string `yaml:"stableLabelKeys"`
+}
+
+// Finalizers configures who may remove or reorder the guard's finalizers.
+type Finalizers struct {
+	// BreakGlassGroups may remove or reorder the guard's finalizers, besides the
+	// guard's own service account.
+	BreakGlassGroups []string `yaml:"breakGlassGroups"`
+}
+
+// Rollback configures the reconciler's automatic rollback.
+type Rollback struct {
+	// AutoRollback is on unless a Deployment opts out by annotation.
+	AutoRollback bool `yaml:"autoRollback"`
+	// Quarantine is what the validating webhook does with an update that brings a
+	// failed template back: enforce (refuse), warn, or off.
+	Quarantine string `yaml:"quarantine"`
+}
+
+// Cleanup configures finalizer-ordered cleanup.
+type Cleanup struct {
+	DrainTimeout    Duration `yaml:"drainTimeout"`
+	RecordRetention Duration `yaml:"recordRetention"`
+}
+
+// Policy configures the Rego policy layer.
+type Policy struct {
+	// DisableBuiltins names built-in policies that are switched off.
+	DisableBuiltins []string `yaml:"disableBuiltins"`
+	// ModeOverride forces a mode (enforce, warn, audit) on every policy, for a
+	// dry run of a new rule set.
+	ModeOverride string `yaml:"modeOverride"`
+	// Modes forces a mode on single policies, by name.
+	Modes map[string]string `yaml:"modes"`
+	// FailureMode is what an evaluation error means for an enforce policy: deny or allow.
+	FailureMode string `yaml:"failureMode"`
+	// EvalTimeout is each evaluation's time budget.
+	EvalTimeout Duration `yaml:"evalTimeout"`
+}
+
+// Exemptions are requests the guard's checks never refuse. They come from this
+// file only, never from anything the requesting user controls.
+type Exemptions struct {
+	Namespaces []string `yaml:"namespaces"`
+	Usernames  []string `yaml:"usernames"`
+	Groups     []string `yaml:"groups"`
+}
+
+// Duration is a time.Duration written as "90s" or "2m" in the file.
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration such as \"90s\" or \"2m\"", n.Line, s)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalYAML writes the duration back as a string.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// Default returns the configuration used when no file is given; a file only
+// needs to name what it changes.
+func Default() Config {
+	return Config{
+		APIVersion: APIVersion,
+		Kind:       Kind,
+		Defaults: Defaults{
+			Strategy:                Strategy{MaxSurge: "25%", MaxUnavailable: "0"},
+			RevisionHistoryLimit:    10,
+			ProgressDeadlineSeconds: 600,
+			AddFinalizers:           true,
+		},
+		Bounds: Bounds{
+			RevisionHistoryLimit:    Range{Min: 2, Max: 100},
+			ProgressDeadlineSeconds: Range{Min: 30, Max: 7200},
+		},
+		Selector: Selector{StableLabelKeys: []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"}},
+		Rollback: Rollback{AutoRollback: true, Quarantine: "enforce"},
+		Cleanup: Cleanup{
+			DrainTimeout:    Duration{2 * time.Minute},
+			RecordRetention: Duration{7 * 24 * time.Hour},
+		},
+		Policy: Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
+	}
+}
+
+// Load reads, parses and validates the file at path. An empty path gives Default().
+func Load(path string) (Config, error) {
+	if path == "" {
+		return Default(), nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("reading config file: %w", err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse parses and validates a configuration document over Default(): fields not
+// in the document keep their default, unknown fields are errors.
+func Parse(b []byte) (Config, error) {
+	c := Default()
+	var root yaml.Node
+	if err := yaml.Unmarshal(b, &root); err != nil {
+		return Config{}, cleanYAMLError(err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 || root.Kind == 0 {
+		return Config{}, errors.New("the file is empty: it needs at least apiVersion and kind")
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, cleanYAMLError(err)
+	}
+	if errs := c.Validate(); len(errs) > 0 {
+		lines := make([]string, 0, len(errs))
+		for _, e := range errs {
+			if l := lineOf(&root, e.Field); l > 0 {
+				lines = append(lines, fmt.Sprintf("line %d: %s", l, e.Error()))
+			} else {
+				lines = append(lines, e.Error())
+			}
+		}
+		return Config{}, errors.New(strings.Join(lines, "\n"))
+	}
+	return c, nil
+}
+
+// cleanYAMLError drops the library's "yaml: unmarshal errors:" preamble so the
+// message starts with the line.
+func cleanYAMLError(err error) error {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "yaml: unmarshal errors:\n")
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	var out []string
+	for _, l := range strings.Split(msg, "\n") {
+		out = append(out, strings.TrimSpace(l))
+	}
+	return errors.New(strings.Join(out, "\n"))
+}
+
+// Validate checks every field and returns every problem at once.
+func (c *Config) Validate() field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != APIVersion {
+		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), c.APIVersion, "must be "+APIVersion))
+	}
+	if c.Kind != Kind {
+		errs = append(errs, field.Invalid(field.NewPath("kind"), c.Kind, "must be "+Kind))
+	}
+
+	d := field.NewPath("defaults")
+	for name, v := range map[string]string{"maxSurge": c.Defaults.Strategy.MaxSurge, "maxUnavailable": c.Defaults.Strategy.MaxUnavailable} {
+		if err := checkIntOrPercent(v); err != nil {
+			errs = append(errs, field.Invalid(d.Child("strategy", name), v, err.Error()))
+		}
+	}
+	if s, u := c.Defaults.Strategy.IntOrString(); isZero(s) && isZero(u) {
+		errs = append(errs, field.Invalid(d.Child("strategy", "maxUnavailable"), c.Defaults.Strategy.MaxUnavailable,
+			"maxSurge and maxUnavailable cannot both be 0: a rollout could never make progress"))
+	}
+
+	b := field.NewPath("bounds")
+	errs = append(errs, c.Bounds.RevisionHistoryLimit.validate(b.Child("revisionHistoryLimit"), 0)...)
+	errs = append(errs, c.Bounds.ProgressDeadlineSeconds.validate(b.Child("progressDeadlineSeconds"), 1)...)
+	if !c.Bounds.RevisionHistoryLimit.contains(c.Defaults.RevisionHistoryLimit) {
+		errs = append(errs, field.Invalid(d.Child("revisionHistoryLimit"), c.Defaults.RevisionHistoryLimit,
+			fmt.Sprintf("must lie within bounds.revisionHistoryLimit [%d, %d]", c.Bounds.RevisionHistoryLimit.Min, c.Bounds.RevisionHistoryLimit.Max)))
+	}
+	if !c.Bounds.ProgressDeadlineSeconds.contains(c.Defaults.ProgressDeadlineSeconds) {
+		errs = append(errs, field.Invalid(d.Child("progressDeadlineSeconds"), c.Defaults.ProgressDeadlineSeconds,
+			fmt.Sprintf("must lie within bounds.progressDeadlineSeconds [%d, %d]", c.Bounds.ProgressDeadlineSeconds.Min, c.Bounds.ProgressDeadlineSeconds.Max)))
+	}
+
+	sel := field.NewPath("selector", "stableLabelKeys")
+	if len(c.Selector.StableLabelKeys) == 0 {
+		errs = append(errs, field.Required(sel, "at least one label key is needed to repair a missing selector"))
+	}
+	for i, k := range c.Selector.StableLabelKeys {
+		if strings.TrimSpace(k) == "" {
+			errs = append(errs, field.Invalid(sel.Index(i), k, "must not be empty"))
+		}
+	}
+
+	if !oneOf(c.Rollback.Quarantine, "enforce", "warn", "off") {
+		errs = append(errs, field.NotSupported(field.NewPath("rollback", "quarantine"), c.Rollback.Quarantine, []string{"enforce", "warn", "off"}))
+	}
+	cl := field.NewPath("cleanup")
+	if c.Cleanup.DrainTimeout.Duration <= 0 {
+		errs = append(errs, field.Invalid(cl.Child("drainTimeout"), c.Cleanup.DrainTimeout.String(), "must be positive"))
+	}
+	if c.Cleanup.RecordRetention.Duration <= 0 {
+		errs = append(errs, field.Invalid(cl.Child("recordRetention"), c.Cleanup.RecordRetention.String(), "must be positive"))
+	}
+
+	p := field.NewPath("policy")
+	modes := []string{"enforce", "warn", "audit"}
+	if c.Policy.ModeOverride != "" && !oneOf(c.Policy.ModeOverride, modes...) {
+		errs = append(errs, field.NotSupported(p.Child("modeOverride"), c.Policy.ModeOverride, modes))
+	}
+	for name, m := range c.Policy.Modes {
+		if !oneOf(m, modes...) {
+			errs = append(errs, field.NotSupported(p.Child("modes").Key(name), m, modes))
+		}
+	}
+	if !oneOf(c.Policy.FailureMode, "deny", "allow") {
+		errs = append(errs, field.NotSupported(p.Child("failureMode"), c.Policy.FailureMode, []string{"deny", "allow"}))
+	}
+	if c.Policy.EvalTimeout.Duration <= 0 || c.Policy.EvalTimeout.Duration > 2*time.Second {
+		errs = append(errs, field.Invalid(p.Child("evalTimeout"), c.Policy.EvalTimeout.String(),
+			"must be positive and at most 2s, well inside the webhook's timeout"))
+	}
+	return errs
+}
+
+// IntOrString returns the default strategy's values in the API's type.
+func (s Strategy) IntOrString() (maxSurge, maxUnavailable intstr.IntOrString) {
+	return intstr.Parse(s.MaxSurge), intstr.Parse(s.MaxUnavailable)
+}
+
+func (r Range) validate(p *field.Path, lowest int32) field.ErrorList {
+	var errs field.ErrorList
+	if r.Min < lowest {
+		errs = append(errs, field.Invalid(p.Child("min"), r.Min, fmt.Sprintf("must be at least %d", lowest)))
+	}
+	if r.Max < r.Min {
+		errs = append(errs, field.Invalid(p.Child("max"), r.Max, fmt.Sprintf("must not be below min (%d)", r.Min)))
+	}
+	return errs
+}
+
+func (r Range) contains(v int32) bool { return v >= r.Min && v <= r.Max }
+
+func checkIntOrPercent(v string) error {
+	if v == "" {
+		return errors.New("must be an integer or a percentage such as \"25%\"")
+	}
+	x := intstr.Parse(v)
+	if x.Type == intstr.Int {
+		if x.IntVal < 0 {
+			return errors.New("must not be negative")
+		}
+		return nil
+	}
+	n, ok := strings.CutSuffix(v, "%")
+	if !ok {
+		return errors.New("must be an integer or a percentage such as \"25%\"")
+	}
+	var pct int
+	if _, err := fmt.Sscanf(n, "%d", &pct); err != nil || pct < 0 || pct > 100 || fmt.Sprint(pct) != n {
+		return errors.New("a percentage must be a whole number from 0% to 100%")
+	}
+	return nil
+}
+
+func isZero(v intstr.IntOrString) bool {
+	return (v.Type == intstr.Int && v.IntVal == 0) || (v.Type == intstr.String && v.StrVal == "0%")
+}
+
+func oneOf(v string, allowed ...string) bool {
+	for _, a := range allowed {
+		if v == a {
+			return true
+		}
+	}
+	return false
+}
+
+// lineOf finds the line of the YAML node at a field path such as
+// "bounds.revisionHistoryLimit.min" or "selector.stableLabelKeys[1]"; 0 when
+// the path is not in the document (the value came from the defaults).
+func lineOf(root *yaml.Node, path string) int {
+	n := root
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, part := range splitPath(path) {
+		next := child(n, part)
+		if next == nil {
+			return line
+		}
+		n = next
+		line = n.Line
+	}
+	return line
+}
+
+func splitPath(p string) []string {
+	var parts []string
+	for _, seg := range strings.Split(p, ".") {
+		for seg != "" {
+			i := strings.IndexByte(seg, '[')
+			if i < 0 {
+				parts = append(parts, seg)
+				break
+			}
+			if i > 0 {
+				parts = append(parts, seg[:i])
+			}
+			j := strings.IndexByte(seg, ']')
+			if j < i {
+				break
+			}
+			parts = append(parts, seg[i:j+1])
+			seg = seg[j+1:]
+		}
+	}
+	return parts
+}
+
+func child(n *yaml.Node, part string) *yaml.Node {
+	if strings.HasPrefix(part, "[") {
+		key := strings.Trim(part, "[]")
+		if n.Kind == yaml.SequenceNode {
+			var i int
+			if _, err := fmt.Sscanf(key, "%d", &i); err == nil && i >= 0 && i < len(n.Content) {
+				return n.Content[i]
+			}
+			return nil
+		}
+		part = key
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == part {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}

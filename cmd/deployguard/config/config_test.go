@@ -1,0 +1,148 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		doc     string
+		wantErr []string // substrings the error must contain; none means valid
+		check   func(t *testing.T, c Config)
+	}{
+		{
+			name: "minimal file keeps every default",
+			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\n",
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, Default(), c)
+			},
+		},
+		{
+			name: "overrides are applied over the defaults",
+			doc: `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+defaults:
+  revisionHistoryLimit: 5
+cleanup:
+  drainTimeout: 45s
+exemptions:
+  namespaces: [legacy]
+`,
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, int32(5), c.Defaults.RevisionHistoryLimit)
+				assert.Equal(t, int32(600), c.Defaults.ProgressDeadlineSeconds)
+				assert.Equal(t, 45*time.Second, c.Cleanup.DrainTimeout.Duration)
+				assert.Equal(t, []string{"legacy"}, c.Exemptions.Namespaces)
+			},
+		},
+		{
+			name:    "unknown field names the field and the line",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  revisionHistoryLimt: 5\n",
+			wantErr: []string{"line 4", "revisionHistoryLimt"},
+		},
+		{
+			name:    "syntax error names the line",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\nbounds: [\n",
+			wantErr: []string{"line"},
+		},
+		{
+			name:    "wrong type names the line",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  progressDeadlineSeconds: soon\n",
+			wantErr: []string{"line 4", "soon"},
+		},
+		{
+			name: "invalid values are all reported with field and line",
+			doc: `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+bounds:
+  revisionHistoryLimit:
+    min: -1
+    max: 5
+rollback:
+  quarantine: sometimes
+policy:
+  evalTimeout: 10s
+`,
+			wantErr: []string{
+				"line 5: bounds.revisionHistoryLimit.min",
+				"line 8: rollback.quarantine",
+				"line 10: policy.evalTimeout",
+				// The default of 10 no longer fits in the new bounds.
+				"defaults.revisionHistoryLimit",
+			},
+		},
+		{
+			name:    "zero surge and zero unavailable is refused",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  strategy:\n    maxSurge: \"0\"\n    maxUnavailable: 0%\n",
+			wantErr: []string{"line 6: defaults.strategy.maxUnavailable", "cannot both be 0"},
+		},
+		{
+			name:    "bad percentage",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  strategy:\n    maxSurge: 150%\n",
+			wantErr: []string{"line 5: defaults.strategy.maxSurge"},
+		},
+		{
+			name:    "bad duration",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  drainTimeout: forever\n",
+			wantErr: []string{"line 4", "not a duration"},
+		},
+		{
+			name:    "wrong kind",
+			doc:     "apiVersion: v1\nkind: ConfigMap\n",
+			wantErr: []string{"line 1: apiVersion", "line 2: kind"},
+		},
+		{
+			name:    "empty file",
+			doc:     "",
+			wantErr: []string{"empty"},
+		},
+		{
+			name:    "empty stable label key is named by index",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\nselector:\n  stableLabelKeys:\n  - app\n  - \"\"\n",
+			wantErr: []string{"line 6: selector.stableLabelKeys[1]"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.doc))
+			if len(tt.wantErr) == 0 {
+				require.NoError(t, err)
+				tt.check(t, c)
+				return
+			}
+			require.Error(t, err)
+			for _, w := range tt.wantErr {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	c, err := Load("")
+	require.NoError(t, err)
+	assert.Equal(t, Default(), c)
+
+	_, err = Load(filepath.Join(t.TempDir(), "missing.yaml"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "reading config file")
+
+	p := filepath.Join(t.TempDir(), "guard.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\nbogus: 1\n"), 0o600))
+	_, err = Load(p)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), p)
+	assert.Contains(t, err.Error(), "line 3")
+}
+
+func TestDefaultIsValid(t *testing.T) {
+	c := Default()
+	assert.Empty(t, c.Validate())
+}

@@ -1,0 +1,53 @@
+// Command deployguard is the deployment safety guard: `serve` runs the admission
+// webhooks and the rollout reconciler, `check` runs the same admission pipeline
+// on manifests offline, `version` prints the build.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run dispatches a subcommand and returns the process exit code.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:], stderr)
+	case "check":
+		return check(args[1:], stdin, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "deployguard %s\n", version)
+		return 0
+	case "help", "-h", "--help":
+		usage(stdout)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "deployguard: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `deployguard: a deployment safety guard for Kubernetes
+
+Usage:
+  deployguard serve [flags]      run the admission webhooks and the rollout reconciler
+  deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
+  deployguard version            print the build
+
+Run "deployguard COMMAND -h" for a command's flags.
+`)
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/deployguard/deployguard/certs"
+	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+// serveFlags are the process-level settings; the guard's policy knobs live in
+// the config file.
+type serveFlags struct {
+	configFile     string
+	kubeconfig     string
+	namespace      string
+	serviceAccount string
+	policyDir      string
+
+	webhookHost string
+	webhookPort int
+	certDir     string
+	http2       bool
+
+	certMode       string
+	certSecret     string
+	dnsNames       string
+	ipAddresses    string
+	ips            []net.IP
+	mutatingName   string
+	validatingName string
+
+	metricsAddr    string
+	probeAddr      string
+	leaderElect    bool
+	leaderElection string
+}
+
+func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options, error) {
+	f := &serveFlags{}
+	fs := flag.NewFlagSet("deployguard serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.configFile, "config", "", "path of the guard's config file (GuardConfig YAML); defaults apply when empty")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
+	fs.StringVar(&f.namespace, "namespace", envOr("POD_NAMESPACE", "deployguard-system"), "the guard's own namespace (policy ConfigMaps, certificate Secret, leader election)")
+	fs.StringVar(&f.serviceAccount, "service-account", envOr("SERVICE_ACCOUNT", "deployguard"), "the guard's service account name: only it may remove the guard's finalizers")
+	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies (*.rego) to load besides the built-in library")
+	fs.StringVar(&f.webhookHost, "webhook-host", "", "address the webhook server listens on (all when empty)")
+	fs.IntVar(&f.webhookPort, "webhook-port", 9443, "port of the webhook server")
+	fs.StringVar(&f.certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key; reloaded when they change")
+	fs.BoolVar(&f.http2, "enable-http2", false, "serve webhooks over HTTP/2 too (off: the HTTP/2 Rapid Reset advisories)")
+	fs.StringVar(&f.certMode, "cert-mode", "files", "where the serving certificate comes from: files (mounted, e.g. by cert-manager) or self-managed (the guard issues its own CA and certificate)")
+	fs.StringVar(&f.certSecret, "cert-secret", "deployguard-webhook-tls", "self-managed: the Secret in --namespace that holds the CA and serving certificate")
+	fs.StringVar(&f.dnsNames, "cert-dns-names", "deployguard-webhook.deployguard-system.svc", "self-managed: comma-separated DNS names of the serving certificate")
+	fs.StringVar(&f.ipAddresses, "cert-ip-addresses", "", "self-managed: comma-separated IP addresses of the serving certificate")
+	fs.StringVar(&f.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "self-managed: the MutatingWebhookConfiguration to inject the CA bundle into")
+	fs.StringVar(&f.validatingName, "validating-webhook-configuration", "deployguard-validating", "self-managed: the ValidatingWebhookConfiguration to inject the CA bundle into")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (0 to disable)")
+	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.BoolVar(&f.leaderElect, "leader-elect", true, "elect a leader for the reconciler, so that several replicas can serve the webhooks")
+	fs.StringVar(&f.leaderElection, "leader-election-id", "deployguard.deployguard.io", "name of the leader election lease")
+	zo := &zap.Options{}
+	zo.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if f.certMode != "files" && f.certMode != "self-managed" {
+		return nil, nil, fmt.Errorf("--cert-mode must be files or self-managed, not %q", f.certMode)
+	}
+	for _, x := range splitList(f.ipAddresses) {
+		ip := net.ParseIP(x)
+		if ip == nil {
+			return nil, nil, fmt.Errorf("--cert-ip-addresses: %q is not an IP address", x)
+		}
+		f.ips = append(f.ips, ip)
+	}
+	return f, zo, nil
+}
+
+func serve(args []string, stderr io.Writer) int {
+	f, zo, err := parseServeFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "deployguard serve: %v\n", err)
+		return 2
+	}
+	// The config file is read before anything touches the cluster: a bad file
+	// must stop the process at once, with the field and the line.
+	cfg, err := config.Load(f.configFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard serve: %v\n", err)
+		return 1
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(zo), zap.WriteTo(stderr)))
+	log := ctrl.Log.WithName("setup")
+
+	ctx := ctrl.SetupSignalHandler()
+	if err := runServer(ctx, f, cfg); err != nil {
+		log.Error(err, "deployguard stopped")
+		return 1
+	}
+	return 0
+}
+
+func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
+	log := ctrl.Log.WithName("setup")
+	restCfg, err := restConfig(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
+		c.MinVersion = tls.VersionTLS12
+		if !f.http2 {
+			c.NextProtos = []string{"http/1.1"}
+		}
+	}}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme: scheme,
+		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
+			Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
+		}),
+		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
+		HealthProbeBindAddress:        f.probeAddr,
+		LeaderElection:                f.leaderElect,
+		LeaderElectionID:              f.leaderElection,
+		LeaderElectionNamespace:       f.namespace,
+		LeaderElectionReleaseOnCancel: true,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Only the guard's own ConfigMaps are policies; never cache the
+			// cluster's.
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{f.namespace: {}}},
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+
+	guardUser := fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount)
+	opts := webhookOptions(cfg, guardUser, f.namespace)
+	wm, err := guardwebhook.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering admission metrics: %w", err)
+	}
+	hooks := &guardwebhook.Deployment{
+		Options: opts,
+		Lister:  guardwebhook.CacheLister{Reader: mgr.GetClient()},
+	}
+	hooks.SetupWithManager(mgr, wm)
+
+	if f.certMode == "self-managed" {
+		direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return fmt.Errorf("creating a client: %w", err)
+		}
+		sm := &certs.SelfManaged{
+			Client:         direct,
+			Namespace:      f.namespace,
+			SecretName:     f.certSecret,
+			DNSNames:       splitList(f.dnsNames),
+			IPAddresses:    f.ips,
+			CertDir:        f.certDir,
+			MutatingName:   f.mutatingName,
+			ValidatingName: f.validatingName,
+		}
+		// The certificate must be on disk before the webhook server starts.
+		if err := sm.Bootstrap(ctx); err != nil {
+			return fmt.Errorf("issuing the self-managed serving certificate: %w", err)
+		}
+		if err := mgr.Add(sm); err != nil {
+			return err
+		}
+	}
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return err
+	}
+
+	log.Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
+		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
+	return mgr.Start(ctx)
+}
+
+func webhookOptions(cfg config.Config, guardUser, namespace string) *guardwebhook.Options {
+	surge, unavailable := cfg.Defaults.Strategy.IntOrString()
+	return &guardwebhook.Options{
+		StableLabelKeys:         cfg.Selector.StableLabelKeys,
+		MaxSurge:                surge,
+		MaxUnavailable:          unavailable,
+		RevisionHistoryLimit:    cfg.Defaults.RevisionHistoryLimit,
+		ProgressDeadlineSeconds: cfg.Defaults.ProgressDeadlineSeconds,
+		AddFinalizers:           cfg.Defaults.AddFinalizers,
+		RevisionHistoryBounds:   guardwebhook.Range{Min: cfg.Bounds.RevisionHistoryLimit.Min, Max: cfg.Bounds.RevisionHistoryLimit.Max},
+		ProgressDeadlineBounds:  guardwebhook.Range{Min: cfg.Bounds.ProgressDeadlineSeconds.Min, Max: cfg.Bounds.ProgressDeadlineSeconds.Max},
+		GuardUsername:           guardUser,
+		BreakGlassGroups:        cfg.Finalizers.BreakGlassGroups,
+		Quarantine:              cfg.Rollback.Quarantine,
+		ExemptNamespaces:        cfg.Exemptions.Namespaces,
+		ExemptUsernames:         cfg.Exemptions.Usernames,
+		ExemptGroups:            cfg.Exemptions.Groups,
+	}
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	var (
+		c   *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		c, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		c, err = ctrl.GetConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the cluster configuration: %w", err)
+	}
+	c.UserAgent = "deployguard/" + version
+	c.Timeout = 30 * time.Second
+	return c, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}

@@ -1,0 +1,170 @@
+// Package vocab holds the names that deployguard's webhooks and reconciler share:
+// finalizers, annotations, labels, event reasons and the identity of a pod template.
+// Keeping them in one place means the two halves of the guard can never disagree
+// about what a name means.
+package vocab
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Domain is the guard's own name domain; every annotation, label and finalizer of
+// the guard lives under it.
+const Domain = "deployguard.io"
+
+// The guard's cleanup finalizers. The reconciler runs one step per finalizer, in
+// the order of metadata.finalizers; the mutating webhook adds them in this order.
+const (
+	// FinalizerDrain scales the Deployment to zero and waits for its pods to end.
+	FinalizerDrain = Domain + "/drain"
+	// FinalizerRecord saves a restorable record of the Deployment.
+	FinalizerRecord = Domain + "/record"
+)
+
+// CanonicalFinalizers returns the guard's finalizers in the order their steps run.
+// A new slice each call, so callers may modify it.
+func CanonicalFinalizers() []string {
+	return []string{FinalizerDrain, FinalizerRecord}
+}
+
+// IsGuardFinalizer reports whether f is in the guard's domain (known or not).
+func IsGuardFinalizer(f string) bool {
+	return len(f) > len(Domain)+1 && f[:len(Domain)+1] == Domain+"/"
+}
+
+// Annotations on Deployments.
+const (
+	// AnnotationDefaulted lists, comma-separated, the fields the mutating webhook
+	// filled in, so a user can see why the stored object differs from the manifest.
+	AnnotationDefaulted = Domain + "/defaulted"
+	// AnnotationAutoRollback set to "false" turns automatic rollback off.
+	AnnotationAutoRollback = Domain + "/auto-rollback"
+	// AnnotationKnownGoodRevision is the revision of the newest ReplicaSet whose
+	// rollout completed.
+	AnnotationKnownGoodRevision = Domain + "/known-good-revision"
+	// AnnotationRolledBackRevision is the failed revision the guard rolled back
+	// from; it makes a rollback happen exactly once per failed revision.
+	AnnotationRolledBackRevision = Domain + "/rolled-back-revision"
+	// AnnotationRollbackStatus says, in words, what the guard last decided about a
+	// failed rollout and why (no known-good revision, loop stopped, …).
+	AnnotationRollbackStatus = Domain + "/rollback-status"
+	// AnnotationQuarantinedTemplates lists, comma-separated, the hashes of pod
+	// templates whose rollout failed its deadline.
+	AnnotationQuarantinedTemplates = Domain + "/quarantined-templates"
+	// AnnotationAllowTemplate names one quarantined template hash that the user
+	// deliberately brings back.
+	AnnotationAllowTemplate = Domain + "/allow-template"
+	// AnnotationProtected set to "true" makes the validating webhook refuse DELETE.
+	AnnotationProtected = Domain + "/protected"
+	// AnnotationHandledDeadline is the lastTransitionTime (RFC 3339) of the newest
+	// ProgressDeadlineExceeded condition the reconciler has decided about (rolled
+	// back, or held for a reason given in AnnotationRollbackStatus). A condition
+	// no newer than this is old news: it is never acted on twice, and a deadline
+	// that predates a pause is not acted on after the resume.
+	AnnotationHandledDeadline = Domain + "/handled-deadline"
+)
+
+// Annotations on ReplicaSets.
+const (
+	// AnnotationKnownGood marks a ReplicaSet whose rollout completed; the value is
+	// the RFC 3339 time at which the guard saw it complete.
+	AnnotationKnownGood = Domain + "/known-good"
+	// AnnotationKnownGoodHash is the pod-template-hash label of the ReplicaSet
+	// that AnnotationKnownGood was written on. The Deployment controller copies a
+	// Deployment's annotations onto its new ReplicaSets, and `kubectl rollout undo`
+	// copies a ReplicaSet's annotations onto the Deployment, so a known-good mark
+	// can travel to a ReplicaSet that never completed; the hash tells the real mark
+	// from such a copy.
+	AnnotationKnownGoodHash = Domain + "/known-good-hash"
+)
+
+// Labels.
+const (
+	// LabelGuard set to "disabled" on a namespace takes it out of the guard's
+	// webhooks and reconciler.
+	LabelGuard = Domain + "/guard"
+	// LabelGuardDisabled is the value of LabelGuard that opts a namespace out.
+	LabelGuardDisabled = "disabled"
+	// LabelPolicy set to "true" on a ConfigMap in the guard's namespace makes its
+	// data a Rego policy.
+	LabelPolicy = Domain + "/policy"
+)
+
+// Upstream Deployment condition reasons (k8s.io/kubernetes
+// pkg/controller/deployment/util), repeated here because that package is not a
+// library.
+const (
+	NewReplicaSetAvailable   = "NewReplicaSetAvailable"
+	ProgressDeadlineExceeded = "ProgressDeadlineExceeded"
+	DeploymentPaused         = "DeploymentPaused"
+	DeploymentResumed        = "DeploymentResumed"
+	// RevisionAnnotation is the revision of a ReplicaSet and its Deployment.
+	RevisionAnnotation = "deployment.kubernetes.io/revision"
+)
+
+// Event reasons the guard emits.
+const (
+	ReasonKnownGood           = "KnownGoodRevision"
+	ReasonAutoRollback        = "AutoRollback"
+	ReasonNoKnownGoodRevision = "NoKnownGoodRevision"
+	ReasonRollbackFailed      = "RollbackFailed"
+	ReasonRollbackLoop        = "RollbackLoopStopped"
+	ReasonRefused             = "AdmissionRefused"
+)
+
+// TemplateHash identifies a pod template for quarantine: the same template, as
+// stored by the API server, always gives the same hash, and the ReplicaSet's
+// pod-template-hash label is ignored so that a ReplicaSet's template and its
+// Deployment's template compare equal.
+func TemplateHash(t *corev1.PodTemplateSpec) string {
+	c := t.DeepCopy()
+	delete(c.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
+	if len(c.Labels) == 0 {
+		c.Labels = nil
+	}
+	// encoding/json sorts map keys, so equal templates marshal to equal bytes.
+	b, err := json.Marshal(c)
+	if err != nil {
+		// A PodTemplateSpec always marshals; keep the function total anyway.
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// QuarantinedTemplates returns the template hashes listed in the Deployment's
+// AnnotationQuarantinedTemplates, oldest first, without empty entries. It returns
+// nil when there are none.
+func QuarantinedTemplates(d *appsv1.Deployment) []string {
+	return ParseTemplateList(d.Annotations[AnnotationQuarantinedTemplates])
+}
+
+// ParseTemplateList splits a comma-separated list of template hashes, dropping
+// blanks and surrounding spaces.
+func ParseTemplateList(s string) []string {
+	var out []string
+	for _, h := range strings.Split(s, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// IsQuarantined reports whether the pod template is in the Deployment's
+// quarantine list.
+func IsQuarantined(d *appsv1.Deployment, t *corev1.PodTemplateSpec) bool {
+	h := TemplateHash(t)
+	for _, q := range QuarantinedTemplates(d) {
+		if q == h {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,311 @@
+package webhook
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// Findings is what the safety checks say about one request: problems that refuse
+// it and warnings that kubectl prints.
+type Findings struct {
+	Errs     field.ErrorList
+	Warnings []string
+}
+
+func (f *Findings) merge(o Findings) {
+	f.Errs = append(f.Errs, o.Errs...)
+	f.Warnings = append(f.Warnings, o.Warnings...)
+}
+
+var (
+	specPath     = field.NewPath("spec")
+	strategyPath = specPath.Child("strategy")
+)
+
+// CheckSpec runs the Go safety checks on a Deployment's spec: selector, strategy,
+// revision history and progress deadline. They are the same on CREATE and UPDATE.
+func CheckSpec(d *appsv1.Deployment, o *Options) Findings {
+	var f Findings
+	f.merge(checkSelector(d))
+	f.merge(checkStrategy(d))
+	f.merge(checkRevisionHistory(d, o))
+	f.merge(checkProgressDeadline(d, o))
+	f.merge(checkReadiness(d))
+	return f
+}
+
+// checkSelector refuses an empty selector (the API server does too, but the
+// offline check and the mutating webhook see it first) and a selector that does
+// not select the template's own pods.
+func checkSelector(d *appsv1.Deployment) Findings {
+	p := specPath.Child("selector")
+	if emptySelector(d.Spec.Selector) {
+		return Findings{Errs: field.ErrorList{field.Required(p,
+			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name")}}
+	}
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return Findings{Errs: field.ErrorList{field.Invalid(p, d.Spec.Selector, err.Error())}}
+	}
+	if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		return Findings{Errs: field.ErrorList{field.Invalid(specPath.Child("template", "metadata", "labels"), d.Spec.Template.Labels,
+			fmt.Sprintf("the selector %q does not select the template's labels: add the selector's labels to spec.template.metadata.labels", sel.String()))}}
+	}
+	return Findings{}
+}
+
+// CheckOverlap refuses a Deployment whose selector selects the pods of another
+// Deployment in the namespace, or whose pods another Deployment's selector
+// selects: two Deployments would then fight over the same pods.
+func CheckOverlap(d *appsv1.Deployment, others []appsv1.Deployment) Findings {
+	var f Findings
+	p := specPath.Child("selector")
+	mine, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil || emptySelector(d.Spec.Selector) {
+		return f // reported by checkSelector
+	}
+	for i := range others {
+		o := &others[i]
+		if o.Name == d.Name || o.DeletionTimestamp != nil {
+			continue
+		}
+		theirs, err := metav1.LabelSelectorAsSelector(o.Spec.Selector)
+		if err != nil || emptySelector(o.Spec.Selector) {
+			continue
+		}
+		switch {
+		case mine.Matches(labels.Set(o.Spec.Template.Labels)):
+			f.Errs = append(f.Errs, field.Invalid(p, mine.String(), fmt.Sprintf(
+				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
+				o.Name, labels.Set(o.Spec.Template.Labels).String())))
+		case theirs.Matches(labels.Set(d.Spec.Template.Labels)):
+			f.Errs = append(f.Errs, field.Invalid(specPath.Child("template", "metadata", "labels"), labels.Set(d.Spec.Template.Labels).String(), fmt.Sprintf(
+				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
+				o.Name, theirs.String())))
+		}
+	}
+	return f
+}
+
+// checkStrategy refuses a rolling update that may take every replica down at
+// once and warns about Recreate, which always does.
+func checkStrategy(d *appsv1.Deployment) Findings {
+	var f Findings
+	replicas := replicasOf(d)
+	switch d.Spec.Strategy.Type {
+	case appsv1.RecreateDeploymentStrategyType:
+		if replicas > 1 {
+			f.Warnings = append(f.Warnings, fmt.Sprintf(
+				"spec.strategy.type: Recreate stops all %d replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once", replicas))
+		}
+	case appsv1.RollingUpdateDeploymentStrategyType, "":
+		ru := d.Spec.Strategy.RollingUpdate
+		if ru == nil || ru.MaxUnavailable == nil || replicas <= 1 {
+			return f
+		}
+		_, unavailable := resolveFenceposts(ru.MaxSurge, ru.MaxUnavailable, replicas)
+		if unavailable >= replicas {
+			f.Errs = append(f.Errs, field.Invalid(strategyPath.Child("rollingUpdate", "maxUnavailable"), ru.MaxUnavailable.String(), fmt.Sprintf(
+				"resolves to %d of %d replicas, so a rollout may take every replica down at once: set it below %d (for example 25%%), or to 0 with maxSurge of at least 1",
+				unavailable, replicas, replicas)))
+		}
+	}
+	return f
+}
+
+// resolveFenceposts mirrors the Deployment controller: maxSurge rounds up,
+// maxUnavailable rounds down, and 0/0 becomes 0/1.
+func resolveFenceposts(maxSurge, maxUnavailable *intstr.IntOrString, desired int32) (int32, int32) {
+	surge := scaled(maxSurge, desired, true)
+	unavailable := scaled(maxUnavailable, desired, false)
+	if surge == 0 && unavailable == 0 {
+		unavailable = 1
+	}
+	return surge, unavailable
+}
+
+func scaled(v *intstr.IntOrString, total int32, roundUp bool) int32 {
+	if v == nil {
+		return 0
+	}
+	if v.Type == intstr.Int {
+		return v.IntVal
+	}
+	s := strings.TrimSuffix(v.StrVal, "%")
+	var pct float64
+	if _, err := fmt.Sscanf(s, "%g", &pct); err != nil {
+		return 0 // the API server refuses a malformed percentage
+	}
+	x := pct * float64(total) / 100
+	if roundUp {
+		return int32(math.Ceil(x))
+	}
+	return int32(math.Floor(x))
+}
+
+func replicasOf(d *appsv1.Deployment) int32 {
+	if d.Spec.Replicas == nil {
+		return 1
+	}
+	return *d.Spec.Replicas
+}
+
+func checkRevisionHistory(d *appsv1.Deployment, o *Options) Findings {
+	var f Findings
+	p := specPath.Child("revisionHistoryLimit")
+	v := builtinRevisionHistoryLimit
+	if d.Spec.RevisionHistoryLimit != nil {
+		v = *d.Spec.RevisionHistoryLimit
+	}
+	b := o.RevisionHistoryBounds
+	if v < b.Min || v > b.Max {
+		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
+			"must be between %d and %d in this cluster: fewer leaves nothing to roll back to, more keeps idle ReplicaSets forever", b.Min, b.Max)))
+	}
+	if v == 0 {
+		f.Warnings = append(f.Warnings, "spec.revisionHistoryLimit: 0 keeps no old ReplicaSet, so there is nothing to roll back to")
+	}
+	return f
+}
+
+func checkProgressDeadline(d *appsv1.Deployment, o *Options) Findings {
+	var f Findings
+	p := specPath.Child("progressDeadlineSeconds")
+	if d.Spec.ProgressDeadlineSeconds == nil {
+		return f
+	}
+	v := *d.Spec.ProgressDeadlineSeconds
+	if v == math.MaxInt32 {
+		f.Warnings = append(f.Warnings, "spec.progressDeadlineSeconds: the maximum value means the deadline never passes, so a stuck rollout is never detected nor rolled back")
+		return f
+	}
+	b := o.ProgressDeadlineBounds
+	if v < b.Min || v > b.Max {
+		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
+			"must be between %d and %d seconds in this cluster: shorter fails healthy rollouts, longer leaves broken ones in place", b.Min, b.Max)))
+	}
+	if v <= d.Spec.MinReadySeconds {
+		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
+			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)))
+	}
+	return f
+}
+
+// checkReadiness warns when no container has a readiness probe: the rollout is
+// then "complete" as soon as the containers start, and a broken version is
+// never detected.
+func checkReadiness(d *appsv1.Deployment) Findings {
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.ReadinessProbe != nil {
+			return Findings{}
+		}
+	}
+	return Findings{Warnings: []string{
+		"spec.template.spec.containers: no container has a readinessProbe, so a rollout that starts broken pods still completes and cannot be rolled back automatically",
+	}}
+}
+
+// CheckFinalizers enforces the finalizer rules: only the guard (and break-glass
+// groups) may remove or reorder the guard's finalizers, and no unknown finalizer
+// in the guard's domain is accepted. old is nil on CREATE.
+func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
+	var f Findings
+	p := field.NewPath("metadata", "finalizers")
+	canonical := vocab.CanonicalFinalizers()
+	var had []string
+	if old != nil {
+		had = old.Finalizers
+	}
+	for i, x := range d.Finalizers {
+		if vocab.IsGuardFinalizer(x) && !slices.Contains(canonical, x) && !slices.Contains(had, x) {
+			f.Errs = append(f.Errs, field.NotSupported(p.Index(i), x, canonical))
+		}
+	}
+	if old == nil || privileged {
+		return f
+	}
+	before, after := guardFinalizers(old.Finalizers), guardFinalizers(d.Finalizers)
+	if slices.Equal(before, after) {
+		return f
+	}
+	// Adding the guard's finalizers back, in canonical order, is always allowed.
+	if isSubsequence(before, after) && isSubsequence(after, canonical) {
+		return f
+	}
+	f.Errs = append(f.Errs, field.Forbidden(p, fmt.Sprintf(
+		"the guard's finalizers %v (now %v) may be removed or reordered only by deployguard itself, which removes each one when its cleanup step is done; "+
+			"to skip the cleanup, set the annotation %s=true on the Deployment before deleting it, or ask a member of a break-glass group",
+		before, after, SkipCleanupAnnotation)))
+	return f
+}
+
+// SkipCleanupAnnotation asks the guard to skip its cleanup steps on deletion.
+const SkipCleanupAnnotation = vocab.Domain + "/skip-cleanup"
+
+// isSubsequence reports whether a appears in b in the same order.
+func isSubsequence(a, b []string) bool {
+	i := 0
+	for _, x := range b {
+		if i < len(a) && a[i] == x {
+			i++
+		}
+	}
+	return i == len(a)
+}
+
+// CheckQuarantine refuses (or warns about) an update that brings back a pod
+// template whose rollout failed its progress deadline. The quarantine list is
+// read from the stored object, which the requesting user cannot rewrite in the
+// same request.
+func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
+	var f Findings
+	if old == nil || mode == QuarantineOff {
+		return f
+	}
+	hash := vocab.TemplateHash(&d.Spec.Template)
+	if hash == vocab.TemplateHash(&old.Spec.Template) || !slices.Contains(quarantined(old), hash) {
+		return f
+	}
+	if d.Annotations[vocab.AnnotationAllowTemplate] == hash {
+		f.Warnings = append(f.Warnings, fmt.Sprintf(
+			"spec.template: bringing back quarantined pod template %s deliberately (annotation %s)", hash, vocab.AnnotationAllowTemplate))
+		return f
+	}
+	msg := fmt.Sprintf(
+		"this pod template (hash %s) failed its progress deadline before and deployguard rolled it back; change the template to fix the failure, "+
+			"or to bring this exact template back deliberately set the annotation %s=%s", hash, vocab.AnnotationAllowTemplate, hash)
+	if mode == QuarantineWarn {
+		f.Warnings = append(f.Warnings, "spec.template: "+msg)
+		return f
+	}
+	f.Errs = append(f.Errs, field.Forbidden(specPath.Child("template"), msg))
+	return f
+}
+
+func quarantined(d *appsv1.Deployment) []string {
+	v := d.Annotations[vocab.AnnotationQuarantinedTemplates]
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+// CheckDelete refuses the deletion of a protected Deployment.
+func CheckDelete(d *appsv1.Deployment) Findings {
+	if d.Annotations[vocab.AnnotationProtected] != "true" {
+		return Findings{}
+	}
+	return Findings{Errs: field.ErrorList{field.Forbidden(field.NewPath("metadata", "annotations").Key(vocab.AnnotationProtected), fmt.Sprintf(
+		"Deployment %s/%s is protected from deletion; to delete it, first lift the protection with: kubectl annotate deployment %s -n %s %s-",
+		d.Namespace, d.Name, d.Name, d.Namespace, vocab.AnnotationProtected))}}
+}

@@ -1,0 +1,178 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+var deploymentGK = appsv1.SchemeGroupVersion.WithKind("Deployment").GroupKind()
+
+// PolicyEvaluator runs the cluster's Rego policies on an admission request. The
+// webhook only needs its verdict; policy/ owns how it is reached.
+type PolicyEvaluator interface {
+	EvaluateDeployment(ctx context.Context, in PolicyInput) PolicyVerdict
+}
+
+// PolicyInput is what the webhook knows about a request.
+type PolicyInput struct {
+	Operation       string
+	Object          *appsv1.Deployment
+	OldObject       *appsv1.Deployment
+	Namespace       string
+	NamespaceLabels map[string]string
+	UserInfo        authenticationv1.UserInfo
+	DryRun          bool
+}
+
+// PolicyVerdict is what the policies decided: denials refuse the request,
+// warnings reach the client.
+type PolicyVerdict struct {
+	Denials  field.ErrorList
+	Warnings []string
+}
+
+// Deployment is the admission webhook pair for apps/v1 Deployments.
+type Deployment struct {
+	Options *Options
+	// Lister finds the namespace's other Deployments for the overlap check.
+	Lister DeploymentLister
+	// Policy, when set, runs the Rego policies after the Go checks.
+	Policy PolicyEvaluator
+	// NamespaceLabels, when set, gives policies the namespace's labels.
+	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
+}
+
+var (
+	_ admission.Defaulter[*appsv1.Deployment] = &Deployment{}
+	_ admission.Validator[*appsv1.Deployment] = &Deployment{}
+)
+
+// Default fills in the cluster's defaults (see Default).
+func (w *Deployment) Default(ctx context.Context, d *appsv1.Deployment) error {
+	old, err := oldObject(ctx)
+	if err != nil {
+		return err
+	}
+	if _, errs := Default(d, old, w.Options); len(errs) > 0 {
+		return apierrors.NewInvalid(deploymentGK, d.Name, errs)
+	}
+	return nil
+}
+
+// ValidateCreate runs every check on a new Deployment.
+func (w *Deployment) ValidateCreate(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
+	return w.validate(ctx, d, nil)
+}
+
+// ValidateUpdate runs every check on a changed Deployment.
+func (w *Deployment) ValidateUpdate(ctx context.Context, old, d *appsv1.Deployment) (admission.Warnings, error) {
+	return w.validate(ctx, d, old)
+}
+
+// ValidateDelete refuses the deletion of a protected Deployment. The namespace
+// controller is let through, so that deleting a namespace always completes.
+func (w *Deployment) ValidateDelete(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
+	req, err := admission.RequestFromContext(ctx)
+	if err == nil && req.UserInfo.Username == namespaceControllerUser {
+		return nil, nil
+	}
+	f := CheckDelete(d)
+	if len(f.Errs) > 0 {
+		return f.Warnings, apierrors.NewInvalid(deploymentGK, d.Name, f.Errs)
+	}
+	return f.Warnings, nil
+}
+
+const namespaceControllerUser = "system:serviceaccount:kube-system:namespace-controller"
+
+func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (admission.Warnings, error) {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return nil, apierrors.NewBadRequest("no admission request in context")
+	}
+	f := Validate(ctx, d, old, req.UserInfo, w.Options, w.Lister)
+	if len(f.Errs) == 0 && w.Policy != nil && !w.Options.exempt(d.Namespace, req.UserInfo) {
+		in := PolicyInput{
+			Operation: string(req.Operation), Object: d, OldObject: old,
+			Namespace: d.Namespace, UserInfo: req.UserInfo, DryRun: req.DryRun != nil && *req.DryRun,
+		}
+		if w.NamespaceLabels != nil {
+			// Without the labels, rules that need them see none; the request is
+			// not refused for a cache miss.
+			in.NamespaceLabels, _ = w.NamespaceLabels(ctx, d.Namespace)
+		}
+		v := w.Policy.EvaluateDeployment(ctx, in)
+		f.Errs = append(f.Errs, v.Denials...)
+		f.Warnings = append(f.Warnings, v.Warnings...)
+	}
+	if len(f.Errs) > 0 {
+		return f.Warnings, apierrors.NewInvalid(deploymentGK, d.Name, f.Errs)
+	}
+	return f.Warnings, nil
+}
+
+// Validate runs the Go checks of the validating webhook; old is nil on CREATE.
+// lister may be nil (offline), which skips the overlap check.
+func Validate(ctx context.Context, d, old *appsv1.Deployment, user authenticationv1.UserInfo, o *Options, lister DeploymentLister) Findings {
+	var f Findings
+	f.merge(CheckFinalizers(d, old, o.mayManageFinalizers(user)))
+	f.merge(CheckQuarantine(d, old, o.Quarantine))
+	if o.exempt(d.Namespace, user) {
+		return f
+	}
+	f.merge(CheckSpec(d, o))
+	if lister != nil && overlapMayChange(d, old) {
+		others, err := lister.ListDeployments(ctx, d.Namespace)
+		if err != nil {
+			f.Errs = append(f.Errs, field.InternalError(specPath.Child("selector"),
+				fmt.Errorf("could not list the namespace's Deployments to check for overlapping selectors, try again: %w", err)))
+			return f
+		}
+		now := CheckOverlap(d, others)
+		if old != nil && len(now.Errs) > 0 && len(CheckOverlap(old, others).Errs) > 0 {
+			// The overlap predates this update; refusing it would block
+			// unrelated changes such as a rollback.
+			now = Findings{Warnings: []string{"spec.selector: this Deployment's pods overlap with another Deployment's; " + now.Errs[0].Detail}}
+		}
+		f.merge(now)
+	}
+	return f
+}
+
+// overlapMayChange: the selector is immutable, so only a new object or new
+// template labels can create an overlap.
+func overlapMayChange(d, old *appsv1.Deployment) bool {
+	if old == nil {
+		return true
+	}
+	if len(d.Spec.Template.Labels) != len(old.Spec.Template.Labels) {
+		return true
+	}
+	for k, v := range d.Spec.Template.Labels {
+		if old.Spec.Template.Labels[k] != v {
+			return true
+		}
+	}
+	return false
+}
+
+// oldObject decodes the stored object of an UPDATE from the request in ctx.
+func oldObject(ctx context.Context) (*appsv1.Deployment, error) {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil || req.Operation != admissionv1.Update || len(req.OldObject.Raw) == 0 {
+		return nil, nil
+	}
+	old := &appsv1.Deployment{}
+	if err := runtime.DecodeInto(decoder, req.OldObject.Raw, old); err != nil {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("cannot decode oldObject as an apps/v1 Deployment: %v", err))
+	}
+	return old, nil
+}

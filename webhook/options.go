@@ -1,0 +1,93 @@
+// Package webhook holds deployguard's admission webhooks for apps/v1 Deployments:
+// the mutating webhook that fills in the cluster's defaults and the guard's
+// finalizers, and the validating webhook that refuses dangerous specs. The
+// decisions are pure functions (defaults.go, checks.go) so that `deployguard check`
+// can run the very same pipeline offline.
+package webhook
+
+import (
+	"context"
+	"slices"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Quarantine modes: what the validating webhook does with an update that brings
+// back a pod template whose rollout failed.
+const (
+	QuarantineEnforce = "enforce"
+	QuarantineWarn    = "warn"
+	QuarantineOff     = "off"
+)
+
+// Options are the guard's admission knobs, filled from the config file in cmd/.
+type Options struct {
+	// StableLabelKeys are the template labels a missing selector is repaired
+	// from, in order; version-like labels are never among them.
+	StableLabelKeys []string
+
+	// Defaults applied where the user did not choose (see Defaults).
+	MaxSurge                intstr.IntOrString
+	MaxUnavailable          intstr.IntOrString
+	RevisionHistoryLimit    int32
+	ProgressDeadlineSeconds int32
+	AddFinalizers           bool
+
+	// Bounds enforced by the validating webhook. RevisionHistoryBounds.Min is also
+	// the floor the mutating webhook raises a smaller value to, because rollback
+	// needs old ReplicaSets to exist.
+	RevisionHistoryBounds  Range
+	ProgressDeadlineBounds Range
+
+	// GuardUsername is the guard's own service account user
+	// (system:serviceaccount:NS:NAME): it alone may remove or reorder the guard's
+	// finalizers, besides BreakGlassGroups.
+	GuardUsername    string
+	BreakGlassGroups []string
+
+	// Quarantine is one of QuarantineEnforce, QuarantineWarn, QuarantineOff.
+	Quarantine string
+
+	// ExemptNamespaces, ExemptUsernames and ExemptGroups skip the safety checks
+	// and policies (not the finalizer and quarantine rules, which protect the
+	// guard itself). They come from the config file only.
+	ExemptNamespaces []string
+	ExemptUsernames  []string
+	ExemptGroups     []string
+}
+
+// Range is an inclusive [Min, Max].
+type Range struct{ Min, Max int32 }
+
+// DeploymentLister lists the Deployments of a namespace, for the overlap check.
+type DeploymentLister interface {
+	ListDeployments(ctx context.Context, namespace string) ([]appsv1.Deployment, error)
+}
+
+func (o *Options) exempt(namespace string, user authenticationv1.UserInfo) bool {
+	if slices.Contains(o.ExemptNamespaces, namespace) || slices.Contains(o.ExemptUsernames, user.Username) {
+		return true
+	}
+	for _, g := range user.Groups {
+		if slices.Contains(o.ExemptGroups, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// mayManageFinalizers reports whether user may remove or reorder the guard's
+// finalizers.
+func (o *Options) mayManageFinalizers(user authenticationv1.UserInfo) bool {
+	if o.GuardUsername != "" && user.Username == o.GuardUsername {
+		return true
+	}
+	for _, g := range user.Groups {
+		if slices.Contains(o.BreakGlassGroups, g) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,132 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// Paths the webhooks are served at; config/webhook uses the same.
+const (
+	MutatePath   = "/mutate-apps-v1-deployment"
+	ValidatePath = "/validate-apps-v1-deployment"
+)
+
+var (
+	scheme  = newScheme()
+	decoder = serializer.NewCodecFactory(scheme).UniversalDeserializer()
+)
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	// Only apps/v1 is needed; an error here is a programming error caught by
+	// every test.
+	if err := appsv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Handlers returns the mutating and validating handlers, instrumented, ready to
+// be registered on a webhook server or called in-process.
+func (w *Deployment) Handlers(m *Metrics) (mutating, validating *admission.Webhook) {
+	mutating = admission.WithDefaulter[*appsv1.Deployment](scheme, w)
+	validating = admission.WithValidator[*appsv1.Deployment](scheme, w)
+	mutating.Handler = instrument("mutating", mutating.Handler, m)
+	validating.Handler = instrument("validating", validating.Handler, m)
+	return mutating, validating
+}
+
+// SetupWithManager registers both webhooks on the manager's webhook server.
+func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics) {
+	mutating, validating := w.Handlers(m)
+	srv := mgr.GetWebhookServer()
+	srv.Register(MutatePath, mutating)
+	srv.Register(ValidatePath, validating)
+}
+
+// CacheLister lists Deployments from the manager's cache.
+type CacheLister struct{ Reader client.Reader }
+
+// ListDeployments implements DeploymentLister.
+func (l CacheLister) ListDeployments(ctx context.Context, namespace string) ([]appsv1.Deployment, error) {
+	var list appsv1.DeploymentList
+	if err := l.Reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+var deploymentGVK = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
+
+// instrument refuses what is not a Deployment before decoding, counts and times
+// every admission, and logs every refusal with its reason.
+func instrument(name string, next admission.Handler, m *Metrics) admission.Handler {
+	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
+		start := time.Now()
+		log := ctrl.LoggerFrom(ctx).WithValues("webhook", name, "operation", req.Operation,
+			"deployment", klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID)
+
+		var resp admission.Response
+		switch {
+		case req.Kind != deploymentGVK:
+			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("deployguard admits apps/v1 Deployments only, got %s", gvkString(req.Kind)))
+		case req.Operation != admissionv1.Delete && len(req.Object.Raw) == 0:
+			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("the request carries no object to admit"))
+		case req.Operation == admissionv1.Update && len(req.OldObject.Raw) == 0,
+			req.Operation == admissionv1.Delete && len(req.OldObject.Raw) == 0:
+			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("the %s request carries no oldObject", req.Operation))
+		default:
+			resp = next.Handle(ctx, req)
+		}
+
+		result := resultOf(resp)
+		m.observe(name, string(req.Operation), result, time.Since(start))
+		if !resp.Allowed {
+			reason, msg := "", ""
+			if resp.Result != nil {
+				reason, msg = string(resp.Result.Reason), resp.Result.Message
+			}
+			log.Info("refused", "reason", reason, "message", msg, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
+		}
+		return resp
+	})
+}
+
+func gvkString(k metav1.GroupVersionKind) string {
+	if k.Kind == "" {
+		return "no kind"
+	}
+	return fmt.Sprintf("%s/%s %s", k.Group, k.Version, k.Kind)
+}
+
+func resultOf(r admission.Response) string {
+	switch {
+	case !r.Allowed && codeOf(r) >= 400 && codeOf(r) != http.StatusForbidden && codeOf(r) != http.StatusUnprocessableEntity:
+		return "error"
+	case !r.Allowed:
+		return "denied"
+	case len(r.Patches) > 0:
+		return "patched"
+	default:
+		return "allowed"
+	}
+}
+
+func codeOf(r admission.Response) int32 {
+	if r.Result == nil {
+		return 0
+	}
+	return r.Result.Code
+}
