@@ -1,0 +1,354 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// guarded is a stored Deployment after the mutating webhook.
+func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
+	d := stored()
+	if _, errs := Default(d, nil, testOptions()); len(errs) > 0 {
+		panic(errs)
+	}
+	for _, m := range mut {
+		m(d)
+	}
+	return d
+}
+
+type listerFunc func(ctx context.Context, ns string) ([]appsv1.Deployment, error)
+
+func (f listerFunc) ListDeployments(ctx context.Context, ns string) ([]appsv1.Deployment, error) {
+	return f(ctx, ns)
+}
+
+func staticLister(ds ...*appsv1.Deployment) DeploymentLister {
+	return listerFunc(func(context.Context, string) ([]appsv1.Deployment, error) {
+		out := make([]appsv1.Deployment, 0, len(ds))
+		for _, d := range ds {
+			out = append(out, *d)
+		}
+		return out, nil
+	})
+}
+
+var (
+	alice = authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
+	guard = authenticationv1.UserInfo{Username: "system:serviceaccount:deployguard-system:deployguard"}
+)
+
+func TestValidate(t *testing.T) {
+	other := guarded(func(d *appsv1.Deployment) {
+		d.Name = "web-canary"
+		d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary"}
+		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary"}
+	})
+	failedTemplate := guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "nginx:broken" }).Spec.Template
+	quarantinedOld := guarded(func(d *appsv1.Deployment) {
+		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "0000," + vocab.TemplateHash(&failedTemplate)
+	})
+
+	tests := []struct {
+		name         string
+		d, old       *appsv1.Deployment
+		user         authenticationv1.UserInfo
+		lister       DeploymentLister
+		opts         func(*Options)
+		wantErrs     []string // each must appear in one error
+		wantWarnings []string
+	}{
+		{
+			name: "a guarded Deployment with a probe is admitted silently",
+			d:    guarded(),
+			user: alice,
+		},
+		{
+			name:     "empty selector",
+			d:        guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
+			user:     alice,
+			wantErrs: []string{"spec.selector: Required value: an empty selector would select every pod"},
+		},
+		{
+			name:     "selector that does not select the template",
+			d:        guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
+			user:     alice,
+			wantErrs: []string{"spec.template.metadata.labels", "does not select the template's labels"},
+		},
+		{
+			name:     "overlap: our selector selects another Deployment's pods",
+			d:        guarded(),
+			user:     alice,
+			lister:   staticLister(other),
+			wantErrs: []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
+		},
+		{
+			name: "overlap: another selector selects our pods",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Name = "web-2"
+				d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
+				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
+			}),
+			user:     alice,
+			lister:   staticLister(other),
+			wantErrs: []string{`would be selected by Deployment "web-canary"`},
+		},
+		{
+			name: "no overlap with a distinct selector",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "api"}
+				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "api"}
+			}),
+			user:   alice,
+			lister: staticLister(other),
+		},
+		{
+			name:   "an overlap that predates an update only warns",
+			d:      guarded(func(d *appsv1.Deployment) { d.Spec.Template.Labels["extra"] = "x" }),
+			old:    guarded(),
+			user:   alice,
+			lister: staticLister(other),
+			wantWarnings: []string{
+				"overlap with another Deployment",
+			},
+		},
+		{
+			name:     "a failing lister refuses with a retryable reason",
+			d:        guarded(),
+			user:     alice,
+			lister:   listerFunc(func(context.Context, string) ([]appsv1.Deployment, error) { return nil, errors.New("cache not synced") }),
+			wantErrs: []string{"could not list the namespace's Deployments", "cache not synced"},
+		},
+		{
+			name: "maxUnavailable of every replica is refused",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+			}),
+			user:     alice,
+			wantErrs: []string{"spec.strategy.rollingUpdate.maxUnavailable", "resolves to 3 of 3 replicas"},
+		},
+		{
+			name: "maxUnavailable as a count above replicas is refused",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromInt32(5))
+			}),
+			user:     alice,
+			wantErrs: []string{"resolves to 5 of 3 replicas"},
+		},
+		{
+			name: "maxUnavailable 100% on one replica is allowed",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Replicas = ptr(int32(1))
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+			}),
+			user: alice,
+		},
+		{
+			name: "Recreate with several replicas warns",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+			}),
+			user:         alice,
+			wantWarnings: []string{"Recreate stops all 3 replicas"},
+		},
+		{
+			name:     "revision history above the bound",
+			d:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user:     alice,
+			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 500: must be between 2 and 100"},
+		},
+		{
+			name:         "revision history of zero refuses and warns",
+			d:            guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(0)) }),
+			user:         alice,
+			wantErrs:     []string{"spec.revisionHistoryLimit"},
+			wantWarnings: []string{"nothing to roll back to"},
+		},
+		{
+			name:     "progress deadline below the bound",
+			d:        guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
+			user:     alice,
+			wantErrs: []string{"spec.progressDeadlineSeconds: Invalid value: 5: must be between 30 and 7200"},
+		},
+		{
+			name: "progress deadline not above minReadySeconds",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.ProgressDeadlineSeconds = ptr(int32(60))
+				d.Spec.MinReadySeconds = 60
+			}),
+			user:     alice,
+			wantErrs: []string{"must be greater than spec.minReadySeconds (60)"},
+		},
+		{
+			name:         "no readiness probe warns",
+			d:            guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil }),
+			user:         alice,
+			wantWarnings: []string{"no container has a readinessProbe"},
+		},
+		{
+			name: "every problem is reported at once",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+				d.Spec.ProgressDeadlineSeconds = ptr(int32(5))
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+			}),
+			user:     alice,
+			wantErrs: []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
+		},
+		{
+			name: "exempt namespace skips the safety checks",
+			d:    guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user: alice,
+			opts: func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
+		},
+		{
+			name:     "a user may not remove the guard's finalizers",
+			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
+			old:      guarded(),
+			user:     alice,
+			wantErrs: []string{"metadata.finalizers: Forbidden", "only by deployguard itself"},
+		},
+		{
+			name:     "a user may not reorder the guard's finalizers",
+			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain} }),
+			old:      guarded(),
+			user:     alice,
+			wantErrs: []string{"metadata.finalizers: Forbidden"},
+		},
+		{
+			name: "exemption does not lift the finalizer rules",
+			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  guarded(),
+			user: alice,
+			opts: func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
+			wantErrs: []string{
+				"metadata.finalizers: Forbidden",
+			},
+		},
+		{
+			name: "the guard removes its finalizers",
+			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
+			old:  guarded(),
+			user: guard,
+		},
+		{
+			name: "a break-glass group removes the finalizers",
+			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  guarded(),
+			user: authenticationv1.UserInfo{Username: "bob", Groups: []string{"platform-admins"}},
+		},
+		{
+			name: "a user may add the finalizers back in canonical order",
+			d:    guarded(),
+			old:  guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
+			user: alice,
+		},
+		{
+			name:     "unknown finalizer in the guard's domain",
+			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
+			user:     alice,
+			wantErrs: []string{`metadata.finalizers[2]: Unsupported value: "deployguard.io/backup"`},
+		},
+		{
+			name:     "bringing a quarantined template back is refused with the override",
+			d:        guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			old:      quarantinedOld,
+			user:     alice,
+			wantErrs: []string{"spec.template: Forbidden", "failed its progress deadline", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
+		},
+		{
+			name: "the override lets the quarantined template back with a warning",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Template = *failedTemplate.DeepCopy()
+				d.Annotations[vocab.AnnotationAllowTemplate] = vocab.TemplateHash(&failedTemplate)
+			}),
+			old:          quarantinedOld,
+			user:         alice,
+			wantWarnings: []string{"deliberately"},
+		},
+		{
+			name:         "quarantine in warn mode",
+			d:            guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			old:          quarantinedOld,
+			user:         alice,
+			opts:         func(o *Options) { o.Quarantine = QuarantineWarn },
+			wantWarnings: []string{"failed its progress deadline"},
+		},
+		{
+			name: "removing the quarantine record in the same update does not help",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.Template = *failedTemplate.DeepCopy()
+				delete(d.Annotations, vocab.AnnotationQuarantinedTemplates)
+			}),
+			old:      quarantinedOld,
+			user:     alice,
+			wantErrs: []string{"spec.template: Forbidden"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := testOptions()
+			if tt.opts != nil {
+				tt.opts(o)
+			}
+			f := Validate(context.Background(), tt.d, tt.old, tt.user, o, tt.lister)
+			all := f.Errs.ToAggregate()
+			if len(tt.wantErrs) == 0 {
+				assert.NoError(t, all)
+			} else {
+				require.Error(t, all)
+				for _, w := range tt.wantErrs {
+					assert.Contains(t, all.Error(), w)
+				}
+			}
+			joined := strings.Join(f.Warnings, "\n")
+			if len(tt.wantWarnings) == 0 {
+				assert.Empty(t, f.Warnings)
+			}
+			for _, w := range tt.wantWarnings {
+				assert.Contains(t, joined, w)
+			}
+		})
+	}
+}
+
+func TestCheckDelete(t *testing.T) {
+	d := guarded()
+	assert.Empty(t, CheckDelete(d).Errs)
+	d.Annotations[vocab.AnnotationProtected] = "true"
+	errs := CheckDelete(d).Errs
+	require.Len(t, errs, 1)
+	assert.Contains(t, errs[0].Error(), "kubectl annotate deployment web -n shop deployguard.io/protected-")
+}
+
+func TestResolveFenceposts(t *testing.T) {
+	tests := []struct {
+		name              string
+		surge, unav       intstr.IntOrString
+		replicas          int32
+		wantS, wantU      int32
+	}{
+		{"percent rounds surge up, unavailable down", intstr.FromString("25%"), intstr.FromString("25%"), 3, 1, 0},
+		{"zero and zero becomes one unavailable", intstr.FromInt32(0), intstr.FromInt32(0), 3, 0, 1},
+		{"counts are taken as they are", intstr.FromInt32(2), intstr.FromInt32(1), 10, 2, 1},
+		{"100 percent", intstr.FromString("0%"), intstr.FromString("100%"), 4, 0, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, u := resolveFenceposts(&tt.surge, &tt.unav, tt.replicas)
+			assert.Equal(t, tt.wantS, s)
+			assert.Equal(t, tt.wantU, u)
+		})
+	}
+}
+
