@@ -1,0 +1,140 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// WebhookConfigurations reads the deployed config/webhook manifests, so that
+// tests exercise the very rules, selectors, conditions and failure policies
+// that are installed.
+func WebhookConfigurations() (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	b, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		m *admissionregistrationv1.MutatingWebhookConfiguration
+		v *admissionregistrationv1.ValidatingWebhookConfiguration
+	)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for {
+		var head metav1.TypeMeta
+		var raw map[string]any
+		if err := dec.Decode(&raw); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, nil, err
+		}
+		j, err := jsonOf(raw)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := jsonInto(j, &head); err != nil {
+			return nil, nil, err
+		}
+		switch head.Kind {
+		case "MutatingWebhookConfiguration":
+			m = &admissionregistrationv1.MutatingWebhookConfiguration{}
+			err = jsonInto(j, m)
+		case "ValidatingWebhookConfiguration":
+			v = &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			err = jsonInto(j, v)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	if m == nil || v == nil {
+		return nil, nil, errors.New("config/webhook/manifests.yaml must hold one mutating and one validating configuration")
+	}
+	return m, v, nil
+}
+
+// InstallWebhooks installs the deployed webhook configurations pointed at a
+// guard reachable at baseURL (https://host:port) instead of the in-cluster
+// Service, with caBundle (nil: the guard's self-managed mode injects it).
+func InstallWebhooks(ctx context.Context, c client.Client, baseURL string, caBundle []byte) error {
+	m, v, err := WebhookConfigurations()
+	if err != nil {
+		return err
+	}
+	for i := range m.Webhooks {
+		m.Webhooks[i].ClientConfig = urlConfig(baseURL, m.Webhooks[i].ClientConfig, caBundle)
+	}
+	for i := range v.Webhooks {
+		v.Webhooks[i].ClientConfig = urlConfig(baseURL, v.Webhooks[i].ClientConfig, caBundle)
+	}
+	for _, obj := range []client.Object{m, v} {
+		if err := c.Create(ctx, obj); err != nil {
+			if !apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("installing %s: %w", obj.GetName(), err)
+			}
+			cur := obj.DeepCopyObject().(client.Object)
+			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
+				return err
+			}
+			obj.SetResourceVersion(cur.GetResourceVersion())
+			if err := c.Update(ctx, obj); err != nil {
+				return fmt.Errorf("updating %s: %w", obj.GetName(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func urlConfig(base string, cc admissionregistrationv1.WebhookClientConfig, ca []byte) admissionregistrationv1.WebhookClientConfig {
+	path := "/"
+	if cc.Service != nil && cc.Service.Path != nil {
+		path = *cc.Service.Path
+	}
+	u := strings.TrimSuffix(base, "/") + path
+	return admissionregistrationv1.WebhookClientConfig{URL: &u, CABundle: ca}
+}
+
+// WaitForWebhooks waits until the API server calls the guard: a server-side dry
+// run of a Deployment with no selector is repaired by the mutating webhook only
+// once the API server trusts and reaches the guard.
+func WaitForWebhooks(ctx context.Context, c client.Client, namespace string, timeout time.Duration) error {
+	probe := func() *appsv1.Deployment {
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: "deployguard-readiness-probe", Namespace: namespace},
+			Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": "deployguard-readiness-probe"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "probe:1"}}},
+			}},
+		}
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		d := probe()
+		last = c.Create(ctx, d, client.DryRunAll)
+		return last == nil && d.Spec.Selector != nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the API server does not reach the guard's webhooks (last error: %v): %w", last, err)
+	}
+	return nil
+}
+
+func jsonOf(v any) ([]byte, error) { return json.Marshal(v) }
+
+func jsonInto(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,263 @@
+// Package integration runs the guard's webhooks through a real kube-apiserver
+// (envtest: kube-apiserver and etcd built by `make tools`), registered from the
+// same config/webhook manifests that are deployed.
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"go.uber.org/zap/zapcore"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+const guardUser = "system:serviceaccount:deployguard-system:deployguard"
+
+var (
+	scheme  = runtime.NewScheme()
+	cfg     *rest.Config
+	k8s     client.Client
+	testEnv *envtest.Environment
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	tools, err := harness.ToolsDir("kube-apiserver", "etcd")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.Level(zapLevel()))))
+
+	testEnv = &envtest.Environment{
+		BinaryAssetsDirectory: tools,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths: []string{filepath.Join(harness.RepoRoot(), "config", "webhook")},
+		},
+	}
+	cfg, err = testEnv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the API server:", err)
+		return 1
+	}
+	defer func() {
+		if err := testEnv.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the API server:", err)
+		}
+	}()
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop, err := startGuard(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the guard's webhooks:", err)
+		return 1
+	}
+	defer stop()
+	if err := setupNamespaces(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := harness.WaitForWebhooks(ctx, k8s, "default", 30*time.Second); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func zapLevel() int8 {
+	if os.Getenv("DEPLOYGUARD_TEST_VERBOSE") != "" {
+		return -2
+	}
+	return 2 // errors only: the tests assert on what users see
+}
+
+// startGuard serves the guard's real handlers on envtest's webhook address.
+func startGuard(ctx context.Context) (func(), error) {
+	o := &testEnv.WebhookInstallOptions
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme,
+		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
+			Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir,
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
+		}),
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	m, err := guardwebhook.NewMetrics(nil)
+	if err != nil {
+		return nil, err
+	}
+	(&guardwebhook.Deployment{
+		Options: guardOptions(),
+		Lister:  guardwebhook.CacheLister{Reader: mgr.GetClient()},
+	}).SetupWithManager(mgr, m)
+
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+		}
+	}()
+	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			return false, nil
+		}
+		conn.Close()
+		return true, nil
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("webhook server not listening on %s: %w", addr, err)
+	}
+	return func() { cancel(); wg.Wait() }, nil
+}
+
+func guardOptions() *guardwebhook.Options {
+	return &guardwebhook.Options{
+		StableLabelKeys:         []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"},
+		MaxSurge:                intstr.FromString("25%"),
+		MaxUnavailable:          intstr.FromInt32(0),
+		RevisionHistoryLimit:    10,
+		ProgressDeadlineSeconds: 600,
+		AddFinalizers:           true,
+		RevisionHistoryBounds:   guardwebhook.Range{Min: 2, Max: 100},
+		ProgressDeadlineBounds:  guardwebhook.Range{Min: 30, Max: 7200},
+		GuardUsername:           guardUser,
+		Quarantine:              guardwebhook.QuarantineEnforce,
+	}
+}
+
+// setupNamespaces creates the guard's namespace and gives the guard's service
+// account the rights the tests impersonate it with.
+func setupNamespaces(ctx context.Context) error {
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: harness.GuardNamespace}},
+		&rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "deployguard-test"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "deployguard", Namespace: harness.GuardNamespace}},
+		},
+	} {
+		if err := k8s.Create(ctx, obj); err != nil {
+			return fmt.Errorf("creating %s: %w", obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// newNamespace creates a namespace of its own for one test.
+func newNamespace(t *testing.T, labels map[string]string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "it-", Labels: labels}}
+	if err := k8s.Create(context.Background(), ns); err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	return ns.Name
+}
+
+// warningRecorder collects the warnings the API server relays to the client.
+type warningRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(code int, agent, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, text)
+}
+
+func (w *warningRecorder) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.msgs...)
+}
+
+// clientAs returns a client that records warnings and optionally impersonates.
+func clientAs(t *testing.T, user string) (client.Client, *warningRecorder) {
+	t.Helper()
+	c := rest.CopyConfig(cfg)
+	w := &warningRecorder{}
+	c.WarningHandler = w
+	if user != "" {
+		c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+	}
+	cl, err := client.New(c, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, w
+}
+
+// deployment is a plain manifest as a user would write it.
+func deployment(ns, name string, mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr(int32(2)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "app", Image: "nginx:1.27.3",
+					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
+				}}},
+			},
+		},
+	}
+	for _, m := range mut {
+		m(d)
+	}
+	return d
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Deadlines for conditions the tests wait on.
+const (
+	waitShort = 10 * time.Second
+	tick      = 50 * time.Millisecond
+)
