@@ -33,7 +33,8 @@ $(TOOLS_DIR)/.complete: test/tools/build.sh test/tools/kube/go.mod test/tools/et
 	touch $@
 
 run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
-	go run ./test/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
+	go build -o $(CURDIR)/bin/localrun ./test/localrun
+	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
 test: test-unit test-integration test-e2e ## every tier
 

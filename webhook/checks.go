@@ -273,7 +273,7 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 		return f
 	}
 	hash := vocab.TemplateHash(&d.Spec.Template)
-	if hash == vocab.TemplateHash(&old.Spec.Template) || !slices.Contains(quarantined(old), hash) {
+	if hash == vocab.TemplateHash(&old.Spec.Template) || !slices.Contains(vocab.QuarantinedTemplates(old), hash) {
 		return f
 	}
 	if d.Annotations[vocab.AnnotationAllowTemplate] == hash {
@@ -290,14 +290,6 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 	}
 	f.Errs = append(f.Errs, field.Forbidden(specPath.Child("template"), msg))
 	return f
-}
-
-func quarantined(d *appsv1.Deployment) []string {
-	v := d.Annotations[vocab.AnnotationQuarantinedTemplates]
-	if v == "" {
-		return nil
-	}
-	return strings.Split(v, ",")
 }
 
 // CheckDelete refuses the deletion of a protected Deployment.

@@ -29,6 +29,7 @@ import (
 
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -178,6 +179,23 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 		Lister:  guardwebhook.CacheLister{Reader: mgr.GetClient()},
 	}
 	hooks.SetupWithManager(mgr, wm)
+
+	rm, err := reconciler.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering reconciler metrics: %w", err)
+	}
+	ropts := reconciler.DefaultOptions()
+	ropts.AutoRollback = cfg.Rollback.AutoRollback
+	ropts.IgnoredNamespaces = []string{"kube-system", "kube-node-lease", "kube-public", f.namespace}
+	rollouts := &reconciler.DeploymentReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder("deployguard"),
+		Metrics:  rm,
+		Options:  ropts,
+	}
+	if err := rollouts.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("setting up the rollout reconciler: %w", err)
+	}
 
 	if f.certMode == "self-managed" {
 		direct, err := client.New(restCfg, client.Options{Scheme: scheme})

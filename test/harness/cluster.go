@@ -1,0 +1,138 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Cluster is a full local cluster: etcd, kube-apiserver, kube-controller-manager
+// (every controller: Deployments roll out for real), kube-scheduler, and kwok
+// simulating nodes and pods, all as local processes started by kwokctl.
+type Cluster struct {
+	Name       string
+	Tools      string
+	WorkDir    string
+	Kubeconfig string // admin
+	out        io.Writer
+}
+
+// StartCluster creates a cluster named name with nodes fake nodes. Its state
+// lives under workDir; a cluster of the same name left by an interrupted run is
+// deleted first.
+func StartCluster(ctx context.Context, tools, name, workDir string, nodes int, out io.Writer) (*Cluster, error) {
+	if out == nil {
+		out = io.Discard
+	}
+	c := &Cluster{Name: name, Tools: tools, WorkDir: workDir, Kubeconfig: filepath.Join(workDir, "kubeconfig"), out: out}
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return nil, err
+	}
+	_ = c.kwokctl(ctx, "delete", "cluster")
+	err := c.kwokctl(ctx, "create", "cluster",
+		"--runtime", "binary",
+		"--kube-apiserver-binary", filepath.Join(tools, "kube-apiserver"),
+		"--kube-controller-manager-binary", filepath.Join(tools, "kube-controller-manager"),
+		"--kube-scheduler-binary", filepath.Join(tools, "kube-scheduler"),
+		"--etcd-binary", filepath.Join(tools, "etcd"),
+		"--kwok-controller-binary", filepath.Join(tools, "kwok"),
+		"--kubeconfig", c.Kubeconfig,
+		"--wait", "2m",
+	)
+	if err != nil {
+		_ = c.Stop()
+		return nil, fmt.Errorf("creating the local cluster: %w", err)
+	}
+	if err := c.kwokctl(ctx, "scale", "node", "--replicas", strconv.Itoa(nodes)); err != nil {
+		_ = c.Stop()
+		return nil, fmt.Errorf("adding %d kwok nodes: %w", nodes, err)
+	}
+	return c, nil
+}
+
+// Stop deletes the cluster and every process it started.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return c.kwokctl(ctx, "delete", "cluster")
+}
+
+func (c *Cluster) kwokctl(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Tools, "kwokctl"), append([]string{"--name", c.Name}, args...)...)
+	cmd.Env = append(os.Environ(), "KWOK_WORKDIR="+filepath.Join(c.WorkDir, "kwok"))
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(c.out, &buf), io.MultiWriter(c.out, &buf)
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kwokctl %s: %w\n%s", strings.Join(args, " "), err, tail(buf.String(), 2000))
+	}
+	return nil
+}
+
+// Kubectl runs the cluster's own kubectl with kubeconfig and returns its
+// combined output.
+func (c *Cluster) Kubectl(ctx context.Context, kubeconfig string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Tools, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// RESTConfig is the admin configuration.
+func (c *Cluster) RESTConfig() (*rest.Config, error) {
+	return clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+}
+
+// GuardKubeconfig gives the guard its real identity: the deployguard service
+// account, with the RBAC of config/rbac applied by kubectl, and a kubeconfig
+// holding a token for it. The guard then runs with exactly the rights it has
+// when deployed, and the webhooks see its real username.
+func (c *Cluster) GuardKubeconfig(ctx context.Context, cl client.Client, path string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: GuardNamespace,
+		Labels: map[string]string{"deployguard.io/guard": "disabled"}}}
+	if err := cl.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	if _, err := c.Kubectl(ctx, c.Kubeconfig, "apply", "-k", filepath.Join(RepoRoot(), "config", "rbac")); err != nil {
+		return err
+	}
+	token, err := c.Kubectl(ctx, c.Kubeconfig, "create", "token", "deployguard", "-n", GuardNamespace, "--duration", "24h")
+	if err != nil {
+		return err
+	}
+	admin, err := clientcmd.LoadFromFile(c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	ctxName := admin.CurrentContext
+	cluster := admin.Clusters[admin.Contexts[ctxName].Cluster]
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["local"] = cluster
+	cfg.AuthInfos["deployguard"] = &clientcmdapi.AuthInfo{Token: strings.TrimSpace(token)}
+	cfg.Contexts["deployguard"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "deployguard", Namespace: GuardNamespace}
+	cfg.CurrentContext = "deployguard"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}

@@ -1,0 +1,135 @@
+// Command localrun is `make run`: a full local cluster (kwok nodes, real
+// kube-apiserver, kube-controller-manager and kube-scheduler) with deployguard
+// serving its webhooks and reconciling rollouts, until Ctrl-C, which stops
+// every process it started.
+package main
+
+import (
+	"context"
+	_ "embed"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+//go:embed guard.yaml
+var guardConfig string
+
+func main() {
+	tools := flag.String("tools", "", "folder of the control plane binaries (make tools)")
+	guard := flag.String("guard", "bin/deployguard", "the deployguard binary")
+	workDir := flag.String("workdir", "bin/local", "folder for the cluster's state, kubeconfig and logs")
+	flag.Parse()
+	if err := run(*tools, *guard, *workDir); err != nil {
+		fmt.Fprintln(os.Stderr, "make run:", err)
+		os.Exit(1)
+	}
+}
+
+func run(tools, guard, workDir string) error {
+	if tools == "" {
+		var err error
+		if tools, err = harness.ToolsDir(); err != nil {
+			return err
+		}
+	}
+	workDir, err := filepath.Abs(workDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return err
+	}
+	logPath := filepath.Join(workDir, "local.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+
+	// Ctrl-C during start-up also stops everything.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	fmt.Printf("Starting a local cluster (2 kwok nodes) and deployguard; logs in %s …\n", logPath)
+	l, err := harness.StartLocal(ctx, harness.LocalOptions{
+		Tools: tools, Guard: guard, Name: "deployguard", WorkDir: workDir, Nodes: 2,
+		GuardConfig: guardConfig, Log: logFile,
+	})
+	if err != nil {
+		return fmt.Errorf("%w (see %s)", err, logPath)
+	}
+	defer func() {
+		fmt.Println("\nStopping deployguard and the local cluster …")
+		l.Stop()
+		fmt.Println("Stopped; nothing is left running.")
+	}()
+
+	kubeconfig := filepath.Join(workDir, "kubeconfig")
+	if err := copyFile(l.Cluster.Kubeconfig, kubeconfig); err != nil {
+		return err
+	}
+	kubectl := filepath.Join(tools, "kubectl")
+	fmt.Printf(`
+deployguard is running and guarding the local cluster.
+
+  kubeconfig: %[1]s
+  kubectl:    %[2]s   (the cluster's own version)
+  guard logs: %[3]s
+  metrics:    http://%[4]s/metrics
+
+Try:
+  export KUBECONFIG=%[1]s
+  alias kubectl=%[2]s
+  kubectl get deploy -A
+  kubectl apply -f config/samples/good.yaml
+  kubectl apply -f config/samples/empty-selector.yaml        # repaired: see the deployguard.io/defaulted annotation
+  kubectl apply -f config/samples/unrepairable-selector.yaml # refused, with the labels to add
+  kubectl apply -f config/samples/all-down.yaml              # refused: maxUnavailable would take every replica down
+
+Press Ctrl-C to stop everything.
+`, kubeconfig, kubectl, logPath, l.Guard.Metrics)
+
+	select {
+	case <-ctx.Done():
+	case <-guardExited(l):
+		return fmt.Errorf("deployguard exited unexpectedly (see %s)", logPath)
+	}
+	return nil
+}
+
+// guardExited closes when the guard process ends on its own.
+func guardExited(l *harness.Local) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		for !l.Guard.Exited() {
+			time.Sleep(500 * time.Millisecond)
+		}
+		close(ch)
+	}()
+	return ch
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
