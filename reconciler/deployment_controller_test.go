@@ -1,0 +1,416 @@
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// env is a reconciler on a fake API server, with every write recorded.
+type env struct {
+	t        *testing.T
+	client   client.Client
+	r        *DeploymentReconciler
+	recorder *events.FakeRecorder
+	clock    *clocktesting.FakeClock
+	// patches holds every write: the kind of object and the patch body.
+	patches []recordedPatch
+	// beforePatch, when set, runs before a write reaches the API server.
+	beforePatch func(ctx context.Context, c client.WithWatch, obj client.Object)
+}
+
+type recordedPatch struct {
+	kind string
+	body map[string]any
+}
+
+func newEnv(t *testing.T, objs ...client.Object) *env {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	e := &env{t: t, recorder: events.NewFakeRecorder(20), clock: clocktesting.NewFakeClock(t0.Add(20*time.Minute + 300*time.Millisecond))}
+	e.client = fake.NewClientBuilder().
+		WithScheme(scheme).
+		WithObjects(objs...).
+		WithStatusSubresource(&appsv1.Deployment{}, &appsv1.ReplicaSet{}).
+		WithIndex(&appsv1.ReplicaSet{}, replicaSetControllerKey, indexReplicaSetByController).
+		WithInterceptorFuncs(interceptor.Funcs{
+			Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+				data, err := patch.Data(obj)
+				require.NoError(t, err)
+				var body map[string]any
+				require.NoError(t, json.Unmarshal(data, &body))
+				kind := "ReplicaSet"
+				if _, ok := obj.(*appsv1.Deployment); ok {
+					kind = "Deployment"
+				}
+				e.patches = append(e.patches, recordedPatch{kind: kind, body: body})
+				if e.beforePatch != nil {
+					e.beforePatch(ctx, c, obj)
+				}
+				return c.Patch(ctx, obj, patch, opts...)
+			},
+		}).
+		Build()
+	metrics, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	e.r = &DeploymentReconciler{
+		Client:   e.client,
+		Recorder: e.recorder,
+		Clock:    e.clock,
+		Metrics:  metrics,
+		Options:  DefaultOptions(),
+	}
+	return e
+}
+
+func (e *env) reconcile() error {
+	e.t.Helper()
+	_, err := e.r.Reconcile(ctrl.LoggerInto(context.Background(), ctrl.Log), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "shop", Name: "web"}})
+	return err
+}
+
+func (e *env) deployment() *appsv1.Deployment {
+	e.t.Helper()
+	d := &appsv1.Deployment{}
+	require.NoError(e.t, e.client.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "web"}, d))
+	return d
+}
+
+func (e *env) replicaSet(name string) *appsv1.ReplicaSet {
+	e.t.Helper()
+	rs := &appsv1.ReplicaSet{}
+	require.NoError(e.t, e.client.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, rs))
+	return rs
+}
+
+// events drains the events emitted so far, as "Type Reason message".
+func (e *env) events() []string {
+	var out []string
+	for {
+		select {
+		case ev := <-e.recorder.Events:
+			out = append(out, ev)
+		default:
+			return out
+		}
+	}
+}
+
+func (e *env) rollbacks(result string) float64 {
+	return counterValue(e.t, e.r.Metrics.rollbacks.WithLabelValues(result))
+}
+
+// counterValue reads a counter the way a scrape would.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	return m.GetCounter().GetValue()
+}
+
+func eventReasons(evs []string) []string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, strings.Fields(ev)[1])
+	}
+	return out
+}
+
+func namespace(labels map[string]string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: labels}}
+}
+
+func TestReconcileMarksKnownGoodOnce(t *testing.T) {
+	d := deployment(completed, annotate(vocab.AnnotationQuarantinedTemplates, "other,"+vocab.TemplateHash(&deployment().Spec.Template)))
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+	require.NoError(t, e.reconcile())
+
+	marked := e.replicaSet("web-h3")
+	assert.True(t, IsKnownGood(marked), "the newRS carries the mark")
+	assert.Equal(t, e.clock.Now().UTC().Format(time.RFC3339), marked.Annotations[vocab.AnnotationKnownGood])
+	got := e.deployment()
+	assert.Equal(t, "3", got.Annotations[vocab.AnnotationKnownGoodRevision])
+	assert.Equal(t, "other", got.Annotations[vocab.AnnotationQuarantinedTemplates], "a template that completed leaves quarantine")
+	assert.Equal(t, []string{vocab.ReasonKnownGood}, eventReasons(e.events()))
+	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.knownGoodMarked))
+
+	writes := len(e.patches)
+	require.NoError(t, e.reconcile())
+	assert.Len(t, e.patches, writes, "already marked: no write")
+	assert.Empty(t, e.events(), "already marked: no event")
+	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.knownGoodMarked))
+}
+
+func TestReconcileDoesNotMarkPaused(t *testing.T) {
+	d := deployment(completed, paused)
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+	require.NoError(t, e.reconcile())
+
+	assert.Empty(t, e.patches)
+	assert.False(t, IsKnownGood(e.replicaSet("web-h3")))
+}
+
+func TestReconcileRollsBackInOneWrite(t *testing.T) {
+	d := deployment(failed, annotate(vocab.AnnotationQuarantinedTemplates, "older", "kubernetes.io/change-cause", "deploy v3"))
+	failedHash := vocab.TemplateHash(&d.Spec.Template)
+	rs1, rs2, rs3 := history(d)
+	rs2.Annotations["kubernetes.io/change-cause"] = "deploy v2"
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+	require.NoError(t, e.reconcile())
+
+	require.Len(t, e.patches, 1, "one write carries the template and every annotation")
+	p := e.patches[0]
+	assert.Equal(t, "Deployment", p.kind)
+	meta := p.body["metadata"].(map[string]any)
+	assert.NotEmpty(t, meta["resourceVersion"], "the write is conditional on the version read")
+	assert.Contains(t, p.body, "spec")
+
+	got := e.deployment()
+	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template, "the template kubectl rollout undo --to-revision=2 restores")
+	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision])
+	assert.Equal(t, "older,"+failedHash, got.Annotations[vocab.AnnotationQuarantinedTemplates])
+	assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], "known-good revision 2")
+	assert.Equal(t, t0.Add(20*time.Minute).Format(time.RFC3339), got.Annotations[vocab.AnnotationHandledDeadline])
+	assert.Equal(t, "deploy v2", got.Annotations["kubernetes.io/change-cause"], "annotations come back from the ReplicaSet as with kubectl")
+	assert.Equal(t, "3", got.Annotations[vocab.RevisionAnnotation])
+	assert.False(t, got.Spec.Paused)
+
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
+	assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
+	var h dto.Metric
+	require.NoError(t, e.r.Metrics.rollbackReaction.Write(&h))
+	assert.Equal(t, uint64(1), h.GetHistogram().GetSampleCount())
+	assert.InDelta(t, 0.3, h.GetHistogram().GetSampleSum(), 0.001, "reaction measured from the condition's transition")
+
+	// The Deployment controller has not synced: the deadline condition is
+	// still there (and the fake API server does not even bump the generation).
+	e.clock.Step(time.Second)
+	require.NoError(t, e.reconcile())
+	assert.Len(t, e.patches, 1, "second reconcile: no second write")
+	assert.Empty(t, e.events())
+
+	// It syncs: revision 2's ReplicaSet is the newRS again, as revision 4, and
+	// no replica has progressed yet, so the old condition stays.
+	rs2 = e.replicaSet("web-h2")
+	rs2.Annotations[vocab.RevisionAnnotation] = "4"
+	require.NoError(t, e.client.Update(context.Background(), rs2))
+	got = e.deployment()
+	got.Annotations[vocab.RevisionAnnotation] = "4"
+	require.NoError(t, e.client.Update(context.Background(), got))
+	require.NoError(t, e.reconcile())
+	assert.Len(t, e.patches, 1, "stale deadline after the sync: still nothing")
+	assert.Empty(t, e.events())
+	assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
+}
+
+func TestReconcileRollbackConflictDecidesAgain(t *testing.T) {
+	d := deployment(failed)
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+	// Someone else writes the Deployment between our read and our write.
+	var raced atomic.Bool
+	e.beforePatch = func(ctx context.Context, c client.WithWatch, obj client.Object) {
+		if _, ok := obj.(*appsv1.Deployment); !ok || raced.Swap(true) {
+			return
+		}
+		other := &appsv1.Deployment{}
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(obj), other))
+		other.Annotations["someone"] = "else"
+		require.NoError(t, c.Update(ctx, other))
+	}
+
+	res, err := e.r.Reconcile(ctrl.LoggerInto(context.Background(), ctrl.Log), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "shop", Name: "web"}})
+	require.NoError(t, err, "a conflict is an ordinary race, not an error")
+	assert.True(t, res.Requeue, "the conflict is requeued so the request is decided again")
+	assert.Equal(t, 1.0, e.rollbacks(resultConflict))
+	assert.Empty(t, e.events(), "nothing told about a write that did not happen")
+	got := e.deployment()
+	assert.Equal(t, "else", got.Annotations["someone"], "their change is kept")
+	assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image, "our write did not land")
+
+	// The retry reads afresh and decides again.
+	require.NoError(t, e.reconcile())
+	got = e.deployment()
+	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision])
+	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()))
+	assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
+}
+
+func TestReconcileHolds(t *testing.T) {
+	tests := []struct {
+		name       string
+		d          *appsv1.Deployment
+		rss        func(*appsv1.Deployment) []client.Object
+		wantEvent  []string
+		wantResult string
+		wantStatus string
+	}{
+		{
+			name: "no known-good revision",
+			d:    deployment(failed),
+			rss: func(d *appsv1.Deployment) []client.Object {
+				return []client.Object{replicaSet(d, 1, "web:v1"), replicaSet(d, 2, "web:v2"), replicaSet(d, 3, "web:v3")}
+			},
+			wantEvent: []string{vocab.ReasonNoKnownGoodRevision}, wantResult: resultNoKnownGood,
+			wantStatus: "no known-good revision",
+		},
+		{
+			name: "restored revision fails too",
+			d: deployment(failedAt("web-h3", t0.Add(40*time.Minute)), annotate(
+				vocab.AnnotationRolledBackRevision, "2",
+				vocab.AnnotationHandledDeadline, t0.Add(10*time.Minute).Format(time.RFC3339))),
+			rss: func(d *appsv1.Deployment) []client.Object {
+				return []client.Object{replicaSet(d, 1, "web:v1", knownGood), replicaSet(d, 3, "web:v3", knownGood)}
+			},
+			wantEvent: []string{vocab.ReasonRollbackLoop}, wantResult: resultLoopStopped,
+			wantStatus: "rollback loop",
+		},
+		{
+			name:       "paused after the deadline",
+			d:          deployment(failed, paused),
+			wantStatus: "paused",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := []client.Object{namespace(nil), tt.d}
+			if tt.rss != nil {
+				objs = append(objs, tt.rss(tt.d)...)
+			} else {
+				rs1, rs2, rs3 := history(tt.d)
+				objs = append(objs, rs1, rs2, rs3)
+			}
+			e := newEnv(t, objs...)
+
+			require.NoError(t, e.reconcile())
+
+			got := e.deployment()
+			assert.Equal(t, tt.d.Spec.Template, got.Spec.Template, "template untouched")
+			assert.Equal(t, tt.d.Spec.Paused, got.Spec.Paused)
+			assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], tt.wantStatus)
+			assert.Equal(t, tt.wantEvent, eventReasons(e.events()))
+			if tt.wantResult != "" {
+				assert.Equal(t, 1.0, e.rollbacks(tt.wantResult))
+			}
+
+			// Once per deadline, not on every reconcile; and for the paused
+			// case, not after the resume either.
+			writes := len(e.patches)
+			got.Spec.Paused = false
+			require.NoError(t, e.client.Update(context.Background(), got))
+			require.NoError(t, e.reconcile())
+			assert.Len(t, e.patches, writes)
+			assert.Empty(t, e.events())
+			assert.Equal(t, "web:v3", e.deployment().Spec.Template.Spec.Containers[0].Image)
+		})
+	}
+}
+
+func TestReconcileLeavesAlone(t *testing.T) {
+	tests := []struct {
+		name string
+		ns   *corev1.Namespace
+		d    *appsv1.Deployment
+		opts func(*Options)
+	}{
+		{name: "namespace opted out", ns: namespace(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}), d: deployment(failed)},
+		{name: "namespace opted out: no known-good mark either", ns: namespace(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}), d: deployment(completed)},
+		{name: "namespace ignored by the options", ns: namespace(nil), d: deployment(failed), opts: func(o *Options) { o.IgnoredNamespaces = []string{"kube-system", "shop"} }},
+		{name: "Deployment opted out", ns: namespace(nil), d: deployment(failed, annotate(vocab.AnnotationAutoRollback, "false"))},
+		{name: "turned off cluster-wide", ns: namespace(nil), d: deployment(failed), opts: func(o *Options) { o.AutoRollback = false }},
+		{name: "being deleted", ns: namespace(nil), d: deployment(failed, func(d *appsv1.Deployment) {
+			d.DeletionTimestamp = &metav1.Time{Time: t0}
+			d.Finalizers = []string{vocab.FinalizerDrain}
+		})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rs1, rs2, rs3 := history(tt.d)
+			e := newEnv(t, tt.ns, tt.d, rs1, rs2, rs3)
+			if tt.opts != nil {
+				tt.opts(&e.r.Options)
+			}
+
+			require.NoError(t, e.reconcile())
+
+			assert.Empty(t, e.patches)
+			assert.Empty(t, e.events())
+		})
+	}
+}
+
+func TestReconcileDeploymentGone(t *testing.T) {
+	e := newEnv(t, namespace(nil))
+	assert.NoError(t, e.reconcile())
+}
+
+func TestKnownGoodThenRollbackAcrossRevisions(t *testing.T) {
+	// Revision 2 completes and is marked; revision 3 then fails and is rolled
+	// back to it.
+	d := deployment(func(d *appsv1.Deployment) {
+		d.Spec.Template = podTemplate("web:v2")
+		d.Annotations[vocab.RevisionAnnotation] = "2"
+		completed(d)
+	})
+	rs1 := replicaSet(d, 1, "web:v1")
+	rs2 := replicaSet(d, 2, "web:v2")
+	e := newEnv(t, namespace(nil), d, rs1, rs2)
+	require.NoError(t, e.reconcile())
+	require.True(t, IsKnownGood(e.replicaSet("web-h2")))
+	e.events()
+
+	// An earlier `kubectl rollout undo` to revision 2 copied its mark onto the
+	// Deployment. The user rolls out v3: the Deployment controller copies the
+	// Deployment's annotations, mark included, onto the new ReplicaSet. It fails.
+	cur := e.deployment()
+	cur.Spec.Template = podTemplate("web:v3")
+	cur.Annotations[vocab.RevisionAnnotation] = "3"
+	marked := e.replicaSet("web-h2")
+	cur.Annotations[vocab.AnnotationKnownGood] = marked.Annotations[vocab.AnnotationKnownGood]
+	cur.Annotations[vocab.AnnotationKnownGoodHash] = marked.Annotations[vocab.AnnotationKnownGoodHash]
+	require.NoError(t, e.client.Update(context.Background(), cur))
+	cur = e.deployment()
+	failed(cur)
+	require.NoError(t, e.client.Status().Update(context.Background(), cur))
+	require.NoError(t, e.client.Create(context.Background(), replicaSet(cur, 3, "web:v3")))
+
+	require.NoError(t, e.reconcile())
+
+	got := e.deployment()
+	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()))
+	rs3 := e.replicaSet("web-h3")
+	require.Contains(t, rs3.Annotations, vocab.AnnotationKnownGood, "the copied mark is there")
+	assert.False(t, IsKnownGood(rs3), "but it is not a mark: no rollback loop is seen")
+	assert.NotContains(t, got.Annotations, vocab.AnnotationKnownGood, "the stray mark left the Deployment with the rollback")
+}

@@ -1,0 +1,101 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// replicaSetControllerKey indexes ReplicaSets by the name of the Deployment that
+// controls them, so that a reconcile lists a Deployment's ReplicaSets from the
+// cache without scanning the namespace.
+const replicaSetControllerKey = ".metadata.controller.deployment"
+
+// indexReplicaSetByController is the index function for replicaSetControllerKey.
+func indexReplicaSetByController(o client.Object) []string {
+	ref := metav1.GetControllerOf(o)
+	if ref == nil || ref.Kind != "Deployment" || !strings.HasPrefix(ref.APIVersion, appsv1.GroupName+"/") {
+		return nil
+	}
+	return []string{ref.Name}
+}
+
+// listReplicaSets returns the ReplicaSets the Deployment controls (controller
+// reference with the Deployment's UID): allRSs in upstream's words. Orphans that
+// merely match the selector are left to the Deployment controller to adopt; they
+// come back here through the ReplicaSet watch once adopted.
+func (r *DeploymentReconciler) listReplicaSets(ctx context.Context, d *appsv1.Deployment) ([]*appsv1.ReplicaSet, error) {
+	var list appsv1.ReplicaSetList
+	if err := r.Client.List(ctx, &list,
+		client.InNamespace(d.Namespace),
+		client.MatchingFields{replicaSetControllerKey: d.Name},
+	); err != nil {
+		return nil, fmt.Errorf("listing ReplicaSets of Deployment %s/%s: %w", d.Namespace, d.Name, err)
+	}
+	allRSs := make([]*appsv1.ReplicaSet, 0, len(list.Items))
+	for i := range list.Items {
+		rs := &list.Items[i]
+		if ref := metav1.GetControllerOf(rs); ref != nil && ref.UID == d.UID {
+			allRSs = append(allRSs, rs)
+		}
+	}
+	return allRSs, nil
+}
+
+// EqualIgnoreHash reports whether two pod templates are equal once the
+// pod-template-hash label is ignored; it is upstream's EqualIgnoreHash. A
+// Deployment's template never has the label and its ReplicaSets' always do.
+func EqualIgnoreHash(t1, t2 *corev1.PodTemplateSpec) bool {
+	c1, c2 := t1.DeepCopy(), t2.DeepCopy()
+	delete(c1.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
+	delete(c2.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
+	return apiequality.Semantic.DeepEqual(c1, c2)
+}
+
+// FindNewReplicaSet returns the Deployment's newRS: the ReplicaSet whose template
+// equals the Deployment's, ignoring the hash label. When several do (possible
+// after cluster upgrades, kubernetes#40415) the oldest wins, as upstream. It
+// returns nil when the Deployment controller has not created it yet. rss is not
+// reordered.
+func FindNewReplicaSet(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
+	sorted := slices.Clone(rss)
+	slices.SortStableFunc(sorted, compareByCreationTimestamp)
+	for _, rs := range sorted {
+		if EqualIgnoreHash(&rs.Spec.Template, &d.Spec.Template) {
+			return rs
+		}
+	}
+	return nil
+}
+
+// compareByCreationTimestamp orders ReplicaSets oldest first, then by name, as
+// upstream's controller.ReplicaSetsByCreationTimestamp.
+func compareByCreationTimestamp(a, b *appsv1.ReplicaSet) int {
+	if a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return strings.Compare(a.Name, b.Name)
+	}
+	if a.CreationTimestamp.Before(&b.CreationTimestamp) {
+		return -1
+	}
+	return 1
+}
+
+// Revision returns the object's revision annotation. A missing annotation is
+// revision 0, as upstream.
+func Revision(obj metav1.Object) (int64, error) {
+	v, ok := obj.GetAnnotations()[vocab.RevisionAnnotation]
+	if !ok {
+		return 0, nil
+	}
+	return strconv.ParseInt(v, 10, 64)
+}

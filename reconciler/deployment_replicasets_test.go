@@ -1,0 +1,80 @@
+package reconciler
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+func TestFindNewReplicaSet(t *testing.T) {
+	d := deployment()
+	rs1, rs2, rs3 := history(d)
+	// A second ReplicaSet with the Deployment's template, created later
+	// (kubernetes#40415): the oldest one is the newRS.
+	rs3dup := replicaSet(d, 4, "web:v3", func(rs *appsv1.ReplicaSet) { rs.Name, rs.UID = "web-dup", types.UID("uid-dup") })
+
+	tests := []struct {
+		name string
+		rss  []*appsv1.ReplicaSet
+		want *appsv1.ReplicaSet
+	}{
+		{name: "no ReplicaSets", rss: nil, want: nil},
+		{name: "only old ReplicaSets", rss: []*appsv1.ReplicaSet{rs1, rs2}, want: nil},
+		{name: "template equal but for the hash label", rss: []*appsv1.ReplicaSet{rs1, rs3, rs2}, want: rs3},
+		{name: "two with the template: the oldest", rss: []*appsv1.ReplicaSet{rs3dup, rs1, rs3}, want: rs3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := append([]*appsv1.ReplicaSet(nil), tt.rss...)
+			got := FindNewReplicaSet(d, tt.rss)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, before, tt.rss, "the caller's slice is not reordered")
+		})
+	}
+}
+
+func TestEqualIgnoreHash(t *testing.T) {
+	d := deployment()
+	rs := replicaSet(d, 3, "web:v3")
+	require.NotEmpty(t, rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
+
+	assert.True(t, EqualIgnoreHash(&d.Spec.Template, &rs.Spec.Template), "same template, hash label aside")
+	assert.Equal(t, "h3", rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey], "the inputs are not modified")
+	other := replicaSet(d, 2, "web:v2")
+	assert.False(t, EqualIgnoreHash(&d.Spec.Template, &other.Spec.Template), "different image")
+}
+
+func TestRevision(t *testing.T) {
+	tests := []struct {
+		name    string
+		value   *string
+		want    int64
+		wantErr bool
+	}{
+		{name: "absent is 0", value: nil, want: 0},
+		{name: "number", value: ptr.To("12"), want: 12},
+		{name: "garbage", value: ptr.To("x"), wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rs := replicaSet(deployment(), 1, "web:v1")
+			delete(rs.Annotations, vocab.RevisionAnnotation)
+			if tt.value != nil {
+				rs.Annotations[vocab.RevisionAnnotation] = *tt.value
+			}
+			got, err := Revision(rs)
+			if tt.wantErr {
+				assert.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}

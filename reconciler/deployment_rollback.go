@@ -1,0 +1,332 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// Action is what the rollback phase does about a Deployment.
+type Action string
+
+const (
+	// ActionNone writes nothing: there is no failed rollout, or it is not ours to
+	// touch, or it has been decided about already.
+	ActionNone Action = "None"
+	// ActionRollBack restores the template of Decision.Target.
+	ActionRollBack Action = "RollBack"
+	// ActionHold leaves the template alone and records why, once per deadline.
+	ActionHold Action = "Hold"
+)
+
+// Reasons for a Decision. Those of ActionRollBack and ActionHold that users see
+// as Events are the vocab event reasons.
+const (
+	ReasonRolloutNotFailed       = "RolloutNotFailed"
+	ReasonAutoRollbackDisabled   = "AutoRollbackDisabled"
+	ReasonGenerationNotObserved  = "GenerationNotObserved"
+	ReasonDeadlineAlreadyHandled = "DeadlineAlreadyHandled"
+	ReasonNoNewReplicaSet        = "NoNewReplicaSet"
+	ReasonAlreadyRolledBack      = "AlreadyRolledBack"
+	ReasonStaleCondition         = "StaleCondition"
+	ReasonPaused                 = "Paused"
+	ReasonRollbackLoop           = vocab.ReasonRollbackLoop
+	ReasonNoKnownGoodRevision    = vocab.ReasonNoKnownGoodRevision
+	ReasonAutoRollback           = vocab.ReasonAutoRollback
+)
+
+// Decision is what ShouldRollBack concluded.
+type Decision struct {
+	Action Action
+	// Reason is one of the Reason constants.
+	Reason string
+	// Message is a sentence for the rollback-status annotation and the Event
+	// (empty for ActionNone).
+	Message string
+	// Deadline is the Progressing=False/ProgressDeadlineExceeded condition
+	// decided about (nil if there is none).
+	Deadline *appsv1.DeploymentCondition
+	// NewRS is the ReplicaSet whose rollout failed, FailedRevision its revision.
+	NewRS          *appsv1.ReplicaSet
+	FailedRevision int64
+	// Target is the known-good ReplicaSet to restore (ActionRollBack only),
+	// TargetRevision its revision.
+	Target         *appsv1.ReplicaSet
+	TargetRevision int64
+}
+
+// ShouldRollBack decides what to do about a Deployment whose rollout may have
+// exceeded its progress deadline. rss are the ReplicaSets the Deployment
+// controls. The decision reads only the objects, never memory, so that it comes
+// out the same after a restart or a change of leader.
+//
+// Staleness is the subtle part. Right after the rollback write, the Deployment
+// controller has not yet synced: the old ProgressDeadlineExceeded condition and
+// the old revision are still there. Until it observes the new generation,
+// GenerationNotObserved holds. After that, it adopts the known-good ReplicaSet
+// as its newRS and bumps its revision, but leaves the Progressing condition as it
+// was until a replica makes progress (SetDeploymentCondition keeps a condition of
+// the same status and reason): for a while the stale deadline seems to be about
+// the restored revision. Three things keep it from being read so:
+//   - the handled-deadline annotation: the rollback write records the condition's
+//     lastTransitionTime, and a genuinely new deadline is a new transition
+//     (False → True on progress → False progressDeadlineSeconds later), so it is
+//     strictly later, even at the one-second resolution of the field;
+//   - the condition names the ReplicaSet that timed out ("ReplicaSet %q has
+//     timed out progressing."); if that is not the newRS, it is stale;
+//   - the rolled-back-revision annotation: revisions only grow, so the failed
+//     revision never comes back as a newRS revision.
+func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options) Decision {
+	cond := progressingCondition(d)
+	if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != vocab.ProgressDeadlineExceeded {
+		return Decision{Action: ActionNone, Reason: ReasonRolloutNotFailed}
+	}
+	dec := Decision{Action: ActionNone, Deadline: cond}
+
+	if !opts.AutoRollback || autoRollbackOptedOut(d) {
+		dec.Reason = ReasonAutoRollbackDisabled
+		return dec
+	}
+	// The condition may be about an older generation: the Deployment controller
+	// has not seen the latest spec yet (perhaps our own rollback).
+	if d.Status.ObservedGeneration != d.Generation {
+		dec.Reason = ReasonGenerationNotObserved
+		return dec
+	}
+	if handled, ok := handledDeadline(d); ok && cond.LastTransitionTime.Unix() <= handled.Unix() {
+		dec.Reason = ReasonDeadlineAlreadyHandled
+		return dec
+	}
+
+	newRS := FindNewReplicaSet(d, rss)
+	if newRS == nil {
+		// Our ReplicaSet cache is behind; its watch event will bring us back.
+		dec.Reason = ReasonNoNewReplicaSet
+		return dec
+	}
+	dec.NewRS = newRS
+	failedRevision, err := Revision(newRS)
+	if err != nil {
+		dec.Reason = ReasonNoNewReplicaSet
+		return dec
+	}
+	dec.FailedRevision = failedRevision
+	if d.Annotations[vocab.AnnotationRolledBackRevision] == formatRevision(failedRevision) {
+		dec.Reason = ReasonAlreadyRolledBack
+		return dec
+	}
+	if name, ok := timedOutReplicaSetName(cond.Message); ok && name != newRS.Name {
+		dec.Reason = ReasonStaleCondition
+		return dec
+	}
+
+	dec.Action = ActionHold
+	switch {
+	case d.Spec.Paused:
+		// Upstream does not replace a ProgressDeadlineExceeded condition with
+		// DeploymentPaused, so a Deployment paused right after it failed still
+		// shows the deadline. Record it as decided: after the resume the guard acts
+		// only on a new deadline, counted from DeploymentResumed.
+		dec.Reason = ReasonPaused
+		dec.Message = fmt.Sprintf("Revision %d exceeded its progress deadline while the Deployment was being paused; the guard does not roll back a paused Deployment and will act only on a new deadline after it is resumed.", failedRevision)
+	case IsKnownGood(newRS) && d.Annotations[vocab.AnnotationRolledBackRevision] != "":
+		dec.Reason = ReasonRollbackLoop
+		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but it is the known-good revision the guard rolled back to; stopped to avoid a rollback loop. The failure is likely outside the template.", failedRevision, newRS.Name)
+	case IsKnownGood(newRS):
+		dec.Reason = ReasonRollbackLoop
+		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but it completed before and is known-good; not rolling back from one known-good revision to another. The failure is likely outside the template.", failedRevision, newRS.Name)
+	default:
+		target := KnownGoodTarget(d, rss)
+		if target == nil {
+			dec.Reason = ReasonNoKnownGoodRevision
+			dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline; no known-good revision to roll back to, so it is left as it is.", failedRevision, newRS.Name)
+			return dec
+		}
+		targetRevision, _ := Revision(target) // KnownGoodTarget skips unparsable revisions.
+		dec.Action = ActionRollBack
+		dec.Reason = ReasonAutoRollback
+		dec.Target, dec.TargetRevision = target, targetRevision
+		dec.Message = fmt.Sprintf("Rolled back from revision %d (ReplicaSet %s), which exceeded its progress deadline, to known-good revision %d (ReplicaSet %s).", failedRevision, newRS.Name, targetRevision, target.Name)
+	}
+	return dec
+}
+
+// RollbackTemplate is the template `kubectl rollout undo` restores from a
+// ReplicaSet: its template without the pod-template-hash label.
+func RollbackTemplate(rs *appsv1.ReplicaSet) *corev1.PodTemplateSpec {
+	t := rs.Spec.Template.DeepCopy()
+	delete(t.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
+	return t
+}
+
+// Annotations of the Deployment controller and kubectl that a rollback keeps from
+// the Deployment rather than taking from the ReplicaSet: kubectl's
+// annotationsToSkip (k8s.io/kubectl pkg/polymorphichelpers/rollback.go), which is
+// also the Deployment controller's.
+var annotationsToSkip = map[string]bool{
+	corev1.LastAppliedConfigAnnotation:          true,
+	vocab.RevisionAnnotation:                    true,
+	"deployment.kubernetes.io/revision-history": true,
+	"deployment.kubernetes.io/desired-replicas": true,
+	"deployment.kubernetes.io/max-replicas":     true,
+	appsv1.DeprecatedRollbackTo:                 true,
+}
+
+// RollbackAnnotations returns the Deployment's annotations after a rollback to
+// rs, as `kubectl rollout undo` computes them: the annotations kubectl skips are
+// kept from the Deployment, everything else is replaced by the ReplicaSet's
+// annotations (which the Deployment controller copied from the Deployment when
+// the ReplicaSet was its newRS, so change-cause and friends go back too).
+//
+// One departure, for the guard's own domain: its annotations on the Deployment
+// are kept from the Deployment, and those on the ReplicaSet are not copied. The
+// ReplicaSet's copies are stale (an older quarantine list, an older opt-out or
+// protection), and the ReplicaSet's own known-good mark must never reach the
+// Deployment, whence the Deployment controller would copy it onto every new
+// ReplicaSet.
+func RollbackAnnotations(d *appsv1.Deployment, rs *appsv1.ReplicaSet) map[string]string {
+	out := map[string]string{}
+	for k, v := range d.Annotations {
+		if annotationsToSkip[k] || (isGuardAnnotation(k) && !isReplicaSetMark(k)) {
+			out[k] = v
+		}
+	}
+	for k, v := range rs.Annotations {
+		if !annotationsToSkip[k] && !isGuardAnnotation(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func isGuardAnnotation(k string) bool { return strings.HasPrefix(k, vocab.Domain+"/") }
+
+func isReplicaSetMark(k string) bool {
+	return k == vocab.AnnotationKnownGood || k == vocab.AnnotationKnownGoodHash
+}
+
+// reconcileRollback acts on ShouldRollBack's decision. Every write carries the
+// resourceVersion that was read, so it never overwrites a change it has not
+// seen; on a conflict the request is retried and decided again from a fresh
+// read. Events are emitted after the write has succeeded, so each decision is
+// told once.
+func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
+	dec := ShouldRollBack(d, rss, r.Options)
+	log := ctrl.LoggerFrom(ctx)
+	if dec.Action == ActionNone {
+		if dec.Reason != ReasonRolloutNotFailed {
+			log.V(4).Info("Not acting on failed rollout", "reason", dec.Reason, "failedRevision", dec.FailedRevision)
+		}
+		return nil
+	}
+	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
+
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	switch dec.Action {
+	case ActionRollBack:
+		// The failed template is the Deployment's as read, hashed the way the
+		// validating webhook hashes the template a GitOps tool applies again.
+		failedHash := vocab.TemplateHash(&d.Spec.Template)
+		d.Spec.Template = *RollbackTemplate(dec.Target)
+		d.Annotations = RollbackAnnotations(d, dec.Target)
+		d.Annotations[vocab.AnnotationRolledBackRevision] = formatRevision(dec.FailedRevision)
+		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
+			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
+	case ActionHold:
+		if d.Annotations == nil {
+			d.Annotations = map[string]string{}
+		}
+	}
+	d.Annotations[vocab.AnnotationRollbackStatus] = dec.Message
+	d.Annotations[vocab.AnnotationHandledDeadline] = dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
+
+	if err := r.Client.Patch(ctx, d, patch); err != nil {
+		if apierrors.IsConflict(err) {
+			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
+			log.V(2).Info("Deployment changed since it was read; deciding again")
+			return fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
+		}
+		if dec.Action == ActionRollBack {
+			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
+			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from revision %d to known-good revision %d failed: %v", dec.FailedRevision, dec.TargetRevision, err))
+		}
+		return fmt.Errorf("recording decision %s about revision %d: %w", dec.Reason, dec.FailedRevision, err)
+	}
+
+	switch dec.Reason {
+	case ReasonAutoRollback:
+		r.Metrics.rollbacks.WithLabelValues(resultRolledBack).Inc()
+		if reaction := r.Clock.Since(dec.Deadline.LastTransitionTime.Time); reaction >= 0 {
+			r.Metrics.rollbackReaction.Observe(reaction.Seconds())
+		}
+		log.Info("Rolled back to known-good revision", "targetRevision", dec.TargetRevision, "target", klog.KObj(dec.Target))
+		r.emitRollbackNormalEvent(d, dec.Target, dec.Message)
+	case ReasonNoKnownGoodRevision:
+		r.Metrics.rollbacks.WithLabelValues(resultNoKnownGood).Inc()
+		log.Info("Rollout failed and there is no known-good revision")
+		r.emitRollbackWarningEvent(d, vocab.ReasonNoKnownGoodRevision, dec.Message)
+	case ReasonRollbackLoop:
+		r.Metrics.rollbacks.WithLabelValues(resultLoopStopped).Inc()
+		log.Info("Known-good revision failed too; not rolling back")
+		r.emitRollbackWarningEvent(d, vocab.ReasonRollbackLoop, dec.Message)
+	case ReasonPaused:
+		log.Info("Rollout failed on a paused Deployment; left alone")
+	}
+	return nil
+}
+
+// autoRollbackOptedOut reports whether the Deployment's annotation turns
+// automatic rollback off. Only a value that parses as false does (strconv rules:
+// "false", "False", "0", …); anything else leaves the guard on.
+func autoRollbackOptedOut(d *appsv1.Deployment) bool {
+	v, ok := d.Annotations[vocab.AnnotationAutoRollback]
+	if !ok {
+		return false
+	}
+	on, err := strconv.ParseBool(strings.TrimSpace(v))
+	return err == nil && !on
+}
+
+// handledDeadline returns the time recorded in the handled-deadline annotation.
+func handledDeadline(d *appsv1.Deployment) (time.Time, bool) {
+	v, ok := d.Annotations[vocab.AnnotationHandledDeadline]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	return t, err == nil
+}
+
+// timedOutReplicaSetName returns the ReplicaSet named by the message upstream's
+// syncRolloutStatus writes with ProgressDeadlineExceeded:
+//
+//	ReplicaSet "web-5d8f7c9b4" has timed out progressing.
+//
+// An unrecognised message (another format, or the "Deployment %q" variant used
+// when there was no newRS) gives false, and the check is skipped.
+func timedOutReplicaSetName(msg string) (string, bool) {
+	rest, ok := strings.CutPrefix(msg, "ReplicaSet ")
+	if !ok {
+		return "", false
+	}
+	quoted, ok := strings.CutSuffix(rest, " has timed out progressing.")
+	if !ok {
+		return "", false
+	}
+	name, err := strconv.Unquote(quoted)
+	if err != nil {
+		return "", false
+	}
+	return name, true
+}

@@ -1,0 +1,83 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Values of the result label of deployguard_rollbacks_total.
+const (
+	resultRolledBack  = "rolled_back"
+	resultNoKnownGood = "no_known_good"
+	resultLoopStopped = "loop_stopped"
+	resultFailed      = "failed"
+	resultConflict    = "conflict"
+)
+
+// Metrics are the reconciler's Prometheus metrics.
+type Metrics struct {
+	rollbacks        *prometheus.CounterVec
+	knownGoodMarked  prometheus.Counter
+	rollbackReaction prometheus.Histogram
+}
+
+// NewMetrics creates the reconciler's metrics and registers them with reg
+// (typically controller-runtime's metrics.Registry, so they are served with the
+// manager's own). A nil reg leaves them unregistered. Registering twice with the
+// same registry (a second reconciler in one process, as in tests) reuses the
+// collectors already there.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		rollbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deployguard_rollbacks_total",
+			Help: "Decisions about Deployments whose rollout exceeded its progress deadline, by result: rolled_back, no_known_good, loop_stopped, failed, conflict.",
+		}, []string{"result"}),
+		knownGoodMarked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "deployguard_known_good_marked_total",
+			Help: "ReplicaSets marked known-good after their rollout completed.",
+		}),
+		rollbackReaction: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "deployguard_rollback_reaction_seconds",
+			Help: "Time from the ProgressDeadlineExceeded condition's lastTransitionTime (one-second resolution) to the rollback write.",
+			// The target is under a second; the condition's timestamp is truncated
+			// to the second, so the low buckets stay coarse.
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 5, 10, 30, 60, 300},
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.rollbacks, err = register(reg, m.rollbacks); err != nil {
+		return nil, err
+	}
+	if m.knownGoodMarked, err = register(reg, m.knownGoodMarked); err != nil {
+		return nil, err
+	}
+	if m.rollbackReaction, err = register(reg, m.rollbackReaction); err != nil {
+		return nil, err
+	}
+	// Export every result from the start, at zero, so that rate() and alerts
+	// see the series before the first failure.
+	for _, result := range []string{resultRolledBack, resultNoKnownGood, resultLoopStopped, resultFailed, resultConflict} {
+		m.rollbacks.WithLabelValues(result)
+	}
+	return m, nil
+}
+
+// register registers c, or returns the equal collector already registered.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var already prometheus.AlreadyRegisteredError
+	if errors.As(err, &already) {
+		if existing, ok := already.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("registering reconciler metrics: %w", err)
+}
