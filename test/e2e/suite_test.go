@@ -1,0 +1,224 @@
+// Package e2e runs the guard end to end on a full local cluster: a real
+// kube-apiserver, kube-controller-manager (Deployments roll out for real) and
+// kube-scheduler, nodes and pods simulated by kwok, and the deployguard binary
+// running under its own service account with the deployed RBAC and webhooks.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// guardConfig shortens the progress deadline floor so that failed rollouts are
+// seen within seconds.
+const guardConfig = `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+bounds:
+  progressDeadlineSeconds: {min: 3, max: 7200}
+cleanup:
+  drainTimeout: 20s
+`
+
+// deadline is the progressDeadlineSeconds of the tests' Deployments.
+const deadline = 4
+
+var local *harness.Local
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	tools, err := harness.ToolsDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	bin, err := harness.GuardBinary()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	work, err := os.MkdirTemp("", "deployguard-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	logPath := filepath.Join(work, "e2e.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	local, err = harness.StartLocal(ctx, harness.LocalOptions{
+		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%d", os.Getpid()), WorkDir: work,
+		Nodes: 2, GuardConfig: guardConfig, Log: logFile,
+	})
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
+		return 1
+	}
+	code := m.Run()
+	local.Stop()
+	logFile.Close()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
+	} else {
+		os.RemoveAll(work)
+	}
+	return code
+}
+
+func tailFile(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err.Error()
+	}
+	const n = 12000
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// newNamespace creates a namespace for one test; labels may opt it out.
+func newNamespace(t *testing.T, labels map[string]string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name())[:min(20, len(t.Name()))] + "-", Labels: labels}}
+	require.NoError(t, local.Client.Create(context.Background(), ns))
+	return ns.Name
+}
+
+// deployment is an application as a user writes it: a readiness probe, a
+// short progress deadline, no selector opinions beyond the stable label.
+func deployment(ns, name, image string) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas:                ptr(int32(2)),
+			ProgressDeadlineSeconds: ptr(int32(deadline)),
+			Selector:                &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "app", Image: image,
+					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
+				}}},
+			},
+		},
+	}
+}
+
+// breakTemplate makes a template whose pods can never be scheduled, so its
+// rollout never progresses: the classic stuck rollout.
+func breakTemplate(t *corev1.PodTemplateSpec, image string) {
+	t.Spec.Containers[0].Image = image
+	t.Spec.NodeSelector = map[string]string{"deployguard.io/e2e": "no-such-node"}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// waitFor polls cond until it holds or timeout passes, then fails with msg and
+// the last state cond described.
+func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		ok, state, err := cond(ctx)
+		last = state
+		return ok, err
+	})
+	if err != nil {
+		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
+	}
+}
+
+func get(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d))
+	return d
+}
+
+func condition(d *appsv1.Deployment, typ appsv1.DeploymentConditionType) *appsv1.DeploymentCondition {
+	for i := range d.Status.Conditions {
+		if d.Status.Conditions[i].Type == typ {
+			return &d.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func describe(d *appsv1.Deployment) string {
+	var cs []string
+	for _, c := range d.Status.Conditions {
+		cs = append(cs, fmt.Sprintf("%s=%s/%s", c.Type, c.Status, c.Reason))
+	}
+	return fmt.Sprintf("generation %d observed %d, replicas %d updated %d available %d, conditions %v, annotations %v",
+		d.Generation, d.Status.ObservedGeneration, d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.AvailableReplicas, cs, guardAnnotations(d))
+}
+
+func guardAnnotations(d *appsv1.Deployment) map[string]string {
+	out := map[string]string{}
+	for k, v := range d.Annotations {
+		if strings.HasPrefix(k, "deployguard.io/") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// waitAvailable waits until the Deployment's current generation completed.
+func waitAvailable(t *testing.T, ns, name string, timeout time.Duration) *appsv1.Deployment {
+	t.Helper()
+	var d *appsv1.Deployment
+	waitFor(t, timeout, fmt.Sprintf("Deployment %s/%s did not complete its rollout", ns, name), func(ctx context.Context) (bool, string, error) {
+		d = get(ctx, t, ns, name)
+		p := condition(d, appsv1.DeploymentProgressing)
+		done := d.Status.ObservedGeneration == d.Generation && p != nil && p.Reason == "NewReplicaSetAvailable" &&
+			d.Status.UpdatedReplicas == *d.Spec.Replicas && d.Status.AvailableReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas
+		return done, describe(d), nil
+	})
+	return d
+}
+
+// eventReasons lists the reasons of the guard's events about a Deployment.
+func eventReasons(ctx context.Context, t *testing.T, ns, name string) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, local.Client.List(ctx, &list, client.InNamespace(ns)))
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind != "Deployment" || e.Regarding.Name != name || !strings.Contains(e.ReportingController, "deployguard") {
+			continue
+		}
+		n := 1
+		if e.Series != nil {
+			n = int(e.Series.Count)
+		}
+		for range n {
+			out = append(out, e.Reason)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
