@@ -21,7 +21,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -67,6 +69,9 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// The test clients' own logs (warnings relayed by the API server) go to the
+	// log file with the cluster's, not to the test output.
+	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	local, err = harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%d", os.Getpid()), WorkDir: work,
