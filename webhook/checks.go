@@ -245,12 +245,9 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 	f.Errs = append(f.Errs, field.Forbidden(p, fmt.Sprintf(
 		"the guard's finalizers %v (now %v) may be removed or reordered only by deployguard itself, which removes each one when its cleanup step is done; "+
 			"to skip the cleanup, set the annotation %s=true on the Deployment before deleting it, or ask a member of a break-glass group",
-		before, after, SkipCleanupAnnotation)))
+		before, after, vocab.AnnotationSkipCleanup)))
 	return f
 }
-
-// SkipCleanupAnnotation asks the guard to skip its cleanup steps on deletion.
-const SkipCleanupAnnotation = vocab.Domain + "/skip-cleanup"
 
 // isSubsequence reports whether a appears in b in the same order.
 func isSubsequence(a, b []string) bool {

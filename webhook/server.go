@@ -80,6 +80,8 @@ func instrument(name string, next admission.Handler, m *Metrics) admission.Handl
 
 		var resp admission.Response
 		switch {
+		case req.Operation == "" && req.Kind == (metav1.GroupVersionKind{}):
+			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("the body holds no AdmissionReview request"))
 		case req.Kind != deploymentGVK:
 			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("deployguard admits apps/v1 Deployments only, got %s", gvkString(req.Kind)))
 		case req.Operation != admissionv1.Delete && len(req.Object.Raw) == 0:
