@@ -333,10 +333,10 @@ func TestCheckDelete(t *testing.T) {
 
 func TestResolveFenceposts(t *testing.T) {
 	tests := []struct {
-		name              string
-		surge, unav       intstr.IntOrString
-		replicas          int32
-		wantS, wantU      int32
+		name         string
+		surge, unav  intstr.IntOrString
+		replicas     int32
+		wantS, wantU int32
 	}{
 		{"percent rounds surge up, unavailable down", intstr.FromString("25%"), intstr.FromString("25%"), 3, 1, 0},
 		{"zero and zero becomes one unavailable", intstr.FromInt32(0), intstr.FromInt32(0), 3, 0, 1},
@@ -351,4 +351,3 @@ func TestResolveFenceposts(t *testing.T) {
 		})
 	}
 }
-

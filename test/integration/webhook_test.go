@@ -193,4 +193,3 @@ func TestSystemNamespacesAreNotGuarded(t *testing.T) {
 	assert.Empty(t, d.Finalizers)
 	require.NoError(t, k8s.Delete(ctx, d))
 }
-
