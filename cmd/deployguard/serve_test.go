@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// A bad config file stops `serve` before it touches any cluster, with a
+// non-zero exit and a message that names the problem and the line.
+func TestServeRefusesABadConfigFile(t *testing.T) {
+	tests := []struct {
+		name     string
+		file     string // content; "" means the file does not exist
+		wantCode int
+		wantMsg  []string
+	}{
+		{
+			name:     "malformed YAML",
+			file:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults: [\n",
+			wantCode: 1,
+			wantMsg:  []string{"deployguard serve: config file", "line"},
+		},
+		{
+			name:     "unknown field",
+			file:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  revisionHistoryLimt: 3\n",
+			wantCode: 1,
+			wantMsg:  []string{"line 4", "revisionHistoryLimt"},
+		},
+		{
+			name:     "invalid value",
+			file:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\nrollback:\n  quarantine: maybe\n",
+			wantCode: 1,
+			wantMsg:  []string{"line 4: rollback.quarantine", `"maybe"`},
+		},
+		{
+			name:     "missing file",
+			wantCode: 1,
+			wantMsg:  []string{"reading config file"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "guard.yaml")
+			if tt.file != "" {
+				if err := os.WriteFile(p, []byte(tt.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var stdout, stderr bytes.Buffer
+			// --kubeconfig points nowhere: the config must fail first.
+			code := run([]string{"serve", "--config", p, "--kubeconfig", filepath.Join(t.TempDir(), "none")}, nil, &stdout, &stderr)
+			assert.Equal(t, tt.wantCode, code)
+			for _, w := range tt.wantMsg {
+				assert.Contains(t, stderr.String(), w)
+			}
+		})
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	assert.Equal(t, 2, run(nil, nil, &stdout, &stderr))
+	assert.Equal(t, 2, run([]string{"frobnicate"}, nil, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), `unknown command "frobnicate"`)
+	assert.Equal(t, 2, run([]string{"serve", "--cert-mode", "magic"}, nil, &stdout, &stderr))
+	assert.Equal(t, 0, run([]string{"version"}, nil, &stdout, &stderr))
+	assert.Contains(t, stdout.String(), "deployguard ")
+}
