@@ -41,8 +41,8 @@ test: test-unit test-integration test-e2e ## every tier
 test-unit: ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
 
-test-integration: tools ## webhook tests through a real kube-apiserver (envtest)
-	$(GOTEST) -count=1 -timeout 20m ./test/integration/...
+test-integration: tools build ## webhooks and policies through a real kube-apiserver (envtest); check/webhook parity
+	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 20m ./test/integration/...
 
 test-e2e: tools build ## end-to-end tests on a full local cluster (kube-controller-manager, kwok nodes)
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 40m -p 1 ./test/e2e/...

@@ -99,7 +99,9 @@ func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (a
 		return nil, apierrors.NewBadRequest("no admission request in context")
 	}
 	f := Validate(ctx, d, old, req.UserInfo, w.Options, w.Lister)
-	if len(f.Errs) == 0 && w.Policy != nil && !w.Options.exempt(d.Namespace, req.UserInfo) {
+	// Policies run even when a Go check failed: the user sees every problem of
+	// the request at once.
+	if w.Policy != nil && !w.Options.exempt(d.Namespace, req.UserInfo) {
 		in := PolicyInput{
 			Operation: string(req.Operation), Object: d, OldObject: old,
 			Namespace: d.Namespace, UserInfo: req.UserInfo, DryRun: req.DryRun != nil && *req.DryRun,

@@ -8,6 +8,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -131,4 +132,17 @@ func codeOf(r admission.Response) int32 {
 		return 0
 	}
 	return r.Result.Code
+}
+
+// CacheNamespaceLabels reads a namespace's labels from the manager's cache, for
+// the policies' input.namespaceLabels.
+func CacheNamespaceLabels(r client.Reader) func(ctx context.Context, namespace string) (map[string]string, error) {
+	return func(ctx context.Context, namespace string) (map[string]string, error) {
+		ns := &metav1.PartialObjectMetadata{}
+		ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+		if err := r.Get(ctx, client.ObjectKey{Name: namespace}, ns); err != nil {
+			return nil, err
+		}
+		return ns.Labels, nil
+	}
 }

@@ -93,7 +93,12 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 		return exitUsage
 	}
-	pipe, err := newPipeline(cfg, f.policyDir, nil)
+	eng, _, err := newPolicyEngine(context.Background(), cfg, f.policyDir)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
+		return exitUsage
+	}
+	pipe, err := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 		return exitUsage
@@ -121,6 +126,7 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if f.output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
 		if results == nil {
 			results = []checkResult{}
 		}
@@ -136,8 +142,11 @@ func printText(w io.Writer, results []checkResult) {
 	for _, r := range results {
 		counts[r.Verdict]++
 		obj := r.Kind
-		if r.Name != "" {
+		switch {
+		case r.Name != "" && r.Namespace != "":
 			obj += " " + r.Namespace + "/" + r.Name
+		case r.Name != "":
+			obj += " " + r.Name
 		}
 		fmt.Fprintf(w, "%s#%d %s: %s\n", r.File, r.Document, obj, strings.ToUpper(r.Verdict))
 		for _, p := range r.Problems {
@@ -320,7 +329,7 @@ func (p *pipeline) admit(ctx context.Context, d *appsv1.Deployment, user authent
 		return verdict{verdict: "denied", problems: problemsOf(errs)}
 	}
 	f := guardwebhook.Validate(ctx, d, nil, user, p.opts, p)
-	if len(f.Errs) == 0 && p.policy != nil {
+	if p.policy != nil {
 		pv := p.policy.EvaluateDeployment(ctx, guardwebhook.PolicyInput{
 			Operation: "CREATE", Object: d, Namespace: d.Namespace, UserInfo: user,
 		})
@@ -345,9 +354,9 @@ func problemsOf(errs field.ErrorList) []checkProblem {
 
 // newPipeline builds the offline pipeline from the same config file and policy
 // sources as serve.
-func newPipeline(cfg config.Config, policyDir string, policy guardwebhook.PolicyEvaluator) (*pipeline, error) {
+func newPipeline(cfg config.Config, policy guardwebhook.PolicyEvaluator) (*pipeline, error) {
 	return &pipeline{
-		opts:   webhookOptions(cfg, "", ""),
+		opts:   cfg.WebhookOptions(""),
 		policy: policy,
 		seen:   map[string][]appsv1.Deployment{},
 	}, nil

@@ -169,14 +169,20 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	}
 
 	guardUser := fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount)
-	opts := webhookOptions(cfg, guardUser, f.namespace)
+	opts := cfg.WebhookOptions(guardUser)
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
 		return fmt.Errorf("registering admission metrics: %w", err)
 	}
+	eng, err := setupPolicies(ctx, mgr, metrics.Registry, cfg, f.policyDir, f.namespace)
+	if err != nil {
+		return err
+	}
 	hooks := &guardwebhook.Deployment{
-		Options: opts,
-		Lister:  guardwebhook.CacheLister{Reader: mgr.GetClient()},
+		Options:         opts,
+		Lister:          guardwebhook.CacheLister{Reader: mgr.GetClient()},
+		Policy:          guardwebhook.RegoPolicies{Engine: eng},
+		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}
 	hooks.SetupWithManager(mgr, wm)
 
@@ -231,26 +237,6 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	log.Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
 		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
 	return mgr.Start(ctx)
-}
-
-func webhookOptions(cfg config.Config, guardUser, namespace string) *guardwebhook.Options {
-	surge, unavailable := cfg.Defaults.Strategy.IntOrString()
-	return &guardwebhook.Options{
-		StableLabelKeys:         cfg.Selector.StableLabelKeys,
-		MaxSurge:                surge,
-		MaxUnavailable:          unavailable,
-		RevisionHistoryLimit:    cfg.Defaults.RevisionHistoryLimit,
-		ProgressDeadlineSeconds: cfg.Defaults.ProgressDeadlineSeconds,
-		AddFinalizers:           cfg.Defaults.AddFinalizers,
-		RevisionHistoryBounds:   guardwebhook.Range{Min: cfg.Bounds.RevisionHistoryLimit.Min, Max: cfg.Bounds.RevisionHistoryLimit.Max},
-		ProgressDeadlineBounds:  guardwebhook.Range{Min: cfg.Bounds.ProgressDeadlineSeconds.Min, Max: cfg.Bounds.ProgressDeadlineSeconds.Max},
-		GuardUsername:           guardUser,
-		BreakGlassGroups:        cfg.Finalizers.BreakGlassGroups,
-		Quarantine:              cfg.Rollback.Quarantine,
-		ExemptNamespaces:        cfg.Exemptions.Namespaces,
-		ExemptUsernames:         cfg.Exemptions.Usernames,
-		ExemptGroups:            cfg.Exemptions.Groups,
-	}
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -62,6 +62,16 @@ const (
 	AnnotationAllowTemplate = Domain + "/allow-template"
 	// AnnotationProtected set to "true" makes the validating webhook refuse DELETE.
 	AnnotationProtected = Domain + "/protected"
+	// AnnotationSkipCleanup set to "true" on a Deployment makes the guard remove
+	// its finalizers on deletion without running the cleanup steps.
+	AnnotationSkipCleanup = Domain + "/skip-cleanup"
+	// AnnotationDrainStarted is the RFC 3339 time at which the guard started
+	// draining a Deployment being deleted; the drain timeout counts from it, across
+	// restarts of the guard.
+	AnnotationDrainStarted = Domain + "/drain-started"
+	// AnnotationDrainReplicas is spec.replicas as it was before the drain scaled
+	// the Deployment to zero; the record restores it.
+	AnnotationDrainReplicas = Domain + "/drain-replicas"
 	// AnnotationHandledDeadline is the lastTransitionTime (RFC 3339) of the newest
 	// ProgressDeadlineExceeded condition the reconciler has decided about (rolled
 	// back, or held for a reason given in AnnotationRollbackStatus). A condition
@@ -84,6 +94,19 @@ const (
 	AnnotationKnownGoodHash = Domain + "/known-good-hash"
 )
 
+// Annotations on the record ConfigMaps the cleanup's record step writes.
+const (
+	// AnnotationRecordOf is the name of the Deployment the record was made of.
+	AnnotationRecordOf = Domain + "/record-of"
+	// AnnotationRecordUID is the UID of the deleted Deployment: a record of the
+	// same UID is already done; one of another UID is an earlier Deployment of the
+	// same name, which the new record replaces.
+	AnnotationRecordUID = Domain + "/record-uid"
+	// AnnotationRecordExpires is the RFC 3339 time after which the guard deletes
+	// the record (the configured retention after it was made).
+	AnnotationRecordExpires = Domain + "/record-expires"
+)
+
 // Labels.
 const (
 	// LabelGuard set to "disabled" on a namespace takes it out of the guard's
@@ -94,6 +117,9 @@ const (
 	// LabelPolicy set to "true" on a ConfigMap in the guard's namespace makes its
 	// data a Rego policy.
 	LabelPolicy = Domain + "/policy"
+	// LabelRecord set to "true" marks a ConfigMap as a restorable record of a
+	// deleted Deployment (`deployguard restore NAMESPACE/NAME`).
+	LabelRecord = Domain + "/record"
 )
 
 // Upstream Deployment condition reasons (k8s.io/kubernetes
@@ -116,6 +142,18 @@ const (
 	ReasonRollbackFailed      = "RollbackFailed"
 	ReasonRollbackLoop        = "RollbackLoopStopped"
 	ReasonRefused             = "AdmissionRefused"
+
+	// Cleanup on deletion, one step per finalizer.
+	ReasonDrainStarted     = "DrainStarted"
+	ReasonDrained          = "Drained"
+	ReasonDrainTimedOut    = "DrainTimedOut"
+	ReasonRecorded         = "Recorded"
+	ReasonRecordFailed     = "RecordFailed"
+	ReasonCleanupSkipped   = "CleanupSkipped"
+	ReasonCleanupShortened = "CleanupShortened"
+	ReasonUnknownFinalizer = "UnknownFinalizerRemoved"
+	ReasonScaleRefused     = "ScaleRefused"
+	ReasonRemovalRefused   = "FinalizerRemovalRefused"
 )
 
 // TemplateHash identifies a pod template for quarantine: the same template, as

@@ -18,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -29,13 +30,14 @@ import (
 )
 
 // guardConfig shortens the progress deadline floor so that failed rollouts are
-// seen within seconds.
+// seen within seconds. The drain timeout leaves room for a guard killed during
+// a drain to regain the lead (its lease expires after 15s) and finish it.
 const guardConfig = `apiVersion: deployguard.io/v1alpha1
 kind: GuardConfig
 bounds:
   progressDeadlineSeconds: {min: 3, max: 7200}
 cleanup:
-  drainTimeout: 20s
+  drainTimeout: 45s
 `
 
 // deadline is the progressDeadlineSeconds of the tests' Deployments.
@@ -127,6 +129,8 @@ func deployment(ns, name, image string) *appsv1.Deployment {
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{
 					Name: "app", Image: image,
 					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
 				}}},
 			},
 		},

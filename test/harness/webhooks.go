@@ -16,7 +16,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,7 +121,14 @@ func WaitForWebhooks(ctx context.Context, c client.Client, namespace string, tim
 			ObjectMeta: metav1.ObjectMeta{Name: "deployguard-readiness-probe", Namespace: namespace},
 			Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": "deployguard-readiness-probe"}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "probe:1"}}},
+				// Compliant with the built-in policies, so that only an
+				// unreachable guard can make the probe fail.
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "c", Image: "probe:1",
+					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(80)}}},
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
+				}}},
 			}},
 		}
 	}

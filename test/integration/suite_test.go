@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -27,17 +28,24 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
-const guardUser = "system:serviceaccount:deployguard-system:deployguard"
+const (
+	guardUser             = "system:serviceaccount:deployguard-system:deployguard"
+	policyErrorAnnotation = "deployguard.io/policy-error"
+)
 
 var (
 	scheme  = runtime.NewScheme()
@@ -117,6 +125,9 @@ func startGuard(ctx context.Context) (func(), error) {
 			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
 		}),
 		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{harness.GuardNamespace: {}}},
+		}},
 	})
 	if err != nil {
 		return nil, err
@@ -125,9 +136,32 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	// The guard as `serve` builds it from the default configuration: the same
+	// options, the built-in policies, and hot reload from ConfigMaps.
+	cfg := config.Default()
+	popts, err := cfg.PolicyOptions()
+	if err != nil {
+		return nil, err
+	}
+	engine, err := policy.New(popts)
+	if err != nil {
+		return nil, err
+	}
+	if err := engine.Load(ctx, policy.Builtins()); err != nil {
+		return nil, err
+	}
+	src := &policy.ConfigMapSource{
+		Engine: engine, Base: policy.Builtins(), Namespace: harness.GuardNamespace,
+		LabelKey: vocab.LabelPolicy, ErrorAnnotation: policyErrorAnnotation,
+	}
+	if err := src.SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
 	(&guardwebhook.Deployment{
-		Options: guardOptions(),
-		Lister:  guardwebhook.CacheLister{Reader: mgr.GetClient()},
+		Options:         cfg.WebhookOptions(guardUser),
+		Lister:          guardwebhook.CacheLister{Reader: mgr.GetClient()},
+		Policy:          guardwebhook.RegoPolicies{Engine: engine},
+		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}).SetupWithManager(mgr, m)
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -153,21 +187,6 @@ func startGuard(ctx context.Context) (func(), error) {
 		return nil, fmt.Errorf("webhook server not listening on %s: %w", addr, err)
 	}
 	return func() { cancel(); wg.Wait() }, nil
-}
-
-func guardOptions() *guardwebhook.Options {
-	return &guardwebhook.Options{
-		StableLabelKeys:         []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"},
-		MaxSurge:                intstr.FromString("25%"),
-		MaxUnavailable:          intstr.FromInt32(0),
-		RevisionHistoryLimit:    10,
-		ProgressDeadlineSeconds: 600,
-		AddFinalizers:           true,
-		RevisionHistoryBounds:   guardwebhook.Range{Min: 2, Max: 100},
-		ProgressDeadlineBounds:  guardwebhook.Range{Min: 30, Max: 7200},
-		GuardUsername:           guardUser,
-		Quarantine:              guardwebhook.QuarantineEnforce,
-	}
 }
 
 // setupNamespaces creates the guard's namespace and gives the guard's service
@@ -244,6 +263,8 @@ func deployment(ns, name string, mut ...func(*appsv1.Deployment)) *appsv1.Deploy
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{
 					Name: "app", Image: "nginx:1.27.3",
 					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
+					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
 				}}},
 			},
 		},

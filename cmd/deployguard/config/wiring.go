@@ -1,0 +1,56 @@
+package config
+
+import (
+	"github.com/deployguard/deployguard/policy"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+// WebhookOptions are the admission knobs of this configuration; guardUser is the
+// guard's own service account user, who alone may remove its finalizers.
+func (c Config) WebhookOptions(guardUser string) *guardwebhook.Options {
+	surge, unavailable := c.Defaults.Strategy.IntOrString()
+	return &guardwebhook.Options{
+		StableLabelKeys:         c.Selector.StableLabelKeys,
+		MaxSurge:                surge,
+		MaxUnavailable:          unavailable,
+		RevisionHistoryLimit:    c.Defaults.RevisionHistoryLimit,
+		ProgressDeadlineSeconds: c.Defaults.ProgressDeadlineSeconds,
+		AddFinalizers:           c.Defaults.AddFinalizers,
+		RevisionHistoryBounds:   guardwebhook.Range{Min: c.Bounds.RevisionHistoryLimit.Min, Max: c.Bounds.RevisionHistoryLimit.Max},
+		ProgressDeadlineBounds:  guardwebhook.Range{Min: c.Bounds.ProgressDeadlineSeconds.Min, Max: c.Bounds.ProgressDeadlineSeconds.Max},
+		GuardUsername:           guardUser,
+		BreakGlassGroups:        c.Finalizers.BreakGlassGroups,
+		Quarantine:              c.Rollback.Quarantine,
+		ExemptNamespaces:        c.Exemptions.Namespaces,
+		ExemptUsernames:         c.Exemptions.Usernames,
+		ExemptGroups:            c.Exemptions.Groups,
+	}
+}
+
+// PolicyOptions are the policy engine's options of this configuration. The
+// file was validated, so the modes parse.
+func (c Config) PolicyOptions() (policy.Options, error) {
+	opts := policy.Options{
+		EvalTimeout: c.Policy.EvalTimeout.Duration,
+		Disabled:    c.Policy.DisableBuiltins,
+		Exempt: policy.Exemptions{
+			Namespaces: c.Exemptions.Namespaces, Usernames: c.Exemptions.Usernames, Groups: c.Exemptions.Groups,
+		},
+		PolicyModes: map[string]policy.Mode{},
+	}
+	var err error
+	if opts.FailureMode, err = policy.ParseFailureMode(c.Policy.FailureMode); err != nil {
+		return opts, err
+	}
+	if c.Policy.ModeOverride != "" {
+		if opts.ForceMode, err = policy.ParseMode(c.Policy.ModeOverride); err != nil {
+			return opts, err
+		}
+	}
+	for name, m := range c.Policy.Modes {
+		if opts.PolicyModes[name], err = policy.ParseMode(m); err != nil {
+			return opts, err
+		}
+	}
+	return opts, nil
+}

@@ -1,0 +1,216 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// packageRoot is the package every policy lives under: deployguard.<name>.
+const packageRoot = "deployguard"
+
+// The rules a policy may define; both are sets of messages.
+const (
+	ruleDeny = "deny"
+	ruleWarn = "warn"
+)
+
+// modeKey is the key under "custom:" in a policy's package METADATA.
+const modeKey = "mode"
+
+// excludedBuiltins cannot be called by policies: they reach the network from
+// the admission path and would let a rule behave differently in the cluster
+// than in "check".
+var excludedBuiltins = []string{"http.send", "net.lookup_ip_addr"}
+
+// policyModule is what the engine needs to know of one policy module.
+type policyModule struct {
+	name   string
+	source string
+	mode   Mode // as declared in the module's metadata
+	path   ast.Ref
+	rules  []string // ruleDeny and/or ruleWarn, in that order
+}
+
+// compiledSet is a policy set that compiled: every module, policies or not.
+type compiledSet struct {
+	compiler *ast.Compiler
+	policies []policyModule // sorted by name
+}
+
+// compileSources parses each source on its own, so that every error names its
+// source and line, checks the policy contract, then compiles all modules
+// together. It returns every error it finds in the step that fails.
+func compileSources(sources []Source) (*compiledSet, []SourceError) {
+	var errs []SourceError
+	modules := make(map[string]*ast.Module, len(sources))
+	for _, src := range sources {
+		if _, dup := modules[src.Name]; dup {
+			errs = append(errs, SourceError{Source: src.Name, Message: "two sources have this name"})
+			continue
+		}
+		mod, err := parseSource(src)
+		if err != nil {
+			errs = append(errs, err...)
+			continue
+		}
+		modules[src.Name] = mod
+	}
+	// Checked in source order, so that of two policies with the same name the
+	// later source is the one in error.
+	var policies []policyModule
+	owner := map[string]string{}
+	for _, src := range sources {
+		mod, ok := modules[src.Name]
+		if !ok {
+			continue
+		}
+		p, isPolicy, perrs := inspectModule(src.Name, mod)
+		if len(perrs) > 0 {
+			errs = append(errs, perrs...)
+			continue
+		}
+		if !isPolicy {
+			continue
+		}
+		if first, dup := owner[p.name]; dup {
+			errs = append(errs, errorAt(src.Name, mod.Package.Location,
+				fmt.Sprintf("policy %q is defined twice: in %s and in %s; policy names must be unique", p.name, first, src.Name)))
+			continue
+		}
+		owner[p.name] = src.Name
+		policies = append(policies, p)
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+
+	c := newCompiler()
+	if c.Compile(modules); c.Failed() {
+		return nil, fromASTErrors(c.Errors)
+	}
+	slices.SortFunc(policies, func(a, b policyModule) int { return strings.Compare(a.name, b.name) })
+	return &compiledSet{compiler: c, policies: policies}, nil
+}
+
+// newCompiler is the compiler for policy sets and for the library's tests.
+func newCompiler() *ast.Compiler {
+	caps := *ast.CapabilitiesForThisVersion()
+	caps.Builtins = slices.DeleteFunc(slices.Clone(caps.Builtins), func(b *ast.Builtin) bool {
+		return slices.Contains(excludedBuiltins, b.Name)
+	})
+	return ast.NewCompiler().
+		WithCapabilities(&caps).
+		WithDefaultRegoVersion(ast.RegoV1)
+}
+
+// parseSource parses one module as Rego v1, keeping its METADATA.
+func parseSource(src Source) (*ast.Module, []SourceError) {
+	mod, err := ast.ParseModuleWithOpts(src.Name, src.Module, ast.ParserOptions{
+		RegoVersion:       ast.RegoV1,
+		ProcessAnnotation: true,
+	})
+	if err != nil {
+		if astErrs, ok := err.(ast.Errors); ok {
+			return nil, fromASTErrors(astErrs)
+		}
+		return nil, []SourceError{{Source: src.Name, Message: err.Error()}}
+	}
+	if mod == nil {
+		return nil, []SourceError{{Source: src.Name, Message: "empty module: a policy needs at least a package and a deny or warn rule"}}
+	}
+	return mod, nil
+}
+
+// inspectModule checks the policy contract on a module under deployguard.
+// Modules in other packages are libraries: compiled, never evaluated.
+func inspectModule(source string, mod *ast.Module) (policyModule, bool, []SourceError) {
+	path := mod.Package.Path
+	if len(path) < 2 || !path[1].Equal(ast.StringTerm(packageRoot)) {
+		return policyModule{}, false, nil
+	}
+	loc := mod.Package.Location
+	if len(path) == 2 {
+		return policyModule{}, false, []SourceError{errorAt(source, loc,
+			"package deployguard has no policy name: use package deployguard.<name>")}
+	}
+	p := policyModule{name: policyName(path), source: source, mode: ModeEnforce, path: path}
+
+	var errs []SourceError
+	mode, err := declaredMode(mod)
+	if err != nil {
+		errs = append(errs, errorAt(source, err.loc, err.msg))
+	} else if mode != "" {
+		p.mode = mode
+	}
+
+	defined := map[string]bool{}
+	for _, r := range mod.Rules {
+		name := r.Head.Ref()[0].String()
+		if name != ruleDeny && name != ruleWarn {
+			continue
+		}
+		if len(r.Head.Ref()) != 1 || len(r.Head.Args) != 0 || r.Head.RuleKind() != ast.MultiValue {
+			errs = append(errs, errorAt(source, r.Location,
+				fmt.Sprintf("%s must be a set of messages: write `%s contains msg if { … }`", name, name)))
+			continue
+		}
+		defined[name] = true
+	}
+	for _, name := range []string{ruleDeny, ruleWarn} {
+		if defined[name] {
+			p.rules = append(p.rules, name)
+		}
+	}
+	if len(p.rules) == 0 && len(errs) == 0 {
+		errs = append(errs, errorAt(source, loc, fmt.Sprintf(
+			"policy %q defines neither deny nor warn; helper modules belong in a package outside deployguard", p.name)))
+	}
+	if len(errs) > 0 {
+		return policyModule{}, false, errs
+	}
+	return p, true, nil
+}
+
+// policyName is the package path without data.deployguard: "images", "team.limits".
+func policyName(path ast.Ref) string {
+	parts := make([]string, 0, len(path)-2)
+	for _, t := range path[2:] {
+		if s, ok := t.Value.(ast.String); ok {
+			parts = append(parts, string(s))
+		} else {
+			parts = append(parts, t.String())
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+type locatedError struct {
+	loc *ast.Location
+	msg string
+}
+
+// declaredMode reads custom.mode from the package's METADATA; "" when absent.
+func declaredMode(mod *ast.Module) (Mode, *locatedError) {
+	for _, a := range mod.Annotations {
+		if a.Scope != "package" {
+			continue
+		}
+		v, ok := a.Custom[modeKey]
+		if !ok {
+			continue
+		}
+		s, ok := v.(string)
+		if !ok {
+			return "", &locatedError{a.Location, fmt.Sprintf("custom.mode must be a string, not %v", v)}
+		}
+		m, err := ParseMode(s)
+		if err != nil {
+			return "", &locatedError{a.Location, "custom.mode: " + err.Error()}
+		}
+		return m, nil
+	}
+	return "", nil
+}

@@ -1,0 +1,184 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+// errNoInput stands in for an evaluation when the caller passed no Input.
+var errNoInput = errors.New("no input: the request could not be converted for policies")
+
+// Evaluate runs every enabled policy of the active set on in and returns the
+// decision. Each policy has Options.EvalTimeout; one that errors or runs out
+// of time becomes a finding under Options.FailureMode, and the others still
+// decide. Evaluate never blocks on a Load.
+func (e *Engine) Evaluate(ctx context.Context, in *Input) Decision {
+	if in != nil {
+		if reason, ok := exemption(e.opts.Exempt, in.req); ok {
+			e.metrics.exempt.Inc()
+			return Decision{Exempt: true, ExemptReason: reason}
+		}
+	}
+	set := e.active.Load()
+	var d Decision
+	for i := range set.policies {
+		p := &set.policies[i]
+		start := time.Now()
+		var out outcome
+		if in == nil {
+			out = outcome{err: errNoInput}
+		} else {
+			out = p.evaluate(ctx, in.value, e.opts.EvalTimeout)
+		}
+		p.meter.latency.Observe(time.Since(start).Seconds())
+		v := judge(p.name, p.mode, out, e.opts.FailureMode)
+		p.meter.results[v.result].Inc()
+		d.Denied = append(d.Denied, v.denied...)
+		d.Warnings = append(d.Warnings, v.warnings...)
+		d.Audited = append(d.Audited, v.audited...)
+	}
+	return d
+}
+
+// outcome is what one policy's query produced.
+type outcome struct {
+	deny, warn []any // elements of the deny and warn sets
+	err        error
+}
+
+// errBudget is the cause of a context that ran out of a policy's budget, to
+// tell it from the caller's own deadline or cancellation.
+var errBudget = errors.New("time budget exhausted")
+
+func (p *preparedPolicy) evaluate(ctx context.Context, input ast.Value, budget time.Duration) outcome {
+	// OPA may finish a short query before it notices cancellation; decide
+	// the same way every time once the caller has given up.
+	if cause := context.Cause(ctx); cause != nil {
+		return outcome{err: fmt.Errorf("the request was abandoned: %w", cause)}
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, budget, errBudget)
+	defer cancel()
+	rs, err := p.query.Eval(ctx, rego.EvalParsedInput(input))
+	if err != nil {
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, errBudget):
+			return outcome{err: fmt.Errorf("it did not finish within its time budget of %v", budget)}
+		case cause != nil:
+			return outcome{err: fmt.Errorf("the request was abandoned: %w", cause)}
+		}
+		// OPA's error already names the source and line of the failing rule.
+		return outcome{err: err}
+	}
+	if len(rs) == 0 {
+		return outcome{}
+	}
+	deny, _ := rs[0].Bindings[ruleDeny].([]any)
+	warn, _ := rs[0].Bindings[ruleWarn].([]any)
+	return outcome{deny: deny, warn: warn}
+}
+
+// verdict is one policy's share of a Decision and its metrics result.
+type verdict struct {
+	denied, warnings, audited []Finding
+	result                    string
+}
+
+// judge places one policy's outcome in the decision according to its mode and
+// the failure mode. It is pure: the rules of the Decision type live here.
+func judge(policy string, mode Mode, out outcome, fm FailureMode) verdict {
+	var v verdict
+	if out.err != nil {
+		f := Finding{Policy: policy, Mode: mode, EvalFailed: true,
+			Message: "policy could not be evaluated: " + out.err.Error()}
+		switch {
+		case mode == ModeAudit:
+			v.audited = []Finding{f}
+		case mode == ModeEnforce && fm == FailureDeny:
+			f.Message += " (failure mode deny refuses the request)"
+			v.denied = []Finding{f}
+		default:
+			if mode == ModeEnforce {
+				f.Message += " (failure mode allow lets the request through)"
+			}
+			v.warnings = []Finding{f}
+		}
+		v.result = ResultError
+		return v
+	}
+
+	deny := toFindings(policy, mode, out.deny)
+	warn := toFindings(policy, mode, out.warn)
+	switch mode {
+	case ModeAudit:
+		v.audited = append(deny, warn...)
+	case ModeWarn:
+		v.warnings = append(deny, warn...)
+	default:
+		v.denied, v.warnings = deny, warn
+	}
+	switch {
+	case len(v.denied) > 0:
+		v.result = ResultDeny
+	case len(v.warnings) > 0:
+		v.result = ResultWarn
+	case len(v.audited) > 0:
+		v.result = ResultAudit
+	default:
+		v.result = ResultAllow
+	}
+	return v
+}
+
+// toFindings converts set elements, sorted by field then message so that
+// output is stable for users and tests.
+func toFindings(policy string, mode Mode, elems []any) []Finding {
+	if len(elems) == 0 {
+		return nil
+	}
+	fs := make([]Finding, len(elems))
+	for i, el := range elems {
+		fs[i] = toFinding(policy, mode, el)
+	}
+	slices.SortFunc(fs, func(a, b Finding) int {
+		if c := strings.Compare(a.Field, b.Field); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Message, b.Message)
+	})
+	return fs
+}
+
+// toFinding reads a string or {"msg": …, "field": …}. Anything else is still
+// a finding (a deny must never vanish for being malformed), shown as JSON.
+func toFinding(policy string, mode Mode, el any) Finding {
+	f := Finding{Policy: policy, Mode: mode}
+	switch v := el.(type) {
+	case string:
+		f.Message = v
+		return f
+	case map[string]any:
+		msg, okMsg := v["msg"].(string)
+		if field, ok := v["field"].(string); ok {
+			f.Field = field
+		}
+		if okMsg {
+			f.Message = msg
+			return f
+		}
+	}
+	b, err := json.Marshal(el)
+	if err != nil {
+		f.Message = fmt.Sprint(el)
+	} else {
+		f.Message = string(b)
+	}
+	return f
+}

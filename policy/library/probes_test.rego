@@ -1,0 +1,26 @@
+package deployguard.probes
+
+deployment(containers) := {"object": {"spec": {"template": {"spec": {"containers": containers}}}}}
+
+test_probe_present_allowed if {
+	count(deny) == 0 with input as deployment([{"name": "web", "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}}}])
+}
+
+test_missing_probe_named if {
+	findings := deny with input as deployment([
+		{"name": "web", "readinessProbe": {"tcpSocket": {"port": 8080}}},
+		{"name": "sidecar"},
+	])
+	findings == {{
+		"msg": "container \"sidecar\" has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec) so a rollout waits until new pods can serve",
+		"field": "spec.template.spec.containers[1].readinessProbe",
+	}}
+}
+
+test_init_containers_need_no_probe if {
+	inp := {"object": {"spec": {"template": {"spec": {
+		"containers": [{"name": "web", "readinessProbe": {"exec": {"command": ["true"]}}}],
+		"initContainers": [{"name": "migrate"}],
+	}}}}}
+	count(deny) == 0 with input as inp
+}
