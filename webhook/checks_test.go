@@ -212,6 +212,34 @@ func TestValidate(t *testing.T) {
 			opts: func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
 		},
 		{
+			name: "the guard's own writes pass rules added after the Deployment was created",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+				d.Spec.Template.Spec.Containers[0].Image = "nginx:1.27.2"
+			}),
+			old:  guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user: guard,
+		},
+		{
+			name: "a metadata-only update of a Deployment the rules now refuse passes",
+			d: guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+				delete(d.Annotations, vocab.AnnotationProtected)
+			}),
+			old: guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+				d.Annotations[vocab.AnnotationProtected] = "true"
+			}),
+			user: alice,
+		},
+		{
+			name:     "a spec change of such a Deployment is checked",
+			d:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(400)) }),
+			old:      guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user:     alice,
+			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 400"},
+		},
+		{
 			name:     "a user may not remove the guard's finalizers",
 			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
 			old:      guarded(),

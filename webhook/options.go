@@ -78,10 +78,15 @@ func (o *Options) exempt(namespace string, user authenticationv1.UserInfo) bool 
 	return false
 }
 
+// isGuard reports whether the request comes from the guard itself.
+func (o *Options) isGuard(user authenticationv1.UserInfo) bool {
+	return o.GuardUsername != "" && user.Username == o.GuardUsername
+}
+
 // mayManageFinalizers reports whether user may remove or reorder the guard's
 // finalizers.
 func (o *Options) mayManageFinalizers(user authenticationv1.UserInfo) bool {
-	if o.GuardUsername != "" && user.Username == o.GuardUsername {
+	if o.isGuard(user) {
 		return true
 	}
 	for _, g := range user.Groups {
