@@ -2,15 +2,18 @@
 // a rollout completes, its ReplicaSet is marked known-good; when one exceeds its
 // progress deadline, the Deployment's template is restored from the newest
 // known-good ReplicaSet, exactly once, and the failed template is quarantined.
-// All state lives in annotations on the Deployments and ReplicaSets themselves
-// (names in package vocab): there is no CRD, and nothing is kept in memory
-// between reconciles.
+// When a guarded Deployment is deleted, the cleanup steps of its finalizers run
+// in order (drain, record; see CLEANUP.md). All state lives on the objects
+// themselves: annotations on the Deployments and ReplicaSets (names in package
+// vocab) and the record ConfigMaps of deleted Deployments. There is no CRD, and
+// nothing is kept in memory between reconciles.
 package reconciler
 
 import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +55,39 @@ type Options struct {
 	// MaxConcurrentReconciles is how many Deployments are reconciled at once.
 	// Below 1 means 1.
 	MaxConcurrentReconciles int
+	// DrainTimeout bounds the drain step of the cleanup on deletion; after it the
+	// cleanup goes on, and says so in an Event. Zero or less means
+	// DefaultDrainTimeout.
+	DrainTimeout time.Duration
+	// RecordRetention is how long the record of a deleted Deployment is kept
+	// before the guard deletes it. Zero or less means DefaultRecordRetention.
+	RecordRetention time.Duration
+	// RecordSweepInterval is how often, at the most, the guard looks for expired
+	// records besides waking at the next known expiry. Zero or less means
+	// DefaultRecordSweepInterval (capped at the retention).
+	RecordSweepInterval time.Duration
+}
+
+func (o Options) drainTimeout() time.Duration {
+	if o.DrainTimeout <= 0 {
+		return DefaultDrainTimeout
+	}
+	return o.DrainTimeout
+}
+
+func (o Options) recordRetention() time.Duration {
+	if o.RecordRetention <= 0 {
+		return DefaultRecordRetention
+	}
+	return o.RecordRetention
+}
+
+func (o Options) recordSweepInterval() time.Duration {
+	v := o.RecordSweepInterval
+	if v <= 0 {
+		v = DefaultRecordSweepInterval
+	}
+	return min(v, o.recordRetention())
 }
 
 // DefaultOptions returns the options of a guard nobody has configured.
@@ -60,6 +96,9 @@ func DefaultOptions() Options {
 		AutoRollback:            true,
 		QuarantineLimit:         DefaultQuarantineLimit,
 		MaxConcurrentReconciles: 2,
+		DrainTimeout:            DefaultDrainTimeout,
+		RecordRetention:         DefaultRecordRetention,
+		RecordSweepInterval:     DefaultRecordSweepInterval,
 	}
 }
 
@@ -69,6 +108,10 @@ func DefaultOptions() Options {
 type DeploymentReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// APIReader reads from the API server directly: the pods of a Deployment
+	// being drained, and record ConfigMaps, neither of which is cached (the
+	// manager caches ConfigMaps of the guard's own namespace only).
+	APIReader client.Reader
 	// Recorder emits Events (events.k8s.io/v1) about the Deployments.
 	Recorder events.EventRecorder
 	// Clock is the time the reconciler sees.
@@ -80,17 +123,23 @@ type DeploymentReconciler struct {
 
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;create;update;delete
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// SetupWithManager fills in the fields left nil (Client, Recorder named
-// "deployguard", a real Clock, unregistered Metrics) and registers the controller
-// with the manager: it watches Deployments, the ReplicaSets they control (mapped
-// to their Deployment) and the guard label of Namespaces. ctx is used to set up
-// the cache index.
+// SetupWithManager fills in the fields left nil (Client, APIReader, Recorder
+// named "deployguard", a real Clock, unregistered Metrics) and registers the
+// controller with the manager: it watches Deployments, the ReplicaSets they
+// control (mapped to their Deployment) and the guard label and deletion of
+// Namespaces. It also adds the RecordSweeper, which deletes expired records on
+// the leader. ctx is used to set up the cache index.
 func (r *DeploymentReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("deployguard")
@@ -118,11 +167,21 @@ func (r *DeploymentReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Ma
 		Owns(&appsv1.ReplicaSet{}, builder.WithPredicates(notIgnored)).
 		WatchesMetadata(&corev1.Namespace{},
 			handler.EnqueueRequestsFromMapFunc(r.deploymentsInNamespace),
-			builder.WithPredicates(guardLabelChanged())).
+			builder.WithPredicates(namespaceChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Options.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("setting up %s controller: %w", ControllerName, err)
+	}
+	sweeper := &RecordSweeper{
+		Reader:   r.APIReader,
+		Client:   r.Client,
+		Clock:    clock.RealClock{},
+		Interval: r.Options.recordSweepInterval(),
+		Metrics:  r.Metrics,
+	}
+	if err := mgr.Add(sweeper); err != nil {
+		return fmt.Errorf("adding the record sweeper: %w", err)
 	}
 	return nil
 }
@@ -140,15 +199,17 @@ func (r *DeploymentReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		}
 		return ctrl.Result{}, err
 	}
-	disabled, err := r.namespaceDisabled(ctx, d.Namespace)
+	ns, err := r.namespaceState(ctx, d.Namespace)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if disabled {
-		return ctrl.Result{}, nil
-	}
 	if !d.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, d)
+		// Even in an opted-out namespace: the guard lets go of its finalizers
+		// there, or the deletion would wait for ever.
+		return r.reconcileDelete(ctx, d, ns)
+	}
+	if ns.Disabled {
+		return ctrl.Result{}, nil
 	}
 	return r.reconcile(ctx, d)
 }
@@ -178,25 +239,25 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	return ctrl.Result{}, nil
 }
 
-// reconcileDelete is where the guard's finalizers will run, in order, when a
-// Deployment is being deleted. For now a Deployment being deleted is left alone:
-// neither marked nor rolled back.
-func (r *DeploymentReconciler) reconcileDelete(_ context.Context, _ *appsv1.Deployment) (ctrl.Result, error) {
-	return ctrl.Result{}, nil
-}
-
-// namespaceDisabled reports whether the namespace carries the guard's opt-out
-// label. It reads the namespace's metadata from the cache.
-func (r *DeploymentReconciler) namespaceDisabled(ctx context.Context, namespace string) (bool, error) {
+// namespaceState reads whether the namespace carries the guard's opt-out label
+// and whether it is terminating, from the namespace's metadata in the cache. A
+// namespace not found is neither.
+func (r *DeploymentReconciler) namespaceState(ctx context.Context, namespace string) (namespaceState, error) {
+	st := namespaceState{Name: namespace}
 	ns := &metav1.PartialObjectMetadata{}
 	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
 		if apierrors.IsNotFound(err) {
-			return false, nil
+			return st, nil
 		}
-		return false, fmt.Errorf("reading namespace %s: %w", namespace, err)
+		return st, fmt.Errorf("reading namespace %s: %w", namespace, err)
 	}
-	return ns.Labels[vocab.LabelGuard] == vocab.LabelGuardDisabled, nil
+	st.UID = ns.UID
+	st.Disabled = ns.Labels[vocab.LabelGuard] == vocab.LabelGuardDisabled
+	// The namespace controller sets phase Terminating together with the
+	// deletionTimestamp; the metadata cache holds only the latter.
+	st.Terminating = ns.DeletionTimestamp != nil
+	return st, nil
 }
 
 // deploymentsInNamespace maps a namespace to the Deployments in it, so that a
@@ -217,16 +278,18 @@ func (r *DeploymentReconciler) deploymentsInNamespace(ctx context.Context, ns cl
 	return reqs
 }
 
-// guardLabelChanged passes namespace updates that change the guard label. The
-// initial list of namespaces is not passed: every Deployment is reconciled at
-// start through its own watch.
-func guardLabelChanged() predicate.Funcs {
+// namespaceChanged passes namespace updates that change the guard label, and
+// the start of a namespace's deletion: a drain waiting in it stops waiting at
+// once. The initial list of namespaces is not passed: every Deployment is
+// reconciled at start through its own watch.
+func namespaceChanged() predicate.Funcs {
 	return predicate.Funcs{
 		CreateFunc:  func(event.CreateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectOld.GetLabels()[vocab.LabelGuard] != e.ObjectNew.GetLabels()[vocab.LabelGuard]
+			return e.ObjectOld.GetLabels()[vocab.LabelGuard] != e.ObjectNew.GetLabels()[vocab.LabelGuard] ||
+				(e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil)
 		},
 	}
 }

@@ -35,3 +35,41 @@ func (r *DeploymentReconciler) emitRollbackWarningEvent(d *appsv1.Deployment, re
 func (r *DeploymentReconciler) emitKnownGoodEvent(d *appsv1.Deployment, rs *appsv1.ReplicaSet, message string) {
 	r.Recorder.Eventf(d, rs, corev1.EventTypeNormal, vocab.ReasonKnownGood, actionMarkKnownGood, "%s", message)
 }
+
+// Event actions of the cleanup on deletion.
+const (
+	actionDrain           = "Drain"
+	actionRecord          = "Record"
+	actionSkipCleanup     = "SkipCleanup"
+	actionRemoveFinalizer = "RemoveFinalizer"
+)
+
+// actionForStep is the Event action of a cleanup step.
+func actionForStep(s CleanupStep) string {
+	switch s {
+	case StepDrain:
+		return actionDrain
+	case StepRecord:
+		return actionRecord
+	case StepSkipAll:
+		return actionSkipCleanup
+	default:
+		return actionRemoveFinalizer
+	}
+}
+
+// emitCleanupEvent tells about a cleanup step of a Deployment being deleted. A
+// terminating namespace refuses every new object, Events included, so there
+// the Event is told about the Namespace instead (cluster-scoped: it lands in the
+// default namespace, and `kubectl describe namespace` shows it), with the
+// Deployment as the related object. An empty eventtype tells nothing.
+func (r *DeploymentReconciler) emitCleanupEvent(d *appsv1.Deployment, ns namespaceState, eventtype, reason, action, message string) {
+	if eventtype == "" {
+		return
+	}
+	if ns.Terminating {
+		r.Recorder.Eventf(namespaceRef(ns), d, eventtype, reason, action, "Deployment %s: %s", d.Name, message)
+		return
+	}
+	r.Recorder.Eventf(d, nil, eventtype, reason, action, "%s", message)
+}

@@ -16,11 +16,27 @@ const (
 	resultConflict    = "conflict"
 )
 
+// Values of the step and result labels of deployguard_cleanup_steps_total.
+const (
+	stepDrain   = "drain"
+	stepRecord  = "record"
+	stepUnknown = "unknown"
+
+	resultCompleted = "completed"
+	resultTimedOut  = "timed_out"
+	resultSkipped   = "skipped"
+	// resultFailed (above) is a step given up on: its finalizer was removed
+	// without the step having done its work (a record whose name is taken).
+)
+
 // Metrics are the reconciler's Prometheus metrics.
 type Metrics struct {
 	rollbacks        *prometheus.CounterVec
 	knownGoodMarked  prometheus.Counter
 	rollbackReaction prometheus.Histogram
+	cleanupSteps     *prometheus.CounterVec
+	cleanupDuration  *prometheus.HistogramVec
+	recordsExpired   prometheus.Counter
 }
 
 // NewMetrics creates the reconciler's metrics and registers them with reg
@@ -45,6 +61,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			// to the second, so the low buckets stay coarse.
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 5, 10, 30, 60, 300},
 		}),
+		cleanupSteps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deployguard_cleanup_steps_total",
+			Help: "Cleanup steps of Deployments being deleted whose finalizer the guard removed, by step (drain, record, unknown) and result (completed, timed_out, skipped, failed).",
+		}, []string{"step", "result"}),
+		cleanupDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "deployguard_cleanup_step_duration_seconds",
+			Help:    "Duration of completed or timed-out cleanup steps: for drain, from the drain-started annotation (so across restarts) to the removal of its finalizer; for record, the reconcile that wrote it.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600},
+		}, []string{"step"}),
+		recordsExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "deployguard_cleanup_records_expired_total",
+			Help: "Record ConfigMaps of deleted Deployments deleted by the guard after their retention.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -59,11 +88,26 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if m.rollbackReaction, err = register(reg, m.rollbackReaction); err != nil {
 		return nil, err
 	}
+	if m.cleanupSteps, err = register(reg, m.cleanupSteps); err != nil {
+		return nil, err
+	}
+	if m.cleanupDuration, err = register(reg, m.cleanupDuration); err != nil {
+		return nil, err
+	}
+	if m.recordsExpired, err = register(reg, m.recordsExpired); err != nil {
+		return nil, err
+	}
 	// Export every result from the start, at zero, so that rate() and alerts
 	// see the series before the first failure.
 	for _, result := range []string{resultRolledBack, resultNoKnownGood, resultLoopStopped, resultFailed, resultConflict} {
 		m.rollbacks.WithLabelValues(result)
 	}
+	for _, step := range []string{stepDrain, stepRecord} {
+		for _, result := range []string{resultCompleted, resultSkipped, resultFailed} {
+			m.cleanupSteps.WithLabelValues(step, result)
+		}
+	}
+	m.cleanupSteps.WithLabelValues(stepDrain, resultTimedOut)
 	return m, nil
 }
 

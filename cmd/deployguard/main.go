@@ -1,6 +1,8 @@
 // Command deployguard is the deployment safety guard: `serve` runs the admission
 // webhooks and the rollout reconciler, `check` runs the same admission pipeline
-// on manifests offline, `version` prints the build.
+// on manifests offline, `restore` recreates a deleted Deployment from its record,
+// `uninstall` takes the guard out of the cluster's way, `version` prints the
+// build.
 package main
 
 import (
@@ -27,6 +29,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return serve(args[1:], stderr)
 	case "check":
 		return check(args[1:], stdin, stdout, stderr)
+	case "restore":
+		return restore(args[1:], stdout, stderr)
+	case "uninstall":
+		return uninstall(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "deployguard %s\n", version)
 		return 0
@@ -46,6 +52,8 @@ func usage(w io.Writer) {
 Usage:
   deployguard serve [flags]      run the admission webhooks and the rollout reconciler
   deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
+  deployguard restore NS/NAME    recreate a deleted Deployment from the guard's record of it
+  deployguard uninstall          remove the webhooks, then the guard's finalizers from every Deployment
   deployguard version            print the build
 
 Run "deployguard COMMAND -h" for a command's flags.

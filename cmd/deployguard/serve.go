@@ -193,6 +193,8 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	ropts := reconciler.DefaultOptions()
 	ropts.AutoRollback = cfg.Rollback.AutoRollback
 	ropts.IgnoredNamespaces = []string{"kube-system", "kube-node-lease", "kube-public", f.namespace}
+	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
+	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
 	rollouts := &reconciler.DeploymentReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorder("deployguard"),

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+func fakeClient(t *testing.T, objs ...client.Object) client.WithWatch {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+}
+
+// guarded is a Deployment shop/web as the guard's drain leaves it: scaled to
+// zero, its replica count before the drain in an annotation.
+func guarded(name, image string) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "shop", Name: name, UID: "uid-web",
+			Annotations: map[string]string{vocab.AnnotationDrainReplicas: "3", vocab.RevisionAnnotation: "4"},
+			Finalizers:  vocab.CanonicalFinalizers(),
+		},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](0),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: image}}},
+			},
+		},
+	}
+}
+
+func record(t *testing.T, d *appsv1.Deployment) *corev1.ConfigMap {
+	t.Helper()
+	cm, err := reconciler.BuildRecord(d, nil, time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC))
+	require.NoError(t, err)
+	return cm
+}
+
+func TestRestoreDeployment(t *testing.T) {
+	deleted := guarded("web", "web:v4")
+	c := fakeClient(t, record(t, deleted))
+	var out bytes.Buffer
+
+	require.NoError(t, restoreDeployment(context.Background(), c, "shop", "web", false, &out))
+
+	got := &appsv1.Deployment{}
+	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "web"}, got))
+	assert.Equal(t, deleted.Spec.Template, got.Spec.Template)
+	assert.Equal(t, int32(3), *got.Spec.Replicas, "the replicas from before the drain")
+	assert.Empty(t, got.Finalizers, "the mutating webhook adds them again")
+	assert.NotContains(t, got.Annotations, vocab.AnnotationDrainReplicas)
+	assert.Contains(t, out.String(), "deployment.apps/web restored in namespace shop from record deployguard-record-web (3 replicas")
+	assert.Contains(t, out.String(), "kept until 2026-04-01T00:00:00Z")
+}
+
+func TestRestoreRefuses(t *testing.T) {
+	live := guarded("web", "web:v5")
+	live.Finalizers = nil
+	beingDeleted := guarded("web", "web:v5")
+	beingDeleted.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	tests := []struct {
+		name      string
+		objs      []client.Object
+		knownGood bool
+		want      string
+	}{
+		{name: "no record", want: "no record of Deployment shop/web (no ConfigMap deployguard-record-web in namespace shop)"},
+		{name: "the Deployment exists", objs: []client.Object{record(t, guarded("web", "web:v4")), live},
+			want: "deployment shop/web exists; restore never overwrites a Deployment"},
+		{name: "the Deployment is still being deleted", objs: []client.Object{record(t, guarded("web", "web:v4")), beingDeleted},
+			want: "still being deleted"},
+		{name: "no known-good template", objs: []client.Object{record(t, guarded("web", "web:v4"))}, knownGood: true,
+			want: "no known-good template"},
+		{name: "not a record", objs: []client.Object{&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-web"}}},
+			want: "not a deployguard record"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := fakeClient(t, tt.objs...)
+			var out bytes.Buffer
+			err := restoreDeployment(context.Background(), c, "shop", "web", tt.knownGood, &out)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.Empty(t, out.String())
+			d := &appsv1.Deployment{}
+			if err := c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "web"}, d); err == nil {
+				assert.Equal(t, "web:v5", d.Spec.Template.Spec.Containers[0].Image, "the existing Deployment is untouched")
+			}
+		})
+	}
+}
+
+func TestSplitNamespacedName(t *testing.T) {
+	tests := []struct {
+		args     []string
+		ns, name string
+		ok       bool
+	}{
+		{args: []string{"shop/web"}, ns: "shop", name: "web", ok: true},
+		{args: []string{"web"}},
+		{args: []string{"shop/"}},
+		{args: []string{"/web"}},
+		{args: []string{"a/b/c"}},
+		{args: []string{"shop/web", "extra"}},
+		{args: nil},
+	}
+	for _, tt := range tests {
+		ns, name, ok := splitNamespacedName(tt.args)
+		assert.Equal(t, tt.ok, ok, "%v", tt.args)
+		assert.Equal(t, tt.ns, ns, "%v", tt.args)
+		assert.Equal(t, tt.name, name, "%v", tt.args)
+	}
+}
+
+func TestParseInterspersed(t *testing.T) {
+	tests := []struct {
+		args       []string
+		positional []string
+		kubeconfig string
+		knownGood  bool
+	}{
+		{args: []string{"shop/web"}, positional: []string{"shop/web"}},
+		{args: []string{"--kubeconfig", "k", "shop/web"}, positional: []string{"shop/web"}, kubeconfig: "k"},
+		{args: []string{"shop/web", "--kubeconfig", "k", "--known-good"}, positional: []string{"shop/web"}, kubeconfig: "k", knownGood: true},
+		{args: []string{"a", "-known-good", "b"}, positional: []string{"a", "b"}, knownGood: true},
+	}
+	for _, tt := range tests {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		kubeconfig := fs.String("kubeconfig", "", "")
+		knownGood := fs.Bool("known-good", false, "")
+		got, err := parseInterspersed(fs, tt.args)
+		require.NoError(t, err)
+		assert.Equal(t, tt.positional, got, "%v", tt.args)
+		assert.Equal(t, tt.kubeconfig, *kubeconfig, "%v", tt.args)
+		assert.Equal(t, tt.knownGood, *knownGood, "%v", tt.args)
+	}
+}
+
+func TestClusterCommandsUsage(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{name: "restore without an argument", args: []string{"restore"}, code: 2, want: "give exactly one NAMESPACE/NAME"},
+		{name: "restore with a bare name", args: []string{"restore", "web"}, code: 2, want: "give exactly one NAMESPACE/NAME"},
+		{name: "restore help", args: []string{"restore", "-h"}, code: 0, want: "Usage: deployguard restore"},
+		{name: "uninstall with an argument", args: []string{"uninstall", "now"}, code: 2, want: "unexpected arguments"},
+		{name: "uninstall help", args: []string{"uninstall", "-h"}, code: 0, want: "-dry-run"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			assert.Equal(t, tt.code, run(tt.args, nil, &stdout, &stderr))
+			assert.Contains(t, stderr.String(), tt.want)
+		})
+	}
+}

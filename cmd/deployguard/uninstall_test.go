@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+const otherFinalizer = "example.com/keep"
+
+func withFinalizers(name string, deleting bool, finalizers ...string) *appsv1.Deployment {
+	d := guarded(name, "app:1")
+	d.Finalizers = finalizers
+	if deleting {
+		d.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	}
+	return d
+}
+
+func clusterWithGuard() []client.Object {
+	m := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-mutating"}}
+	v := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-validating"}}
+	return []client.Object{m, v,
+		withFinalizers("guarded", false, vocab.FinalizerDrain, vocab.FinalizerRecord),
+		withFinalizers("shared", false, otherFinalizer, vocab.FinalizerDrain, vocab.FinalizerRecord),
+		withFinalizers("stuck", true, vocab.FinalizerRecord),
+		withFinalizers("theirs", false, otherFinalizer),
+	}
+}
+
+// uninstallEnv is a fake cluster that records the order of the writes.
+func uninstallEnv(t *testing.T, objs []client.Object, beforePatch func(ctx context.Context, c client.WithWatch, obj client.Object)) (client.Client, *[]string) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	var ops []string
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			ops = append(ops, "delete "+obj.GetName())
+			return c.Delete(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			ops = append(ops, "patch "+obj.GetName())
+			if beforePatch != nil {
+				beforePatch(ctx, c, obj)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}).Build()
+	return c, &ops
+}
+
+func finalizersOf(t *testing.T, c client.Client, name string) ([]string, bool) {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, d)
+	if apierrors.IsNotFound(err) {
+		return nil, false
+	}
+	require.NoError(t, err)
+	return d.Finalizers, true
+}
+
+func TestUninstall(t *testing.T) {
+	c, ops := uninstallEnv(t, clusterWithGuard(), nil)
+	var out bytes.Buffer
+
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "deployguard-mutating", validatingName: "deployguard-validating"}, &out))
+
+	require.GreaterOrEqual(t, len(*ops), 2)
+	assert.Equal(t, []string{"delete deployguard-mutating", "delete deployguard-validating"}, (*ops)[:2], "the webhooks go first")
+	assert.ElementsMatch(t, []string{"patch guarded", "patch shared", "patch stuck"}, (*ops)[2:], "only Deployments with the guard's finalizers are written")
+	err := c.Get(context.Background(), client.ObjectKey{Name: "deployguard-validating"}, &admissionregistrationv1.ValidatingWebhookConfiguration{})
+	assert.True(t, apierrors.IsNotFound(err))
+
+	f, ok := finalizersOf(t, c, "guarded")
+	assert.True(t, ok)
+	assert.Empty(t, f)
+	f, _ = finalizersOf(t, c, "shared")
+	assert.Equal(t, []string{otherFinalizer}, f, "other controllers' finalizers stay")
+	_, ok = finalizersOf(t, c, "stuck")
+	assert.False(t, ok, "a Deployment waiting only for the guard is gone")
+	f, _ = finalizersOf(t, c, "theirs")
+	assert.Equal(t, []string{otherFinalizer}, f)
+
+	assert.Contains(t, out.String(), "deleted mutatingwebhookconfiguration/deployguard-mutating\n")
+	assert.Contains(t, out.String(), "deleted validatingwebhookconfiguration/deployguard-validating\n")
+	assert.Contains(t, out.String(), "removed finalizers [deployguard.io/drain deployguard.io/record] from deployment shop/shared\n")
+	assert.Contains(t, out.String(), "removed finalizers [deployguard.io/record] from deployment shop/stuck (being deleted")
+	assert.Contains(t, out.String(), "Removed the guard's finalizers from 3 Deployments.")
+
+	// Again: nothing left to do, and it says so.
+	out.Reset()
+	*ops = nil
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "deployguard-mutating", validatingName: "deployguard-validating"}, &out))
+	assert.Equal(t, []string{"delete deployguard-mutating", "delete deployguard-validating"}, *ops)
+	assert.Contains(t, out.String(), "mutatingwebhookconfiguration/deployguard-mutating not found (already removed)")
+	assert.Contains(t, out.String(), "Removed the guard's finalizers from 0 Deployments.")
+}
+
+func TestUninstallDryRun(t *testing.T) {
+	c, ops := uninstallEnv(t, clusterWithGuard(), nil)
+	var out bytes.Buffer
+
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "deployguard-mutating", validatingName: "other-validating", dryRun: true}, &out))
+
+	assert.Empty(t, *ops, "a dry run writes nothing")
+	assert.Contains(t, out.String(), "would delete mutatingwebhookconfiguration/deployguard-mutating\n")
+	assert.Contains(t, out.String(), "validatingwebhookconfiguration/other-validating not found")
+	assert.Contains(t, out.String(), "would remove finalizers [deployguard.io/drain deployguard.io/record] from deployment shop/guarded\n")
+	assert.Contains(t, out.String(), "3 Deployments carry the guard's finalizers; nothing was changed (dry run).")
+	f, _ := finalizersOf(t, c, "guarded")
+	assert.Equal(t, vocab.CanonicalFinalizers(), f)
+}
+
+// Another controller adds its finalizer between uninstall's read and write:
+// the write conflicts, is retried from a fresh read, and their finalizer stays.
+func TestUninstallRetriesOnConflict(t *testing.T) {
+	raced := false
+	objs := []client.Object{withFinalizers("guarded", false, vocab.FinalizerDrain, vocab.FinalizerRecord)}
+	c, ops := uninstallEnv(t, objs, func(ctx context.Context, c client.WithWatch, obj client.Object) {
+		if raced {
+			return
+		}
+		raced = true
+		d := &appsv1.Deployment{}
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(obj), d))
+		d.Finalizers = append(d.Finalizers, otherFinalizer)
+		require.NoError(t, c.Update(ctx, d))
+	})
+	var out bytes.Buffer
+
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "m", validatingName: "v"}, &out))
+
+	assert.Equal(t, []string{"delete m", "delete v", "patch guarded", "patch guarded"}, *ops, "retried once")
+	f, _ := finalizersOf(t, c, "guarded")
+	assert.Equal(t, []string{otherFinalizer}, f)
+}

@@ -1,0 +1,290 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// DrainAction is what the drain step does now.
+type DrainAction string
+
+const (
+	// DrainSkip: the namespace is terminating. The namespace controller deletes
+	// the pods itself and waits for them; waiting here too would only hold the
+	// namespace up.
+	DrainSkip DrainAction = "Skip"
+	// DrainStart records the start time and the replica count on the
+	// Deployment and scales it to zero.
+	DrainStart DrainAction = "Start"
+	// DrainScale scales the Deployment's ReplicaSets to zero.
+	DrainScale DrainAction = "Scale"
+	// DrainWait waits for the pods to end.
+	DrainWait DrainAction = "Wait"
+	// DrainDone: every ReplicaSet is at zero and no pod is left.
+	DrainDone DrainAction = "Done"
+	// DrainTimedOut: the timeout passed with pods left; the cleanup goes on
+	// (they end when their ReplicaSets are garbage collected) and says so.
+	DrainTimedOut DrainAction = "TimedOut"
+)
+
+// DrainState is what DecideDrain decides from; all of it is read from the
+// objects, so that a restarted guard decides the same.
+type DrainState struct {
+	NamespaceTerminating bool
+	// Started is the drain-started annotation; zero if the drain has not started.
+	Started time.Time
+	Now     time.Time
+	Timeout time.Duration
+	// ScaledDown: every ReplicaSet of the Deployment is at spec.replicas 0.
+	ScaledDown bool
+	// PodsRemaining counts the pods of the Deployment's ReplicaSets that have
+	// not ended (terminating ones included). Negative when not counted.
+	PodsRemaining int
+}
+
+// DrainDecision is what DecideDrain concluded.
+type DrainDecision struct {
+	Action DrainAction
+	// Elapsed is the time since the drain started.
+	Elapsed time.Duration
+	// RequeueAfter is when to look again (DrainScale, DrainWait): the poll
+	// interval, or the time left before the timeout if that comes first.
+	RequeueAfter time.Duration
+}
+
+// DecideDrain decides the drain step. Done wins over the timeout: pods that
+// ended just in time are a drain that completed.
+func DecideDrain(s DrainState) DrainDecision {
+	if s.NamespaceTerminating {
+		return DrainDecision{Action: DrainSkip}
+	}
+	if s.Started.IsZero() {
+		return DrainDecision{Action: DrainStart}
+	}
+	// A start time from the future (another replica's clock) counts as now.
+	elapsed := max(s.Now.Sub(s.Started), 0)
+	dec := DrainDecision{Elapsed: elapsed}
+	switch {
+	case s.ScaledDown && s.PodsRemaining == 0:
+		dec.Action = DrainDone
+		return dec
+	case elapsed >= s.Timeout:
+		dec.Action = DrainTimedOut
+		return dec
+	case !s.ScaledDown:
+		dec.Action = DrainScale
+	default:
+		dec.Action = DrainWait
+	}
+	dec.RequeueAfter = min(DrainPollInterval, s.Timeout-elapsed)
+	return dec
+}
+
+// drainStarted returns the time in the drain-started annotation.
+func drainStarted(d *appsv1.Deployment) (time.Time, bool) {
+	v, ok := d.Annotations[vocab.AnnotationDrainStarted]
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	return t, err == nil
+}
+
+// drainReplicas returns the replica count recorded before the drain.
+func drainReplicas(d *appsv1.Deployment) (int32, bool) {
+	v, err := strconv.ParseInt(d.Annotations[vocab.AnnotationDrainReplicas], 10, 32)
+	if err != nil || v < 0 {
+		return 0, false
+	}
+	return int32(v), true
+}
+
+// reconcileDrain runs the drain step: scale to zero, wait for the pods to end,
+// within the drain timeout.
+//
+// The Deployment controller only syncs the status of a Deployment being
+// deleted (syncDeployment → syncStatusOnly): scaling the Deployment to zero does
+// not reach its ReplicaSets. So the guard records the drain on the Deployment
+// (start time, replica count, spec.replicas 0, which is what users see) and
+// scales the ReplicaSets itself; the ReplicaSet controller then deletes the
+// pods gracefully while the ReplicaSets still exist.
+func (r *DeploymentReconciler) reconcileDrain(ctx context.Context, d *appsv1.Deployment, ns namespaceState) (stepOutcome, error) {
+	timeout := r.Options.drainTimeout()
+	if ns.Terminating {
+		return stepOutcome{done: true, result: resultSkipped, eventType: corev1.EventTypeWarning, reason: vocab.ReasonCleanupShortened,
+			message: fmt.Sprintf("namespace %s is terminating: drain skipped, not waited for; the namespace controller deletes the pods.", ns.Name)}, nil
+	}
+	rss, err := r.listReplicaSets(ctx, d)
+	if err != nil {
+		return stepOutcome{}, err
+	}
+	// At most one start and one scale per reconcile; the objects they return are
+	// what the next decision reads, so nothing is written twice.
+	for range 3 {
+		started, _ := drainStarted(d)
+		state := DrainState{Started: started, Now: r.Clock.Now(), Timeout: timeout, ScaledDown: scaledDown(rss), PodsRemaining: -1}
+		if !started.IsZero() && state.ScaledDown {
+			if state.PodsRemaining, err = r.countPods(ctx, d, rss); err != nil {
+				return stepOutcome{}, err
+			}
+		}
+		dec := DecideDrain(state)
+		switch dec.Action {
+		case DrainStart:
+			if err := r.startDrain(ctx, d, timeout); err != nil {
+				return stepOutcome{}, err
+			}
+		case DrainScale:
+			if err := r.scaleDown(ctx, rss); err != nil {
+				return stepOutcome{}, err
+			}
+		case DrainWait:
+			ctrl.LoggerFrom(ctx).V(1).Info("Waiting for pods to end", "pods", state.PodsRemaining, "elapsed", dec.Elapsed)
+			return pending(dec.RequeueAfter), nil
+		case DrainDone:
+			return stepOutcome{done: true, result: resultCompleted, duration: dec.Elapsed, eventType: corev1.EventTypeNormal, reason: vocab.ReasonDrained,
+				message: fmt.Sprintf("Drained: every pod ended, %s after the drain started.", dec.Elapsed.Round(time.Second))}, nil
+		case DrainTimedOut:
+			pods := "pods"
+			if state.PodsRemaining >= 0 {
+				pods = fmt.Sprintf("%d pods", state.PodsRemaining)
+			}
+			return stepOutcome{done: true, result: resultTimedOut, duration: dec.Elapsed, eventType: corev1.EventTypeWarning, reason: vocab.ReasonDrainTimedOut,
+				message: fmt.Sprintf("Drain timed out after %s with %s left; going on with the cleanup: they end when their ReplicaSets are garbage collected.", timeout, pods)}, nil
+		}
+	}
+	return pending(DrainPollInterval), nil
+}
+
+// startDrain records the start of the drain and the replica count on the
+// Deployment and scales it to zero, in one write conditional on the
+// resourceVersion read (the count must be the one read). The write goes
+// through the validating webhook, which lets the guard's own account through
+// the finalizer rules; if the webhook or a policy refuses a Deployment at zero
+// replicas, the drain is recorded without it, and goes on through the
+// ReplicaSets, which is what drains in any case.
+func (r *DeploymentReconciler) startDrain(ctx context.Context, d *appsv1.Deployment, timeout time.Duration) error {
+	log := ctrl.LoggerFrom(ctx)
+	replicas := desiredReplicas(d)
+	orig := d.DeepCopy()
+	mark := func(d *appsv1.Deployment) {
+		if d.Annotations == nil {
+			d.Annotations = map[string]string{}
+		}
+		d.Annotations[vocab.AnnotationDrainStarted] = r.Clock.Now().UTC().Format(time.RFC3339)
+		d.Annotations[vocab.AnnotationDrainReplicas] = strconv.Itoa(int(replicas))
+	}
+	mark(d)
+	d.Spec.Replicas = ptr.To[int32](0)
+	err := r.Client.Patch(ctx, d, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+	if err != nil && (apierrors.IsInvalid(err) || apierrors.IsForbidden(err)) {
+		log.Info("Scaling the Deployment to zero was refused; draining through its ReplicaSets", "reason", vocab.ReasonScaleRefused, "error", err.Error())
+		r.Recorder.Eventf(orig, nil, corev1.EventTypeWarning, vocab.ReasonScaleRefused, actionDrain,
+			"Scaling the Deployment to zero for the drain was refused (%v); draining its ReplicaSets directly.", err)
+		*d = *orig.DeepCopy()
+		mark(d)
+		err = r.Client.Patch(ctx, d, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+	}
+	if err != nil {
+		// d may hold the unwritten change; a conflict is decided again from a
+		// fresh read.
+		*d = *orig
+		return fmt.Errorf("starting the drain: %w", err)
+	}
+	log.Info("Drain started", "replicas", replicas)
+	r.Recorder.Eventf(d, nil, corev1.EventTypeNormal, vocab.ReasonDrainStarted, actionDrain,
+		"Scaling to zero from %d replicas and waiting up to %s for every pod to end.", replicas, timeout)
+	return nil
+}
+
+// scaleDown sets every ReplicaSet not at zero to zero. The patch is a plain
+// merge of spec.replicas, without a resourceVersion: zero is wanted whatever
+// the ReplicaSet's status says meanwhile (the ReplicaSet controller writes its
+// status at every pod change), and writing it twice is harmless. rss are
+// updated from the responses.
+func (r *DeploymentReconciler) scaleDown(ctx context.Context, rss []*appsv1.ReplicaSet) error {
+	for _, rs := range rss {
+		if rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0 {
+			continue
+		}
+		if rs.DeletionTimestamp != nil {
+			continue
+		}
+		patch := client.MergeFrom(rs.DeepCopy())
+		rs.Spec.Replicas = ptr.To[int32](0)
+		if err := r.Client.Patch(ctx, rs, patch); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("scaling ReplicaSet %s to zero: %w", rs.Name, err)
+		}
+		ctrl.LoggerFrom(ctx).V(1).Info("Scaled ReplicaSet to zero", "replicaSet", klog.KObj(rs))
+	}
+	return nil
+}
+
+// scaledDown reports whether every ReplicaSet is at zero (or being deleted).
+func scaledDown(rss []*appsv1.ReplicaSet) bool {
+	for _, rs := range rss {
+		if rs.DeletionTimestamp == nil && (rs.Spec.Replicas == nil || *rs.Spec.Replicas != 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// countPods counts the pods of the Deployment's ReplicaSets that have not
+// ended: pods whose controller is one of rss, in neither phase Succeeded nor
+// Failed (a terminating pod still counts until it is gone). Finished pods are
+// not deleted by a scale-down; their containers are no longer running.
+//
+// Pods are listed from the API server (the reader that bypasses the cache), in
+// the Deployment's namespace and with its selector, only while a drain waits:
+// a cluster-wide pod cache would hold every pod of the cluster in memory for
+// the few Deployments being drained at any time.
+func (r *DeploymentReconciler) countPods(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (int, error) {
+	owners := map[types.UID]bool{}
+	for _, rs := range rss {
+		owners[rs.UID] = true
+	}
+	sel := labels.Everything()
+	if d.Spec.Selector != nil {
+		s, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+		if err != nil {
+			return 0, fmt.Errorf("parsing the selector of Deployment %s: %w", d.Name, err)
+		}
+		sel = s
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.InNamespace(d.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return 0, fmt.Errorf("listing pods of Deployment %s: %w", d.Name, err)
+	}
+	n := 0
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		ref := metav1.GetControllerOf(p)
+		if ref == nil || !owners[ref.UID] {
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		n++
+	}
+	return n, nil
+}

@@ -1,0 +1,294 @@
+package reconciler
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// Keys of a record ConfigMap's data.
+const (
+	// RecordKeyDeployment is the Deployment to recreate, as YAML: its name,
+	// labels, user annotations and spec, with the replica count it had before
+	// the drain.
+	RecordKeyDeployment = "deployment.yaml"
+	// RecordKeyKnownGoodTemplate is the pod template of the newest known-good
+	// ReplicaSet, as YAML (`kubectl rollout undo` form: no pod-template-hash).
+	// Absent when no revision had completed.
+	RecordKeyKnownGoodTemplate = "known-good-template.yaml"
+	// RecordKeyRevision is the Deployment's revision when it was deleted.
+	RecordKeyRevision = "revision"
+	// RecordKeyKnownGoodRevision is the revision of the known-good template.
+	RecordKeyKnownGoodRevision = "known-good-revision"
+)
+
+// recordPrefix starts the name of every record ConfigMap.
+const recordPrefix = "deployguard-record-"
+
+// RecordName is the name of the ConfigMap that holds the record of the
+// Deployment named deployment, in the Deployment's namespace. A name too long
+// for a ConfigMap is cut and ends with a hash of the whole name.
+func RecordName(deployment string) string {
+	name := recordPrefix + deployment
+	if len(name) <= validation.DNS1123SubdomainMaxLength {
+		return name
+	}
+	sum := sha256.Sum256([]byte(deployment))
+	suffix := "-" + hex.EncodeToString(sum[:4])
+	return strings.TrimRight(name[:validation.DNS1123SubdomainMaxLength-len(suffix)], ".-") + suffix
+}
+
+// RecordAction is what the record step does now.
+type RecordAction string
+
+const (
+	// RecordSkip: the namespace is terminating, and refuses new ConfigMaps.
+	RecordSkip RecordAction = "Skip"
+	// RecordCreate creates the record.
+	RecordCreate RecordAction = "Create"
+	// RecordReplace overwrites the record of an earlier Deployment of the same
+	// name (another UID) with this one's.
+	RecordReplace RecordAction = "Replace"
+	// RecordDone: this Deployment's record exists (a guard restarted between
+	// writing it and removing the finalizer).
+	RecordDone RecordAction = "Done"
+	// RecordNameTaken: a ConfigMap that is not a record has the name; the guard
+	// does not overwrite it, and gives the step up.
+	RecordNameTaken RecordAction = "NameTaken"
+)
+
+// DecideRecord decides the record step from the ConfigMap that has the
+// record's name (nil if none) and the UID of the Deployment being deleted.
+func DecideRecord(existing *corev1.ConfigMap, uid types.UID, namespaceTerminating bool) RecordAction {
+	switch {
+	case namespaceTerminating:
+		return RecordSkip
+	case existing == nil:
+		return RecordCreate
+	case existing.Labels[vocab.LabelRecord] != "true":
+		return RecordNameTaken
+	case existing.Annotations[vocab.AnnotationRecordUID] == string(uid):
+		return RecordDone
+	default:
+		return RecordReplace
+	}
+}
+
+// restoreSkipAnnotations are the Deployment annotations a record does not keep:
+// the Deployment controller's revision bookkeeping and the guard's state about
+// the deleted object. What the user chose (protection, opt-outs, the
+// quarantine list, change-cause, kubectl's last-applied configuration) is kept.
+var restoreSkipAnnotations = map[string]bool{
+	vocab.RevisionAnnotation:                    true,
+	"deployment.kubernetes.io/revision-history": true,
+	vocab.AnnotationDefaulted:                   true,
+	vocab.AnnotationKnownGoodRevision:           true,
+	vocab.AnnotationRolledBackRevision:          true,
+	vocab.AnnotationRollbackStatus:              true,
+	vocab.AnnotationHandledDeadline:             true,
+	vocab.AnnotationDrainStarted:                true,
+	vocab.AnnotationDrainReplicas:               true,
+	vocab.AnnotationSkipCleanup:                 true,
+	vocab.AnnotationKnownGood:                   true,
+	vocab.AnnotationKnownGoodHash:               true,
+}
+
+// RestorableDeployment is the Deployment a record recreates: name, namespace,
+// labels, the annotations the user chose, and the spec, with the replica count
+// it had before the drain scaled it to zero. No status, finalizers (the
+// mutating webhook adds them again) or server-set fields.
+func RestorableDeployment(d *appsv1.Deployment) *appsv1.Deployment {
+	out := &appsv1.Deployment{
+		TypeMeta: metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      d.Name,
+			Namespace: d.Namespace,
+			Labels:    d.Labels,
+		},
+		Spec: *d.Spec.DeepCopy(),
+	}
+	for k, v := range d.Annotations {
+		if !restoreSkipAnnotations[k] {
+			if out.Annotations == nil {
+				out.Annotations = map[string]string{}
+			}
+			out.Annotations[k] = v
+		}
+	}
+	if n, ok := drainReplicas(d); ok {
+		out.Spec.Replicas = &n
+	}
+	return out
+}
+
+// NewestKnownGood returns the known-good ReplicaSet with the highest revision,
+// the template that last completed a rollout, or nil.
+func NewestKnownGood(rss []*appsv1.ReplicaSet) (*appsv1.ReplicaSet, int64) {
+	var (
+		newest   *appsv1.ReplicaSet
+		revision int64 = -1
+	)
+	for _, rs := range rss {
+		if !IsKnownGood(rs) {
+			continue
+		}
+		if v, err := Revision(rs); err == nil && v > revision {
+			newest, revision = rs, v
+		}
+	}
+	return newest, revision
+}
+
+// BuildRecord makes the record ConfigMap of a Deployment being deleted, from
+// the Deployment and its ReplicaSets, to expire at expires.
+func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, expires time.Time) (*corev1.ConfigMap, error) {
+	manifest, err := yaml.Marshal(RestorableDeployment(d))
+	if err != nil {
+		return nil, fmt.Errorf("encoding the Deployment: %w", err)
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      RecordName(d.Name),
+			Namespace: d.Namespace,
+			Labels:    map[string]string{vocab.LabelRecord: "true"},
+			Annotations: map[string]string{
+				vocab.AnnotationRecordOf:      d.Name,
+				vocab.AnnotationRecordUID:     string(d.UID),
+				vocab.AnnotationRecordExpires: expires.UTC().Format(time.RFC3339),
+			},
+		},
+		Data: map[string]string{RecordKeyDeployment: string(manifest)},
+	}
+	if v, ok := d.Annotations[vocab.RevisionAnnotation]; ok {
+		cm.Data[RecordKeyRevision] = v
+	}
+	if rs, revision := NewestKnownGood(rss); rs != nil {
+		tmpl, err := yaml.Marshal(RollbackTemplate(rs))
+		if err != nil {
+			return nil, fmt.Errorf("encoding the known-good template: %w", err)
+		}
+		cm.Data[RecordKeyKnownGoodTemplate] = string(tmpl)
+		cm.Data[RecordKeyKnownGoodRevision] = formatRevision(revision)
+	}
+	return cm, nil
+}
+
+// ErrNotARecord is returned by DeploymentFromRecord for a ConfigMap that is
+// not a record of the guard.
+var ErrNotARecord = errors.New("not a deployguard record")
+
+// DeploymentFromRecord decodes the Deployment a record recreates. With
+// knownGood, its pod template is the record's known-good template instead of
+// the one it had when it was deleted.
+func DeploymentFromRecord(cm *corev1.ConfigMap, knownGood bool) (*appsv1.Deployment, error) {
+	if cm.Labels[vocab.LabelRecord] != "true" {
+		return nil, fmt.Errorf("ConfigMap %s/%s has no label %s=true: %w", cm.Namespace, cm.Name, vocab.LabelRecord, ErrNotARecord)
+	}
+	raw, ok := cm.Data[RecordKeyDeployment]
+	if !ok {
+		return nil, fmt.Errorf("record %s/%s has no %s", cm.Namespace, cm.Name, RecordKeyDeployment)
+	}
+	d := &appsv1.Deployment{}
+	if err := yaml.UnmarshalStrict([]byte(raw), d); err != nil {
+		return nil, fmt.Errorf("decoding %s of record %s/%s: %w", RecordKeyDeployment, cm.Namespace, cm.Name, err)
+	}
+	if knownGood {
+		raw, ok := cm.Data[RecordKeyKnownGoodTemplate]
+		if !ok {
+			return nil, fmt.Errorf("record %s/%s has no known-good template: no revision of the Deployment had completed a rollout", cm.Namespace, cm.Name)
+		}
+		t := corev1.PodTemplateSpec{}
+		if err := yaml.UnmarshalStrict([]byte(raw), &t); err != nil {
+			return nil, fmt.Errorf("decoding %s of record %s/%s: %w", RecordKeyKnownGoodTemplate, cm.Namespace, cm.Name, err)
+		}
+		d.Spec.Template = t
+	}
+	d.Namespace = cm.Namespace
+	return d, nil
+}
+
+// reconcileRecord runs the record step: save a restorable record of the
+// Deployment in a ConfigMap of its namespace. The ConfigMap is read from the
+// API server (not cached); its existence, with this Deployment's UID, is the
+// step's state: a guard restarted after writing it finds it and goes on.
+func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.Deployment, ns namespaceState) (stepOutcome, error) {
+	begin := r.Clock.Now()
+	name := RecordName(d.Name)
+	skipped := stepOutcome{done: true, result: resultSkipped, eventType: corev1.EventTypeWarning, reason: vocab.ReasonCleanupShortened,
+		message: fmt.Sprintf("namespace %s is terminating: no record saved (nothing can be created in a terminating namespace), so the Deployment cannot be restored with deployguard restore.", ns.Name)}
+
+	var existing *corev1.ConfigMap
+	cm := &corev1.ConfigMap{}
+	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: name}, cm); {
+	case err == nil:
+		existing = cm
+	case !apierrors.IsNotFound(err):
+		return stepOutcome{}, fmt.Errorf("reading record %s: %w", name, err)
+	}
+
+	expires := r.Clock.Now().Add(r.Options.recordRetention())
+	action := DecideRecord(existing, d.UID, ns.Terminating)
+	switch action {
+	case RecordSkip:
+		return skipped, nil
+	case RecordNameTaken:
+		return stepOutcome{done: true, result: resultFailed, eventType: corev1.EventTypeWarning, reason: vocab.ReasonRecordFailed,
+			message: fmt.Sprintf("No record saved: ConfigMap %s exists and is not a deployguard record (no label %s=true); the guard does not overwrite it.", name, vocab.LabelRecord)}, nil
+	case RecordDone:
+		expires = recordExpiresOr(existing, expires)
+	case RecordCreate, RecordReplace:
+		rss, err := r.listReplicaSets(ctx, d)
+		if err != nil {
+			return stepOutcome{}, err
+		}
+		rec, err := BuildRecord(d, rss, expires)
+		if err != nil {
+			return stepOutcome{}, err
+		}
+		if action == RecordCreate {
+			err = r.Client.Create(ctx, rec)
+		} else {
+			rec.ResourceVersion = existing.ResourceVersion
+			err = r.Client.Update(ctx, rec)
+		}
+		switch {
+		case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+			// The namespace is terminating; the cache had not seen it yet.
+			skipped.namespaceTerminating = true
+			return skipped, nil
+		case apierrors.IsAlreadyExists(err):
+			// Created meanwhile (by this very step, before a restart the cache
+			// had not seen): decided again from a fresh read.
+			return stepOutcome{}, apierrors.NewConflict(corev1.Resource("configmaps"), name, err)
+		case err != nil:
+			return stepOutcome{}, fmt.Errorf("writing record %s: %w", name, err)
+		}
+		ctrl.LoggerFrom(ctx).Info("Record saved", "configMap", name, "action", action)
+	}
+	msg := fmt.Sprintf("Saved a record of the Deployment in ConfigMap %s, kept until %s; restore it with: deployguard restore %s/%s",
+		name, expires.UTC().Format(time.RFC3339), d.Namespace, d.Name)
+	return stepOutcome{done: true, result: resultCompleted, duration: r.Clock.Since(begin), eventType: corev1.EventTypeNormal, reason: vocab.ReasonRecorded, message: msg}, nil
+}
+
+// recordExpiresOr returns the record's expiry, or def if it has none.
+func recordExpiresOr(cm *corev1.ConfigMap, def time.Time) time.Time {
+	if t, ok := RecordExpiry(cm); ok {
+		return t
+	}
+	return def
+}

@@ -1,0 +1,529 @@
+package e2e
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// drainTimeout is cleanup.drainTimeout in the suite's guard config.
+const drainTimeout = 45 * time.Second
+
+// holdFinalizer is the tests' own finalizer on a pod: kwok deletes a pod as
+// soon as it is asked to (grace period 0), but the API server keeps it,
+// terminating, until its finalizers are gone. That is how a test makes a drain
+// last as long as it needs.
+const holdFinalizer = "e2e.deployguard.io/hold"
+
+// timelineEvent is one watch event of the timeline.
+type timelineEvent struct {
+	kind, name string
+	typ        watch.EventType
+	// rv is the object's resourceVersion at the event. In this test's own
+	// cluster (one etcd) it is the etcd revision of the change, so it orders
+	// changes to objects of different kinds, which arrival times on separate
+	// watches cannot do reliably.
+	rv         uint64
+	finalizers []string
+	deleting   bool
+	// at is when the event arrived.
+	at time.Time
+}
+
+// timeline watches the Deployments, ReplicaSets, pods and ConfigMaps of a
+// namespace.
+type timeline struct {
+	mu     sync.Mutex
+	events []timelineEvent
+	stop   context.CancelFunc
+	done   sync.WaitGroup
+}
+
+func startTimeline(t *testing.T, ns string) *timeline {
+	t.Helper()
+	cfg, err := local.Cluster.RESTConfig()
+	require.NoError(t, err)
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	tl := &timeline{stop: cancel}
+	for kind, list := range map[string]client.ObjectList{
+		"Deployment": &appsv1.DeploymentList{}, "ReplicaSet": &appsv1.ReplicaSetList{},
+		"Pod": &corev1.PodList{}, "ConfigMap": &corev1.ConfigMapList{},
+	} {
+		w, err := wc.Watch(ctx, list, client.InNamespace(ns))
+		require.NoError(t, err)
+		tl.done.Add(1)
+		go func() {
+			defer tl.done.Done()
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return
+					}
+					o, ok := ev.Object.(client.Object)
+					if !ok {
+						continue
+					}
+					rv, _ := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
+					tl.mu.Lock()
+					tl.events = append(tl.events, timelineEvent{kind: kind, name: o.GetName(), typ: ev.Type, rv: rv,
+						finalizers: o.GetFinalizers(), deleting: o.GetDeletionTimestamp() != nil, at: time.Now()})
+					tl.mu.Unlock()
+				}
+			}
+		}()
+	}
+	t.Cleanup(tl.close)
+	return tl
+}
+
+func (tl *timeline) close() {
+	tl.stop()
+	tl.done.Wait()
+}
+
+// snapshot returns the events seen so far, ordered by resourceVersion.
+func (tl *timeline) snapshot() []timelineEvent {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	out := slices.Clone(tl.events)
+	slices.SortStableFunc(out, func(a, b timelineEvent) int { return cmp.Compare(a.rv, b.rv) })
+	return out
+}
+
+func (tl *timeline) filter(kind string, typ watch.EventType) []timelineEvent {
+	var out []timelineEvent
+	for _, e := range tl.snapshot() {
+		if e.kind == kind && e.typ == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// guardFinalizerSteps is the sequence of the guard's finalizer lists a
+// Deployment went through while being deleted, consecutive repeats dropped.
+// The removal of the last finalizer is not in it: the API server deletes the
+// object in that very write, and the DELETED event carries the object as it
+// was before.
+func guardFinalizerSteps(events []timelineEvent, name string) [][]string {
+	var out [][]string
+	for _, e := range events {
+		if e.kind != "Deployment" || e.name != name || !e.deleting || e.typ == watch.Deleted {
+			continue
+		}
+		var mine []string
+		for _, f := range e.finalizers {
+			if vocab.IsGuardFinalizer(f) {
+				mine = append(mine, f)
+			}
+		}
+		if len(out) == 0 || !slices.Equal(out[len(out)-1], mine) {
+			out = append(out, mine)
+		}
+	}
+	return out
+}
+
+// waitGone waits until the Deployment no longer exists.
+func waitGone(t *testing.T, ns, name string, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, fmt.Sprintf("Deployment %s/%s was not deleted", ns, name), func(ctx context.Context) (bool, string, error) {
+		d := &appsv1.Deployment{}
+		err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d)
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return false, fmt.Sprintf("finalizers %v, %s", d.Finalizers, describe(d)), nil
+	})
+}
+
+// guard runs the built deployguard binary with the admin kubeconfig and
+// returns its combined output.
+func guard(ctx context.Context, t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	bin, err := harness.GuardBinary()
+	require.NoError(t, err)
+	out, err := exec.CommandContext(ctx, bin, append(args, "--kubeconfig", local.Cluster.Kubeconfig)...).CombinedOutput()
+	return string(out), err
+}
+
+func count(xs []string, x string) int {
+	n := 0
+	for _, y := range xs {
+		if y == x {
+			n++
+		}
+	}
+	return n
+}
+
+// Deleting a guarded Deployment runs the cleanup steps in the order of its
+// finalizers: every pod ends while its ReplicaSet still exists, then the
+// record is saved, then the Deployment goes, and only then the garbage
+// collector deletes the ReplicaSets. `deployguard restore` brings it back.
+func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	d := deployment(ns, "web", "web:1.0")
+	d.Spec.Replicas = ptr(int32(3))
+	d.Annotations = map[string]string{"kubernetes.io/change-cause": "release 1.0"}
+	require.NoError(t, local.Client.Create(ctx, d))
+	waitAvailable(t, ns, "web", time.Minute)
+	waitKnownGood(t, ns, "web", 1)
+	orig := get(ctx, t, ns, "web")
+	require.Equal(t, vocab.CanonicalFinalizers(), orig.Finalizers)
+
+	tl := startTimeline(t, ns)
+	require.NoError(t, local.Client.Delete(ctx, orig))
+	waitGone(t, ns, "web", 30*time.Second)
+	waitFor(t, 30*time.Second, "the ReplicaSets were not garbage collected", func(ctx context.Context) (bool, string, error) {
+		var rss appsv1.ReplicaSetList
+		err := local.Client.List(ctx, &rss, client.InNamespace(ns))
+		return err == nil && len(rss.Items) == 0 && len(tl.filter("ReplicaSet", watch.Deleted)) > 0, fmt.Sprintf("%d ReplicaSets", len(rss.Items)), err
+	})
+	events := tl.snapshot()
+
+	assert.Equal(t, [][]string{{vocab.FinalizerDrain, vocab.FinalizerRecord}, {vocab.FinalizerRecord}},
+		guardFinalizerSteps(events, "web"), "drain, then record, each finalizer removed when its step is done")
+
+	podsGone := tl.filter("Pod", watch.Deleted)
+	require.Len(t, podsGone, 3, "every pod was deleted")
+	lastPodGone := podsGone[len(podsGone)-1].rv
+	var recordCreated, deploymentGone uint64
+	for _, e := range tl.filter("ConfigMap", watch.Added) {
+		if e.name == "deployguard-record-web" {
+			recordCreated = e.rv
+		}
+	}
+	for _, e := range tl.filter("Deployment", watch.Deleted) {
+		deploymentGone = e.rv
+	}
+	rssGone := tl.filter("ReplicaSet", watch.Deleted)
+	require.NotZero(t, recordCreated, "the record was created")
+	require.NotZero(t, deploymentGone)
+	require.NotEmpty(t, rssGone)
+	assert.Less(t, lastPodGone, recordCreated, "the pods were gone before the record step")
+	assert.Less(t, recordCreated, deploymentGone, "the record was saved before the Deployment went")
+	assert.Less(t, lastPodGone, rssGone[0].rv, "the pods were gone before the first ReplicaSet")
+	assert.Less(t, deploymentGone, rssGone[0].rv, "the ReplicaSets went after the Deployment, by garbage collection")
+
+	reasons := eventReasons(ctx, t, ns, "web")
+	for _, r := range []string{vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded} {
+		assert.Equal(t, 1, count(reasons, r), "one %s event in %v", r, reasons)
+	}
+	rec := &corev1.ConfigMap{}
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "deployguard-record-web"}, rec))
+	assert.Equal(t, "true", rec.Labels[vocab.LabelRecord])
+	assert.Equal(t, "1", rec.Data["known-good-revision"])
+	assert.NotEmpty(t, rec.Annotations[vocab.AnnotationRecordExpires])
+
+	out, err := guard(ctx, t, "restore", ns+"/web")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "deployment.apps/web restored in namespace "+ns)
+	restored := waitAvailable(t, ns, "web", time.Minute)
+	assert.Equal(t, orig.Spec.Template, restored.Spec.Template, "the same template")
+	assert.Equal(t, int32(3), *restored.Spec.Replicas, "the replicas it had before the drain")
+	assert.Equal(t, "release 1.0", restored.Annotations["kubernetes.io/change-cause"])
+	assert.Equal(t, vocab.CanonicalFinalizers(), restored.Finalizers, "guarded again")
+
+	out, err = guard(ctx, t, "restore", ns+"/web")
+	require.Error(t, err, "a second restore must not overwrite the Deployment")
+	assert.Contains(t, out, "exists; restore never overwrites a Deployment")
+	out, err = guard(ctx, t, "restore", ns+"/never-existed")
+	require.Error(t, err)
+	assert.Contains(t, out, "no record of Deployment "+ns+"/never-existed")
+}
+
+// The guard is killed in the middle of a drain: a pod of the Deployment is
+// held terminating by the test's own finalizer. The restarted guard finds the
+// drain where it was (its start time and scale on the Deployment), waits for
+// the pod, and finishes the cleanup, without doing anything twice.
+func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	require.NoError(t, local.Client.Create(ctx, deployment(ns, "slow", "app:1")))
+	waitAvailable(t, ns, "slow", time.Minute)
+
+	var pods corev1.PodList
+	require.NoError(t, local.Client.List(ctx, &pods, client.InNamespace(ns)))
+	require.Len(t, pods.Items, 2)
+	held := &pods.Items[0]
+	patch := client.MergeFrom(held.DeepCopy())
+	held.Finalizers = append(held.Finalizers, holdFinalizer)
+	require.NoError(t, local.Client.Patch(ctx, held, patch))
+	release := func() error {
+		p := &corev1.Pod{}
+		if err := local.Client.Get(ctx, client.ObjectKeyFromObject(held), p); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == holdFinalizer })
+		return client.IgnoreNotFound(local.Client.Patch(ctx, p, patch))
+	}
+	t.Cleanup(func() { _ = release() })
+
+	tl := startTimeline(t, ns)
+	require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "slow")))
+	var draining *appsv1.Deployment
+	waitFor(t, 30*time.Second, "the drain did not start", func(ctx context.Context) (bool, string, error) {
+		draining = get(ctx, t, ns, "slow")
+		var pods corev1.PodList
+		if err := local.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return false, "", err
+		}
+		return draining.Annotations[vocab.AnnotationDrainStarted] != "" && len(pods.Items) == 1 && pods.Items[0].DeletionTimestamp != nil,
+			fmt.Sprintf("%d pods, %s", len(pods.Items), describe(draining)), nil
+	})
+	require.Equal(t, int32(0), *draining.Spec.Replicas)
+	require.Equal(t, vocab.CanonicalFinalizers(), draining.Finalizers, "the drain waits for the held pod")
+
+	before := leaseHolder(ctx, t)
+	require.NoError(t, local.RestartGuard(ctx), "killed in the middle of the drain")
+	// The killed guard did not release its lease: the new one leads once it
+	// expires.
+	waitFor(t, 40*time.Second, "the restarted guard did not take the lead", func(ctx context.Context) (bool, string, error) {
+		h := leaseHolder(ctx, t)
+		return h != "" && h != before, h, nil
+	})
+	assert.Never(t, func() bool {
+		d := &appsv1.Deployment{}
+		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "slow"}, d); err != nil {
+			return true
+		}
+		return !slices.Equal(d.Finalizers, vocab.CanonicalFinalizers()) || d.Generation != draining.Generation ||
+			d.Annotations[vocab.AnnotationDrainStarted] != draining.Annotations[vocab.AnnotationDrainStarted]
+	}, 3*time.Second, 100*time.Millisecond, "the restarted guard neither started the drain again nor gave up waiting")
+
+	require.NoError(t, release())
+	waitGone(t, ns, "slow", 30*time.Second)
+
+	reasons := eventReasons(ctx, t, ns, "slow")
+	for _, r := range []string{vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded} {
+		assert.Equal(t, 1, count(reasons, r), "one %s event in %v", r, reasons)
+	}
+	assert.NotContains(t, reasons, vocab.ReasonDrainTimedOut)
+	var writes []watch.EventType
+	for _, e := range tl.snapshot() {
+		if e.kind == "ConfigMap" && e.name == "deployguard-record-slow" {
+			writes = append(writes, e.typ)
+		}
+	}
+	assert.Equal(t, []watch.EventType{watch.Added}, writes, "the record was written once")
+	assert.Equal(t, [][]string{{vocab.FinalizerDrain, vocab.FinalizerRecord}, {vocab.FinalizerRecord}}, guardFinalizerSteps(tl.snapshot(), "slow"))
+}
+
+// leaseHolder is the holder of the guard's leader election lease.
+func leaseHolder(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	l := &coordinationv1.Lease{}
+	if err := local.Client.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: "deployguard.deployguard.io"}, l); err != nil {
+		return ""
+	}
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+// A protected Deployment survives `kubectl delete`, with the guard's message
+// saying how to lift the protection; once lifted, it is deleted through the
+// cleanup as any other.
+func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	d := deployment(ns, "precious", "app:1")
+	d.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
+	require.NoError(t, local.Client.Create(ctx, d))
+	waitAvailable(t, ns, "precious", time.Minute)
+
+	out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "delete", "deployment", "precious", "-n", ns)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "is protected from deletion")
+	lift := fmt.Sprintf("kubectl annotate deployment precious -n %s %s-", ns, vocab.AnnotationProtected)
+	assert.Contains(t, out, lift, "the message says how to lift the protection")
+	got := get(ctx, t, ns, "precious")
+	assert.Nil(t, got.DeletionTimestamp, "not being deleted")
+	assert.Equal(t, int32(2), got.Status.AvailableReplicas, "still serving")
+
+	_, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, strings.Fields(lift)[1:]...)
+	require.NoError(t, err)
+	_, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "delete", "deployment", "precious", "-n", ns, "--wait=false")
+	require.NoError(t, err)
+	waitGone(t, ns, "precious", 30*time.Second)
+	assert.Contains(t, eventReasons(ctx, t, ns, "precious"), vocab.ReasonRecorded)
+}
+
+// Deleting a namespace of guarded Deployments completes within the drain
+// timeout: in a terminating namespace the guard does not wait for the pods
+// (the namespace controller deletes them) and saves no record (nothing can be
+// created there), and says so in Events about the Namespace, which land in
+// the default namespace.
+//
+// In this cluster the kube-controller-manager runs with the admin kubeconfig,
+// so the namespace controller's DELETE of a protected Deployment would reach
+// the validating webhook as the admin, not as
+// system:serviceaccount:kube-system:namespace-controller, and be refused: these
+// Deployments are not protected (see reconciler/CLEANUP.md).
+func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	const n = 5
+	names := sets.New[string]()
+	for i := range n {
+		name := fmt.Sprintf("app-%d", i)
+		names.Insert(name)
+		require.NoError(t, local.Client.Create(ctx, deployment(ns, name, "app:1")))
+	}
+	for name := range names {
+		waitAvailable(t, ns, name, time.Minute)
+	}
+
+	tl := startTimeline(t, ns)
+	start := time.Now()
+	require.NoError(t, local.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	waitFor(t, drainTimeout, "the namespace was not deleted within the drain timeout", func(ctx context.Context) (bool, string, error) {
+		var left appsv1.DeploymentList
+		_ = local.Client.List(ctx, &left, client.InNamespace(ns))
+		var state []string
+		for _, d := range left.Items {
+			state = append(state, fmt.Sprintf("%s %v", d.Name, d.Finalizers))
+		}
+		err := local.Client.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{})
+		return apierrors.IsNotFound(err), strings.Join(state, "; "), nil
+	})
+	// The guard's share: from the namespace controller's DELETE of the first
+	// Deployment to the last one gone.
+	var firstDeleting, lastGone time.Time
+	for _, e := range tl.snapshot() {
+		if e.kind != "Deployment" || !e.deleting {
+			continue
+		}
+		if firstDeleting.IsZero() || e.at.Before(firstDeleting) {
+			firstDeleting = e.at
+		}
+		if e.typ == watch.Deleted && e.at.After(lastGone) {
+			lastGone = e.at
+		}
+	}
+	require.False(t, firstDeleting.IsZero() || lastGone.IsZero(), "the Deployments' deletion was seen")
+	t.Logf("namespace with %d guarded Deployments deleted in %s; its Deployments went %s after the namespace controller deleted them",
+		n, time.Since(start).Round(100*time.Millisecond), lastGone.Sub(firstDeleting).Round(10*time.Millisecond))
+	assert.Less(t, lastGone.Sub(firstDeleting), drainTimeout/3, "the guard did not wait for drains in a terminating namespace")
+
+	told := sets.New[string]()
+	waitFor(t, 10*time.Second, "the guard did not say why it shortened the cleanup", func(ctx context.Context) (bool, string, error) {
+		var list eventsv1.EventList
+		if err := local.Client.List(ctx, &list, client.InNamespace("default")); err != nil {
+			return false, "", err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Kind == "Namespace" && e.Regarding.Name == ns && e.Reason == vocab.ReasonCleanupShortened && e.Related != nil {
+				told.Insert(e.Related.Name)
+			}
+		}
+		return told.Equal(names), fmt.Sprintf("told about %v", sets.List(told)), nil
+	})
+}
+
+// After `deployguard uninstall`, every Deployment the guard guarded can be
+// deleted without the guard; other controllers' finalizers are left alone.
+// The guard and its webhooks are put back afterwards for the other tests.
+func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	const keep = "e2e.deployguard.io/keep"
+	require.NoError(t, local.Client.Create(ctx, deployment(ns, "plain", "app:1")))
+	shared := deployment(ns, "shared", "app:1")
+	shared.Finalizers = []string{keep}
+	require.NoError(t, local.Client.Create(ctx, shared))
+	waitAvailable(t, ns, "plain", time.Minute)
+	waitAvailable(t, ns, "shared", time.Minute)
+	require.Equal(t, append([]string{keep}, vocab.CanonicalFinalizers()...), get(ctx, t, ns, "shared").Finalizers)
+
+	port := local.Guard.Opts.WebhookPort
+	t.Cleanup(func() {
+		// The webhook configurations first (the guard injects its CA into them
+		// when it starts), then a fresh guard.
+		ctx := context.Background()
+		if !local.Guard.Exited() {
+			_ = local.Guard.Stop()
+		}
+		if err := harness.InstallWebhooks(ctx, local.Client, local.Guard.URL, nil); err != nil {
+			t.Errorf("reinstalling the webhooks: %v", err)
+		}
+		if err := local.StartGuard(ctx, port); err != nil {
+			t.Errorf("restarting the guard: %v", err)
+		}
+	})
+
+	out, err := guard(ctx, t, "uninstall", "--dry-run")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "would delete validatingwebhookconfiguration/deployguard-validating")
+	assert.Contains(t, out, fmt.Sprintf("would remove finalizers [%s %s] from deployment %s/shared", vocab.FinalizerDrain, vocab.FinalizerRecord, ns))
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, &admissionregistrationv1.ValidatingWebhookConfiguration{}), "a dry run removes nothing")
+	require.Equal(t, vocab.CanonicalFinalizers(), get(ctx, t, ns, "plain").Finalizers)
+
+	out, err = guard(ctx, t, "uninstall")
+	require.NoError(t, err, out)
+	t.Log(out)
+	hooksGone := strings.Index(out, "deleted validatingwebhookconfiguration/deployguard-validating")
+	firstRemoval := strings.Index(out, "removed finalizers")
+	require.GreaterOrEqual(t, hooksGone, 0, out)
+	require.GreaterOrEqual(t, firstRemoval, 0, out)
+	assert.Less(t, hooksGone, firstRemoval, "the webhooks go first")
+	assert.Contains(t, out, "deleted mutatingwebhookconfiguration/deployguard-mutating")
+	assert.Contains(t, out, fmt.Sprintf("removed finalizers [%s %s] from deployment %s/plain", vocab.FinalizerDrain, vocab.FinalizerRecord, ns))
+
+	require.NoError(t, local.Guard.Stop())
+
+	assert.Empty(t, get(ctx, t, ns, "plain").Finalizers)
+	assert.Equal(t, []string{keep}, get(ctx, t, ns, "shared").Finalizers, "only the guard's finalizers were removed")
+	// Without the guard nor its webhooks, Deployments come and go as in a
+	// cluster that never had it.
+	require.NoError(t, local.Client.Create(ctx, deployment(ns, "after", "app:1")))
+	assert.Empty(t, get(ctx, t, ns, "after").Finalizers)
+	for _, name := range []string{"plain", "shared", "after"} {
+		require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, name)))
+	}
+	waitGone(t, ns, "plain", 10*time.Second)
+	waitGone(t, ns, "after", 10*time.Second)
+	d := get(ctx, t, ns, "shared")
+	assert.NotNil(t, d.DeletionTimestamp)
+	assert.Equal(t, []string{keep}, d.Finalizers, "waits only for its other finalizer")
+	patch := client.MergeFrom(d.DeepCopy())
+	d.Finalizers = nil
+	require.NoError(t, local.Client.Patch(ctx, d, patch))
+	waitGone(t, ns, "shared", 10*time.Second)
+}
