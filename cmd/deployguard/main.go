@@ -29,6 +29,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return serve(args[1:], stderr)
 	case "check":
 		return check(args[1:], stdin, stdout, stderr)
+	case "test":
+		return testPolicies(args[1:], stdout, stderr)
 	case "restore":
 		return restore(args[1:], stdout, stderr)
 	case "uninstall":
@@ -52,6 +54,7 @@ func usage(w io.Writer) {
 Usage:
   deployguard serve [flags]      run the admission webhooks and the rollout reconciler
   deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
+  deployguard test DIR…         run the Rego tests of policies, with the guard's own OPA (CI)
   deployguard restore NS/NAME    recreate a deleted Deployment from the guard's record of it
   deployguard uninstall          remove the webhooks, then the guard's finalizers from every Deployment
   deployguard version            print the build
