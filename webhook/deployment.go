@@ -24,9 +24,13 @@ type PolicyEvaluator interface {
 
 // PolicyInput is what the webhook knows about a request.
 type PolicyInput struct {
-	Operation       string
-	Object          *appsv1.Deployment
-	OldObject       *appsv1.Deployment
+	Operation string
+	Object    *appsv1.Deployment
+	OldObject *appsv1.Deployment
+	// ObjectRaw and OldObjectRaw, when set, are the same objects as the API
+	// server sent them; the policies read them without encoding Object again.
+	ObjectRaw       []byte
+	OldObjectRaw    []byte
 	Namespace       string
 	NamespaceLabels map[string]string
 	UserInfo        authenticationv1.UserInfo
@@ -105,6 +109,7 @@ func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (a
 	if w.Policy != nil && !w.Options.exempt(d.Namespace, req.UserInfo) && !w.Options.isGuard(req.UserInfo) {
 		in := PolicyInput{
 			Operation: string(req.Operation), Object: d, OldObject: old,
+			ObjectRaw: req.Object.Raw, OldObjectRaw: req.OldObject.Raw,
 			Namespace: d.Namespace, UserInfo: req.UserInfo, DryRun: req.DryRun != nil && *req.DryRun,
 		}
 		if w.NamespaceLabels != nil {

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	jsonpatch5 "github.com/evanphx/json-patch/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -22,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/deployguard/deployguard/policy"
 )
 
 // servers returns the two webhooks as HTTP handlers, with panics left to
@@ -29,7 +33,12 @@ import (
 // from the fuzzer).
 func servers(t testing.TB) (mutating, validating http.Handler) {
 	t.Helper()
-	w := &Deployment{Options: testOptions(), Lister: staticLister(guarded(func(d *appsv1.Deployment) { d.Name = "other" }))}
+	return serversWith(t, nil)
+}
+
+func serversWith(t testing.TB, p PolicyEvaluator) (mutating, validating http.Handler) {
+	t.Helper()
+	w := &Deployment{Options: testOptions(), Lister: staticLister(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policy: p}
 	m, v := w.Handlers(nil)
 	no := false
 	m.RecoverPanic, v.RecoverPanic = &no, &no
@@ -172,7 +181,7 @@ func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 	assert.Equal(t, []string{
 		"add /metadata/annotations/deployguard.io~1defaulted",
 		"add /metadata/finalizers",
-		"replace /spec/strategy/rollingUpdate/maxUnavailable",
+		"add /spec/strategy/rollingUpdate/maxUnavailable",
 	}, paths)
 
 	// Applying the patch and admitting again: nothing more to change.
@@ -182,6 +191,47 @@ func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 	resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, again, nil)))
 	assert.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch, "idempotent through HTTP too")
+}
+
+// The patch, applied to the request's object as the API server applies it,
+// gives exactly what Default computes.
+func TestMutatingPatchAppliesToDefault(t *testing.T) {
+	mutating, _ := servers(t)
+	tests := map[string]*appsv1.Deployment{
+		"realistic": realistic(),
+		"no selector, no annotations": func() *appsv1.Deployment {
+			d := stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil })
+			d.Annotations = nil
+			return d
+		}(),
+		"no rollingUpdate (defaulting bypassed)": stored(func(d *appsv1.Deployment) {
+			d.Spec.Strategy.RollingUpdate = nil
+			d.Spec.RevisionHistoryLimit = nil
+			d.Spec.ProgressDeadlineSeconds = nil
+		}),
+		"both strategy fields": stored(func(d *appsv1.Deployment) {
+			d.Spec.Strategy.RollingUpdate.MaxSurge = nil
+			d.Annotations = map[string]string{"a/b~c": "x"}
+		}),
+	}
+	for name, d := range tests {
+		t.Run(name, func(t *testing.T) {
+			raw := mustJSON(t, d)
+			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+			require.True(t, resp.Allowed, "%v", resp.Result)
+			p, err := jsonpatch5.DecodePatch(resp.Patch)
+			require.NoError(t, err)
+			patched, err := p.Apply(raw)
+			require.NoError(t, err)
+			got := &appsv1.Deployment{}
+			require.NoError(t, json.Unmarshal(patched, got))
+
+			want := d.DeepCopy()
+			_, errs := Default(want, nil, testOptions())
+			require.Empty(t, errs)
+			assert.Equal(t, want, got)
+		})
+	}
 }
 
 // FuzzHandlers feeds the webhooks arbitrary request bodies; each must answer
@@ -223,7 +273,15 @@ func FuzzHandlers(f *testing.F) {
 // check and encode again (validating), on a realistic ~8 KB Deployment. The
 // p99 of single requests is reported as a metric.
 func BenchmarkAdmission(b *testing.B) {
-	mutating, validating := servers(b)
+	b.Run("go-checks", func(b *testing.B) { benchmarkAdmission(b, nil) })
+	eng, err := policy.New(policy.Options{})
+	require.NoError(b, err)
+	require.NoError(b, eng.Load(context.Background(), policy.Builtins()))
+	b.Run("with-builtin-policies", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}) })
+}
+
+func benchmarkAdmission(b *testing.B, p PolicyEvaluator) {
+	mutating, validating := serversWith(b, p)
 	d := realistic()
 	create := review(b, admissionv1.Create, d, nil)
 	b.Logf("request size: %d bytes (object %d bytes)", len(create), len(mustJSON(b, d)))

@@ -30,9 +30,15 @@ func (p RegoPolicies) EvaluateDeployment(ctx context.Context, in PolicyInput) Po
 	}
 	if in.Object != nil {
 		req.Object, req.Name = in.Object, in.Object.Name
+		if len(in.ObjectRaw) > 0 {
+			req.Object = in.ObjectRaw
+		}
 	}
 	if in.OldObject != nil {
 		req.OldObject = in.OldObject
+		if len(in.OldObjectRaw) > 0 {
+			req.OldObject = in.OldObjectRaw
+		}
 		if req.Name == "" {
 			req.Name = in.OldObject.Name
 		}

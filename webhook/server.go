@@ -42,7 +42,7 @@ func newScheme() *runtime.Scheme {
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
 func (w *Deployment) Handlers(m *Metrics) (mutating, validating *admission.Webhook) {
-	mutating = admission.WithDefaulter[*appsv1.Deployment](scheme, w)
+	mutating = &admission.Webhook{Handler: mutator{w: w}}
 	validating = admission.WithValidator[*appsv1.Deployment](scheme, w)
 	mutating.Handler = instrument("mutating", mutating.Handler, m)
 	validating.Handler = instrument("validating", validating.Handler, m)

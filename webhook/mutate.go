@@ -1,0 +1,99 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// mutator serves the mutating webhook. It runs the same Default as the
+// admission.Defaulter, but writes the JSON patch from the fields Default says it
+// changed, instead of controller-runtime's generic diff of the whole re-encoded
+// object against the request (two full JSON round trips, about 1 ms and 3,600
+// allocations on an 8 KB Deployment). The patch then touches exactly what the
+// guard changed, which is also what the defaulted annotation lists.
+type mutator struct{ w *Deployment }
+
+func (m mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		return admission.Allowed("")
+	}
+	d := &appsv1.Deployment{}
+	if err := runtime.DecodeInto(decoder, req.Object.Raw, d); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
+	}
+	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
+	ctx = admission.NewContextWithRequest(ctx, req)
+	old, err := oldObject(ctx)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	changed, errs := Default(d, old, m.w.Options)
+	if len(errs) > 0 {
+		st := apierrors.NewInvalid(deploymentGK, d.Name, errs).Status()
+		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
+	}
+	if len(changed) == 0 {
+		return admission.Allowed("")
+	}
+	return admission.Patched("", patchFor(d, changed, had)...)
+}
+
+// presence says which parents of the patched fields the request's object had.
+type presence struct{ annotations, rollingUpdate bool }
+
+// patchFor returns the JSON patch that sets the changed fields of d. "add" on
+// an object member replaces it when it exists (RFC 6902), so it serves for
+// fields that were there and for those that were not; a missing parent is
+// added whole.
+func patchFor(d *appsv1.Deployment, changed []string, had presence) []jsonpatch.Operation {
+	ops := make([]jsonpatch.Operation, 0, len(changed)+1)
+	add := func(path string, v any) { ops = append(ops, jsonpatch.NewOperation("add", path, v)) }
+	strategy := false
+	for _, f := range changed {
+		switch f {
+		case defaultedSelector:
+			add("/spec/selector", d.Spec.Selector)
+		case defaultedMaxSurge, defaultedMaxUnavailable:
+			ru := d.Spec.Strategy.RollingUpdate
+			switch {
+			case had.rollingUpdate && f == defaultedMaxSurge:
+				add("/spec/strategy/rollingUpdate/maxSurge", ru.MaxSurge)
+			case had.rollingUpdate:
+				add("/spec/strategy/rollingUpdate/maxUnavailable", ru.MaxUnavailable)
+			case !strategy:
+				// The API server always fills rollingUpdate in; a request
+				// that went around its defaulting gets the whole strategy.
+				add("/spec/strategy", d.Spec.Strategy)
+				strategy = true
+			}
+		case defaultedRevisionHistory:
+			add("/spec/revisionHistoryLimit", *d.Spec.RevisionHistoryLimit)
+		case defaultedProgressDeadline:
+			add("/spec/progressDeadlineSeconds", *d.Spec.ProgressDeadlineSeconds)
+		case defaultedFinalizers:
+			add("/metadata/finalizers", d.Finalizers)
+		}
+	}
+	if had.annotations {
+		add("/metadata/annotations/"+escapePointer(vocab.AnnotationDefaulted), d.Annotations[vocab.AnnotationDefaulted])
+	} else {
+		add("/metadata/annotations", map[string]string{vocab.AnnotationDefaulted: d.Annotations[vocab.AnnotationDefaulted]})
+	}
+	return ops
+}
+
+// escapePointer escapes a JSON pointer token (RFC 6901).
+func escapePointer(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+}
