@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: all build tools run test test-unit test-rego test-fuzz-seeds test-integration test-e2e bench lint kustomize clean help
+.PHONY: all build tools run test test-unit test-integration test-e2e test-tls bench kustomize clean help
 
 all: build
 
@@ -36,7 +36,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-e2e ## every tier
+test: test-unit test-integration test-e2e test-tls ## every tier
 
 test-unit: ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
@@ -46,6 +46,9 @@ test-integration: tools build ## webhooks and policies through a real kube-apise
 
 test-e2e: tools build ## end-to-end tests on a full local cluster (kube-controller-manager, kwok nodes)
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 40m -p 1 ./test/e2e/...
+
+test-tls: tools build ## webhook TLS: cert-manager's own controllers, the self-managed path, rotation under load
+	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 30m -p 1 ./test/tls/...
 
 bench: ## admission and policy benchmarks
 	$(GOTEST) -run '^$$' -bench . -benchmem ./webhook/ ./policy/

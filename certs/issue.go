@@ -1,22 +1,24 @@
 // Package certs decides where the webhook server's certificate comes from: files
 // mounted from a Secret that cert-manager issues, or a CA and serving
 // certificate that the guard issues for itself, stores in a Secret, and injects
-// into its own webhook configurations.
+// into its own webhook configurations. It also checks, for either source, that
+// the certificate being served is the one the API server trusts.
 package certs
 
 import (
-	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
 	"net"
-	"slices"
+	"strings"
 	"time"
 )
 
@@ -24,6 +26,12 @@ import (
 type KeyPair struct {
 	CertPEM []byte
 	KeyPEM  []byte
+}
+
+// backdate is how far back NotBefore is set, to tolerate clocks a little
+// behind: a minute, or a tenth of a short validity (tests).
+func backdate(validity time.Duration) time.Duration {
+	return min(time.Minute, validity/10)
 }
 
 // NewCA issues a self-signed CA valid from now for validity.
@@ -35,7 +43,7 @@ func NewCA(now time.Time, validity time.Duration) (KeyPair, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
 		Subject:               pkix.Name{CommonName: "deployguard-webhook-ca", Organization: []string{"deployguard.io"}},
-		NotBefore:             now.Add(-time.Minute), // tolerate small clock skew
+		NotBefore:             now.Add(-backdate(validity)),
 		NotAfter:              now.Add(validity),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
@@ -49,6 +57,7 @@ func NewCA(now time.Time, validity time.Duration) (KeyPair, error) {
 }
 
 // NewServing issues a serving certificate for dnsNames and ips, signed by ca.
+// It never outlives the CA that vouches for it.
 func NewServing(ca KeyPair, dnsNames []string, ips []net.IP, now time.Time, validity time.Duration) (KeyPair, error) {
 	caCert, caKey, err := ca.parse()
 	if err != nil {
@@ -64,14 +73,14 @@ func NewServing(ca KeyPair, dnsNames []string, ips []net.IP, now time.Time, vali
 	}
 	notAfter := now.Add(validity)
 	if notAfter.After(caCert.NotAfter) {
-		notAfter = caCert.NotAfter // never outlive the CA that vouches for it
+		notAfter = caCert.NotAfter
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: cn},
 		DNSNames:     dnsNames,
 		IPAddresses:  ips,
-		NotBefore:    now.Add(-time.Minute),
+		NotBefore:    now.Add(-backdate(validity)),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
@@ -155,73 +164,149 @@ func ParseBundle(p []byte) ([]*x509.Certificate, error) {
 }
 
 // Verify checks that the serving certificate chains to one of the CAs in
-// bundle at now and is valid for every name in dnsNames; the error says what
-// differs.
-func Verify(servingPEM, bundle []byte, dnsNames []string, now time.Time) error {
+// bundle at now and is valid for every name in hostnames (DNS names or IP
+// addresses, as the API server dials them); the error says what differs.
+func Verify(servingPEM, bundle []byte, hostnames []string, now time.Time) error {
 	leaf, err := ParseCertificate(servingPEM)
 	if err != nil {
 		return fmt.Errorf("serving certificate: %w", err)
 	}
-	roots := x509.NewCertPool()
 	cas, err := ParseBundle(bundle)
 	if err != nil {
 		return fmt.Errorf("CA bundle: %w", err)
 	}
+	return verifyLeaf(leaf, cas, hostnames, now)
+}
+
+// verifyLeaf is Verify on parsed certificates.
+func verifyLeaf(leaf *x509.Certificate, cas []*x509.Certificate, hostnames []string, now time.Time) error {
+	roots := x509.NewCertPool()
 	for _, c := range cas {
 		roots.AddCert(c)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		return fmt.Errorf("serving certificate (serial %x, issuer %q) does not chain to the CA bundle (%d CAs): %w",
-			leaf.SerialNumber, leaf.Issuer.CommonName, len(cas), err)
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	if err != nil {
+		return fmt.Errorf("serving certificate %s does not chain to the CA bundle [%s]: %s", Describe(leaf), describeAll(cas), why(leaf, cas, now, err))
 	}
-	for _, n := range dnsNames {
+	for _, n := range hostnames {
 		if err := leaf.VerifyHostname(n); err != nil {
-			return fmt.Errorf("serving certificate is not valid for %q: %w", n, err)
+			return fmt.Errorf("serving certificate %s is not valid for %q (it names %s)", Describe(leaf), n, names(leaf))
 		}
 	}
 	return nil
 }
 
-// needsRenewal reports whether a certificate must be replaced now: unreadable,
-// past two thirds of its life, or not covering the wanted names.
-func needsRenewal(certPEM []byte, dnsNames []string, ips []net.IP, now time.Time) bool {
-	c, err := ParseCertificate(certPEM)
-	if err != nil {
-		return true
+// why turns a verification error into what an operator compares: which CA
+// signed the certificate, and whether the bundle holds it.
+func why(leaf *x509.Certificate, cas []*x509.Certificate, now time.Time, err error) string {
+	var inv x509.CertificateInvalidError
+	if errors.As(err, &inv) && inv.Reason == x509.Expired {
+		if now.Before(leaf.NotBefore) {
+			return fmt.Sprintf("it is not valid before %s", leaf.NotBefore.UTC().Format(time.RFC3339))
+		}
+		if now.After(leaf.NotAfter) {
+			return fmt.Sprintf("it expired at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
+		}
+		return "a CA of its chain is expired or not yet valid"
 	}
-	life := c.NotAfter.Sub(c.NotBefore)
-	if now.After(c.NotBefore.Add(life * 2 / 3)) {
-		return true
+	var unknown x509.UnknownAuthorityError
+	if errors.As(err, &unknown) {
+		issuer := fmt.Sprintf("it was signed by %q", leaf.Issuer.CommonName)
+		if len(leaf.AuthorityKeyId) > 0 {
+			issuer += fmt.Sprintf(" (key id %s)", shortHex(leaf.AuthorityKeyId))
+		}
+		return issuer + ", which the bundle does not hold"
 	}
-	for _, n := range dnsNames {
-		if !slices.Contains(c.DNSNames, n) {
-			return true
+	return err.Error()
+}
+
+// Describe names a certificate the way an operator compares two of them.
+func Describe(c *x509.Certificate) string {
+	if c == nil {
+		return "<none>"
+	}
+	return fmt.Sprintf("%q (serial %s, issuer %q, valid %s to %s)", c.Subject.CommonName, shortHex(c.SerialNumber.Bytes()),
+		c.Issuer.CommonName, c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
+}
+
+func describeAll(cs []*x509.Certificate) string {
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, Describe(c))
+	}
+	return strings.Join(out, ", ")
+}
+
+func names(c *x509.Certificate) string {
+	var out []string
+	out = append(out, c.DNSNames...)
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	if len(out) == 0 {
+		return "no names"
+	}
+	return strings.Join(out, ", ")
+}
+
+// shortHex is the first 8 bytes of b in hex: enough to tell certificates apart
+// in a log line.
+func shortHex(b []byte) string {
+	if len(b) > 8 {
+		return hex.EncodeToString(b[:8]) + "…"
+	}
+	return hex.EncodeToString(b)
+}
+
+// fingerprint is the SHA-256 of b, in hex.
+func fingerprint(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// composeBundle is the trust bundle for the webhook configurations: first the
+// CAs in use (the signing CA, then one waiting to take over), then every CA of
+// old that is still valid at now and not listed yet. Keeping an older CA until
+// it expires keeps trusted every serving certificate it signed, whichever
+// replica still serves one: such a certificate never outlives its CA.
+func composeBundle(now time.Time, old []byte, inUse ...*x509.Certificate) []byte {
+	var out []*x509.Certificate
+	add := func(c *x509.Certificate) {
+		for _, have := range out {
+			if have.Equal(c) {
+				return
+			}
+		}
+		out = append(out, c)
+	}
+	for _, c := range inUse {
+		if c != nil {
+			add(c)
 		}
 	}
-	for _, ip := range ips {
-		if !slices.ContainsFunc(c.IPAddresses, ip.Equal) {
+	olds, _ := ParseBundle(old)
+	for _, c := range olds {
+		if !now.After(c.NotAfter) {
+			add(c)
+		}
+	}
+	var b []byte
+	for _, c := range out {
+		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return b
+}
+
+// bundleHolds reports whether the PEM bundle holds ca.
+func bundleHolds(bundle []byte, ca *x509.Certificate) bool {
+	cs, err := ParseBundle(bundle)
+	if err != nil {
+		return false
+	}
+	for _, c := range cs {
+		if c.Equal(ca) {
 			return true
 		}
 	}
 	return false
-}
-
-// bundleWith returns a CA bundle holding ca first and then those of old that are
-// still valid and different, so that clients keep trusting certificates signed
-// by a CA that is being replaced.
-func bundleWith(ca []byte, old []byte, now time.Time) []byte {
-	out := bytes.TrimSpace(ca)
-	newCA, err := ParseCertificate(ca)
-	if err != nil {
-		return ca
-	}
-	olds, _ := ParseBundle(old)
-	for _, c := range olds {
-		if c.Equal(newCA) || now.After(c.NotAfter) {
-			continue
-		}
-		out = append(out, '\n')
-		out = append(out, bytes.TrimSpace(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))...)
-	}
-	return append(out, '\n')
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,6 +27,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	cmapi "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
@@ -55,6 +58,11 @@ type serveFlags struct {
 	mutatingName   string
 	validatingName string
 
+	caValidity      time.Duration
+	certValidity    time.Duration
+	certSyncPeriod  time.Duration
+	certCheckPeriod time.Duration
+
 	metricsAddr    string
 	probeAddr      string
 	leaderElect    bool
@@ -78,8 +86,12 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	fs.StringVar(&f.certSecret, "cert-secret", "deployguard-webhook-tls", "self-managed: the Secret in --namespace that holds the CA and serving certificate")
 	fs.StringVar(&f.dnsNames, "cert-dns-names", "deployguard-webhook.deployguard-system.svc", "self-managed: comma-separated DNS names of the serving certificate")
 	fs.StringVar(&f.ipAddresses, "cert-ip-addresses", "", "self-managed: comma-separated IP addresses of the serving certificate")
-	fs.StringVar(&f.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "self-managed: the MutatingWebhookConfiguration to inject the CA bundle into")
-	fs.StringVar(&f.validatingName, "validating-webhook-configuration", "deployguard-validating", "self-managed: the ValidatingWebhookConfiguration to inject the CA bundle into")
+	fs.StringVar(&f.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration: /readyz checks its caBundle trusts the served certificate; self-managed: the CA bundle is injected into it")
+	fs.StringVar(&f.validatingName, "validating-webhook-configuration", "deployguard-validating", "the guard's ValidatingWebhookConfiguration: /readyz checks its caBundle trusts the served certificate; self-managed: the CA bundle is injected into it")
+	fs.DurationVar(&f.caValidity, "self-managed-ca-validity", 365*24*time.Hour, "self-managed: validity of the CA (renewed at two thirds); shortened only by tests")
+	fs.DurationVar(&f.certValidity, "self-managed-cert-validity", 30*24*time.Hour, "self-managed: validity of the serving certificate (renewed at two thirds); shortened only by tests")
+	fs.DurationVar(&f.certSyncPeriod, "self-managed-sync-period", time.Minute, "self-managed: how often every replica checks the certificate Secret, its files and the injected CA bundle")
+	fs.DurationVar(&f.certCheckPeriod, "cert-check-period", time.Minute, "how often the served certificate's expiry is read (metric deployguard_serving_certificate_expiry_seconds, warning event)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (0 to disable)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "elect a leader for the reconciler, so that several replicas can serve the webhooks")
@@ -140,6 +152,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(cmapi.AddToScheme(scheme)) // read on the cert-manager path, never cached
 
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
 		c.MinVersion = tls.VersionTLS12
@@ -205,28 +218,8 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 		return fmt.Errorf("setting up the rollout reconciler: %w", err)
 	}
 
-	if f.certMode == "self-managed" {
-		direct, err := client.New(restCfg, client.Options{Scheme: scheme})
-		if err != nil {
-			return fmt.Errorf("creating a client: %w", err)
-		}
-		sm := &certs.SelfManaged{
-			Client:         direct,
-			Namespace:      f.namespace,
-			SecretName:     f.certSecret,
-			DNSNames:       splitList(f.dnsNames),
-			IPAddresses:    f.ips,
-			CertDir:        f.certDir,
-			MutatingName:   f.mutatingName,
-			ValidatingName: f.validatingName,
-		}
-		// The certificate must be on disk before the webhook server starts.
-		if err := sm.Bootstrap(ctx); err != nil {
-			return fmt.Errorf("issuing the self-managed serving certificate: %w", err)
-		}
-		if err := mgr.Add(sm); err != nil {
-			return err
-		}
+	if err := setupCerts(ctx, mgr, f, restCfg, scheme); err != nil {
+		return err
 	}
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -239,6 +232,61 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	log.Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
 		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
 	return mgr.Start(ctx)
+}
+
+// setupCerts wires where the serving certificate comes from (--cert-mode), the
+// readiness check that it is the one the API server trusts for the guard's
+// webhooks, and its expiry metric and warning.
+func setupCerts(ctx context.Context, mgr ctrl.Manager, f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) error {
+	// The Secret and cert-manager's Certificate are read directly, never
+	// cached; so are the webhook configurations the self-managed mode writes.
+	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating a client: %w", err)
+	}
+	if f.certMode == "self-managed" {
+		sm := &certs.SelfManaged{
+			Client:         direct,
+			Namespace:      f.namespace,
+			SecretName:     f.certSecret,
+			DNSNames:       splitList(f.dnsNames),
+			IPAddresses:    f.ips,
+			CertDir:        f.certDir,
+			MutatingName:   f.mutatingName,
+			ValidatingName: f.validatingName,
+			CALife:         f.caValidity,
+			LeafLife:       f.certValidity,
+			SyncEvery:      f.certSyncPeriod,
+		}
+		// The certificate must be on disk before the webhook server starts.
+		if err := sm.Bootstrap(ctx); err != nil {
+			return fmt.Errorf("issuing the self-managed serving certificate: %w", err)
+		}
+		if err := mgr.Add(sm); err != nil {
+			return err
+		}
+	}
+	host := f.webhookHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	served := certs.DialServed(net.JoinHostPort(host, strconv.Itoa(f.webhookPort)), "")
+	check := &certs.ServingCheck{
+		Configurations: mgr.GetClient(), Client: direct, Served: served,
+		MutatingName: f.mutatingName, ValidatingName: f.validatingName, Log: ctrl.Log.WithName("certs"),
+	}
+	if err := mgr.AddReadyzCheck("serving-certificate", check.Check); err != nil {
+		return err
+	}
+	cm, err := certs.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	return mgr.Add(&certs.ExpiryMonitor{
+		Served: served, Metrics: cm, Recorder: mgr.GetEventRecorder("deployguard"),
+		PodName: os.Getenv("POD_NAME"), PodNamespace: f.namespace, PodUID: os.Getenv("POD_UID"),
+		ValidatingName: f.validatingName, Every: f.certCheckPeriod,
+	})
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -57,6 +57,11 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// GuardCertDir is the guard's --cert-dir under its work folder: where it writes
+// its self-managed certificate, or where a test puts the files it serves with
+// --cert-mode files.
+func GuardCertDir(workDir string) string { return filepath.Join(workDir, "tls") }
+
 // StartGuard starts the guard in self-managed certificate mode on loopback and
 // returns once the process runs; WaitReady waits for /readyz.
 func StartGuard(opts GuardOptions) (*Guard, error) {
@@ -82,7 +87,7 @@ func StartGuard(opts GuardOptions) (*Guard, error) {
 		"--kubeconfig", opts.Kubeconfig,
 		"--namespace", GuardNamespace,
 		"--cert-mode", "self-managed",
-		"--cert-dir", filepath.Join(opts.WorkDir, "tls"),
+		"--cert-dir", GuardCertDir(opts.WorkDir),
 		"--cert-dns-names", "localhost",
 		"--cert-ip-addresses", "127.0.0.1",
 		"--webhook-host", "127.0.0.1",
