@@ -239,7 +239,7 @@ func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
 	assert.Less(t, lastPodGone, rssGone[0].rv, "the pods were gone before the first ReplicaSet")
 	assert.Less(t, deploymentGone, rssGone[0].rv, "the ReplicaSets went after the Deployment, by garbage collection")
 
-	reasons := eventReasons(ctx, t, ns, "web")
+	reasons := waitEvents(t, ns, "web", vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded)
 	for _, r := range []string{vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded} {
 		assert.Equal(t, 1, count(reasons, r), "one %s event in %v", r, reasons)
 	}
@@ -329,7 +329,7 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	require.NoError(t, release())
 	waitGone(t, ns, "slow", 30*time.Second)
 
-	reasons := eventReasons(ctx, t, ns, "slow")
+	reasons := waitEvents(t, ns, "slow", vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded)
 	for _, r := range []string{vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded} {
 		assert.Equal(t, 1, count(reasons, r), "one %s event in %v", r, reasons)
 	}
@@ -382,7 +382,7 @@ func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 	_, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "delete", "deployment", "precious", "-n", ns, "--wait=false")
 	require.NoError(t, err)
 	waitGone(t, ns, "precious", 30*time.Second)
-	assert.Contains(t, eventReasons(ctx, t, ns, "precious"), vocab.ReasonRecorded)
+	waitEvents(t, ns, "precious", vocab.ReasonRecorded)
 }
 
 // Deleting a namespace of guarded Deployments completes within the drain

@@ -99,7 +99,7 @@ func TestBadRolloutIsRolledBackLikeRolloutUndo(t *testing.T) {
 	assert.Equal(t, "shop:1.0", got.Spec.Template.Spec.Containers[0].Image)
 	assert.Empty(t, got.Spec.Template.Spec.NodeSelector)
 	assert.NotEmpty(t, vocab.QuarantinedTemplates(got), "the failed template is quarantined")
-	assert.Contains(t, eventReasons(ctx, t, guarded, "shop"), vocab.ReasonAutoRollback)
+	waitEvents(t, guarded, "shop", vocab.ReasonAutoRollback)
 
 	// The same rollback by hand, on the twin.
 	waitDeadlineExceeded(t, twin, "shop")
@@ -128,7 +128,7 @@ func TestTwoBadRolloutsInARowGoBackToTheLastKnownGood(t *testing.T) {
 	d = waitRolledBack(t, ns, "api", 4)
 	assert.Equal(t, "api:1", d.Spec.Template.Spec.Containers[0].Image, "back to the last known-good, never to the bad revision before")
 	assert.Equal(t, []string{vocab.ReasonAutoRollback, vocab.ReasonAutoRollback},
-		filter(eventReasons(context.Background(), t, ns, "api"), vocab.ReasonAutoRollback))
+		filter(waitEvents(t, ns, "api", vocab.ReasonAutoRollback, vocab.ReasonAutoRollback), vocab.ReasonAutoRollback))
 }
 
 func TestPausedDeploymentIsLeftAloneUntilResumed(t *testing.T) {
@@ -223,7 +223,11 @@ func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 	assert.Never(t, func() bool {
 		return get(ctx, t, ns, "crashy").Generation != generation
 	}, 3*time.Second, 100*time.Millisecond, "the Deployment was changed again after the rollback")
-	assert.Equal(t, []string{vocab.ReasonAutoRollback}, filter(eventReasons(ctx, t, ns, "crashy"), vocab.ReasonAutoRollback))
+	// The Never window above gave the recorder time to flush. The guard was
+	// killed right after its write, so the event of that write may be lost;
+	// a second one would mean a second rollback.
+	assert.LessOrEqual(t, len(filter(eventReasons(ctx, t, ns, "crashy"), vocab.ReasonAutoRollback)), 1)
+	assert.Equal(t, "2", get(ctx, t, ns, "crashy").Annotations[vocab.AnnotationRolledBackRevision])
 }
 
 // TestRollbackReactionTime measures, over 20 rollbacks, the time from the

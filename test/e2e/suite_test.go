@@ -231,3 +231,32 @@ func eventReasons(ctx context.Context, t *testing.T, ns, name string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// waitEvents waits until the guard's events about a Deployment include each of
+// want at least as often as it is listed (the recorder writes events
+// asynchronously, so they may land after the change they tell of), and returns
+// all the reasons.
+func waitEvents(t *testing.T, ns, name string, want ...string) []string {
+	t.Helper()
+	var reasons []string
+	waitFor(t, 15*time.Second, fmt.Sprintf("events %v about %s/%s", want, ns, name), func(ctx context.Context) (bool, string, error) {
+		reasons = eventReasons(ctx, t, ns, name)
+		need := map[string]int{}
+		for _, w := range want {
+			need[w]++
+		}
+		for r, n := range need {
+			got := 0
+			for _, x := range reasons {
+				if x == r {
+					got++
+				}
+			}
+			if got < n {
+				return false, fmt.Sprint(reasons), nil
+			}
+		}
+		return true, "", nil
+	})
+	return reasons
+}
