@@ -141,7 +141,6 @@ const (
 	ReasonNoKnownGoodRevision = "NoKnownGoodRevision"
 	ReasonRollbackFailed      = "RollbackFailed"
 	ReasonRollbackLoop        = "RollbackLoopStopped"
-	ReasonRefused             = "AdmissionRefused"
 
 	// Cleanup on deletion, one step per finalizer.
 	ReasonDrainStarted     = "DrainStarted"
