@@ -182,8 +182,7 @@ func (r *DeploymentReconciler) reconcileDelete(ctx context.Context, d *appsv1.De
 		}
 		if err != nil {
 			if apierrors.IsConflict(err) {
-				log.V(1).Info("Object changed during a cleanup step; requeued", "reason", "Conflict", "step", plan.Step)
-				return ctrl.Result{Requeue: true}, nil
+				return requeueOnConflict(ctx, err, "Object changed during a cleanup step; requeued", "step", plan.Step)
 			}
 			return ctrl.Result{}, fmt.Errorf("cleanup step %s: %w", plan.Step, err)
 		}
@@ -192,8 +191,7 @@ func (r *DeploymentReconciler) reconcileDelete(ctx context.Context, d *appsv1.De
 		}
 		if err := r.removeFinalizers(ctx, d, func(f string) bool { return f == plan.Finalizer }); err != nil {
 			if apierrors.IsConflict(err) {
-				log.V(1).Info("Deployment changed before its finalizer was removed; requeued", "reason", "Conflict", "finalizer", plan.Finalizer)
-				return ctrl.Result{Requeue: true}, nil
+				return requeueOnConflict(ctx, err, "Deployment changed before its finalizer was removed; requeued", "finalizer", plan.Finalizer)
 			}
 			r.emitRemovalRefused(d, ns, err)
 			return ctrl.Result{}, fmt.Errorf("removing finalizer %s: %w", plan.Finalizer, err)
@@ -217,7 +215,7 @@ func (r *DeploymentReconciler) skipCleanup(ctx context.Context, d *appsv1.Deploy
 	removed := slices.DeleteFunc(slices.Clone(d.Finalizers), func(f string) bool { return !vocab.IsGuardFinalizer(f) })
 	if err := r.removeFinalizers(ctx, d, vocab.IsGuardFinalizer); err != nil {
 		if apierrors.IsConflict(err) {
-			return ctrl.Result{Requeue: true}, nil
+			return requeueOnConflict(ctx, err, "Deployment changed before the guard's finalizers were removed; requeued")
 		}
 		r.emitRemovalRefused(d, ns, err)
 		return ctrl.Result{}, fmt.Errorf("removing the guard's finalizers: %w", err)

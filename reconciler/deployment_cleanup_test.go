@@ -252,10 +252,6 @@ func pod(rs *appsv1.ReplicaSet, name string, phase corev1.PodPhase) *corev1.Pod 
 	}
 }
 
-func scaled(n int32) func(*appsv1.ReplicaSet) {
-	return func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr.To(n) }
-}
-
 func (e *env) reconcileResult() ctrl.Result {
 	e.t.Helper()
 	res, err := e.r.Reconcile(ctrl.LoggerInto(context.Background(), ctrl.Log), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "shop", Name: "web"}})
@@ -613,7 +609,7 @@ func TestFinalizerRemovalConflict(t *testing.T) {
 	}
 
 	res := e.reconcileResult()
-	assert.True(t, res.Requeue) //nolint:staticcheck // the rate-limited requeue, as the rollback phases use it
+	assert.Equal(t, conflictRetry, res.RequeueAfter, "decided again from a fresh read")
 	assert.Equal(t, []string{vocab.FinalizerRecord, otherFinalizer}, e.deployment().Finalizers)
 	assert.Empty(t, e.events(), "nothing told about a removal that did not happen")
 

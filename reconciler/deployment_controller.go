@@ -227,13 +227,7 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, d, allRSs); err != nil {
-			if apierrors.IsConflict(err) {
-				// Someone wrote first: an ordinary race, decided again from a
-				// fresh read without an error in the logs.
-				ctrl.LoggerFrom(ctx).V(1).Info("Deployment changed while reconciling; requeued", "reason", "Conflict")
-				return ctrl.Result{Requeue: true}, nil
-			}
-			return ctrl.Result{}, err
+			return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 		}
 	}
 	return ctrl.Result{}, nil
@@ -292,4 +286,19 @@ func namespaceChanged() predicate.Funcs {
 				(e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil)
 		},
 	}
+}
+
+// conflictRetry is when a request whose write lost a race is decided again.
+// The watch event of the winning write usually brings it back sooner.
+const conflictRetry = 250 * time.Millisecond
+
+// requeueOnConflict turns a conflict into a quiet requeue: someone wrote first,
+// an ordinary race decided again from a fresh read, not an error for the logs.
+// Any other error is returned as it is.
+func requeueOnConflict(ctx context.Context, err error, msg string, keysAndValues ...any) (ctrl.Result, error) {
+	if !apierrors.IsConflict(err) {
+		return ctrl.Result{}, err
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info(msg, append([]any{"reason", "Conflict"}, keysAndValues...)...)
+	return ctrl.Result{RequeueAfter: conflictRetry}, nil
 }

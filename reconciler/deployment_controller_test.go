@@ -278,7 +278,7 @@ func TestReconcileRollbackConflictDecidesAgain(t *testing.T) {
 
 	res, err := e.r.Reconcile(ctrl.LoggerInto(context.Background(), ctrl.Log), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "shop", Name: "web"}})
 	require.NoError(t, err, "a conflict is an ordinary race, not an error")
-	assert.True(t, res.Requeue, "the conflict is requeued so the request is decided again")
+	assert.Equal(t, conflictRetry, res.RequeueAfter, "the conflict is requeued so the request is decided again")
 	assert.Equal(t, 1.0, e.rollbacks(resultConflict))
 	assert.Empty(t, e.events(), "nothing told about a write that did not happen")
 	got := e.deployment()

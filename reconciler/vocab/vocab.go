@@ -193,15 +193,3 @@ func ParseTemplateList(s string) []string {
 	}
 	return out
 }
-
-// IsQuarantined reports whether the pod template is in the Deployment's
-// quarantine list.
-func IsQuarantined(d *appsv1.Deployment, t *corev1.PodTemplateSpec) bool {
-	h := TemplateHash(t)
-	for _, q := range QuarantinedTemplates(d) {
-		if q == h {
-			return true
-		}
-	}
-	return false
-}

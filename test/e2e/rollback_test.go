@@ -34,13 +34,6 @@ func update(t *testing.T, ns, name string, mutate func(*appsv1.Deployment)) erro
 	})
 }
 
-func setImage(image string) func(*appsv1.Deployment) {
-	return func(d *appsv1.Deployment) {
-		d.Spec.Template.Spec.Containers[0].Image = image
-		d.Spec.Template.Spec.NodeSelector = nil
-	}
-}
-
 func breakImage(image string) func(*appsv1.Deployment) {
 	return func(d *appsv1.Deployment) { breakTemplate(&d.Spec.Template, image) }
 }
