@@ -55,22 +55,7 @@ type Deployment struct {
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
 }
 
-var (
-	_ admission.Defaulter[*appsv1.Deployment] = &Deployment{}
-	_ admission.Validator[*appsv1.Deployment] = &Deployment{}
-)
-
-// Default fills in the cluster's defaults (see Default).
-func (w *Deployment) Default(ctx context.Context, d *appsv1.Deployment) error {
-	old, err := oldObject(ctx)
-	if err != nil {
-		return err
-	}
-	if _, errs := Default(d, old, w.Options); len(errs) > 0 {
-		return apierrors.NewInvalid(deploymentGK, d.Name, errs)
-	}
-	return nil
-}
+var _ admission.Validator[*appsv1.Deployment] = &Deployment{}
 
 // ValidateCreate runs every check on a new Deployment.
 func (w *Deployment) ValidateCreate(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {

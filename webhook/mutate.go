@@ -16,10 +16,10 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// mutator serves the mutating webhook. It runs the same Default as the
-// admission.Defaulter, but writes the JSON patch from the fields Default says it
-// changed, instead of controller-runtime's generic diff of the whole re-encoded
-// object against the request (two full JSON round trips, about 1 ms and 3,600
+// mutator serves the mutating webhook. It is not an admission.Defaulter: it
+// writes the JSON patch from the fields Default says it changed, instead of
+// controller-runtime's generic diff of the whole re-encoded object against the
+// request (two full JSON round trips, about 1 ms and 3,600
 // allocations on an 8 KB Deployment). The patch then touches exactly what the
 // guard changed, which is also what the defaulted annotation lists.
 type mutator struct{ w *Deployment }

@@ -76,8 +76,6 @@ var deploymentGVK = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: 
 func instrument(name string, next admission.Handler, m *Metrics) admission.Handler {
 	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		start := time.Now()
-		log := ctrl.LoggerFrom(ctx).WithValues("webhook", name, "operation", req.Operation,
-			"deployment", klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID)
 
 		var resp admission.Response
 		switch {
@@ -101,7 +99,9 @@ func instrument(name string, next admission.Handler, m *Metrics) admission.Handl
 			if resp.Result != nil {
 				reason, msg = string(resp.Result.Reason), resp.Result.Message
 			}
-			log.Info("refused", "reason", reason, "message", msg, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
+			ctrl.LoggerFrom(ctx).Info("refused", "webhook", name, "operation", req.Operation,
+				"deployment", klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID,
+				"reason", reason, "message", msg, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
 		}
 		return resp
 	})

@@ -98,11 +98,7 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 		return exitUsage
 	}
-	pipe, err := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
-	if err != nil {
-		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
-		return exitUsage
-	}
+	pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
 	user := authenticationv1.UserInfo{Username: f.username, Groups: splitList(f.groups)}
 
 	var results []checkResult
@@ -346,18 +342,17 @@ func (p *pipeline) admit(ctx context.Context, d *appsv1.Deployment, user authent
 func problemsOf(errs field.ErrorList) []checkProblem {
 	out := make([]checkProblem, 0, len(errs))
 	for _, e := range errs {
-		msg := e.ErrorBody()
-		out = append(out, checkProblem{Field: e.Field, Message: msg})
+		out = append(out, checkProblem{Field: e.Field, Message: e.ErrorBody()})
 	}
 	return out
 }
 
 // newPipeline builds the offline pipeline from the same config file and policy
 // sources as serve.
-func newPipeline(cfg config.Config, policy guardwebhook.PolicyEvaluator) (*pipeline, error) {
+func newPipeline(cfg config.Config, policy guardwebhook.PolicyEvaluator) *pipeline {
 	return &pipeline{
 		opts:   cfg.WebhookOptions(""),
 		policy: policy,
 		seen:   map[string][]appsv1.Deployment{},
-	}, nil
+	}
 }
