@@ -49,13 +49,14 @@ func TestLibraryRegoTests(t *testing.T) {
 }
 
 // TestBuiltinsLoad guards the embedded library: every built-in policy is
-// there, compiles, and runs in the mode its metadata declares.
+// there, compiles, and runs in the mode its metadata declares: warn, for
+// every one, so that a default install denies nothing that was fine before.
 func TestBuiltinsLoad(t *testing.T) {
 	e := newEngine(t, Options{}, Builtins()...)
 	assert.Equal(t, []PolicyInfo{
-		{Name: "hostnamespaces", Source: "builtin/hostnamespaces.rego", Mode: ModeEnforce},
-		{Name: "images", Source: "builtin/images.rego", Mode: ModeEnforce},
+		{Name: "hostnamespaces", Source: "builtin/hostnamespaces.rego", Mode: ModeWarn},
+		{Name: "images", Source: "builtin/images.rego", Mode: ModeWarn},
 		{Name: "probes", Source: "builtin/probes.rego", Mode: ModeWarn},
-		{Name: "resources", Source: "builtin/resources.rego", Mode: ModeEnforce},
+		{Name: "resources", Source: "builtin/resources.rego", Mode: ModeWarn},
 	}, e.Policies())
 }

@@ -26,7 +26,7 @@ func TestMetrics(t *testing.T) {
 	e.Evaluate(context.Background(), createInput(t, exempt))
 
 	decisions := e.metrics.decisions
-	assert.Equal(t, 1.0, value(t, decisions.WithLabelValues("images", ResultDeny)))
+	assert.Equal(t, 1.0, value(t, decisions.WithLabelValues("images", ResultWarn)), "the built-ins ship in warn mode")
 	assert.Equal(t, 1.0, value(t, decisions.WithLabelValues("images", ResultAllow)))
 	assert.Equal(t, 2.0, value(t, decisions.WithLabelValues("resources", ResultAllow)))
 	assert.Equal(t, 1.0, value(t, decisions.WithLabelValues("*", ResultExempt)))

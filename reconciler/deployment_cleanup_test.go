@@ -36,12 +36,12 @@ func TestNextCleanupStep(t *testing.T) {
 	}{
 		{name: "no finalizers", in: CleanupInput{}, want: CleanupPlan{Step: StepNone}},
 		{name: "only other controllers' finalizers", in: CleanupInput{Finalizers: []string{otherFinalizer, "foregroundDeletion"}}, want: CleanupPlan{Step: StepNone}},
-		{name: "canonical order: drain first", in: CleanupInput{Finalizers: vocab.CanonicalFinalizers()},
+		{name: "canonical order: record first", in: CleanupInput{Finalizers: vocab.CanonicalFinalizers()},
+			want: CleanupPlan{Step: StepRecord, Finalizer: vocab.FinalizerRecord}},
+		{name: "record done: drain next", in: CleanupInput{Finalizers: []string{vocab.FinalizerDrain}},
 			want: CleanupPlan{Step: StepDrain, Finalizer: vocab.FinalizerDrain}},
-		{name: "drain done: record next", in: CleanupInput{Finalizers: []string{vocab.FinalizerRecord}},
-			want: CleanupPlan{Step: StepRecord, Finalizer: vocab.FinalizerRecord}},
-		{name: "list order wins over canonical order", in: CleanupInput{Finalizers: []string{vocab.FinalizerRecord, vocab.FinalizerDrain}},
-			want: CleanupPlan{Step: StepRecord, Finalizer: vocab.FinalizerRecord}},
+		{name: "list order wins over canonical order (an earlier version's)", in: CleanupInput{Finalizers: []string{vocab.FinalizerDrain, vocab.FinalizerRecord}},
+			want: CleanupPlan{Step: StepDrain, Finalizer: vocab.FinalizerDrain}},
 		{name: "other finalizers before ours are not waited for", in: CleanupInput{Finalizers: []string{otherFinalizer, vocab.FinalizerDrain, vocab.FinalizerRecord}},
 			want: CleanupPlan{Step: StepDrain, Finalizer: vocab.FinalizerDrain}},
 		{name: "other finalizers between ours", in: CleanupInput{Finalizers: []string{vocab.FinalizerRecord, otherFinalizer, vocab.FinalizerDrain}},
@@ -70,27 +70,31 @@ func TestDecideDrain(t *testing.T) {
 		state DrainState
 		want  DrainDecision
 	}{
-		{name: "namespace terminating: not even started", state: DrainState{NamespaceTerminating: true, PodsRemaining: -1},
-			want: DrainDecision{Action: DrainSkip}},
-		{name: "namespace terminating while waiting", state: DrainState{NamespaceTerminating: true, Started: now.Add(-time.Second), ScaledDown: true, PodsRemaining: 3},
-			want: DrainDecision{Action: DrainSkip}},
-		{name: "not started", state: DrainState{PodsRemaining: -1},
+		{name: "namespace terminating: not even started", state: DrainState{NamespaceTerminating: true, PodsRunning: -1},
+			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipNamespaceTerminating}},
+		{name: "namespace terminating while waiting", state: DrainState{NamespaceTerminating: true, Started: now.Add(-time.Second), ScaledDown: true, PodsRunning: 3},
+			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipNamespaceTerminating}},
+		{name: "an orphaning deletion keeps the ReplicaSets' pods running", state: DrainState{Finalizers: []string{vocab.FinalizerDrain, metav1.FinalizerOrphanDependents}, PodsRunning: -1},
+			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipOrphan}},
+		{name: "a foreground deletion leaves the pods to the garbage collector", state: DrainState{Finalizers: []string{metav1.FinalizerDeleteDependents, vocab.FinalizerDrain}, PodsRunning: -1},
+			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipForeground}},
+		{name: "not started", state: DrainState{PodsRunning: -1},
 			want: DrainDecision{Action: DrainStart}},
-		{name: "started, ReplicaSets not at zero yet", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: false, PodsRemaining: -1},
+		{name: "started, ReplicaSets not at zero yet", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: false, PodsRunning: -1},
 			want: DrainDecision{Action: DrainScale, Elapsed: 10 * time.Second, RequeueAfter: DrainPollInterval}},
-		{name: "pods still running", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: true, PodsRemaining: 2},
+		{name: "pods still running", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: true, PodsRunning: 2},
 			want: DrainDecision{Action: DrainWait, Elapsed: 10 * time.Second, RequeueAfter: DrainPollInterval}},
-		{name: "timeout comes before the next poll", state: DrainState{Started: now.Add(-timeout + 500*time.Millisecond), ScaledDown: true, PodsRemaining: 1},
+		{name: "timeout comes before the next poll", state: DrainState{Started: now.Add(-timeout + 500*time.Millisecond), ScaledDown: true, PodsRunning: 1},
 			want: DrainDecision{Action: DrainWait, Elapsed: timeout - 500*time.Millisecond, RequeueAfter: 500 * time.Millisecond}},
-		{name: "every pod ended", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: true, PodsRemaining: 0},
+		{name: "every pod told to stop", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: true, PodsRunning: 0},
 			want: DrainDecision{Action: DrainDone, Elapsed: 10 * time.Second}},
-		{name: "pods ended just as the timeout passed", state: DrainState{Started: now.Add(-timeout - time.Second), ScaledDown: true, PodsRemaining: 0},
+		{name: "pods told to stop just as the timeout passed", state: DrainState{Started: now.Add(-timeout - time.Second), ScaledDown: true, PodsRunning: 0},
 			want: DrainDecision{Action: DrainDone, Elapsed: timeout + time.Second}},
-		{name: "timed out with pods left", state: DrainState{Started: now.Add(-timeout), ScaledDown: true, PodsRemaining: 1},
+		{name: "timed out with pods left", state: DrainState{Started: now.Add(-timeout), ScaledDown: true, PodsRunning: 1},
 			want: DrainDecision{Action: DrainTimedOut, Elapsed: timeout}},
-		{name: "timed out before the ReplicaSets could be scaled", state: DrainState{Started: now.Add(-timeout - time.Minute), ScaledDown: false, PodsRemaining: -1},
+		{name: "timed out before the ReplicaSets could be scaled", state: DrainState{Started: now.Add(-timeout - time.Minute), ScaledDown: false, PodsRunning: -1},
 			want: DrainDecision{Action: DrainTimedOut, Elapsed: timeout + time.Minute}},
-		{name: "start time in the future counts as now", state: DrainState{Started: now.Add(time.Minute), ScaledDown: true, PodsRemaining: 1},
+		{name: "start time in the future counts as now", state: DrainState{Started: now.Add(time.Minute), ScaledDown: true, PodsRunning: 1},
 			want: DrainDecision{Action: DrainWait, RequeueAfter: DrainPollInterval}},
 	}
 	for _, tt := range tests {
@@ -447,7 +451,7 @@ func TestDrainTimesOut(t *testing.T) {
 	evs := e.events()
 	assert.Equal(t, []string{vocab.ReasonDrainTimedOut, vocab.ReasonRecorded}, eventReasons(evs), "the cleanup goes on")
 	assert.Contains(t, evs[0], "Warning")
-	assert.Contains(t, evs[0], "1 pods left")
+	assert.Contains(t, evs[0], "1 pods still running")
 	assert.Equal(t, 1.0, e.cleanupSteps(stepDrain, resultTimedOut))
 	assert.NotEmpty(t, e.record().Data[RecordKeyDeployment])
 }
@@ -723,7 +727,7 @@ func (c *refuseFinalizerRemoval) Patch(ctx context.Context, obj client.Object, p
 // A refused finalizer removal is retried, and the user is told why the
 // deletion waits.
 func TestFinalizerRemovalRefused(t *testing.T) {
-	d := deployment(deleting(vocab.FinalizerDrain, vocab.FinalizerRecord), annotate(vocab.AnnotationSkipCleanup, "true"))
+	d := deployment(deleting(vocab.CanonicalFinalizers()...), annotate(vocab.AnnotationSkipCleanup, "true"))
 	e := newEnv(t, namespace(nil), d)
 	e.r.Client = &refuseFinalizerRemoval{Client: e.r.Client}
 

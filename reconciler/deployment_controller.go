@@ -55,6 +55,10 @@ type Options struct {
 	// MaxConcurrentReconciles is how many Deployments are reconciled at once.
 	// Below 1 means 1.
 	MaxConcurrentReconciles int
+	// CleanupFinalizers are the cleanup finalizers of a Deployment without the
+	// vocab.AnnotationCleanup annotation (vocab.ParseCleanupSteps); none by
+	// default. Live Deployments are kept in line with it.
+	CleanupFinalizers []string
 	// DrainTimeout bounds the drain step of the cleanup on deletion; after it the
 	// cleanup goes on, and says so in an Event. Zero or less means
 	// DefaultDrainTimeout.
@@ -222,6 +226,7 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 		return ctrl.Result{}, err
 	}
 	phases := []func(context.Context, *appsv1.Deployment, []*appsv1.ReplicaSet) error{
+		r.reconcileFinalizers,
 		r.reconcileKnownGood,
 		r.reconcileRollback,
 	}

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -24,37 +25,54 @@ import (
 type DrainAction string
 
 const (
-	// DrainSkip: the namespace is terminating. The namespace controller deletes
-	// the pods itself and waits for them; waiting here too would only hold the
-	// namespace up.
+	// DrainSkip: nothing to drain here (DrainDecision.SkipReason says why).
 	DrainSkip DrainAction = "Skip"
 	// DrainStart records the start time and the replica count on the
 	// Deployment and scales it to zero.
 	DrainStart DrainAction = "Start"
 	// DrainScale scales the Deployment's ReplicaSets to zero.
 	DrainScale DrainAction = "Scale"
-	// DrainWait waits for the pods to end.
+	// DrainWait waits for the pods to be told to stop.
 	DrainWait DrainAction = "Wait"
-	// DrainDone: every ReplicaSet is at zero and no pod is left.
+	// DrainDone: every ReplicaSet is at zero and every pod has been told to
+	// stop (it is terminating, or finished).
 	DrainDone DrainAction = "Done"
 	// DrainTimedOut: the timeout passed with pods left; the cleanup goes on
 	// (they end when their ReplicaSets are garbage collected) and says so.
 	DrainTimedOut DrainAction = "TimedOut"
 )
 
+// Why a drain is skipped (DrainDecision.SkipReason).
+const (
+	// DrainSkipNamespaceTerminating: the namespace controller deletes the pods
+	// itself and waits for them; waiting here too would only hold the
+	// namespace up.
+	DrainSkipNamespaceTerminating = "NamespaceTerminating"
+	// DrainSkipOrphan: the deletion orphans the ReplicaSets (propagation
+	// Orphan). Their pods are meant to keep running, for a new owner to adopt.
+	DrainSkipOrphan = "Orphan"
+	// DrainSkipForeground: foreground deletion; the garbage collector deletes
+	// the ReplicaSets and their pods, and the Deployment waits for that.
+	DrainSkipForeground = "Foreground"
+)
+
 // DrainState is what DecideDrain decides from; all of it is read from the
 // objects, so that a restarted guard decides the same.
 type DrainState struct {
 	NamespaceTerminating bool
+	// Finalizers are the Deployment's: the garbage collector's "orphan" and
+	// "foregroundDeletion" say how the deletion treats the ReplicaSets.
+	Finalizers []string
 	// Started is the drain-started annotation; zero if the drain has not started.
 	Started time.Time
 	Now     time.Time
 	Timeout time.Duration
 	// ScaledDown: every ReplicaSet of the Deployment is at spec.replicas 0.
 	ScaledDown bool
-	// PodsRemaining counts the pods of the Deployment's ReplicaSets that have
-	// not ended (terminating ones included). Negative when not counted.
-	PodsRemaining int
+	// PodsRunning counts the pods of the Deployment's ReplicaSets that have not
+	// been told to stop: not terminating, not finished. Negative when not
+	// counted.
+	PodsRunning int
 }
 
 // DrainDecision is what DecideDrain concluded.
@@ -65,13 +83,23 @@ type DrainDecision struct {
 	// RequeueAfter is when to look again (DrainScale, DrainWait): the poll
 	// interval, or the time left before the timeout if that comes first.
 	RequeueAfter time.Duration
+	// SkipReason says why a drain is skipped (DrainSkip).
+	SkipReason string
 }
 
-// DecideDrain decides the drain step. Done wins over the timeout: pods that
-// ended just in time are a drain that completed.
+// DecideDrain decides the drain step. It is done once every pod has been told
+// to stop, not when the last one is gone: the Deployment then disappears while
+// its pods end gracefully, as they would without the guard, so a client that
+// deletes it and waits for its pods finds it gone too. Done wins over the
+// timeout: pods told to stop just in time are a drain that completed.
 func DecideDrain(s DrainState) DrainDecision {
-	if s.NamespaceTerminating {
-		return DrainDecision{Action: DrainSkip}
+	switch {
+	case s.NamespaceTerminating:
+		return DrainDecision{Action: DrainSkip, SkipReason: DrainSkipNamespaceTerminating}
+	case slices.Contains(s.Finalizers, metav1.FinalizerOrphanDependents):
+		return DrainDecision{Action: DrainSkip, SkipReason: DrainSkipOrphan}
+	case slices.Contains(s.Finalizers, metav1.FinalizerDeleteDependents):
+		return DrainDecision{Action: DrainSkip, SkipReason: DrainSkipForeground}
 	}
 	if s.Started.IsZero() {
 		return DrainDecision{Action: DrainStart}
@@ -80,7 +108,7 @@ func DecideDrain(s DrainState) DrainDecision {
 	elapsed := max(s.Now.Sub(s.Started), 0)
 	dec := DrainDecision{Elapsed: elapsed}
 	switch {
-	case s.ScaledDown && s.PodsRemaining == 0:
+	case s.ScaledDown && s.PodsRunning == 0:
 		dec.Action = DrainDone
 		return dec
 	case elapsed >= s.Timeout:
@@ -114,8 +142,8 @@ func drainReplicas(d *appsv1.Deployment) (int32, bool) {
 	return int32(v), true
 }
 
-// reconcileDrain runs the drain step: scale to zero, wait for the pods to end,
-// within the drain timeout.
+// reconcileDrain runs the drain step: scale to zero and wait, within the
+// drain timeout, until every pod has been told to stop.
 //
 // The Deployment controller only syncs the status of a Deployment being
 // deleted (syncDeployment → syncStatusOnly): scaling the Deployment to zero does
@@ -125,10 +153,6 @@ func drainReplicas(d *appsv1.Deployment) (int32, bool) {
 // pods gracefully while the ReplicaSets still exist.
 func (r *DeploymentReconciler) reconcileDrain(ctx context.Context, d *appsv1.Deployment, ns namespaceState) (stepOutcome, error) {
 	timeout := r.Options.drainTimeout()
-	if ns.Terminating {
-		return stepOutcome{done: true, result: resultSkipped, eventType: corev1.EventTypeWarning, reason: vocab.ReasonCleanupShortened,
-			message: fmt.Sprintf("namespace %s is terminating: drain skipped, not waited for; the namespace controller deletes the pods.", ns.Name)}, nil
-	}
 	rss, err := r.listReplicaSets(ctx, d)
 	if err != nil {
 		return stepOutcome{}, err
@@ -137,14 +161,17 @@ func (r *DeploymentReconciler) reconcileDrain(ctx context.Context, d *appsv1.Dep
 	// what the next decision reads, so nothing is written twice.
 	for range 3 {
 		started, _ := drainStarted(d)
-		state := DrainState{Started: started, Now: r.Clock.Now(), Timeout: timeout, ScaledDown: scaledDown(rss), PodsRemaining: -1}
+		state := DrainState{NamespaceTerminating: ns.Terminating, Finalizers: d.Finalizers,
+			Started: started, Now: r.Clock.Now(), Timeout: timeout, ScaledDown: scaledDown(rss), PodsRunning: -1}
 		if !started.IsZero() && state.ScaledDown {
-			if state.PodsRemaining, err = r.countPods(ctx, d, rss); err != nil {
+			if state.PodsRunning, err = r.countRunningPods(ctx, d, rss); err != nil {
 				return stepOutcome{}, err
 			}
 		}
 		dec := DecideDrain(state)
 		switch dec.Action {
+		case DrainSkip:
+			return drainSkipped(ns, dec.SkipReason), nil
 		case DrainStart:
 			if err := r.startDrain(ctx, d, timeout); err != nil {
 				return stepOutcome{}, err
@@ -154,21 +181,36 @@ func (r *DeploymentReconciler) reconcileDrain(ctx context.Context, d *appsv1.Dep
 				return stepOutcome{}, err
 			}
 		case DrainWait:
-			ctrl.LoggerFrom(ctx).V(1).Info("Waiting for pods to end", "pods", state.PodsRemaining, "elapsed", dec.Elapsed)
+			ctrl.LoggerFrom(ctx).V(1).Info("Waiting for pods to be told to stop", "pods", state.PodsRunning, "elapsed", dec.Elapsed)
 			return pending(dec.RequeueAfter), nil
 		case DrainDone:
 			return stepOutcome{done: true, result: resultCompleted, duration: dec.Elapsed, eventType: corev1.EventTypeNormal, reason: vocab.ReasonDrained,
-				message: fmt.Sprintf("Drained: every pod ended, %s after the drain started.", dec.Elapsed.Round(time.Second))}, nil
+				message: fmt.Sprintf("Drained: scaled to zero and every pod told to stop, %s after the drain started; they end gracefully.", dec.Elapsed.Round(time.Second))}, nil
 		case DrainTimedOut:
 			pods := "pods"
-			if state.PodsRemaining >= 0 {
-				pods = fmt.Sprintf("%d pods", state.PodsRemaining)
+			if state.PodsRunning >= 0 {
+				pods = fmt.Sprintf("%d pods", state.PodsRunning)
 			}
 			return stepOutcome{done: true, result: resultTimedOut, duration: dec.Elapsed, eventType: corev1.EventTypeWarning, reason: vocab.ReasonDrainTimedOut,
-				message: fmt.Sprintf("Drain timed out after %s with %s left; going on with the cleanup: they end when their ReplicaSets are garbage collected.", timeout, pods)}, nil
+				message: fmt.Sprintf("Drain timed out after %s with %s still running; going on with the cleanup: they end when their ReplicaSets are garbage collected.", timeout, pods)}, nil
 		}
 	}
 	return pending(DrainPollInterval), nil
+}
+
+// drainSkipped is the outcome of a drain there is nothing to do for.
+func drainSkipped(ns namespaceState, reason string) stepOutcome {
+	out := stepOutcome{done: true, result: resultSkipped, eventType: corev1.EventTypeNormal, reason: vocab.ReasonDrainSkipped}
+	switch reason {
+	case DrainSkipNamespaceTerminating:
+		out.eventType, out.reason = corev1.EventTypeWarning, vocab.ReasonCleanupShortened
+		out.message = fmt.Sprintf("namespace %s is terminating: drain skipped, not waited for; the namespace controller deletes the pods.", ns.Name)
+	case DrainSkipOrphan:
+		out.message = "Drain skipped: the deletion orphans the ReplicaSets (propagationPolicy Orphan), so their pods keep running for a new owner to adopt."
+	case DrainSkipForeground:
+		out.message = "Drain skipped: foreground deletion; the garbage collector deletes the ReplicaSets and their pods before the Deployment goes."
+	}
+	return out
 }
 
 // startDrain records the start of the drain and the replica count on the
@@ -248,16 +290,16 @@ func scaledDown(rss []*appsv1.ReplicaSet) bool {
 	return true
 }
 
-// countPods counts the pods of the Deployment's ReplicaSets that have not
-// ended: pods whose controller is one of rss, in neither phase Succeeded nor
-// Failed (a terminating pod still counts until it is gone). Finished pods are
-// not deleted by a scale-down; their containers are no longer running.
+// countRunningPods counts the pods of the Deployment's ReplicaSets that have
+// not been told to stop: pods whose controller is one of rss, not terminating,
+// in neither phase Succeeded nor Failed (finished pods are not deleted by a
+// scale-down; their containers are no longer running).
 //
 // Pods are listed from the API server (the reader that bypasses the cache), in
 // the Deployment's namespace and with its selector, only while a drain waits:
 // a cluster-wide pod cache would hold every pod of the cluster in memory for
 // the few Deployments being drained at any time.
-func (r *DeploymentReconciler) countPods(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (int, error) {
+func (r *DeploymentReconciler) countRunningPods(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (int, error) {
 	owners := map[types.UID]bool{}
 	for _, rs := range rss {
 		owners[rs.UID] = true
@@ -281,7 +323,7 @@ func (r *DeploymentReconciler) countPods(ctx context.Context, d *appsv1.Deployme
 		if ref == nil || !owners[ref.UID] {
 			continue
 		}
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
 		n++

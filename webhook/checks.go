@@ -34,13 +34,14 @@ var (
 
 // CheckSpec runs the Go safety checks on a Deployment's spec: selector, strategy,
 // revision history and progress deadline. They are the same on CREATE and UPDATE.
+// A missing readiness probe is the built-in probes policy's to report, so that
+// one problem gives one warning.
 func CheckSpec(d *appsv1.Deployment, o *Options) Findings {
 	var f Findings
 	f.merge(checkSelector(d))
 	f.merge(checkStrategy(d))
 	f.merge(checkRevisionHistory(d, o))
 	f.merge(checkProgressDeadline(d, o))
-	f.merge(checkReadiness(d))
 	return f
 }
 
@@ -160,6 +161,16 @@ func replicasOf(d *appsv1.Deployment) int32 {
 	return *d.Spec.Replicas
 }
 
+// outOfBounds reports a value outside the platform team's bounds: refused
+// when the bounds are enforced, a warning otherwise.
+func outOfBounds(f *Findings, p *field.Path, v int32, detail string, o *Options) {
+	if o.BoundsEnforce {
+		f.Errs = append(f.Errs, field.Invalid(p, v, detail))
+		return
+	}
+	f.Warnings = append(f.Warnings, fmt.Sprintf("%s: %d is outside this cluster's bounds: %s", p, v, detail))
+}
+
 func checkRevisionHistory(d *appsv1.Deployment, o *Options) Findings {
 	var f Findings
 	p := specPath.Child("revisionHistoryLimit")
@@ -168,12 +179,15 @@ func checkRevisionHistory(d *appsv1.Deployment, o *Options) Findings {
 		v = *d.Spec.RevisionHistoryLimit
 	}
 	b := o.RevisionHistoryBounds
-	if v < b.Min || v > b.Max {
-		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
-			"must be between %d and %d in this cluster: fewer leaves nothing to roll back to, more keeps idle ReplicaSets forever", b.Min, b.Max)))
-	}
-	if v == 0 {
-		f.Warnings = append(f.Warnings, "spec.revisionHistoryLimit: 0 keeps no old ReplicaSet, so there is nothing to roll back to")
+	switch {
+	case v < b.Min && v == 0:
+		outOfBounds(&f, p, v, fmt.Sprintf(
+			"0 keeps no old ReplicaSet once a rollout completes, so kubectl rollout undo has nothing to go back to "+
+				"(deployguard still rolls back a rollout that fails: the Deployment controller keeps its predecessors until it completes); set at least %d", b.Min), o)
+	case v < b.Min:
+		outOfBounds(&f, p, v, fmt.Sprintf("keep at least %d old ReplicaSets, so that a rollback has somewhere to go", b.Min), o)
+	case v > b.Max:
+		outOfBounds(&f, p, v, fmt.Sprintf("keep at most %d: every old ReplicaSet stays in the cluster, idle", b.Max), o)
 	}
 	return f
 }
@@ -189,35 +203,32 @@ func checkProgressDeadline(d *appsv1.Deployment, o *Options) Findings {
 		f.Warnings = append(f.Warnings, "spec.progressDeadlineSeconds: the maximum value means the deadline never passes, so a stuck rollout is never detected nor rolled back")
 		return f
 	}
-	b := o.ProgressDeadlineBounds
-	if v < b.Min || v > b.Max {
-		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
-			"must be between %d and %d seconds in this cluster: shorter fails healthy rollouts, longer leaves broken ones in place", b.Min, b.Max)))
-	}
+	// The API server refuses a deadline not above minReadySeconds too; the
+	// offline check sees the manifest first.
 	if v <= d.Spec.MinReadySeconds {
 		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
 			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)))
+		return f
+	}
+	b := o.ProgressDeadlineBounds
+	switch {
+	case v < b.Min:
+		outOfBounds(&f, p, v, fmt.Sprintf(
+			"set at least %d seconds: a shorter deadline fails rollouts that are only slow, and deployguard rolls them back", b.Min), o)
+	case v > b.Max:
+		outOfBounds(&f, p, v, fmt.Sprintf(
+			"set at most %d seconds: a stuck rollout is rolled back only when its deadline passes", b.Max), o)
 	}
 	return f
 }
 
-// checkReadiness warns when no container has a readiness probe: the rollout is
-// then "complete" as soon as the containers start, and a broken version is
-// never detected.
-func checkReadiness(d *appsv1.Deployment) Findings {
-	for _, c := range d.Spec.Template.Spec.Containers {
-		if c.ReadinessProbe != nil {
-			return Findings{}
-		}
-	}
-	return Findings{Warnings: []string{
-		"spec.template.spec.containers: no container has a readinessProbe, so a rollout that starts broken pods still completes and cannot be rolled back automatically",
-	}}
-}
-
-// CheckFinalizers enforces the finalizer rules: only the guard (and break-glass
-// groups) may remove or reorder the guard's finalizers, and no unknown finalizer
-// in the guard's domain is accepted. old is nil on CREATE.
+// CheckFinalizers enforces the finalizer rules. No unknown finalizer in the
+// guard's domain is accepted, and the cleanup annotation must name known steps.
+// While a Deployment is being deleted, only the guard (and break-glass groups)
+// may remove or reorder the guard's finalizers: their steps have not all run.
+// Outside deletion nothing is refused: the mutating webhook puts back what a
+// client left out, and the reconciler keeps the list what the Deployment asks
+// for. old is nil on CREATE.
 func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 	var f Findings
 	p := field.NewPath("metadata", "finalizers")
@@ -231,33 +242,24 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 			f.Errs = append(f.Errs, field.NotSupported(p.Index(i), x, canonical))
 		}
 	}
-	if old == nil || privileged {
+	if v, ok := d.Annotations[vocab.AnnotationCleanup]; ok && (old == nil || old.Annotations[vocab.AnnotationCleanup] != v) {
+		if _, err := vocab.ParseCleanupSteps(v); err != nil {
+			f.Errs = append(f.Errs, field.Invalid(field.NewPath("metadata", "annotations").Key(vocab.AnnotationCleanup), v,
+				err.Error()+`; for example "record,drain"`))
+		}
+	}
+	if old == nil || privileged || old.DeletionTimestamp == nil {
 		return f
 	}
-	before, after := guardFinalizers(old.Finalizers), guardFinalizers(d.Finalizers)
+	before, after := vocab.GuardFinalizers(old.Finalizers), vocab.GuardFinalizers(d.Finalizers)
 	if slices.Equal(before, after) {
 		return f
 	}
-	// Adding the guard's finalizers back, in canonical order, is always allowed.
-	if isSubsequence(before, after) && isSubsequence(after, canonical) {
-		return f
-	}
 	f.Errs = append(f.Errs, field.Forbidden(p, fmt.Sprintf(
-		"the guard's finalizers %v (now %v) may be removed or reordered only by deployguard itself, which removes each one when its cleanup step is done; "+
-			"to skip the cleanup, set the annotation %s=true on the Deployment before deleting it, or ask a member of a break-glass group",
+		"the Deployment is being deleted and the guard's cleanup steps %v (now %v) have not all run; deployguard removes each finalizer when its step is done. "+
+			"To skip them, set the annotation %s=true on the Deployment, or ask a member of a break-glass group",
 		before, after, vocab.AnnotationSkipCleanup)))
 	return f
-}
-
-// isSubsequence reports whether a appears in b in the same order.
-func isSubsequence(a, b []string) bool {
-	i := 0
-	for _, x := range b {
-		if i < len(a) && a[i] == x {
-			i++
-		}
-	}
-	return i == len(a)
 }
 
 // CheckQuarantine refuses (or warns about) an update that brings back a pod

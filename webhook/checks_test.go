@@ -10,15 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// guarded is a stored Deployment after the mutating webhook.
+// guarded is a stored Deployment that asks for the guard's cleanup, after the
+// mutating webhook.
 func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
 	d := stored()
-	if _, errs := Default(d, nil, testOptions()); len(errs) > 0 {
+	d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
+	if _, errs := Default(d, nil, testOptions(), false); len(errs) > 0 {
 		panic(errs)
 	}
 	for _, m := range mut {
@@ -47,6 +50,10 @@ var (
 	alice = authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
 	guard = authenticationv1.UserInfo{Username: "system:serviceaccount:deployguard-system:deployguard"}
 )
+
+func enforceBounds(o *Options) { o.BoundsEnforce = true }
+
+func beingDeleted(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{} }
 
 func TestValidate(t *testing.T) {
 	other := guarded(func(d *appsv1.Deployment) {
@@ -162,23 +169,42 @@ func TestValidate(t *testing.T) {
 			wantWarnings: []string{"Recreate stops all 3 replicas"},
 		},
 		{
-			name:     "revision history above the bound",
+			name:         "revision history above the bound warns",
+			d:            guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user:         alice,
+			wantWarnings: []string{"spec.revisionHistoryLimit: 500 is outside this cluster's bounds: keep at most 100"},
+		},
+		{
+			name:     "revision history above the bound, bounds enforced",
 			d:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
 			user:     alice,
-			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 500: must be between 2 and 100"},
+			opts:     enforceBounds,
+			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 500: keep at most 100"},
 		},
 		{
-			name:         "revision history of zero refuses and warns",
+			name:         "revision history of zero warns once, with the reason",
 			d:            guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(0)) }),
 			user:         alice,
-			wantErrs:     []string{"spec.revisionHistoryLimit"},
-			wantWarnings: []string{"nothing to roll back to"},
+			wantWarnings: []string{"spec.revisionHistoryLimit: 0 is outside this cluster's bounds: 0 keeps no old ReplicaSet once a rollout completes, so kubectl rollout undo has nothing to go back to"},
 		},
 		{
-			name:     "progress deadline below the bound",
+			name:         "progress deadline below the bound warns",
+			d:            guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
+			user:         alice,
+			wantWarnings: []string{"spec.progressDeadlineSeconds: 5 is outside this cluster's bounds: set at least 30 seconds"},
+		},
+		{
+			name:         "a long progress deadline warns: it only delays a rollback",
+			d:            guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(36000)) }),
+			user:         alice,
+			wantWarnings: []string{"spec.progressDeadlineSeconds: 36000 is outside this cluster's bounds: set at most 7200 seconds"},
+		},
+		{
+			name:     "progress deadline below the bound, bounds enforced",
 			d:        guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
 			user:     alice,
-			wantErrs: []string{"spec.progressDeadlineSeconds: Invalid value: 5: must be between 30 and 7200"},
+			opts:     enforceBounds,
+			wantErrs: []string{"spec.progressDeadlineSeconds: Invalid value: 5: set at least 30 seconds"},
 		},
 		{
 			name: "progress deadline not above minReadySeconds",
@@ -190,10 +216,9 @@ func TestValidate(t *testing.T) {
 			wantErrs: []string{"must be greater than spec.minReadySeconds (60)"},
 		},
 		{
-			name:         "no readiness probe warns",
-			d:            guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil }),
-			user:         alice,
-			wantWarnings: []string{"no container has a readinessProbe"},
+			name: "a missing readiness probe is the probes policy's to report",
+			d:    guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil }),
+			user: alice,
 		},
 		{
 			name: "every problem is reported at once",
@@ -203,13 +228,14 @@ func TestValidate(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
 			}),
 			user:     alice,
+			opts:     enforceBounds,
 			wantErrs: []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
 		},
 		{
 			name: "exempt namespace skips the safety checks",
 			d:    guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
 			user: alice,
-			opts: func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
+			opts: func(o *Options) { enforceBounds(o); o.ExemptNamespaces = []string{"shop"} },
 		},
 		{
 			name: "the guard's own writes pass rules added after the Deployment was created",
@@ -219,6 +245,7 @@ func TestValidate(t *testing.T) {
 			}),
 			old:  guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
 			user: guard,
+			opts: enforceBounds,
 		},
 		{
 			name: "a metadata-only update of a Deployment the rules now refuse passes",
@@ -231,32 +258,42 @@ func TestValidate(t *testing.T) {
 				d.Annotations[vocab.AnnotationProtected] = "true"
 			}),
 			user: alice,
+			opts: enforceBounds,
 		},
 		{
 			name:     "a spec change of such a Deployment is checked",
 			d:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(400)) }),
 			old:      guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
 			user:     alice,
+			opts:     enforceBounds,
 			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 400"},
 		},
 		{
-			name:     "a user may not remove the guard's finalizers",
-			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
-			old:      guarded(),
-			user:     alice,
-			wantErrs: []string{"metadata.finalizers: Forbidden", "only by deployguard itself"},
+			// The mutating webhook puts them back and the reconciler keeps
+			// them; a client that never knew them is not refused.
+			name: "outside deletion, an update without the guard's finalizers is not refused",
+			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  guarded(),
+			user: alice,
 		},
 		{
-			name:     "a user may not reorder the guard's finalizers",
-			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain} }),
-			old:      guarded(),
+			name:     "while deleting, a user may not remove the guard's finalizers",
+			d:        guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
+			old:      guarded(beingDeleted),
+			user:     alice,
+			wantErrs: []string{"metadata.finalizers: Forbidden", "being deleted", vocab.AnnotationSkipCleanup + "=true"},
+		},
+		{
+			name:     "while deleting, a user may not reorder the guard's finalizers",
+			d:        guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
+			old:      guarded(beingDeleted),
 			user:     alice,
 			wantErrs: []string{"metadata.finalizers: Forbidden"},
 		},
 		{
 			name: "exemption does not lift the finalizer rules",
-			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
-			old:  guarded(),
+			d:    guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  guarded(beingDeleted),
 			user: alice,
 			opts: func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
 			wantErrs: []string{
@@ -265,21 +302,22 @@ func TestValidate(t *testing.T) {
 		},
 		{
 			name: "the guard removes its finalizers",
-			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
-			old:  guarded(),
+			d:    guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
+			old:  guarded(beingDeleted),
 			user: guard,
 		},
 		{
 			name: "a break-glass group removes the finalizers",
-			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
-			old:  guarded(),
+			d:    guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  guarded(beingDeleted),
 			user: authenticationv1.UserInfo{Username: "bob", Groups: []string{"platform-admins"}},
 		},
 		{
-			name: "a user may add the finalizers back in canonical order",
-			d:    guarded(),
-			old:  guarded(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
-			user: alice,
+			name:     "an unknown cleanup step is refused with the steps there are",
+			d:        guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
+			old:      guarded(),
+			user:     alice,
+			wantErrs: []string{`metadata.annotations[deployguard.io/cleanup]: Invalid value: "record,backup": unknown cleanup step "backup"`},
 		},
 		{
 			name:     "unknown finalizer in the guard's domain",

@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -34,10 +33,12 @@ const (
 )
 
 // Default fills in the cluster's defaults on d and returns the fields it
-// changed. old is the stored object on UPDATE and nil on CREATE. Running it again
-// on its own output changes nothing. A selector that cannot be repaired is
-// returned as an error list with what to add.
-func Default(d, old *appsv1.Deployment, o *Options) ([]string, field.ErrorList) {
+// changed. old is the stored object on UPDATE and nil on CREATE; privileged
+// says the request comes from the guard itself or a break-glass group, whose
+// finalizer lists are left as sent. Running it again on its own output changes
+// nothing. A selector that cannot be repaired is returned as an error list
+// with what to add.
+func Default(d, old *appsv1.Deployment, o *Options, privileged bool) ([]string, field.ErrorList) {
 	var changed []string
 	add := func(f string, ok bool) {
 		if ok {
@@ -55,7 +56,7 @@ func Default(d, old *appsv1.Deployment, o *Options) ([]string, field.ErrorList) 
 	add(defaultedMaxUnavailable, unavailable)
 	add(defaultedRevisionHistory, defaultRevisionHistoryLimit(d, o))
 	add(defaultedProgressDeadline, defaultProgressDeadline(d, o))
-	add(defaultedFinalizers, defaultFinalizers(d, old, o))
+	add(defaultedFinalizers, defaultFinalizers(d, old, o, privileged))
 
 	if len(changed) > 0 {
 		// Only this request's changes: older entries may no longer be true.
@@ -155,17 +156,18 @@ func isZero(v intstr.IntOrString) bool {
 	return (v.Type == intstr.Int && v.IntVal == 0) || (v.Type == intstr.String && (v.StrVal == "0%" || v.StrVal == "0"))
 }
 
+// defaultRevisionHistoryLimit replaces the built-in default with the
+// cluster's. A value the user chose is kept, even 0: the Deployment controller
+// prunes old ReplicaSets only once a rollout completes, so a failing rollout
+// still has its predecessors to roll back to, and upstream's own conformance
+// suite relies on 0 meaning 0. The validating webhook warns about it.
 func defaultRevisionHistoryLimit(d *appsv1.Deployment, o *Options) bool {
-	want := o.RevisionHistoryLimit
-	if cur := d.Spec.RevisionHistoryLimit; cur != nil && *cur != builtinRevisionHistoryLimit {
-		want = *cur
-	}
-	// Rollback needs old ReplicaSets to go back to.
-	want = max(want, o.RevisionHistoryBounds.Min)
-	if d.Spec.RevisionHistoryLimit != nil && *d.Spec.RevisionHistoryLimit == want {
+	cur := d.Spec.RevisionHistoryLimit
+	if cur != nil && (*cur != builtinRevisionHistoryLimit || *cur == o.RevisionHistoryLimit) {
 		return false
 	}
-	d.Spec.RevisionHistoryLimit = &want
+	v := o.RevisionHistoryLimit
+	d.Spec.RevisionHistoryLimit = &v
 	return true
 }
 
@@ -179,36 +181,34 @@ func defaultProgressDeadline(d *appsv1.Deployment, o *Options) bool {
 	return true
 }
 
-// defaultFinalizers adds the guard's cleanup finalizers in canonical order. On
-// UPDATE they are added only to a Deployment that has none of them yet (one that
-// predates the guard): re-adding one a user removed would hide the removal,
-// which the validating webhook refuses with a reason instead. A Deployment being
-// deleted never gets new finalizers.
-func defaultFinalizers(d, old *appsv1.Deployment, o *Options) bool {
-	if !o.AddFinalizers || d.DeletionTimestamp != nil {
+// defaultFinalizers keeps the guard's cleanup finalizers what the Deployment
+// asks for. A client that sends a whole object built on its own side (Update,
+// kubectl replace) does not know them; leaving them out is not a request to
+// remove them, so they are put back. The ways to change them are the
+// deployguard.io/cleanup annotation (the list follows it), and, at deletion,
+// the skip-cleanup annotation. Requests from the guard itself and from
+// break-glass groups are left as they are: they remove finalizers on purpose.
+//
+// While a Deployment is being deleted no finalizer may be added, so only those
+// the stored object had and the request left out are put back.
+func defaultFinalizers(d, old *appsv1.Deployment, o *Options, privileged bool) bool {
+	if privileged {
 		return false
 	}
-	if old != nil && (old.DeletionTimestamp != nil || len(guardFinalizers(old.Finalizers)) > 0) {
-		return false
-	}
-	canonical := vocab.CanonicalFinalizers()
-	have := guardFinalizers(d.Finalizers)
-	if slices.Equal(have, canonical) {
-		return false
-	}
-	kept := slices.DeleteFunc(slices.Clone(d.Finalizers), func(f string) bool { return slices.Contains(canonical, f) })
-	d.Finalizers = append(kept, canonical...)
-	return true
-}
-
-// guardFinalizers returns the known guard finalizers in f, in their order.
-func guardFinalizers(f []string) []string {
-	canonical := vocab.CanonicalFinalizers()
-	var out []string
-	for _, x := range f {
-		if slices.Contains(canonical, x) {
-			out = append(out, x)
+	var want []string
+	switch {
+	case d.DeletionTimestamp != nil || (old != nil && old.DeletionTimestamp != nil):
+		if old == nil {
+			return false
+		}
+		want = vocab.GuardFinalizers(old.Finalizers)
+	default:
+		var err error
+		if want, err = vocab.DesiredFinalizers(d.Annotations, o.CleanupFinalizers); err != nil {
+			return false // refused by the validating webhook, with the reason
 		}
 	}
-	return out
+	var changed bool
+	d.Finalizers, changed = vocab.WithGuardFinalizers(d.Finalizers, want)
+	return changed
 }

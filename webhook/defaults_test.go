@@ -13,20 +13,27 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
+// testOptions are the options of a default install: the API server's own
+// defaults, no cleanup steps unless a Deployment asks.
 func testOptions() *Options {
 	return &Options{
 		StableLabelKeys:         []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"},
 		MaxSurge:                intstr.FromString("25%"),
-		MaxUnavailable:          intstr.FromInt32(0),
+		MaxUnavailable:          intstr.FromString("25%"),
 		RevisionHistoryLimit:    10,
 		ProgressDeadlineSeconds: 600,
-		AddFinalizers:           true,
-		RevisionHistoryBounds:   Range{Min: 2, Max: 100},
+		RevisionHistoryBounds:   Range{Min: 1, Max: 100},
 		ProgressDeadlineBounds:  Range{Min: 30, Max: 7200},
 		GuardUsername:           "system:serviceaccount:deployguard-system:deployguard",
 		BreakGlassGroups:        []string{"platform-admins"},
 		Quarantine:              QuarantineEnforce,
 	}
+}
+
+// platformDefaults are defaults a platform team chose over the built-in ones.
+func platformDefaults(o *Options) {
+	o.MaxUnavailable = intstr.FromInt32(0)
+	o.RevisionHistoryLimit, o.ProgressDeadlineSeconds = 20, 300
 }
 
 // stored returns a Deployment as the API server hands it to the mutating
@@ -54,24 +61,44 @@ func stored(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
 }
 
 func TestDefault(t *testing.T) {
+	cleanup := func(steps string) func(*appsv1.Deployment) {
+		return func(d *appsv1.Deployment) {
+			d.Annotations = map[string]string{vocab.AnnotationCleanup: steps}
+		}
+	}
+	withFinalizers := func(f ...string) func(*appsv1.Deployment) {
+		return func(d *appsv1.Deployment) { d.Finalizers = f }
+	}
+	deleting := func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{} }
 	tests := []struct {
 		name        string
 		in          *appsv1.Deployment
 		old         *appsv1.Deployment
 		opts        func(*Options)
+		privileged  bool
 		wantChanged []string
 		wantErr     string
 		check       func(t *testing.T, d *appsv1.Deployment)
 	}{
 		{
-			name:        "built-in defaults are replaced by the cluster's, finalizers added",
+			name: "a default install changes nothing in a valid Deployment",
+			in:   stored(),
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, stored(), d)
+			},
+		},
+		{
+			name:        "the platform's defaults replace the built-in values",
 			in:          stored(),
-			wantChanged: []string{defaultedMaxUnavailable, defaultedFinalizers},
+			opts:        platformDefaults,
+			wantChanged: []string{defaultedMaxUnavailable, defaultedRevisionHistory, defaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromInt32(0), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 				assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxSurge)
-				assert.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers)
-				assert.Equal(t, "spec.strategy.rollingUpdate.maxUnavailable,metadata.finalizers", d.Annotations[vocab.AnnotationDefaulted])
+				assert.Equal(t, int32(20), *d.Spec.RevisionHistoryLimit)
+				assert.Equal(t, int32(300), *d.Spec.ProgressDeadlineSeconds)
+				assert.Equal(t, "spec.strategy.rollingUpdate.maxUnavailable,spec.revisionHistoryLimit,spec.progressDeadlineSeconds", d.Annotations[vocab.AnnotationDefaulted])
+				assert.Empty(t, d.Finalizers)
 			},
 		},
 		{
@@ -81,9 +108,8 @@ func TestDefault(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr(intstr.FromInt32(2))
 				d.Spec.RevisionHistoryLimit = ptr(int32(5))
 				d.Spec.ProgressDeadlineSeconds = ptr(int32(120))
-				d.Finalizers = vocab.CanonicalFinalizers()
 			}),
-			wantChanged: nil,
+			opts: platformDefaults,
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromInt32(1), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 				assert.Equal(t, int32(5), *d.Spec.RevisionHistoryLimit)
@@ -92,26 +118,13 @@ func TestDefault(t *testing.T) {
 			},
 		},
 		{
-			name: "values equal to the built-in defaults count as not chosen",
-			in:   stored(func(d *appsv1.Deployment) { d.Finalizers = vocab.CanonicalFinalizers() }),
-			opts: func(o *Options) {
-				o.RevisionHistoryLimit, o.ProgressDeadlineSeconds = 20, 300
-			},
-			wantChanged: []string{defaultedMaxUnavailable, defaultedRevisionHistory, defaultedProgressDeadline},
+			name: "an explicit revisionHistoryLimit of 0 is kept",
+			in:   stored(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(0)) }),
+			opts: platformDefaults,
+			// The strategy and deadline still equal the built-in values.
+			wantChanged: []string{defaultedMaxUnavailable, defaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
-				assert.Equal(t, int32(20), *d.Spec.RevisionHistoryLimit)
-				assert.Equal(t, int32(300), *d.Spec.ProgressDeadlineSeconds)
-			},
-		},
-		{
-			name: "revision history below the rollback floor is raised",
-			in: stored(func(d *appsv1.Deployment) {
-				d.Spec.RevisionHistoryLimit = ptr(int32(0))
-				d.Finalizers = vocab.CanonicalFinalizers()
-			}),
-			wantChanged: []string{defaultedMaxUnavailable, defaultedRevisionHistory},
-			check: func(t *testing.T, d *appsv1.Deployment) {
-				assert.Equal(t, int32(2), *d.Spec.RevisionHistoryLimit)
+				assert.Equal(t, int32(0), *d.Spec.RevisionHistoryLimit)
 			},
 		},
 		{
@@ -120,7 +133,7 @@ func TestDefault(t *testing.T) {
 				d.Spec.Selector = nil
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "prod", "version": "v2", "pod-template-hash": "x"}
 			}),
-			wantChanged: []string{defaultedSelector, defaultedMaxUnavailable, defaultedFinalizers},
+			wantChanged: []string{defaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "prod"}, d.Spec.Selector.MatchLabels)
 			},
@@ -131,7 +144,7 @@ func TestDefault(t *testing.T) {
 				d.Spec.Selector = &metav1.LabelSelector{}
 				d.Spec.Template.Labels = map[string]string{"app": "legacy"}
 			}),
-			wantChanged: []string{defaultedSelector, defaultedMaxUnavailable, defaultedFinalizers},
+			wantChanged: []string{defaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"app": "legacy"}, d.Spec.Selector.MatchLabels)
 			},
@@ -148,9 +161,9 @@ func TestDefault(t *testing.T) {
 			name: "user's maxSurge 0 keeps a non-zero maxUnavailable",
 			in: stored(func(d *appsv1.Deployment) {
 				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr(intstr.FromInt32(0))
-				d.Finalizers = vocab.CanonicalFinalizers()
 			}),
-			wantChanged: nil,
+			opts:        platformDefaults,
+			wantChanged: []string{defaultedRevisionHistory, defaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 			},
@@ -159,53 +172,95 @@ func TestDefault(t *testing.T) {
 			name: "Recreate is left alone",
 			in: stored(func(d *appsv1.Deployment) {
 				d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-				d.Finalizers = vocab.CanonicalFinalizers()
 			}),
-			wantChanged: nil,
+			opts:        platformDefaults,
+			wantChanged: []string{defaultedRevisionHistory, defaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Nil(t, d.Spec.Strategy.RollingUpdate)
 			},
 		},
 		{
-			name: "finalizers are put in canonical order after others",
-			in: stored(func(d *appsv1.Deployment) {
-				d.Finalizers = []string{vocab.FinalizerRecord, "example.com/keep"}
-			}),
-			wantChanged: []string{defaultedMaxUnavailable, defaultedFinalizers},
+			name:        "the cleanup annotation adds its finalizers in canonical order after others",
+			in:          stored(cleanup("drain, record"), withFinalizers("example.com/keep")),
+			wantChanged: []string{defaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
-				assert.Equal(t, []string{"example.com/keep", vocab.FinalizerDrain, vocab.FinalizerRecord}, d.Finalizers)
+				assert.Equal(t, []string{"example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain}, d.Finalizers)
 			},
 		},
 		{
-			name:        "an update never re-adds a finalizer the stored object had",
-			in:          stored(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerRecord} }),
-			old:         stored(func(d *appsv1.Deployment) { d.Finalizers = vocab.CanonicalFinalizers() }),
-			wantChanged: []string{defaultedMaxUnavailable},
+			name:        "the cluster's default steps apply without the annotation",
+			in:          stored(),
+			opts:        func(o *Options) { o.CleanupFinalizers = []string{vocab.FinalizerRecord} },
+			wantChanged: []string{defaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{vocab.FinalizerRecord}, d.Finalizers)
 			},
 		},
 		{
-			name:        "an update adopts a Deployment that predates the guard",
-			in:          stored(),
-			old:         stored(),
-			wantChanged: []string{defaultedMaxUnavailable, defaultedFinalizers},
+			name:        "none in the annotation wins over the cluster's default",
+			in:          stored(cleanup("none")),
+			opts:        func(o *Options) { o.CleanupFinalizers = vocab.CanonicalFinalizers() },
+			wantChanged: nil,
 		},
 		{
-			name: "a Deployment being deleted gets no finalizers",
-			in: stored(func(d *appsv1.Deployment) {
-				d.DeletionTimestamp = &metav1.Time{}
-			}),
-			wantChanged: []string{defaultedMaxUnavailable},
+			name:        "a full update that leaves the finalizers out gets them back",
+			in:          stored(cleanup("record,drain")),
+			old:         stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
+			wantChanged: []string{defaultedFinalizers},
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers)
+			},
+		},
+		{
+			name:        "removing the annotation removes the finalizers",
+			in:          stored(withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
+			old:         stored(cleanup("record,drain"), withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
+			wantChanged: []string{defaultedFinalizers},
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, []string{"example.com/keep"}, d.Finalizers)
+			},
+		},
+		{
+			name:        "an earlier version's finalizers go from a Deployment that does not ask",
+			in:          stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
+			old:         stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
+			wantChanged: []string{defaultedFinalizers},
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Nil(t, d.Finalizers)
+			},
+		},
+		{
+			name:       "the guard's own and break-glass writes are left as sent",
+			in:         stored(cleanup("record,drain"), withFinalizers(vocab.FinalizerDrain)),
+			old:        stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
+			privileged: true,
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, []string{vocab.FinalizerDrain}, d.Finalizers)
+			},
+		},
+		{
+			name:        "while deleting, what the stored object had is put back",
+			in:          stored(cleanup("record,drain"), deleting, withFinalizers("orphan")),
+			old:         stored(cleanup("record,drain"), deleting, withFinalizers(vocab.FinalizerDrain, "orphan")),
+			wantChanged: []string{defaultedFinalizers},
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, []string{"orphan", vocab.FinalizerDrain}, d.Finalizers, "the record step had run: its finalizer stays gone")
+			},
+		},
+		{
+			name: "while deleting, nothing new is added",
+			in:   stored(cleanup("record,drain"), deleting),
+			old:  stored(cleanup("record,drain"), deleting),
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Empty(t, d.Finalizers)
 			},
 		},
 		{
-			name:        "finalizers off by config",
-			in:          stored(),
-			opts:        func(o *Options) { o.AddFinalizers = false },
-			wantChanged: []string{defaultedMaxUnavailable},
+			name: "an unknown step leaves the finalizers alone (the validating webhook refuses it)",
+			in:   stored(cleanup("recrod"), withFinalizers(vocab.FinalizerDrain)),
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, []string{vocab.FinalizerDrain}, d.Finalizers)
+			},
 		},
 	}
 	for _, tt := range tests {
@@ -214,7 +269,7 @@ func TestDefault(t *testing.T) {
 			if tt.opts != nil {
 				tt.opts(o)
 			}
-			changed, errs := Default(tt.in, tt.old, o)
+			changed, errs := Default(tt.in, tt.old, o, tt.privileged)
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
@@ -229,7 +284,7 @@ func TestDefault(t *testing.T) {
 			// Idempotent: the webhook may be invoked again (reinvocationPolicy
 			// IfNeeded) and must then change nothing.
 			again := tt.in.DeepCopy()
-			changed2, errs2 := Default(again, tt.old, o)
+			changed2, errs2 := Default(again, tt.old, o, tt.privileged)
 			require.Empty(t, errs2)
 			assert.Empty(t, changed2, "second run changed fields")
 			assert.Equal(t, tt.in, again)

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 // servers returns the two webhooks as HTTP handlers, with panics left to
@@ -165,9 +166,18 @@ func TestHandlersOnBadInput(t *testing.T) {
 
 func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 	mutating, _ := servers(t)
-	d := realistic()
-	resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+	// A default install changes nothing in a valid Deployment: no patch at all.
+	resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, realistic(), nil)))
 	require.True(t, resp.Allowed)
+	assert.Empty(t, resp.Patch)
+	assert.Empty(t, resp.Warnings)
+
+	d := realistic()
+	d.Annotations[vocab.AnnotationCleanup] = "record"
+	d.Spec.Selector = nil
+	resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+	require.True(t, resp.Allowed)
+	assert.Equal(t, []string{"spec.selector: the selector was empty; deployguard set it to app.kubernetes.io/name=web from the template's stable labels: write it into the manifest to keep it"}, resp.Warnings)
 	var ops []struct {
 		Op   string `json:"op"`
 		Path string `json:"path"`
@@ -181,12 +191,12 @@ func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 	assert.Equal(t, []string{
 		"add /metadata/annotations/deployguard.io~1defaulted",
 		"add /metadata/finalizers",
-		"add /spec/strategy/rollingUpdate/maxUnavailable",
+		"add /spec/selector",
 	}, paths)
 
 	// Applying the patch and admitting again: nothing more to change.
 	again := d.DeepCopy()
-	_, errs := Default(again, nil, testOptions())
+	_, errs := Default(again, nil, testOptions(), false)
 	require.Empty(t, errs)
 	resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, again, nil)))
 	assert.True(t, resp.Allowed)
@@ -198,7 +208,11 @@ func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 func TestMutatingPatchAppliesToDefault(t *testing.T) {
 	mutating, _ := servers(t)
 	tests := map[string]*appsv1.Deployment{
-		"realistic": realistic(),
+		"realistic, asking for cleanup": func() *appsv1.Deployment {
+			d := realistic()
+			d.Annotations[vocab.AnnotationCleanup] = "record,drain"
+			return d
+		}(),
 		"no selector, no annotations": func() *appsv1.Deployment {
 			d := stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil })
 			d.Annotations = nil
@@ -227,7 +241,7 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 			require.NoError(t, json.Unmarshal(patched, got))
 
 			want := d.DeepCopy()
-			_, errs := Default(want, nil, testOptions())
+			_, errs := Default(want, nil, testOptions(), false)
 			require.Empty(t, errs)
 			assert.Equal(t, want, got)
 		})
@@ -286,7 +300,7 @@ func benchmarkAdmission(b *testing.B, p PolicyEvaluator) {
 	create := review(b, admissionv1.Create, d, nil)
 	b.Logf("request size: %d bytes (object %d bytes)", len(create), len(mustJSON(b, d)))
 	guardedD := d.DeepCopy()
-	_, _ = Default(guardedD, nil, testOptions())
+	_, _ = Default(guardedD, nil, testOptions(), false)
 	validate := review(b, admissionv1.Create, guardedD, nil)
 
 	lat := make([]time.Duration, 0, b.N)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -38,7 +40,7 @@ func (m mutator) Handle(ctx context.Context, req admission.Request) admission.Re
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	changed, errs := Default(d, old, m.w.Options)
+	changed, errs := Default(d, old, m.w.Options, m.w.Options.mayManageFinalizers(req.UserInfo))
 	if len(errs) > 0 {
 		st := apierrors.NewInvalid(deploymentGK, d.Name, errs).Status()
 		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
@@ -46,7 +48,21 @@ func (m mutator) Handle(ctx context.Context, req admission.Request) admission.Re
 	if len(changed) == 0 {
 		return admission.Allowed("")
 	}
-	return admission.Patched("", patchFor(d, changed, had)...)
+	resp := admission.Patched("", patchFor(d, changed, had)...)
+	resp.Warnings = DefaultingWarnings(d, changed)
+	return resp
+}
+
+// DefaultingWarnings are the warnings about what Default changed that the user
+// should know: where the stored object differs from the manifest in a way
+// that matters to them. The webhook and the offline check give the same.
+func DefaultingWarnings(d *appsv1.Deployment, changed []string) []string {
+	if !slices.Contains(changed, defaultedSelector) {
+		return nil
+	}
+	return []string{fmt.Sprintf(
+		"spec.selector: the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
+		metav1.FormatLabelSelector(d.Spec.Selector))}
 }
 
 // presence says which parents of the patched fields the request's object had.

@@ -28,18 +28,23 @@ type Options struct {
 	// from, in order; version-like labels are never among them.
 	StableLabelKeys []string
 
-	// Defaults applied where the user did not choose (see Defaults).
+	// Defaults applied where the user did not choose (see Defaults). With the
+	// API server's own values (25%/25%, 10, 600) the guard changes nothing.
 	MaxSurge                intstr.IntOrString
 	MaxUnavailable          intstr.IntOrString
 	RevisionHistoryLimit    int32
 	ProgressDeadlineSeconds int32
-	AddFinalizers           bool
+	// CleanupFinalizers are the guard's finalizers (vocab.ParseCleanupSteps) of
+	// a Deployment without the deployguard.io/cleanup annotation; none by
+	// default, so that deleting a Deployment is what it is without the guard.
+	CleanupFinalizers []string
 
-	// Bounds enforced by the validating webhook. RevisionHistoryBounds.Min is also
-	// the floor the mutating webhook raises a smaller value to, because rollback
-	// needs old ReplicaSets to exist.
+	// Bounds the validating webhook checks; BoundsEnforce refuses a value
+	// outside them, otherwise it is a warning. Bounds are the platform team's
+	// opinion: a value outside them breaks no rollout.
 	RevisionHistoryBounds  Range
 	ProgressDeadlineBounds Range
+	BoundsEnforce          bool
 
 	// GuardUsername is the guard's own service account user
 	// (system:serviceaccount:NS:NAME): it alone may remove or reorder the guard's

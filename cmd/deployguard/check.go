@@ -320,11 +320,12 @@ type verdict struct {
 // admit runs one Deployment through the pipeline, as a CREATE.
 func (p *pipeline) admit(ctx context.Context, d *appsv1.Deployment, user authenticationv1.UserInfo) verdict {
 	guardwebhook.APIServerDefaults(d)
-	defaulted, errs := guardwebhook.Default(d, nil, p.opts)
+	defaulted, errs := guardwebhook.Default(d, nil, p.opts, false)
 	if len(errs) > 0 {
 		return verdict{verdict: "denied", problems: problemsOf(errs)}
 	}
 	f := guardwebhook.Validate(ctx, d, nil, user, p.opts, p)
+	f.Warnings = append(guardwebhook.DefaultingWarnings(d, defaulted), f.Warnings...)
 	if p.policy != nil {
 		pv := p.policy.EvaluateDeployment(ctx, guardwebhook.PolicyInput{
 			Operation: "CREATE", Object: d, Namespace: d.Namespace, UserInfo: user,

@@ -72,6 +72,10 @@ func TestCheck(t *testing.T) {
 	writeFile(t, tree, "b/latest.yml", latestManifest)
 	writeFile(t, tree, "README.md", "not a manifest")
 	broken := writeFile(t, dir, "broken.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: [\n")
+	// Enforcing a built-in policy is one line of the config file.
+	enforce := writeFile(t, dir, "enforce.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  modes: {images: enforce}\n")
+	teamPolicyDir := filepath.Join(dir, "team")
+	writeFile(t, teamPolicyDir, "team.rego", "package deployguard.team\n\ndeny contains \"add a team label\" if not input.object.metadata.labels.team\n")
 	badPolicyDir := filepath.Join(dir, "policies")
 	writeFile(t, badPolicyDir, "bad.rego", "package deployguard.bad\n\ndeny contains msg if {\n")
 
@@ -84,8 +88,13 @@ func TestCheck(t *testing.T) {
 		wantErr  string
 	}{
 		{name: "admitted", args: []string{"-f", good}, wantCode: 0, wantOut: []string{"good.yaml#1 Deployment default/good: ADMITTED", "1 admitted, 0 denied, 0 skipped"}},
+		{name: "the default configuration warns about a :latest image, refuses nothing", args: []string{"-f", multi}, wantCode: 0,
+			wantOut: []string{"multi.yaml#2 Deployment shop/latest: ADMITTED", `warning [policy images] spec.template.spec.containers[0].image: image "nginx:latest"`, "2 admitted, 0 denied, 1 skipped"}},
+		{name: "a rollout-safety check refuses in the default configuration", args: []string{"-f", "-"},
+			stdin: strings.Replace(goodManifest, "  replicas: 2\n", "  replicas: 2\n  strategy: {rollingUpdate: {maxUnavailable: 100%}}\n", 1), wantCode: 1,
+			wantOut: []string{"DENIED", "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: \"100%\": resolves to 2 of 2 replicas"}},
 		{
-			name: "multi-document file: file, document, object, field path and message", args: []string{"-f", multi}, wantCode: 1,
+			name: "multi-document file: file, document, object, field path and message", args: []string{"-f", multi, "--config", enforce}, wantCode: 1,
 			wantOut: []string{
 				"multi.yaml#1 Deployment default/good: ADMITTED",
 				"multi.yaml#2 Deployment shop/latest: DENIED",
@@ -94,22 +103,24 @@ func TestCheck(t *testing.T) {
 				"1 admitted, 1 denied, 1 skipped",
 			},
 		},
-		{name: "directory, recursively, manifests only", args: []string{"-f", tree}, wantCode: 1, wantOut: []string{"good.yaml#1", "latest.yml#1", "1 admitted, 1 denied, 0 skipped"}},
-		{name: "stdin", args: []string{"-f", "-"}, stdin: latestManifest, wantCode: 1, wantOut: []string{"<stdin>#1 Deployment shop/latest: DENIED"}},
+		{name: "directory, recursively, manifests only", args: []string{"-f", tree, "--config", enforce}, wantCode: 1, wantOut: []string{"good.yaml#1", "latest.yml#1", "1 admitted, 1 denied, 0 skipped"}},
+		{name: "stdin", args: []string{"-f", "-", "--config", enforce}, stdin: latestManifest, wantCode: 1, wantOut: []string{"<stdin>#1 Deployment shop/latest: DENIED"}},
 		{name: "empty selector is caught before a cluster", args: []string{"-f", "-"}, stdin: strings.Replace(goodManifest, "  selector:\n    matchLabels: {app.kubernetes.io/name: good}\n", "", 1), wantCode: 0,
-			wantOut: []string{"ADMITTED", "the guard would default: spec.selector"}},
-		{name: "warnings do not fail", args: []string{"-f", noProbe}, wantCode: 0, wantOut: []string{"warning [policy probes]", "no container has a readinessProbe"}},
+			wantOut: []string{"ADMITTED", "the guard would default: spec.selector", "warning spec.selector: the selector was empty; deployguard set it to app.kubernetes.io/name=good"}},
+		{name: "warnings do not fail", args: []string{"-f", noProbe}, wantCode: 0, wantOut: []string{`warning [policy probes] spec.template.spec.containers[0].readinessProbe: container "c" has no readinessProbe`}},
 		{name: "warnings fail with --strict", args: []string{"-f", noProbe, "--strict"}, wantCode: 1},
-		{name: "json output", args: []string{"-f", multi, "-o", "json"}, wantCode: 1, wantOut: []string{`"verdict": "denied"`, `"field": "spec.template.spec.containers[0].image"`, `"file": "` + multi + `"`}},
+		{name: "json output", args: []string{"-f", multi, "-o", "json", "--config", enforce}, wantCode: 1, wantOut: []string{`"verdict": "denied"`, `"field": "spec.template.spec.containers[0].image"`, `"file": "` + multi + `"`}},
 		{name: "unreadable input", args: []string{"-f", filepath.Join(dir, "missing.yaml")}, wantCode: 2, wantErr: "no such file"},
 		{name: "malformed YAML", args: []string{"-f", broken}, wantCode: 2, wantErr: "document 1"},
 		{name: "no -f", args: nil, wantCode: 2, wantErr: "usage"},
 		{name: "bad output format", args: []string{"-f", good, "-o", "xml"}, wantCode: 2, wantErr: "usage"},
 		{name: "a broken policy directory is a usage error naming file and line", args: []string{"-f", good, "--policy-dir", badPolicyDir}, wantCode: 2, wantErr: "bad.rego:"},
-		{name: "disabled built-in by config", args: []string{"-f", "-", "--config", writeFile(t, dir, "guard.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  disableBuiltins: [images]\n")},
+		{name: "disabled built-in by config", args: []string{"-f", "-", "--config", writeFile(t, dir, "guard.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  disableBuiltins: [images]\n  modes: {images: enforce}\n")},
 			stdin: latestManifest, wantCode: 0},
-		{name: "warn mode by config turns the denial into a warning", args: []string{"-f", "-", "--config", writeFile(t, dir, "warn.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  modeOverride: warn\n")},
-			stdin: latestManifest, wantCode: 0, wantOut: []string{"warning [policy images]"}},
+		{name: "warn mode by config turns a denial into a warning", args: []string{"-f", "-", "--policy-dir", teamPolicyDir, "--config", writeFile(t, dir, "warn.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  modeOverride: warn\n")},
+			stdin: latestManifest, wantCode: 0, wantOut: []string{"warning [policy team] add a team label"}},
+		{name: "a team policy enforces by default", args: []string{"-f", "-", "--policy-dir", teamPolicyDir},
+			stdin: latestManifest, wantCode: 1, wantOut: []string{"error   spec: Forbidden: [policy team] add a team label"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,7 +139,8 @@ func TestCheck(t *testing.T) {
 
 func TestCheckJSONIsMachineReadable(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"check", "-f", "-", "-o", "json"}, strings.NewReader(goodManifest+"---\n"+latestManifest), &stdout, &stderr)
+	cfg := writeFile(t, t.TempDir(), "enforce.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  modes: {images: enforce}\n")
+	code := run([]string{"check", "-f", "-", "-o", "json", "--config", cfg}, strings.NewReader(goodManifest+"---\n"+latestManifest), &stdout, &stderr)
 	require.Equal(t, 1, code, stderr.String())
 	var results []checkResult
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &results))

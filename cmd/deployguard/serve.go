@@ -206,6 +206,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	ropts := reconciler.DefaultOptions()
 	ropts.AutoRollback = cfg.Rollback.AutoRollback
 	ropts.IgnoredNamespaces = []string{"kube-system", "kube-node-lease", "kube-public", f.namespace}
+	ropts.CleanupFinalizers = cfg.CleanupFinalizers()
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
 	rollouts := &reconciler.DeploymentReconciler{

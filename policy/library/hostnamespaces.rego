@@ -4,7 +4,7 @@
 #   The pod template shares none of the node's namespaces: hostNetwork, hostPID
 #   and hostIPC let a pod see and reach everything else on the node.
 # custom:
-#   mode: enforce
+#   mode: warn
 package deployguard.hostnamespaces
 
 # what each field shares, for the message.

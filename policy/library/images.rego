@@ -6,7 +6,7 @@
 #   registry holds right now", so a rollback or a rescheduled pod may run other
 #   code than the one that was reviewed.
 # custom:
-#   mode: enforce
+#   mode: warn
 package deployguard.images
 
 # "name:latest@sha256:…" does not end in ":latest": a digest pins it.

@@ -13,7 +13,7 @@ deny contains finding if {
 	not container.readinessProbe
 	finding := {
 		"msg": sprintf(
-			"container %q has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec) so a rollout waits until new pods can serve",
+			"container %q has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec), or a rollout of pods that cannot serve completes anyway and is never rolled back",
 			[container.name],
 		),
 		"field": sprintf("spec.template.spec.containers[%d].readinessProbe", [i]),

@@ -12,7 +12,7 @@ test_missing_probe_named if {
 		{"name": "sidecar"},
 	])
 	findings == {{
-		"msg": "container \"sidecar\" has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec) so a rollout waits until new pods can serve",
+		"msg": "container \"sidecar\" has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec), or a rollout of pods that cannot serve completes anyway and is never rolled back",
 		"field": "spec.template.spec.containers[1].readinessProbe",
 	}}
 }

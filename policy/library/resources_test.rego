@@ -6,12 +6,17 @@ test_requests_present_allowed if {
 	count(deny) == 0 with input as deployment([{"name": "web", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}}])
 }
 
-test_no_resources_denied_twice if {
+test_no_resources_one_finding if {
 	findings := deny with input as deployment([{"name": "web"}])
-	{f.field | some f in findings} == {
-		"spec.template.spec.containers[0].resources.requests.cpu",
-		"spec.template.spec.containers[0].resources.requests.memory",
-	}
+	findings == {{
+		"msg": "container \"web\" has no cpu or memory request: set resources.requests.cpu (for example \"100m\") and resources.requests.memory (for example \"128Mi\")",
+		"field": "spec.template.spec.containers[0].resources.requests",
+	}}
+}
+
+test_empty_resources_one_finding if {
+	findings := deny with input as deployment([{"name": "web", "resources": {}}])
+	count(findings) == 1
 }
 
 test_missing_memory_message if {
@@ -24,7 +29,15 @@ test_missing_memory_message if {
 
 test_empty_request_denied if {
 	findings := deny with input as deployment([{"name": "web", "resources": {"requests": {"cpu": "", "memory": "64Mi"}}}])
-	count(findings) == 1
+	{f.field | some f in findings} == {"spec.template.spec.containers[0].resources.requests.cpu"}
+}
+
+test_each_container_reported if {
+	findings := deny with input as deployment([{"name": "web"}, {"name": "sidecar", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}, {"name": "proxy"}])
+	{f.field | some f in findings} == {
+		"spec.template.spec.containers[0].resources.requests",
+		"spec.template.spec.containers[2].resources.requests",
+	}
 }
 
 test_init_containers_checked if {

@@ -8,6 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -19,18 +21,114 @@ import (
 const Domain = "deployguard.io"
 
 // The guard's cleanup finalizers. The reconciler runs one step per finalizer, in
-// the order of metadata.finalizers; the mutating webhook adds them in this order.
+// the order of metadata.finalizers; the mutating webhook adds them in canonical
+// order (record, then drain), and only to a Deployment that asks for its
+// cleanup (AnnotationCleanup, or the cluster's default steps): a finalizer
+// holds a deletion, and deletion must stay deletion for every client that did
+// not ask otherwise.
 const (
-	// FinalizerDrain scales the Deployment to zero and waits for its pods to end.
-	FinalizerDrain = Domain + "/drain"
-	// FinalizerRecord saves a restorable record of the Deployment.
+	// FinalizerRecord saves a restorable record of the Deployment. It runs
+	// first, while the Deployment and its ReplicaSets are still whole.
 	FinalizerRecord = Domain + "/record"
+	// FinalizerDrain scales the Deployment to zero and waits until every one of
+	// its pods has been told to stop.
+	FinalizerDrain = Domain + "/drain"
+)
+
+// Cleanup steps, as AnnotationCleanup and the config file name them.
+const (
+	StepRecord = "record"
+	StepDrain  = "drain"
+	// StepNone in AnnotationCleanup asks for no cleanup, whatever the
+	// cluster's default.
+	StepNone = "none"
 )
 
 // CanonicalFinalizers returns the guard's finalizers in the order their steps run.
 // A new slice each call, so callers may modify it.
 func CanonicalFinalizers() []string {
-	return []string{FinalizerDrain, FinalizerRecord}
+	return []string{FinalizerRecord, FinalizerDrain}
+}
+
+// stepFinalizers maps each step to its finalizer, in canonical order.
+var stepFinalizers = []struct{ step, finalizer string }{
+	{StepRecord, FinalizerRecord},
+	{StepDrain, FinalizerDrain},
+}
+
+// CleanupSteps returns every value AnnotationCleanup accepts in its list.
+func CleanupSteps() []string { return []string{StepRecord, StepDrain, StepNone} }
+
+// ParseCleanupSteps parses a comma-separated list of cleanup steps (the value
+// of AnnotationCleanup) into the finalizers that run them, in canonical order
+// whatever the order written. "none" alone, or an empty list, gives none. An
+// unknown step is an error that names it, so that a typo never silently
+// leaves a Deployment without the cleanup its owner asked for.
+func ParseCleanupSteps(s string) ([]string, error) {
+	want := map[string]bool{}
+	for _, x := range strings.Split(s, ",") {
+		x = strings.ToLower(strings.TrimSpace(x))
+		switch x {
+		case "":
+		case StepRecord, StepDrain, StepNone:
+			want[x] = true
+		default:
+			return nil, fmt.Errorf("unknown cleanup step %q: the steps are %q and %q (comma-separated), or %q", x, StepRecord, StepDrain, StepNone)
+		}
+	}
+	if want[StepNone] && len(want) > 1 {
+		return nil, fmt.Errorf("%q cannot be combined with other cleanup steps", StepNone)
+	}
+	var out []string
+	for _, sf := range stepFinalizers {
+		if want[sf.step] {
+			out = append(out, sf.finalizer)
+		}
+	}
+	return out, nil
+}
+
+// DesiredFinalizers returns the guard's finalizers a live Deployment should
+// carry, in canonical order: the steps of its AnnotationCleanup when it has
+// one, otherwise the cluster's default (finalizers, as ParseCleanupSteps
+// returns them). An annotation that does not parse is an error; callers then
+// leave the finalizers as they are.
+func DesiredFinalizers(annotations map[string]string, clusterDefault []string) ([]string, error) {
+	v, ok := annotations[AnnotationCleanup]
+	if !ok {
+		return slices.Clone(clusterDefault), nil
+	}
+	return ParseCleanupSteps(v)
+}
+
+// IsCleanupFinalizer reports whether f is one of the guard's cleanup
+// finalizers (a known one; IsGuardFinalizer also covers unknown names in the
+// guard's domain).
+func IsCleanupFinalizer(f string) bool { return f == FinalizerRecord || f == FinalizerDrain }
+
+// WithGuardFinalizers returns finalizers with the guard's cleanup finalizers
+// set to want (in want's order, after the others, which keep their places),
+// and whether that changed anything. The input is not modified.
+func WithGuardFinalizers(finalizers, want []string) ([]string, bool) {
+	if slices.Equal(GuardFinalizers(finalizers), want) {
+		return finalizers, false
+	}
+	out := append(slices.DeleteFunc(slices.Clone(finalizers), IsCleanupFinalizer), want...)
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, true
+}
+
+// GuardFinalizers returns the guard's cleanup finalizers in f, in their order.
+func GuardFinalizers(f []string) []string {
+	var out []string
+	for _, x := range f {
+		if IsCleanupFinalizer(x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // IsGuardFinalizer reports whether f is in the guard's domain (known or not).
@@ -62,6 +160,12 @@ const (
 	AnnotationAllowTemplate = Domain + "/allow-template"
 	// AnnotationProtected set to "true" makes the validating webhook refuse DELETE.
 	AnnotationProtected = Domain + "/protected"
+	// AnnotationCleanup asks for the guard's cleanup on deletion: a
+	// comma-separated list of steps ("record", "drain") or "none". Without it,
+	// the cluster's default applies (none unless the platform team configures
+	// cleanup.steps). Only a Deployment that asks carries the guard's
+	// finalizers, so only its deletion waits for the steps.
+	AnnotationCleanup = Domain + "/cleanup"
 	// AnnotationSkipCleanup set to "true" on a Deployment makes the guard remove
 	// its finalizers on deletion without running the cleanup steps.
 	AnnotationSkipCleanup = Domain + "/skip-cleanup"
@@ -146,6 +250,7 @@ const (
 	ReasonDrainStarted     = "DrainStarted"
 	ReasonDrained          = "Drained"
 	ReasonDrainTimedOut    = "DrainTimedOut"
+	ReasonDrainSkipped     = "DrainSkipped"
 	ReasonRecorded         = "Recorded"
 	ReasonRecordFailed     = "RecordFailed"
 	ReasonCleanupSkipped   = "CleanupSkipped"

@@ -16,6 +16,8 @@ import (
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 const (
@@ -39,12 +41,15 @@ type Config struct {
 	Exemptions Exemptions `yaml:"exemptions"`
 }
 
-// Defaults are what the mutating webhook fills in where the user did not choose.
+// Defaults are what the mutating webhook fills in where the user did not
+// choose. They start at the API server's own values, so that a default install
+// changes nothing in a Deployment's rollout arithmetic.
 type Defaults struct {
 	Strategy                Strategy `yaml:"strategy"`
 	RevisionHistoryLimit    int32    `yaml:"revisionHistoryLimit"`
 	ProgressDeadlineSeconds int32    `yaml:"progressDeadlineSeconds"`
-	// AddFinalizers adds the guard's cleanup finalizers to every guarded Deployment.
+	// AddFinalizers is the former switch of the cleanup finalizers, kept so
+	// that an older file still loads: true means cleanup.steps [record, drain].
 	AddFinalizers bool `yaml:"addFinalizers"`
 }
 
@@ -54,8 +59,11 @@ type Strategy struct {
 	MaxUnavailable string `yaml:"maxUnavailable"`
 }
 
-// Bounds are the limits the validating webhook enforces.
+// Bounds are the platform team's limits, which the validating webhook checks:
+// a value outside them is a warning, or refused when Enforce is set. A value
+// outside them breaks no rollout, so they do not refuse by default.
 type Bounds struct {
+	Enforce                 bool  `yaml:"enforce"`
 	RevisionHistoryLimit    Range `yaml:"revisionHistoryLimit"`
 	ProgressDeadlineSeconds Range `yaml:"progressDeadlineSeconds"`
 }
@@ -91,6 +99,11 @@ type Rollback struct {
 
 // Cleanup configures finalizer-ordered cleanup.
 type Cleanup struct {
+	// Steps are the cleanup steps (record, drain) of a Deployment without the
+	// deployguard.io/cleanup annotation. Empty by default: a step holds the
+	// deletion until it is done, which clients that delete and re-create by
+	// name, or wait for the pods to go, do not expect.
+	Steps           []string `yaml:"steps"`
 	DrainTimeout    Duration `yaml:"drainTimeout"`
 	RecordRetention Duration `yaml:"recordRetention"`
 }
@@ -145,13 +158,12 @@ func Default() Config {
 		APIVersion: APIVersion,
 		Kind:       Kind,
 		Defaults: Defaults{
-			Strategy:                Strategy{MaxSurge: "25%", MaxUnavailable: "0"},
+			Strategy:                Strategy{MaxSurge: "25%", MaxUnavailable: "25%"},
 			RevisionHistoryLimit:    10,
 			ProgressDeadlineSeconds: 600,
-			AddFinalizers:           true,
 		},
 		Bounds: Bounds{
-			RevisionHistoryLimit:    Range{Min: 2, Max: 100},
+			RevisionHistoryLimit:    Range{Min: 1, Max: 100},
 			ProgressDeadlineSeconds: Range{Min: 30, Max: 7200},
 		},
 		Selector: Selector{StableLabelKeys: []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"}},
@@ -270,6 +282,12 @@ func (c *Config) Validate() field.ErrorList {
 		errs = append(errs, field.NotSupported(field.NewPath("rollback", "quarantine"), c.Rollback.Quarantine, []string{"enforce", "warn", "off"}))
 	}
 	cl := field.NewPath("cleanup")
+	if _, err := vocab.ParseCleanupSteps(strings.Join(c.Cleanup.Steps, ",")); err != nil {
+		errs = append(errs, field.Invalid(cl.Child("steps"), c.Cleanup.Steps, err.Error()))
+	}
+	if c.Defaults.AddFinalizers && len(c.Cleanup.Steps) > 0 {
+		errs = append(errs, field.Invalid(d.Child("addFinalizers"), true, "replaced by cleanup.steps: remove it"))
+	}
 	if c.Cleanup.DrainTimeout.Duration <= 0 {
 		errs = append(errs, field.Invalid(cl.Child("drainTimeout"), c.Cleanup.DrainTimeout.String(), "must be positive"))
 	}
@@ -295,6 +313,17 @@ func (c *Config) Validate() field.ErrorList {
 			"must be positive and at most 2s, well inside the webhook's timeout"))
 	}
 	return errs
+}
+
+// CleanupFinalizers returns the guard's finalizers of a Deployment that does
+// not choose its own cleanup steps. The file was validated, so they parse.
+func (c Config) CleanupFinalizers() []string {
+	steps := c.Cleanup.Steps
+	if c.Defaults.AddFinalizers && len(steps) == 0 {
+		steps = []string{vocab.StepRecord, vocab.StepDrain}
+	}
+	f, _ := vocab.ParseCleanupSteps(strings.Join(steps, ","))
+	return f
 }
 
 // IntOrString returns the default strategy's values in the API's type.

@@ -43,6 +43,43 @@ exemptions:
 			},
 		},
 		{
+			name: "a default install changes nothing of upstream's and holds no deletion",
+			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\n",
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, Strategy{MaxSurge: "25%", MaxUnavailable: "25%"}, c.Defaults.Strategy)
+				assert.Empty(t, c.CleanupFinalizers())
+				assert.False(t, c.Bounds.Enforce)
+				o := c.WebhookOptions("guard")
+				assert.False(t, o.BoundsEnforce)
+				assert.Empty(t, o.CleanupFinalizers)
+			},
+		},
+		{
+			name: "cleanup steps for every Deployment, in canonical order",
+			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  steps: [drain, record]\nbounds:\n  enforce: true\n",
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, []string{"deployguard.io/record", "deployguard.io/drain"}, c.CleanupFinalizers())
+				assert.True(t, c.WebhookOptions("guard").BoundsEnforce)
+			},
+		},
+		{
+			name: "the former addFinalizers still loads, as both steps",
+			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  addFinalizers: true\n",
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, []string{"deployguard.io/record", "deployguard.io/drain"}, c.CleanupFinalizers())
+			},
+		},
+		{
+			name:    "an unknown cleanup step names the line",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  steps: [record, backup]\n",
+			wantErr: []string{"line 4: cleanup.steps", `unknown cleanup step "backup"`},
+		},
+		{
+			name:    "addFinalizers beside cleanup.steps is refused",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  addFinalizers: true\ncleanup:\n  steps: [record]\n",
+			wantErr: []string{"line 4: defaults.addFinalizers", "replaced by cleanup.steps"},
+		},
+		{
 			name:    "unknown field names the field and the line",
 			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  revisionHistoryLimt: 5\n",
 			wantErr: []string{"line 4", "revisionHistoryLimt"},
@@ -145,4 +182,15 @@ func TestLoad(t *testing.T) {
 func TestDefaultIsValid(t *testing.T) {
 	c := Default()
 	assert.Empty(t, c.Validate())
+}
+
+// The file the install ships (config/manager/guard.yaml) lists the defaults:
+// it must say what the guard does without it.
+func TestShippedFileIsTheDefaults(t *testing.T) {
+	c, err := Load(filepath.Join("..", "..", "..", "config", "manager", "guard.yaml"))
+	require.NoError(t, err)
+	want := Default()
+	want.Policy.Modes = map[string]string{}
+	want.Cleanup.Steps = []string{}
+	assert.Equal(t, want, c)
 }
