@@ -122,7 +122,11 @@ type DeploymentReconciler struct {
 	Clock clock.PassiveClock
 	// Metrics are the reconciler's metrics; see NewMetrics.
 	Metrics *Metrics
-	Options Options
+	// Installed reports whether the guard is installed (its webhook
+	// configurations exist); cleanup finalizers are added only then. Nil
+	// means always.
+	Installed func(ctx context.Context) (bool, error)
+	Options   Options
 }
 
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;patch

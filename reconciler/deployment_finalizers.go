@@ -32,10 +32,25 @@ func AlignFinalizers(d *appsv1.Deployment, clusterDefault []string) ([]string, b
 // and the finalizers an earlier version of the guard put on every Deployment.
 // One write conditional on the resourceVersion read, so a concurrent change is
 // decided again from a fresh read.
+//
+// Finalizers are added only while the guard is installed (r.Installed): the
+// uninstall deletes the webhook configurations first, then removes the
+// finalizers, and a guard still running meanwhile must not put them back.
+// Removing is always right.
 func (r *DeploymentReconciler) reconcileFinalizers(ctx context.Context, d *appsv1.Deployment, _ []*appsv1.ReplicaSet) error {
 	next, changed := AlignFinalizers(d, r.Options.CleanupFinalizers)
 	if !changed {
 		return nil
+	}
+	if adds := len(vocab.GuardFinalizers(next)) > len(vocab.GuardFinalizers(d.Finalizers)); adds && r.Installed != nil {
+		installed, err := r.Installed(ctx)
+		if err != nil {
+			return fmt.Errorf("checking that the guard is installed: %w", err)
+		}
+		if !installed {
+			ctrl.LoggerFrom(ctx).V(1).Info("Not adding cleanup finalizers: the guard's webhook configuration is gone (uninstall)")
+			return nil
+		}
 	}
 	before := vocab.GuardFinalizers(d.Finalizers)
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -115,4 +116,18 @@ func TestDrainSkipped(t *testing.T) {
 			assert.Equal(t, 1.0, e.cleanupSteps(stepDrain, resultSkipped))
 		})
 	}
+}
+
+// While the guard is being uninstalled (its webhook configurations deleted
+// first), the reconciler removes finalizers but never adds them back.
+func TestFinalizersNotAddedOnceUninstalled(t *testing.T) {
+	d := deployment(annotate(vocab.AnnotationCleanup, "record,drain"))
+	e := newEnv(t, namespace(nil), d)
+	e.r.Installed = func(context.Context) (bool, error) { return false, nil }
+	require.NoError(t, e.reconcile())
+	assert.Empty(t, e.deployment().Finalizers)
+
+	e.r.Installed = func(context.Context) (bool, error) { return true, nil }
+	require.NoError(t, e.reconcile())
+	assert.Equal(t, vocab.CanonicalFinalizers(), e.deployment().Finalizers)
 }

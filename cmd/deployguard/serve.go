@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -210,10 +212,11 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
 	rollouts := &reconciler.DeploymentReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder("deployguard"),
-		Metrics:  rm,
-		Options:  ropts,
+		Client:    mgr.GetClient(),
+		Recorder:  mgr.GetEventRecorder("deployguard"),
+		Metrics:   rm,
+		Installed: webhookInstalled(mgr.GetClient(), f.mutatingName),
+		Options:   ropts,
 	}
 	if err := rollouts.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("setting up the rollout reconciler: %w", err)
@@ -288,6 +291,18 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, f *serveFlags, restCfg *r
 		PodName: os.Getenv("POD_NAME"), PodNamespace: f.namespace, PodUID: os.Getenv("POD_UID"),
 		ValidatingName: f.validatingName, Every: f.certCheckPeriod,
 	})
+}
+
+// webhookInstalled reports whether the guard's mutating webhook configuration
+// exists, from the manager's cache (the readiness check reads it too).
+func webhookInstalled(r client.Reader, name string) func(context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		err := r.Get(ctx, client.ObjectKey{Name: name}, &admissionregistrationv1.MutatingWebhookConfiguration{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -32,12 +32,6 @@ import (
 // drainTimeout is cleanup.drainTimeout in the suite's guard config.
 const drainTimeout = 45 * time.Second
 
-// holdFinalizer is the tests' own finalizer on a pod: kwok deletes a pod as
-// soon as it is asked to (grace period 0), but the API server keeps it,
-// terminating, until its finalizers are gone. That is how a test makes a drain
-// last as long as it needs.
-const holdFinalizer = "e2e.deployguard.io/hold"
-
 // timelineEvent is one watch event of the timeline.
 type timelineEvent struct {
 	kind, name string
@@ -189,16 +183,41 @@ func count(xs []string, x string) int {
 	return n
 }
 
-// Deleting a guarded Deployment runs the cleanup steps in the order of its
-// finalizers: every pod ends while its ReplicaSet still exists, then the
-// record is saved, then the Deployment goes, and only then the garbage
-// collector deletes the ReplicaSets. `deployguard restore` brings it back.
-func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
+// withCleanup asks for the guard's cleanup on deletion: record, then drain.
+func withCleanup(d *appsv1.Deployment) *appsv1.Deployment {
+	if d.Annotations == nil {
+		d.Annotations = map[string]string{}
+	}
+	d.Annotations[vocab.AnnotationCleanup] = "record,drain"
+	return d
+}
+
+// toldToStop returns, for each pod of the timeline, the resourceVersion at
+// which it was first seen terminating or gone.
+func toldToStop(events []timelineEvent) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, e := range events {
+		if e.kind != "Pod" || !(e.deleting || e.typ == watch.Deleted) {
+			continue
+		}
+		if _, ok := out[e.name]; !ok {
+			out[e.name] = e.rv
+		}
+	}
+	return out
+}
+
+// Deleting a Deployment that asks for its cleanup runs the steps in the order
+// of its finalizers: the record is saved while the Deployment and its
+// ReplicaSets are whole, then the drain scales it to zero and the Deployment
+// goes once every pod has been told to stop; only then the garbage collector
+// deletes the ReplicaSets. `deployguard restore` brings it back.
+func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
-	d := deployment(ns, "web", "web:1.0")
+	d := withCleanup(deployment(ns, "web", "web:1.0"))
 	d.Spec.Replicas = ptr(int32(3))
-	d.Annotations = map[string]string{"kubernetes.io/change-cause": "release 1.0"}
+	d.Annotations["kubernetes.io/change-cause"] = "release 1.0"
 	require.NoError(t, local.Client.Create(ctx, d))
 	waitAvailable(t, ns, "web", time.Minute)
 	waitKnownGood(t, ns, "web", 1)
@@ -215,12 +234,18 @@ func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
 	})
 	events := tl.snapshot()
 
-	assert.Equal(t, [][]string{{vocab.FinalizerDrain, vocab.FinalizerRecord}, {vocab.FinalizerRecord}},
-		guardFinalizerSteps(events, "web"), "drain, then record, each finalizer removed when its step is done")
+	assert.Equal(t, [][]string{{vocab.FinalizerRecord, vocab.FinalizerDrain}, {vocab.FinalizerDrain}},
+		guardFinalizerSteps(events, "web"), "record, then drain, each finalizer removed when its step is done")
 
-	podsGone := tl.filter("Pod", watch.Deleted)
-	require.Len(t, podsGone, 3, "every pod was deleted")
-	lastPodGone := podsGone[len(podsGone)-1].rv
+	stopped := toldToStop(events)
+	require.Len(t, stopped, 3, "every pod was told to stop")
+	var firstStop, lastStop uint64
+	for _, rv := range stopped {
+		if firstStop == 0 || rv < firstStop {
+			firstStop = rv
+		}
+		lastStop = max(lastStop, rv)
+	}
 	var recordCreated, deploymentGone uint64
 	for _, e := range tl.filter("ConfigMap", watch.Added) {
 		if e.name == "deployguard-record-web" {
@@ -234,9 +259,8 @@ func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
 	require.NotZero(t, recordCreated, "the record was created")
 	require.NotZero(t, deploymentGone)
 	require.NotEmpty(t, rssGone)
-	assert.Less(t, lastPodGone, recordCreated, "the pods were gone before the record step")
-	assert.Less(t, recordCreated, deploymentGone, "the record was saved before the Deployment went")
-	assert.Less(t, lastPodGone, rssGone[0].rv, "the pods were gone before the first ReplicaSet")
+	assert.Less(t, recordCreated, firstStop, "the record was saved before any pod was told to stop")
+	assert.Less(t, lastStop, deploymentGone, "every pod was told to stop before the Deployment went")
 	assert.Less(t, deploymentGone, rssGone[0].rv, "the ReplicaSets went after the Deployment, by garbage collection")
 
 	reasons := waitEvents(t, ns, "web", vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded)
@@ -256,7 +280,7 @@ func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
 	assert.Equal(t, orig.Spec.Template, restored.Spec.Template, "the same template")
 	assert.Equal(t, int32(3), *restored.Spec.Replicas, "the replicas it had before the drain")
 	assert.Equal(t, "release 1.0", restored.Annotations["kubernetes.io/change-cause"])
-	assert.Equal(t, vocab.CanonicalFinalizers(), restored.Finalizers, "guarded again")
+	assert.Equal(t, vocab.CanonicalFinalizers(), restored.Finalizers, "it asks for its cleanup again")
 
 	out, err = guard(ctx, t, "restore", ns+"/web")
 	require.Error(t, err, "a second restore must not overwrite the Deployment")
@@ -266,48 +290,83 @@ func TestDeletingGuardedDeploymentDrainsRecordsAndRestores(t *testing.T) {
 	assert.Contains(t, out, "no record of Deployment "+ns+"/never-existed")
 }
 
-// The guard is killed in the middle of a drain: a pod of the Deployment is
-// held terminating by the test's own finalizer. The restarted guard finds the
-// drain where it was (its start time and scale on the Deployment), waits for
-// the pod, and finishes the cleanup, without doing anything twice.
+// holdPodDeletions makes the API server refuse every DELETE of a pod in ns,
+// with a ValidatingAdmissionPolicy, so that the ReplicaSet controller cannot
+// stop the pods of a scaled-down ReplicaSet: that is how a test makes a drain
+// wait as long as it needs. It returns once the policy is in force, and the
+// function that lifts it.
+func holdPodDeletions(ctx context.Context, t *testing.T, ns string) (lift func()) {
+	t.Helper()
+	name := "e2e-hold-pod-deletions-" + ns
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "pod deletions are held by the test"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}},
+		},
+	}
+	require.NoError(t, local.Client.Create(ctx, policy))
+	require.NoError(t, local.Client.Create(ctx, binding))
+	lift = func() {
+		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), binding))
+		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), policy))
+	}
+	t.Cleanup(lift)
+	// In force once a dry-run deletion of a pod is refused.
+	canary := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hold-canary"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "canary:1"}}, NodeSelector: map[string]string{"deployguard.io/e2e": "no-such-node"}}}
+	require.NoError(t, local.Client.Create(ctx, canary))
+	waitFor(t, 20*time.Second, "the policy holding pod deletions did not take effect", func(ctx context.Context) (bool, string, error) {
+		err := local.Client.Delete(ctx, canary, client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), "held by the test"), fmt.Sprint(err), nil
+	})
+	return lift
+}
+
+// The guard is killed in the middle of a drain: the API server refuses to
+// delete the Deployment's pods (an admission policy holds them), so the drain
+// waits. The restarted guard finds the drain where it was (its start time and
+// scale on the Deployment), waits, and finishes the cleanup once the pods are
+// let go, without doing anything twice.
 func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "slow", "app:1")))
+	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "slow", "app:1"))))
 	waitAvailable(t, ns, "slow", time.Minute)
-
-	var pods corev1.PodList
-	require.NoError(t, local.Client.List(ctx, &pods, client.InNamespace(ns)))
-	require.Len(t, pods.Items, 2)
-	held := &pods.Items[0]
-	patch := client.MergeFrom(held.DeepCopy())
-	held.Finalizers = append(held.Finalizers, holdFinalizer)
-	require.NoError(t, local.Client.Patch(ctx, held, patch))
-	release := func() error {
-		p := &corev1.Pod{}
-		if err := local.Client.Get(ctx, client.ObjectKeyFromObject(held), p); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		patch := client.MergeFrom(p.DeepCopy())
-		p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == holdFinalizer })
-		return client.IgnoreNotFound(local.Client.Patch(ctx, p, patch))
-	}
-	t.Cleanup(func() { _ = release() })
+	lift := holdPodDeletions(ctx, t, ns)
 
 	tl := startTimeline(t, ns)
 	require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "slow")))
 	var draining *appsv1.Deployment
 	waitFor(t, 30*time.Second, "the drain did not start", func(ctx context.Context) (bool, string, error) {
 		draining = get(ctx, t, ns, "slow")
-		var pods corev1.PodList
-		if err := local.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+		var rss appsv1.ReplicaSetList
+		if err := local.Client.List(ctx, &rss, client.InNamespace(ns)); err != nil {
 			return false, "", err
 		}
-		return draining.Annotations[vocab.AnnotationDrainStarted] != "" && len(pods.Items) == 1 && pods.Items[0].DeletionTimestamp != nil,
-			fmt.Sprintf("%d pods, %s", len(pods.Items), describe(draining)), nil
+		scaled := len(rss.Items) > 0
+		for _, rs := range rss.Items {
+			scaled = scaled && rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0
+		}
+		return draining.Annotations[vocab.AnnotationDrainStarted] != "" && scaled, describe(draining), nil
 	})
 	require.Equal(t, int32(0), *draining.Spec.Replicas)
-	require.Equal(t, vocab.CanonicalFinalizers(), draining.Finalizers, "the drain waits for the held pod")
+	require.Equal(t, []string{vocab.FinalizerDrain}, draining.Finalizers, "recorded; the drain waits for the held pods")
 
 	before := leaseHolder(ctx, t)
 	require.NoError(t, local.RestartGuard(ctx), "killed in the middle of the drain")
@@ -322,11 +381,21 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "slow"}, d); err != nil {
 			return true
 		}
-		return !slices.Equal(d.Finalizers, vocab.CanonicalFinalizers()) || d.Generation != draining.Generation ||
+		return !slices.Equal(d.Finalizers, []string{vocab.FinalizerDrain}) || d.Generation != draining.Generation ||
 			d.Annotations[vocab.AnnotationDrainStarted] != draining.Annotations[vocab.AnnotationDrainStarted]
 	}, 3*time.Second, 100*time.Millisecond, "the restarted guard neither started the drain again nor gave up waiting")
 
-	require.NoError(t, release())
+	lift()
+	// The ReplicaSet controller retries its refused deletions with a growing
+	// backoff; a change to the ReplicaSets brings them back at once.
+	var rss appsv1.ReplicaSetList
+	require.NoError(t, local.Client.List(ctx, &rss, client.InNamespace(ns)))
+	for i := range rss.Items {
+		rs := &rss.Items[i]
+		patch := client.MergeFrom(rs.DeepCopy())
+		metav1.SetMetaDataAnnotation(&rs.ObjectMeta, "e2e.deployguard.io/poke", "1")
+		require.NoError(t, local.Client.Patch(ctx, rs, patch))
+	}
 	waitGone(t, ns, "slow", 30*time.Second)
 
 	reasons := waitEvents(t, ns, "slow", vocab.ReasonDrainStarted, vocab.ReasonDrained, vocab.ReasonRecorded)
@@ -341,7 +410,7 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []watch.EventType{watch.Added}, writes, "the record was written once")
-	assert.Equal(t, [][]string{{vocab.FinalizerDrain, vocab.FinalizerRecord}, {vocab.FinalizerRecord}}, guardFinalizerSteps(tl.snapshot(), "slow"))
+	assert.Equal(t, [][]string{{vocab.FinalizerRecord, vocab.FinalizerDrain}, {vocab.FinalizerDrain}}, guardFinalizerSteps(tl.snapshot(), "slow"))
 }
 
 // leaseHolder is the holder of the guard's leader election lease.
@@ -363,8 +432,8 @@ func leaseHolder(ctx context.Context, t *testing.T) string {
 func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
-	d := deployment(ns, "precious", "app:1")
-	d.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
+	d := withCleanup(deployment(ns, "precious", "app:1"))
+	d.Annotations[vocab.AnnotationProtected] = "true"
 	require.NoError(t, local.Client.Create(ctx, d))
 	waitAvailable(t, ns, "precious", time.Minute)
 
@@ -404,7 +473,7 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	for i := range n {
 		name := fmt.Sprintf("app-%d", i)
 		names.Insert(name)
-		require.NoError(t, local.Client.Create(ctx, deployment(ns, name, "app:1")))
+		require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, name, "app:1"))))
 	}
 	for name := range names {
 		waitAvailable(t, ns, name, time.Minute)
@@ -464,8 +533,8 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
 	const keep = "e2e.deployguard.io/keep"
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "plain", "app:1")))
-	shared := deployment(ns, "shared", "app:1")
+	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "plain", "app:1"))))
+	shared := withCleanup(deployment(ns, "shared", "app:1"))
 	shared.Finalizers = []string{keep}
 	require.NoError(t, local.Client.Create(ctx, shared))
 	waitAvailable(t, ns, "plain", time.Minute)
@@ -491,7 +560,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	out, err := guard(ctx, t, "uninstall", "--dry-run")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "would delete validatingwebhookconfiguration/deployguard-validating")
-	assert.Contains(t, out, fmt.Sprintf("would remove finalizers [%s %s] from deployment %s/shared", vocab.FinalizerDrain, vocab.FinalizerRecord, ns))
+	assert.Contains(t, out, fmt.Sprintf("would remove finalizers [%s %s] from deployment %s/shared", vocab.FinalizerRecord, vocab.FinalizerDrain, ns))
 	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, &admissionregistrationv1.ValidatingWebhookConfiguration{}), "a dry run removes nothing")
 	require.Equal(t, vocab.CanonicalFinalizers(), get(ctx, t, ns, "plain").Finalizers)
 
@@ -504,7 +573,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	require.GreaterOrEqual(t, firstRemoval, 0, out)
 	assert.Less(t, hooksGone, firstRemoval, "the webhooks go first")
 	assert.Contains(t, out, "deleted mutatingwebhookconfiguration/deployguard-mutating")
-	assert.Contains(t, out, fmt.Sprintf("removed finalizers [%s %s] from deployment %s/plain", vocab.FinalizerDrain, vocab.FinalizerRecord, ns))
+	assert.Contains(t, out, fmt.Sprintf("removed finalizers [%s %s] from deployment %s/plain", vocab.FinalizerRecord, vocab.FinalizerDrain, ns))
 
 	require.NoError(t, local.Guard.Stop())
 
@@ -512,7 +581,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	assert.Equal(t, []string{keep}, get(ctx, t, ns, "shared").Finalizers, "only the guard's finalizers were removed")
 	// Without the guard nor its webhooks, Deployments come and go as in a
 	// cluster that never had it.
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "after", "app:1")))
+	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "after", "app:1"))))
 	assert.Empty(t, get(ctx, t, ns, "after").Finalizers)
 	for _, name := range []string{"plain", "shared", "after"} {
 		require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, name)))

@@ -4,11 +4,14 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -44,6 +47,7 @@ import (
 
 const (
 	guardUser             = "system:serviceaccount:deployguard-system:deployguard"
+	breakGlassGroup       = "platform-admins"
 	policyErrorAnnotation = "deployguard.io/policy-error"
 )
 
@@ -139,6 +143,8 @@ func startGuard(ctx context.Context) (func(), error) {
 	// The guard as `serve` builds it from the default configuration: the same
 	// options, the built-in policies, and hot reload from ConfigMaps.
 	cfg := config.Default()
+	// The one setting a platform team would add: who may break glass.
+	cfg.Finalizers.BreakGlassGroups = []string{breakGlassGroup}
 	popts, err := cfg.PolicyOptions()
 	if err != nil {
 		return nil, err
@@ -249,6 +255,50 @@ func clientAs(t *testing.T, user string) (client.Client, *warningRecorder) {
 		t.Fatal(err)
 	}
 	return cl, w
+}
+
+// clientAsGroups returns a client that impersonates user in groups.
+func clientAsGroups(t *testing.T, user string, groups ...string) (client.Client, *warningRecorder) {
+	t.Helper()
+	c := rest.CopyConfig(cfg)
+	w := &warningRecorder{}
+	c.WarningHandler = w
+	c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append([]string{"system:authenticated"}, groups...)}
+	cl, err := client.New(c, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, w
+}
+
+// kubectl runs the cluster's own kubectl against the test API server as its
+// admin, with obj as JSON on stdin, and returns its combined output.
+func kubectl(t *testing.T, obj any, args ...string) (string, error) {
+	t.Helper()
+	tools, err := harness.ToolsDir("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := testEnv.ControlPlane.AddUser(envtest.User{Name: "kubectl-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // deployment is a plain manifest as a user would write it.

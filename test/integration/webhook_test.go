@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,7 +17,7 @@ import (
 func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
-	c, _ := clientAs(t, "")
+	c, warnings := clientAs(t, "")
 
 	d := deployment(ns, "shop", func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
@@ -30,9 +29,10 @@ func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), got))
 	assert.Equal(t, map[string]string{"app.kubernetes.io/name": "shop"}, got.Spec.Selector.MatchLabels,
 		"the selector comes from the stable label, never from the version")
-	assert.Contains(t, got.Annotations[vocab.AnnotationDefaulted], "spec.selector")
-	assert.Equal(t, vocab.CanonicalFinalizers(), got.Finalizers)
-	assert.Equal(t, intstr.FromInt32(0), *got.Spec.Strategy.RollingUpdate.MaxUnavailable)
+	assert.Equal(t, "spec.selector", got.Annotations[vocab.AnnotationDefaulted], "nothing else is changed")
+	assert.Empty(t, got.Finalizers, "no cleanup asked for, none held")
+	assert.Equal(t, intstr.FromString("25%"), *got.Spec.Strategy.RollingUpdate.MaxUnavailable, "upstream's rollout arithmetic")
+	assert.Contains(t, warnings.all(), "spec.selector: the selector was empty; deployguard set it to app.kubernetes.io/name=shop from the template's stable labels: write it into the manifest to keep it")
 }
 
 func TestEmptySelectorWithoutStableLabelsIsRefusedWithTheGuardsMessage(t *testing.T) {
@@ -84,9 +84,10 @@ func TestWarningsReachTheClient(t *testing.T) {
 		d.Spec.Strategy.Type = appsv1.RecreateDeploymentStrategyType
 	})
 	require.NoError(t, c.Create(ctx, d))
-	all := strings.Join(warnings.all(), "\n")
-	assert.Contains(t, all, "no container has a readinessProbe")
-	assert.Contains(t, all, "Recreate stops all 3 replicas")
+	assert.ElementsMatch(t, []string{
+		`[policy probes] spec.template.spec.containers[0].readinessProbe: container "app" has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec), or a rollout of pods that cannot serve completes anyway and is never rolled back`,
+		"spec.strategy.type: Recreate stops all 3 replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once",
+	}, warnings.all(), "one warning per problem")
 }
 
 func TestServerSideDryRun(t *testing.T) {
@@ -115,12 +116,12 @@ func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 
 	upd := before.DeepCopy()
 	upd.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
-	upd.Spec.RevisionHistoryLimit = ptr(int32(1000))
+	upd.Finalizers = append(upd.Finalizers, "deployguard.io/snapshot")
 	err := k8s.Update(ctx, upd)
 	require.Error(t, err)
 	// Every problem at once, each with its path.
 	assert.Contains(t, err.Error(), "spec.strategy.rollingUpdate.maxUnavailable")
-	assert.Contains(t, err.Error(), "spec.revisionHistoryLimit")
+	assert.Contains(t, err.Error(), `metadata.finalizers[0]: Unsupported value: "deployguard.io/snapshot"`)
 
 	after := &appsv1.Deployment{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), after))
@@ -128,35 +129,100 @@ func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 	assert.Equal(t, before.Spec, after.Spec)
 }
 
-func TestFinalizersAreTheGuardsToRemove(t *testing.T) {
+// A client that sends a whole object built on its own side (Get, modify its
+// own copy, Update; kubectl replace) does not know the guard's finalizers.
+// Leaving them out is not a request to remove them: they are put back, and
+// nothing is refused. Removing them stays possible the documented ways.
+func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
-	d := deployment(ns, "fin")
+	d := deployment(ns, "fin", func(d *appsv1.Deployment) {
+		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
+	})
 	require.NoError(t, k8s.Create(ctx, d))
-	require.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers)
+	require.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers, "asked for: record, then drain")
 
-	// A user cannot drop them...
+	t.Run("typed client: Get, modify its own copy, Update", func(t *testing.T) {
+		cur := &appsv1.Deployment{}
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), cur))
+		own := deployment(ns, "fin", func(o *appsv1.Deployment) {
+			o.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
+			o.Labels = map[string]string{"updated": "by-a-client"}
+			o.ResourceVersion = cur.ResourceVersion
+		})
+		require.NoError(t, k8s.Update(ctx, own))
+		assert.Equal(t, vocab.CanonicalFinalizers(), own.Finalizers)
+		assert.Equal(t, "by-a-client", own.Labels["updated"])
+	})
+
+	t.Run("kubectl replace", func(t *testing.T) {
+		manifest := deployment(ns, "fin", func(o *appsv1.Deployment) {
+			o.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
+			o.Labels = map[string]string{"updated": "by-kubectl-replace"}
+		})
+		manifest.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind("Deployment"))
+		out, err := kubectl(t, manifest, "replace", "-f", "-")
+		require.NoError(t, err, out)
+		got := &appsv1.Deployment{}
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), got))
+		assert.Equal(t, vocab.CanonicalFinalizers(), got.Finalizers)
+		assert.Equal(t, "by-kubectl-replace", got.Labels["updated"])
+	})
+
+	t.Run("an unknown cleanup step is refused with the steps there are", func(t *testing.T) {
+		cur := &appsv1.Deployment{}
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), cur))
+		cur.Annotations[vocab.AnnotationCleanup] = "record,snapshot"
+		err := k8s.Update(ctx, cur)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `unknown cleanup step "snapshot": the steps are "record" and "drain"`)
+	})
+
+	t.Run("unknown finalizers in the guard's domain are refused", func(t *testing.T) {
+		cur := &appsv1.Deployment{}
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), cur))
+		patch := client.MergeFrom(cur.DeepCopy())
+		cur.Finalizers = append(cur.Finalizers, "deployguard.io/snapshot")
+		err := k8s.Patch(ctx, cur, patch)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `Unsupported value: "deployguard.io/snapshot"`)
+	})
+
+	t.Run("being deleted: a whole-object update keeps them, a break-glass user removes them", func(t *testing.T) {
+		require.NoError(t, k8s.Delete(ctx, d))
+		cur := &appsv1.Deployment{}
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), cur))
+		require.NotNil(t, cur.DeletionTimestamp, "held by the guard's finalizers (no reconciler runs in this tier)")
+		cur.Finalizers = nil
+		require.NoError(t, k8s.Update(ctx, cur))
+		assert.Equal(t, vocab.CanonicalFinalizers(), cur.Finalizers, "the cleanup has not run: its finalizers stay")
+
+		admin, _ := clientAsGroups(t, "carol", breakGlassGroup, "system:masters")
+		patch := client.MergeFrom(cur.DeepCopy())
+		cur.Finalizers = nil
+		require.NoError(t, admin.Patch(ctx, cur, patch))
+		require.Eventually(t, func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(d), &appsv1.Deployment{}))
+		}, waitShort, tick, "gone once its finalizers are")
+	})
+}
+
+// Removing the annotation is the way to stop the cleanup of a live
+// Deployment: the finalizers go with it.
+func TestRemovingTheCleanupAnnotationRemovesTheFinalizers(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	d := deployment(ns, "fin", func(d *appsv1.Deployment) {
+		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
+		d.Finalizers = []string{"example.com/keep"}
+	})
+	require.NoError(t, k8s.Create(ctx, d))
+	require.Equal(t, []string{"example.com/keep", vocab.FinalizerRecord}, d.Finalizers)
+
 	patch := client.MergeFrom(d.DeepCopy())
-	d.Finalizers = nil
-	err := k8s.Patch(ctx, d, patch)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "may be removed or reordered only by deployguard itself")
-
-	// ...the guard can.
-	guard, _ := clientAs(t, guardUser)
-	cur := &appsv1.Deployment{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), cur))
-	patch = client.MergeFrom(cur.DeepCopy())
-	cur.Finalizers = []string{vocab.FinalizerRecord}
-	require.NoError(t, guard.Patch(ctx, cur, patch))
-	assert.Equal(t, []string{vocab.FinalizerRecord}, cur.Finalizers, "the mutating webhook does not put a removed finalizer back")
-
-	// Unknown finalizers in the guard's domain are refused.
-	patch = client.MergeFrom(cur.DeepCopy())
-	cur.Finalizers = append(cur.Finalizers, "deployguard.io/snapshot")
-	err = k8s.Patch(ctx, cur, patch)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), `Unsupported value: "deployguard.io/snapshot"`)
+	delete(d.Annotations, vocab.AnnotationCleanup)
+	require.NoError(t, k8s.Patch(ctx, d, patch))
+	assert.Equal(t, []string{"example.com/keep"}, d.Finalizers, "other controllers' finalizers stay")
 }
 
 func TestProtectedDeploymentCannotBeDeleted(t *testing.T) {
@@ -177,7 +243,9 @@ func TestProtectedDeploymentCannotBeDeleted(t *testing.T) {
 func TestOptedOutNamespaceIsNotGuarded(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled})
-	d := deployment(ns, "free")
+	d := deployment(ns, "free", func(d *appsv1.Deployment) {
+		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
+	})
 	require.NoError(t, k8s.Create(ctx, d))
 	assert.Empty(t, d.Finalizers)
 	assert.NotContains(t, d.Annotations, vocab.AnnotationDefaulted)
@@ -187,7 +255,8 @@ func TestOptedOutNamespaceIsNotGuarded(t *testing.T) {
 func TestSystemNamespacesAreNotGuarded(t *testing.T) {
 	ctx := context.Background()
 	d := deployment("kube-system", "system-thing", func(d *appsv1.Deployment) {
-		d.Spec.RevisionHistoryLimit = ptr(int32(1000)) // the guard would refuse this
+		d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%"))} // the guard would refuse this
+		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 	})
 	require.NoError(t, k8s.Create(ctx, d))
 	assert.Empty(t, d.Finalizers)
