@@ -67,32 +67,30 @@ func checkSelector(d *appsv1.Deployment) Findings {
 
 // CheckOverlap refuses a Deployment whose selector selects the pods of another
 // Deployment in the namespace, or whose pods another Deployment's selector
-// selects: two Deployments would then fight over the same pods.
-func CheckOverlap(d *appsv1.Deployment, others []appsv1.Deployment) Findings {
+// selects: two Deployments would then fight over the same pods. others are
+// the candidates an OverlapSource found; the decision is made here, exactly.
+func CheckOverlap(d *appsv1.Deployment, others []Selection) Findings {
 	var f Findings
 	p := specPath.Child("selector")
-	mine, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil || emptySelector(d.Spec.Selector) {
+	mine, ok := SelectionOf(d)
+	if !ok {
 		return f // reported by checkSelector
 	}
-	for i := range others {
-		o := &others[i]
-		if o.Name == d.Name || o.DeletionTimestamp != nil {
-			continue
-		}
-		theirs, err := metav1.LabelSelectorAsSelector(o.Spec.Selector)
-		if err != nil || emptySelector(o.Spec.Selector) {
+	// In name order, so that the message does not depend on the index.
+	others = slices.SortedFunc(slices.Values(others), func(a, b Selection) int { return strings.Compare(a.Name, b.Name) })
+	for _, o := range others {
+		if o.Name == d.Name || o.Deleting {
 			continue
 		}
 		switch {
-		case mine.Matches(labels.Set(o.Spec.Template.Labels)):
-			f.Errs = append(f.Errs, field.Invalid(p, mine.String(), fmt.Sprintf(
+		case mine.Selector.Matches(o.TemplateLabels):
+			f.Errs = append(f.Errs, field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
 				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, labels.Set(o.Spec.Template.Labels).String())))
-		case theirs.Matches(labels.Set(d.Spec.Template.Labels)):
-			f.Errs = append(f.Errs, field.Invalid(specPath.Child("template", "metadata", "labels"), labels.Set(d.Spec.Template.Labels).String(), fmt.Sprintf(
+				o.Name, o.TemplateLabels.String())))
+		case o.Selector.Matches(mine.TemplateLabels):
+			f.Errs = append(f.Errs, field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
 				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, theirs.String())))
+				o.Name, o.Selector.String())))
 		}
 	}
 	return f

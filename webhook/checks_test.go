@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -30,20 +29,19 @@ func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
 	return d
 }
 
-type listerFunc func(ctx context.Context, ns string) ([]appsv1.Deployment, error)
+type overlapsFunc func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
 
-func (f listerFunc) ListDeployments(ctx context.Context, ns string) ([]appsv1.Deployment, error) {
-	return f(ctx, ns)
+func (f overlapsFunc) OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
+	return f(ctx, d)
 }
 
-func staticLister(ds ...*appsv1.Deployment) DeploymentLister {
-	return listerFunc(func(context.Context, string) ([]appsv1.Deployment, error) {
-		out := make([]appsv1.Deployment, 0, len(ds))
-		for _, d := range ds {
-			out = append(out, *d)
-		}
-		return out, nil
-	})
+// indexOf is the index the webhook uses, holding ds.
+func indexOf(ds ...*appsv1.Deployment) OverlapSource {
+	x := NewOverlapIndex(nil)
+	for _, d := range ds {
+		x.Set(d)
+	}
+	return x
 }
 
 var (
@@ -70,7 +68,7 @@ func TestValidate(t *testing.T) {
 		name         string
 		d, old       *appsv1.Deployment
 		user         authenticationv1.UserInfo
-		lister       DeploymentLister
+		lister       OverlapSource
 		opts         func(*Options)
 		wantErrs     []string // each must appear in one error
 		wantWarnings []string
@@ -96,7 +94,7 @@ func TestValidate(t *testing.T) {
 			name:     "overlap: our selector selects another Deployment's pods",
 			d:        guarded(),
 			user:     alice,
-			lister:   staticLister(other),
+			lister:   indexOf(other),
 			wantErrs: []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
 		},
 		{
@@ -107,7 +105,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
 			}),
 			user:     alice,
-			lister:   staticLister(other),
+			lister:   indexOf(other),
 			wantErrs: []string{`would be selected by Deployment "web-canary"`},
 		},
 		{
@@ -117,14 +115,14 @@ func TestValidate(t *testing.T) {
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "api"}
 			}),
 			user:   alice,
-			lister: staticLister(other),
+			lister: indexOf(other),
 		},
 		{
 			name:   "an overlap that predates an update only warns",
 			d:      guarded(func(d *appsv1.Deployment) { d.Spec.Template.Labels["extra"] = "x" }),
 			old:    guarded(),
 			user:   alice,
-			lister: staticLister(other),
+			lister: indexOf(other),
 			wantWarnings: []string{
 				"overlap with another Deployment",
 			},
@@ -133,8 +131,8 @@ func TestValidate(t *testing.T) {
 			name:     "a failing lister refuses with a retryable reason",
 			d:        guarded(),
 			user:     alice,
-			lister:   listerFunc(func(context.Context, string) ([]appsv1.Deployment, error) { return nil, errors.New("cache not synced") }),
-			wantErrs: []string{"could not list the namespace's Deployments", "cache not synced"},
+			lister:   overlapsFunc(func(context.Context, *appsv1.Deployment) ([]Selection, error) { return nil, ErrIndexNotSynced }),
+			wantErrs: []string{"could not look up the namespace's Deployments", "the guard has not yet seen every Deployment"},
 		},
 		{
 			name: "maxUnavailable of every replica is refused",

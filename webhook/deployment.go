@@ -47,8 +47,9 @@ type PolicyVerdict struct {
 // Deployment is the admission webhook pair for apps/v1 Deployments.
 type Deployment struct {
 	Options *Options
-	// Lister finds the namespace's other Deployments for the overlap check.
-	Lister DeploymentLister
+	// Overlaps finds the namespace's Deployments the overlap check compares
+	// with; nil skips the check.
+	Overlaps OverlapSource
 	// Policy, when set, runs the Rego policies after the Go checks.
 	Policy PolicyEvaluator
 	// NamespaceLabels, when set, gives policies the namespace's labels.
@@ -88,7 +89,7 @@ func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (a
 	if err != nil {
 		return nil, apierrors.NewBadRequest("no admission request in context")
 	}
-	f := Validate(ctx, d, old, req.UserInfo, w.Options, w.Lister)
+	f := Validate(ctx, d, old, req.UserInfo, w.Options, w.Overlaps)
 	// Policies run even when a Go check failed: the user sees every problem of
 	// the request at once.
 	if w.Policy != nil && !w.Options.exempt(d.Namespace, req.UserInfo) && !w.Options.isGuard(req.UserInfo) {
@@ -113,8 +114,8 @@ func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (a
 }
 
 // Validate runs the Go checks of the validating webhook; old is nil on CREATE.
-// lister may be nil (offline), which skips the overlap check.
-func Validate(ctx context.Context, d, old *appsv1.Deployment, user authenticationv1.UserInfo, o *Options, lister DeploymentLister) Findings {
+// overlaps may be nil, which skips the overlap check.
+func Validate(ctx context.Context, d, old *appsv1.Deployment, user authenticationv1.UserInfo, o *Options, overlaps OverlapSource) Findings {
 	var f Findings
 	f.merge(CheckFinalizers(d, old, o.mayManageFinalizers(user)))
 	f.merge(CheckQuarantine(d, old, o.Quarantine))
@@ -127,15 +128,15 @@ func Validate(ctx context.Context, d, old *appsv1.Deployment, user authenticatio
 		return f
 	}
 	f.merge(CheckSpec(d, o))
-	if lister != nil && overlapMayChange(d, old) {
-		others, err := lister.ListDeployments(ctx, d.Namespace)
+	if overlaps != nil && overlapMayChange(d, old) {
+		others, err := overlaps.OverlapCandidates(ctx, d)
 		if err != nil {
 			f.Errs = append(f.Errs, field.InternalError(specPath.Child("selector"),
-				fmt.Errorf("could not list the namespace's Deployments to check for overlapping selectors, try again: %w", err)))
+				fmt.Errorf("could not look up the namespace's Deployments to check for overlapping selectors, try again: %w", err)))
 			return f
 		}
 		now := CheckOverlap(d, others)
-		if old != nil && len(now.Errs) > 0 && len(CheckOverlap(old, others).Errs) > 0 {
+		if old != nil && len(now.Errs) > 0 && len(checkOverlapOf(ctx, old, overlaps).Errs) > 0 {
 			// The overlap predates this update; refusing it would block
 			// unrelated changes such as a rollback.
 			now = Findings{Warnings: []string{"spec.selector: this Deployment's pods overlap with another Deployment's; " + now.Errs[0].Detail}}
@@ -143,6 +144,16 @@ func Validate(ctx context.Context, d, old *appsv1.Deployment, user authenticatio
 		f.merge(now)
 	}
 	return f
+}
+
+// checkOverlapOf checks the stored object's overlaps: an overlap that
+// predates an update only warns.
+func checkOverlapOf(ctx context.Context, old *appsv1.Deployment, overlaps OverlapSource) Findings {
+	others, err := overlaps.OverlapCandidates(ctx, old)
+	if err != nil {
+		return Findings{}
+	}
+	return CheckOverlap(old, others)
 }
 
 // overlapMayChange: the selector is immutable, so only a new object or new

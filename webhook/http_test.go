@@ -39,7 +39,7 @@ func servers(t testing.TB) (mutating, validating http.Handler) {
 
 func serversWith(t testing.TB, p PolicyEvaluator) (mutating, validating http.Handler) {
 	t.Helper()
-	w := &Deployment{Options: testOptions(), Lister: staticLister(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policy: p}
+	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policy: p}
 	m, v := w.Handlers(nil)
 	no := false
 	m.RecoverPanic, v.RecoverPanic = &no, &no

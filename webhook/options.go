@@ -6,10 +6,8 @@
 package webhook
 
 import (
-	"context"
 	"slices"
 
-	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -65,11 +63,6 @@ type Options struct {
 
 // Range is an inclusive [Min, Max].
 type Range struct{ Min, Max int32 }
-
-// DeploymentLister lists the Deployments of a namespace, for the overlap check.
-type DeploymentLister interface {
-	ListDeployments(ctx context.Context, namespace string) ([]appsv1.Deployment, error)
-}
 
 func (o *Options) exempt(namespace string, user authenticationv1.UserInfo) bool {
 	if slices.Contains(o.ExemptNamespaces, namespace) || slices.Contains(o.ExemptUsernames, user.Username) {

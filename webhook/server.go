@@ -57,18 +57,6 @@ func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics) {
 	srv.Register(ValidatePath, validating)
 }
 
-// CacheLister lists Deployments from the manager's cache.
-type CacheLister struct{ Reader client.Reader }
-
-// ListDeployments implements DeploymentLister.
-func (l CacheLister) ListDeployments(ctx context.Context, namespace string) ([]appsv1.Deployment, error) {
-	var list appsv1.DeploymentList
-	if err := l.Reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		return nil, err
-	}
-	return list.Items, nil
-}
-
 var deploymentGVK = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
 
 // instrument refuses what is not a Deployment before decoding, counts and times

@@ -253,13 +253,10 @@ func stripComments(b []byte) []byte {
 type pipeline struct {
 	opts   *guardwebhook.Options
 	policy guardwebhook.PolicyEvaluator
-	// seen holds the Deployments admitted so far by namespace, so that a later
-	// manifest that overlaps an earlier one is refused as the cluster would.
-	seen map[string][]appsv1.Deployment
-}
-
-func (p *pipeline) ListDeployments(_ context.Context, ns string) ([]appsv1.Deployment, error) {
-	return p.seen[ns], nil
+	// seen indexes the Deployments admitted so far, as the webhook's index
+	// does the cluster's, so that a later manifest that overlaps an earlier
+	// one is refused as the cluster would refuse it.
+	seen *guardwebhook.OverlapIndex
 }
 
 func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, user authenticationv1.UserInfo) []checkResult {
@@ -305,7 +302,7 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 	v := p.admit(ctx, d, user)
 	res.Verdict, res.Problems, res.Warnings, res.Defaulted = v.verdict, v.problems, v.warnings, v.defaulted
 	if v.verdict == "admitted" {
-		p.seen[d.Namespace] = append(p.seen[d.Namespace], *d)
+		p.seen.Set(d)
 	}
 	return []checkResult{res}
 }
@@ -324,7 +321,7 @@ func (p *pipeline) admit(ctx context.Context, d *appsv1.Deployment, user authent
 	if len(errs) > 0 {
 		return verdict{verdict: "denied", problems: problemsOf(errs)}
 	}
-	f := guardwebhook.Validate(ctx, d, nil, user, p.opts, p)
+	f := guardwebhook.Validate(ctx, d, nil, user, p.opts, p.seen)
 	f.Warnings = append(guardwebhook.DefaultingWarnings(d, defaulted), f.Warnings...)
 	if p.policy != nil {
 		pv := p.policy.EvaluateDeployment(ctx, guardwebhook.PolicyInput{
@@ -354,6 +351,6 @@ func newPipeline(cfg config.Config, policy guardwebhook.PolicyEvaluator) *pipeli
 	return &pipeline{
 		opts:   cfg.WebhookOptions(""),
 		policy: policy,
-		seen:   map[string][]appsv1.Deployment{},
+		seen:   guardwebhook.NewOverlapIndex(nil),
 	}
 }

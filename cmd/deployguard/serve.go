@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -193,9 +195,27 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	if err != nil {
 		return err
 	}
+	// The overlap check's index, fed by the Deployment informer the reconciler
+	// uses too: one watch, and no list of the namespace per request.
+	overlaps := guardwebhook.NewOverlapIndex(nil)
+	deployments, err := mgr.GetCache().GetInformer(ctx, &appsv1.Deployment{})
+	if err != nil {
+		return fmt.Errorf("getting the Deployment informer: %w", err)
+	}
+	if err := overlaps.Feed(deployments); err != nil {
+		return fmt.Errorf("indexing Deployments for the overlap check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
+		if !overlaps.Synced() {
+			return guardwebhook.ErrIndexNotSynced
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
-		Lister:          guardwebhook.CacheLister{Reader: mgr.GetClient()},
+		Overlaps:        overlaps,
 		Policy:          guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}

@@ -163,9 +163,17 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err := src.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
+	overlaps := guardwebhook.NewOverlapIndex(nil)
+	deployments, err := mgr.GetCache().GetInformer(ctx, &appsv1.Deployment{})
+	if err != nil {
+		return nil, err
+	}
+	if err := overlaps.Feed(deployments); err != nil {
+		return nil, err
+	}
 	(&guardwebhook.Deployment{
 		Options:         cfg.WebhookOptions(guardUser),
-		Lister:          guardwebhook.CacheLister{Reader: mgr.GetClient()},
+		Overlaps:        overlaps,
 		Policy:          guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}).SetupWithManager(mgr, m)

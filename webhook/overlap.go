@@ -1,0 +1,308 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	toolscache "k8s.io/client-go/tools/cache"
+)
+
+// Selection is what the overlap check knows of another Deployment: its name,
+// its selector and the labels of its pods.
+type Selection struct {
+	Name           string
+	Selector       labels.Selector
+	TemplateLabels labels.Set
+	// Deleting: being deleted; its pods go with it, so it overlaps nothing.
+	Deleting bool
+}
+
+// SelectionOf summarises a Deployment for the overlap check; ok is false when
+// its selector is empty or does not parse (such a Deployment selects nothing
+// the check could compare).
+func SelectionOf(d *appsv1.Deployment) (Selection, bool) {
+	if emptySelector(d.Spec.Selector) {
+		return Selection{}, false
+	}
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return Selection{}, false
+	}
+	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil}, true
+}
+
+// OverlapSource finds the Deployments of d's namespace whose selector or pods
+// may overlap d's: every Deployment that does is among them, and few others
+// are. The webhook's comes from an index kept by the Deployment informer, so
+// the cost of a request does not grow with the namespace.
+type OverlapSource interface {
+	OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
+}
+
+// ErrIndexNotSynced is returned while the index has not seen every
+// Deployment yet: an answer then could miss an overlap.
+var ErrIndexNotSynced = errors.New("the guard has not yet seen every Deployment")
+
+// OverlapIndex indexes the Deployments of every namespace by the label pairs
+// the overlap check looks for, so that a request finds its few candidates
+// without listing, let alone copying, the namespace's Deployments.
+//
+// Two Deployments overlap when one's selector matches the other's pod
+// template labels. For "my selector selects their pods", the candidates are
+// the Deployments whose template has a label my selector requires (the
+// requirement with the fewest of them). For "their selector selects my pods",
+// each Deployment is filed under the label pairs one of its selector's
+// equality (or set) requirements accepts, the one whose labels are the rarest
+// among the namespace's pods when it is filed: any selector that matches my
+// labels is filed under one of my label pairs. Selectors with no such requirement
+// (only NotIn, Exists, DoesNotExist) are always candidates; selectors of mine
+// with none are compared with the whole namespace. Both are rare.
+type OverlapIndex struct {
+	mu     sync.RWMutex
+	byNS   map[string]*nsSelections
+	synced func() bool
+}
+
+type nameSet map[string]struct{}
+
+type nsSelections struct {
+	entries    map[string]filed
+	byTemplate map[labelPair]nameSet // pods labelled k=v
+	byAnchor   map[labelPair]nameSet // selectors that require k=v (first requirement)
+	unanchored nameSet
+}
+
+type labelPair struct{ key, value string }
+
+// filed is a Selection and the label pairs it is filed under in byAnchor
+// (none: unanchored).
+type filed struct {
+	Selection
+	anchors []labelPair
+}
+
+// NewOverlapIndex returns an empty index. synced, when set, reports whether
+// the informer feeding it has delivered every existing Deployment.
+func NewOverlapIndex(synced func() bool) *OverlapIndex {
+	return &OverlapIndex{byNS: map[string]*nsSelections{}, synced: synced}
+}
+
+// Set files (or refiles) a Deployment.
+func (x *OverlapIndex) Set(d *appsv1.Deployment) {
+	s, ok := SelectionOf(d)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ns := x.byNS[d.Namespace]
+	if ns != nil {
+		ns.remove(d.Name)
+	}
+	if !ok {
+		if ns != nil && len(ns.entries) == 0 {
+			delete(x.byNS, d.Namespace)
+		}
+		return
+	}
+	if ns == nil {
+		ns = &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
+		x.byNS[d.Namespace] = ns
+	}
+	ns.add(s)
+}
+
+// Delete forgets a Deployment.
+func (x *OverlapIndex) Delete(namespace, name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if ns := x.byNS[namespace]; ns != nil {
+		ns.remove(name)
+		if len(ns.entries) == 0 {
+			delete(x.byNS, namespace)
+		}
+	}
+}
+
+// Synced reports whether the informer feeding the index has delivered every
+// Deployment that existed when it started (always, without an informer). A
+// replica is not ready before: its overlap check could not answer.
+func (x *OverlapIndex) Synced() bool { return x.synced == nil || x.synced() }
+
+// Len is the number of Deployments filed, for tests and metrics.
+func (x *OverlapIndex) Len() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	n := 0
+	for _, ns := range x.byNS {
+		n += len(ns.entries)
+	}
+	return n
+}
+
+// OverlapCandidates implements OverlapSource.
+func (x *OverlapIndex) OverlapCandidates(_ context.Context, d *appsv1.Deployment) ([]Selection, error) {
+	if !x.Synced() {
+		return nil, ErrIndexNotSynced
+	}
+	mine, ok := SelectionOf(d)
+	if !ok {
+		return nil, nil
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	ns := x.byNS[d.Namespace]
+	if ns == nil {
+		return nil, nil
+	}
+	seen := map[string]struct{}{d.Name: {}}
+	var out []Selection
+	takeOne := func(n string) {
+		if _, dup := seen[n]; !dup {
+			seen[n] = struct{}{}
+			out = append(out, ns.entries[n].Selection)
+		}
+	}
+	take := func(names nameSet) {
+		for n := range names {
+			takeOne(n)
+		}
+	}
+	// Their pods, selected by my selector.
+	if pairs, ok := narrowest(mine.Selector, ns.byTemplate); ok {
+		for _, p := range pairs {
+			take(ns.byTemplate[p])
+		}
+	} else {
+		for n := range ns.entries {
+			takeOne(n)
+		}
+	}
+	// My pods, selected by theirs.
+	for k, v := range mine.TemplateLabels {
+		take(ns.byAnchor[labelPair{k, v}])
+	}
+	take(ns.unanchored)
+	return out, nil
+}
+
+// Feed keeps the index up to date from a Deployment informer (the manager's:
+// one watch serves the reconciler and the index). The index answers only once
+// the informer has delivered every existing Deployment.
+func (x *OverlapIndex) Feed(inf interface {
+	AddEventHandler(toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
+}) error {
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { x.setObject(obj) },
+		UpdateFunc: func(_, obj any) { x.setObject(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if d, ok := obj.(*appsv1.Deployment); ok {
+				x.Delete(d.Namespace, d.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	x.synced = reg.HasSynced
+	return nil
+}
+
+func (x *OverlapIndex) setObject(obj any) {
+	if d, ok := obj.(*appsv1.Deployment); ok {
+		x.Set(d)
+	}
+}
+
+// narrowest returns the label pairs of the selector's equality or set
+// requirement that the fewest pod templates carry; false when the selector
+// has none.
+func narrowest(sel labels.Selector, byTemplate map[labelPair]nameSet) ([]labelPair, bool) {
+	reqs, _ := sel.Requirements()
+	best, bestCount := []labelPair(nil), -1
+	for _, r := range reqs {
+		pairs := requiredPairs(r)
+		if pairs == nil {
+			continue
+		}
+		n := 0
+		for _, p := range pairs {
+			n += len(byTemplate[p])
+		}
+		if bestCount < 0 || n < bestCount {
+			best, bestCount = pairs, n
+		}
+	}
+	return best, bestCount >= 0
+}
+
+// requiredPairs returns the label pairs of which a requirement accepts one:
+// k=v for Equals, each k=v for In; nil for operators that accept labels the
+// index cannot enumerate.
+func requiredPairs(r labels.Requirement) []labelPair {
+	switch r.Operator() {
+	case selection.Equals, selection.DoubleEquals, selection.In:
+		vals := r.Values().UnsortedList()
+		out := make([]labelPair, 0, len(vals))
+		for _, v := range vals {
+			out = append(out, labelPair{r.Key(), v})
+		}
+		return out
+	}
+	return nil
+}
+
+func (ns *nsSelections) add(s Selection) {
+	f := filed{Selection: s}
+	// Anchor on the requirement the fewest pods satisfy now, so that a common
+	// label (part-of, team) does not make every Deployment a candidate.
+	f.anchors, _ = narrowest(s.Selector, ns.byTemplate)
+	ns.entries[s.Name] = f
+	for k, v := range s.TemplateLabels {
+		addName(ns.byTemplate, labelPair{k, v}, s.Name)
+	}
+	for _, p := range f.anchors {
+		addName(ns.byAnchor, p, s.Name)
+	}
+	if f.anchors == nil {
+		ns.unanchored[s.Name] = struct{}{}
+	}
+}
+
+func (ns *nsSelections) remove(name string) {
+	f, ok := ns.entries[name]
+	if !ok {
+		return
+	}
+	delete(ns.entries, name)
+	for k, v := range f.TemplateLabels {
+		removeName(ns.byTemplate, labelPair{k, v}, name)
+	}
+	for _, p := range f.anchors {
+		removeName(ns.byAnchor, p, name)
+	}
+	delete(ns.unanchored, name)
+}
+
+func addName(m map[labelPair]nameSet, p labelPair, name string) {
+	set := m[p]
+	if set == nil {
+		set = nameSet{}
+		m[p] = set
+	}
+	set[name] = struct{}{}
+}
+
+func removeName(m map[labelPair]nameSet, p labelPair, name string) {
+	if set := m[p]; set != nil {
+		delete(set, name)
+		if len(set) == 0 {
+			delete(m, p)
+		}
+	}
+}
