@@ -69,6 +69,8 @@ func TestDecideDrain(t *testing.T) {
 		name  string
 		state DrainState
 		want  DrainDecision
+		// noReplicaSets: the Deployment controls none; two otherwise.
+		noReplicaSets bool
 	}{
 		{name: "namespace terminating: not even started", state: DrainState{NamespaceTerminating: true, PodsRunning: -1},
 			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipNamespaceTerminating}},
@@ -78,6 +80,8 @@ func TestDecideDrain(t *testing.T) {
 			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipOrphan}},
 		{name: "a foreground deletion leaves the pods to the garbage collector", state: DrainState{Finalizers: []string{metav1.FinalizerDeleteDependents, vocab.FinalizerDrain}, PodsRunning: -1},
 			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipForeground}},
+		{name: "no ReplicaSet controlled any more: nothing to drain", noReplicaSets: true, state: DrainState{PodsRunning: -1},
+			want: DrainDecision{Action: DrainSkip, SkipReason: DrainSkipNoReplicaSets}},
 		{name: "not started", state: DrainState{PodsRunning: -1},
 			want: DrainDecision{Action: DrainStart}},
 		{name: "started, ReplicaSets not at zero yet", state: DrainState{Started: now.Add(-10 * time.Second), ScaledDown: false, PodsRunning: -1},
@@ -101,6 +105,9 @@ func TestDecideDrain(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := tt.state
 			s.Now, s.Timeout = now, timeout
+			if !tt.noReplicaSets {
+				s.ReplicaSets = 2
+			}
 			assert.Equal(t, tt.want, DecideDrain(s))
 		})
 	}

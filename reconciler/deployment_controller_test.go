@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -62,6 +63,7 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 			Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 				data, err := patch.Data(obj)
 				require.NoError(t, err)
+				require.NotContains(t, string(data), cachedTemplateHash, "what the cache holds in place of templates is never written")
 				var body map[string]any
 				require.NoError(t, json.Unmarshal(data, &body))
 				e.patches = append(e.patches, recordedPatch{kind: kindOf(obj), body: body})
@@ -75,6 +77,7 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 				return c.Create(ctx, obj, opts...)
 			},
 			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+				require.NotContains(t, obj.GetAnnotations(), cachedTemplateHash, "a cached object is never written whole")
 				e.writes = append(e.writes, "update "+kindOf(obj)+" "+obj.GetName())
 				return c.Update(ctx, obj, opts...)
 			},
@@ -87,7 +90,10 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 	metrics, err := NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	e.r = &DeploymentReconciler{
-		Client:    e.client,
+		// Reads through the cache transform, as the manager's cache serves
+		// them: every test runs on Deployments and ReplicaSets without pod
+		// templates, as the guard does.
+		Client:    cacheReads{e.client},
 		APIReader: e.client,
 		Recorder:  e.recorder,
 		Clock:     e.clock,
@@ -95,6 +101,28 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 		Options:   DefaultOptions(),
 	}
 	return e
+}
+
+// cacheReads serves Get and List as the manager's cache does: through
+// StripForCache.
+type cacheReads struct{ client.Client }
+
+func (c cacheReads) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := c.Client.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	_, err := StripForCache(obj)
+	return err
+}
+
+func (c cacheReads) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	return meta.EachListItem(list, func(o runtime.Object) error {
+		_, err := StripForCache(o)
+		return err
+	})
 }
 
 // kindOf names the kind of a typed object.
@@ -437,4 +465,26 @@ func TestKnownGoodThenRollbackAcrossRevisions(t *testing.T) {
 	require.Contains(t, rs3.Annotations, vocab.AnnotationKnownGood, "the copied mark is there")
 	assert.False(t, IsKnownGood(rs3), "but it is not a mark: no rollback loop is seen")
 	assert.NotContains(t, got.Annotations, vocab.AnnotationKnownGood, "the stray mark left the Deployment with the rollback")
+}
+
+// The cache keeps no pod templates; the rollback reads the Deployment and its
+// target from the API server, so that what the failed template added (a node
+// selector, an env var) is gone after the rollback, not merged with the
+// known-good template.
+func TestRollbackRemovesWhatTheFailedTemplateAdded(t *testing.T) {
+	d := deployment(failed, func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.NodeSelector = map[string]string{"pool": "gone"}
+		d.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BROKEN", Value: "1"}}
+	})
+	rs1, rs2, rs3 := history(d)
+	rs3.Spec.Template.Spec = *d.Spec.Template.Spec.DeepCopy()
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+	require.NoError(t, e.reconcile())
+
+	got := e.deployment()
+	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template)
+	assert.Empty(t, got.Spec.Template.Spec.NodeSelector)
+	assert.Empty(t, got.Spec.Template.Spec.Containers[0].Env)
+	assert.NotContains(t, got.Annotations, cachedTemplateHash, "the cache's hash never reaches the API server")
 }

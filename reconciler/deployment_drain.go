@@ -54,6 +54,10 @@ const (
 	// DrainSkipForeground: foreground deletion; the garbage collector deletes
 	// the ReplicaSets and their pods, and the Deployment waits for that.
 	DrainSkipForeground = "Foreground"
+	// DrainSkipNoReplicaSets: no ReplicaSet is controlled by the Deployment
+	// (any more: an orphaning deletion the garbage collector has already
+	// carried out); there is nothing to drain.
+	DrainSkipNoReplicaSets = "NoReplicaSets"
 )
 
 // DrainState is what DecideDrain decides from; all of it is read from the
@@ -67,6 +71,9 @@ type DrainState struct {
 	Started time.Time
 	Now     time.Time
 	Timeout time.Duration
+	// ReplicaSets counts the ReplicaSets the Deployment controls, as the API
+	// server has them.
+	ReplicaSets int
 	// ScaledDown: every ReplicaSet of the Deployment is at spec.replicas 0.
 	ScaledDown bool
 	// PodsRunning counts the pods of the Deployment's ReplicaSets that have not
@@ -100,6 +107,8 @@ func DecideDrain(s DrainState) DrainDecision {
 		return DrainDecision{Action: DrainSkip, SkipReason: DrainSkipOrphan}
 	case slices.Contains(s.Finalizers, metav1.FinalizerDeleteDependents):
 		return DrainDecision{Action: DrainSkip, SkipReason: DrainSkipForeground}
+	case s.ReplicaSets == 0:
+		return DrainDecision{Action: DrainSkip, SkipReason: DrainSkipNoReplicaSets}
 	}
 	if s.Started.IsZero() {
 		return DrainDecision{Action: DrainStart}
@@ -153,7 +162,10 @@ func drainReplicas(d *appsv1.Deployment) (int32, bool) {
 // pods gracefully while the ReplicaSets still exist.
 func (r *DeploymentReconciler) reconcileDrain(ctx context.Context, d *appsv1.Deployment, ns namespaceState) (stepOutcome, error) {
 	timeout := r.Options.drainTimeout()
-	rss, err := r.listReplicaSets(ctx, d)
+	// The ReplicaSets as the API server has them, not as the cache last saw
+	// them: an orphaning deletion takes them from the Deployment, and those are
+	// never to be scaled down.
+	rss, err := r.controlledReplicaSets(ctx, d)
 	if err != nil {
 		return stepOutcome{}, err
 	}
@@ -161,7 +173,7 @@ func (r *DeploymentReconciler) reconcileDrain(ctx context.Context, d *appsv1.Dep
 	// what the next decision reads, so nothing is written twice.
 	for range 3 {
 		started, _ := drainStarted(d)
-		state := DrainState{NamespaceTerminating: ns.Terminating, Finalizers: d.Finalizers,
+		state := DrainState{NamespaceTerminating: ns.Terminating, Finalizers: d.Finalizers, ReplicaSets: len(rss),
 			Started: started, Now: r.Clock.Now(), Timeout: timeout, ScaledDown: scaledDown(rss), PodsRunning: -1}
 		if !started.IsZero() && state.ScaledDown {
 			if state.PodsRunning, err = r.countRunningPods(ctx, d, rss); err != nil {
@@ -209,6 +221,8 @@ func drainSkipped(ns namespaceState, reason string) stepOutcome {
 		out.message = "Drain skipped: the deletion orphans the ReplicaSets (propagationPolicy Orphan), so their pods keep running for a new owner to adopt."
 	case DrainSkipForeground:
 		out.message = "Drain skipped: foreground deletion; the garbage collector deletes the ReplicaSets and their pods before the Deployment goes."
+	case DrainSkipNoReplicaSets:
+		out.message = "Drain skipped: the Deployment controls no ReplicaSet (an orphaning deletion has already handed them over, or none was created)."
 	}
 	return out
 }
@@ -254,11 +268,12 @@ func (r *DeploymentReconciler) startDrain(ctx context.Context, d *appsv1.Deploym
 	return nil
 }
 
-// scaleDown sets every ReplicaSet not at zero to zero. The patch is a plain
-// merge of spec.replicas, without a resourceVersion: zero is wanted whatever
-// the ReplicaSet's status says meanwhile (the ReplicaSet controller writes its
-// status at every pod change), and writing it twice is harmless. rss are
-// updated from the responses.
+// scaleDown sets every ReplicaSet not at zero to zero. rss are as the API
+// server had them; each patch carries the resourceVersion read, so that a
+// ReplicaSet the garbage collector orphaned meanwhile (an orphaning deletion)
+// is never scaled: the conflict makes the drain decide again from a fresh
+// read. The ReplicaSet controller's status writes cause such conflicts too;
+// the retry a moment later converges. rss are updated from the responses.
 func (r *DeploymentReconciler) scaleDown(ctx context.Context, rss []*appsv1.ReplicaSet) error {
 	for _, rs := range rss {
 		if rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0 {
@@ -267,7 +282,7 @@ func (r *DeploymentReconciler) scaleDown(ctx context.Context, rss []*appsv1.Repl
 		if rs.DeletionTimestamp != nil {
 			continue
 		}
-		patch := client.MergeFrom(rs.DeepCopy())
+		patch := client.MergeFromWithOptions(rs.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		rs.Spec.Replicas = ptr.To[int32](0)
 		if err := r.Client.Patch(ctx, rs, patch); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -278,6 +293,40 @@ func (r *DeploymentReconciler) scaleDown(ctx context.Context, rss []*appsv1.Repl
 		ctrl.LoggerFrom(ctx).V(1).Info("Scaled ReplicaSet to zero", "replicaSet", klog.KObj(rs))
 	}
 	return nil
+}
+
+// controlledReplicaSets lists, from the API server, the ReplicaSets the
+// Deployment controls (controller reference with its UID), among those its
+// selector selects. Only a drain does this, a few times per deletion.
+func (r *DeploymentReconciler) controlledReplicaSets(ctx context.Context, d *appsv1.Deployment) ([]*appsv1.ReplicaSet, error) {
+	sel, err := selectorOf(d)
+	if err != nil {
+		return nil, err
+	}
+	var list appsv1.ReplicaSetList
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(d.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, fmt.Errorf("listing ReplicaSets of Deployment %s: %w", d.Name, err)
+	}
+	var out []*appsv1.ReplicaSet
+	for i := range list.Items {
+		if ref := metav1.GetControllerOf(&list.Items[i]); ref != nil && ref.UID == d.UID {
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}
+
+// selectorOf parses the Deployment's selector; a Deployment without one
+// selects everything, as upstream's pod listing does.
+func selectorOf(d *appsv1.Deployment) (labels.Selector, error) {
+	if d.Spec.Selector == nil {
+		return labels.Everything(), nil
+	}
+	s, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the selector of Deployment %s: %w", d.Name, err)
+	}
+	return s, nil
 }
 
 // scaledDown reports whether every ReplicaSet is at zero (or being deleted).
@@ -304,13 +353,9 @@ func (r *DeploymentReconciler) countRunningPods(ctx context.Context, d *appsv1.D
 	for _, rs := range rss {
 		owners[rs.UID] = true
 	}
-	sel := labels.Everything()
-	if d.Spec.Selector != nil {
-		s, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-		if err != nil {
-			return 0, fmt.Errorf("parsing the selector of Deployment %s: %w", d.Name, err)
-		}
-		sel = s
+	sel, err := selectorOf(d)
+	if err != nil {
+		return 0, err
 	}
 	var pods corev1.PodList
 	if err := r.APIReader.List(ctx, &pods, client.InNamespace(d.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {

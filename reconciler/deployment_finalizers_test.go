@@ -131,3 +131,22 @@ func TestFinalizersNotAddedOnceUninstalled(t *testing.T) {
 	require.NoError(t, e.reconcile())
 	assert.Equal(t, vocab.CanonicalFinalizers(), e.deployment().Finalizers)
 }
+
+// The garbage collector carried out an orphaning deletion before the drain
+// ran (its finalizer already gone): the ReplicaSets are no longer the
+// Deployment's, and are not scaled down.
+func TestDrainLeavesReplicaSetsAlreadyOrphaned(t *testing.T) {
+	d := deployment(deleting(vocab.FinalizerDrain))
+	rs1, rs2, rs3 := history(d)
+	for _, rs := range []*appsv1.ReplicaSet{rs1, rs2, rs3} {
+		rs.OwnerReferences = nil
+	}
+	rs3.Spec.Replicas = ptr.To[int32](2)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, pod(rs3, "web-h3-a", corev1.PodRunning))
+
+	e.reconcileResult()
+
+	assert.Equal(t, []string{vocab.ReasonDrainSkipped}, eventReasons(e.events()))
+	assert.Equal(t, int32(2), *e.replicaSet("web-h3").Spec.Replicas)
+	assert.Empty(t, e.patches[:len(e.patches)-1], "nothing written but the finalizer's removal")
+}

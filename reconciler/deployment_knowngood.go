@@ -74,7 +74,7 @@ func KnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.Rep
 		targetRevision int64 = -1
 	)
 	for _, rs := range rss {
-		if !IsKnownGood(rs) || rs.DeletionTimestamp != nil || EqualIgnoreHash(&rs.Spec.Template, &d.Spec.Template) {
+		if !IsKnownGood(rs) || rs.DeletionTimestamp != nil || sameTemplate(d, rs) {
 			continue
 		}
 		v, err := Revision(rs)
@@ -122,7 +122,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 		log.Info("Marked ReplicaSet known-good")
 	}
 
-	hash := vocab.TemplateHash(&d.Spec.Template)
+	hash := templateHash(&d.ObjectMeta, &d.Spec.Template)
 	quarantined := vocab.QuarantinedTemplates(d)
 	unquarantined := RemoveQuarantined(quarantined, hash)
 	if d.Annotations[vocab.AnnotationKnownGoodRevision] != revision || len(unquarantined) != len(quarantined) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -252,11 +254,11 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 	case RecordDone:
 		expires = recordExpiresOr(existing, expires)
 	case RecordCreate, RecordReplace:
-		rss, err := r.listReplicaSets(ctx, d)
+		full, rss, err := r.wholeForRecord(ctx, d)
 		if err != nil {
 			return stepOutcome{}, err
 		}
-		rec, err := BuildRecord(d, rss, expires)
+		rec, err := BuildRecord(full, rss, expires)
 		if err != nil {
 			return stepOutcome{}, err
 		}
@@ -283,6 +285,40 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 	msg := fmt.Sprintf("Saved a record of the Deployment in ConfigMap %s, kept until %s; restore it with: deployguard restore %s/%s",
 		name, expires.UTC().Format(time.RFC3339), d.Namespace, d.Name)
 	return stepOutcome{done: true, result: resultCompleted, duration: r.Clock.Since(begin), eventType: corev1.EventTypeNormal, reason: vocab.ReasonRecorded, message: msg}, nil
+}
+
+// wholeForRecord reads what a record keeps from the API server: the
+// Deployment with its pod template (the cache holds it without, see
+// CacheOptions) and its newest known-good ReplicaSet, whose template the
+// record keeps too. The other ReplicaSets are the cached ones: the record
+// reads only their marks and revisions.
+func (r *DeploymentReconciler) wholeForRecord(ctx context.Context, d *appsv1.Deployment) (*appsv1.Deployment, []*appsv1.ReplicaSet, error) {
+	full := &appsv1.Deployment{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), full); err != nil {
+		return nil, nil, fmt.Errorf("reading Deployment %s: %w", d.Name, err)
+	}
+	rss, err := r.listReplicaSets(ctx, d)
+	if err != nil {
+		return nil, nil, err
+	}
+	if rs, _ := NewestKnownGood(rss); rs != nil {
+		whole := &appsv1.ReplicaSet{}
+		switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rs), whole); {
+		case apierrors.IsNotFound(err):
+			// Garbage collected already (a foreground deletion): recorded
+			// without its template.
+			rss = slices.DeleteFunc(rss, func(x *appsv1.ReplicaSet) bool { return x == rs })
+		case err != nil:
+			return nil, nil, fmt.Errorf("reading the known-good ReplicaSet %s: %w", rs.Name, err)
+		default:
+			for i := range rss {
+				if rss[i] == rs {
+					rss[i] = whole
+				}
+			}
+		}
+	}
+	return full, rss, nil
 }
 
 // recordExpiresOr returns the record's expiry, or def if it has none.

@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -52,18 +50,9 @@ func (r *DeploymentReconciler) listReplicaSets(ctx context.Context, d *appsv1.De
 	return allRSs, nil
 }
 
-// EqualIgnoreHash reports whether two pod templates are equal once the
-// pod-template-hash label is ignored; it is upstream's EqualIgnoreHash. A
-// Deployment's template never has the label and its ReplicaSets' always do.
-func EqualIgnoreHash(t1, t2 *corev1.PodTemplateSpec) bool {
-	c1, c2 := t1.DeepCopy(), t2.DeepCopy()
-	delete(c1.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
-	delete(c2.Labels, appsv1.DefaultDeploymentUniqueLabelKey)
-	return apiequality.Semantic.DeepEqual(c1, c2)
-}
-
 // FindNewReplicaSet returns the Deployment's newRS: the ReplicaSet whose template
-// equals the Deployment's, ignoring the hash label. When several do (possible
+// equals the Deployment's, ignoring the hash label (upstream's EqualIgnoreHash,
+// by template hash: see sameTemplate). When several do (possible
 // after cluster upgrades, kubernetes#40415) the oldest wins, as upstream. It
 // returns nil when the Deployment controller has not created it yet. rss is not
 // reordered.
@@ -71,7 +60,7 @@ func FindNewReplicaSet(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.R
 	sorted := slices.Clone(rss)
 	slices.SortStableFunc(sorted, compareByCreationTimestamp)
 	for _, rs := range sorted {
-		if EqualIgnoreHash(&rs.Spec.Template, &d.Spec.Template) {
+		if sameTemplate(d, rs) {
 			return rs
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -39,15 +40,38 @@ func TestFindNewReplicaSet(t *testing.T) {
 	}
 }
 
-func TestEqualIgnoreHash(t *testing.T) {
+// A Deployment and a ReplicaSet have the same template when they are equal
+// but for the pod-template-hash label, whether read from the API server or
+// from the cache, which holds a hash in the template's place.
+func TestSameTemplate(t *testing.T) {
 	d := deployment()
 	rs := replicaSet(d, 3, "web:v3")
-	require.NotEmpty(t, rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
-
-	assert.True(t, EqualIgnoreHash(&d.Spec.Template, &rs.Spec.Template), "same template, hash label aside")
-	assert.Equal(t, "h3", rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey], "the inputs are not modified")
 	other := replicaSet(d, 2, "web:v2")
-	assert.False(t, EqualIgnoreHash(&d.Spec.Template, &other.Spec.Template), "different image")
+	require.NotEmpty(t, rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
+	cached := func(o client.Object) client.Object {
+		c := o.DeepCopyObject().(client.Object)
+		_, err := StripForCache(c)
+		require.NoError(t, err)
+		return c
+	}
+	for name, pair := range map[string]struct {
+		d       *appsv1.Deployment
+		rs, rs2 *appsv1.ReplicaSet
+	}{
+		"both whole":                  {d, rs, other},
+		"both cached":                 {cached(d).(*appsv1.Deployment), cached(rs).(*appsv1.ReplicaSet), cached(other).(*appsv1.ReplicaSet)},
+		"cached Deployment, whole RS": {cached(d).(*appsv1.Deployment), rs, other},
+		"whole Deployment, cached RS": {d, cached(rs).(*appsv1.ReplicaSet), cached(other).(*appsv1.ReplicaSet)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			assert.True(t, sameTemplate(pair.d, pair.rs), "same template, hash label aside")
+			assert.False(t, sameTemplate(pair.d, pair.rs2), "different image")
+		})
+	}
+	assert.Equal(t, "h3", rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey], "the inputs are not modified")
+	c := cached(d).(*appsv1.Deployment)
+	assert.Empty(t, c.Spec.Template.Spec.Containers, "the cache keeps no pod spec")
+	assert.Equal(t, d.Spec.Template.Labels, c.Spec.Template.Labels, "but the template's labels")
 }
 
 func TestRevision(t *testing.T) {

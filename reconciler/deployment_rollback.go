@@ -223,11 +223,22 @@ func isReplicaSetMark(k string) bool {
 // told once.
 func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
 	dec := ShouldRollBack(d, rss, r.Options)
+	var err error
 	log := ctrl.LoggerFrom(ctx)
 	if dec.Action == ActionNone {
 		if dec.Reason != ReasonRolloutNotFailed {
 			log.V(4).Info("Not acting on failed rollout", "reason", dec.Reason, "failedRevision", dec.FailedRevision)
 		}
+		return nil
+	}
+	// The cache holds Deployments and ReplicaSets without their pod templates
+	// (CacheOptions). A decision to write is taken again on the Deployment as
+	// the API server has it, and the template restored is the target's as the
+	// API server has it; the write carries the resourceVersion of that read.
+	if dec, err = r.decideOnFresh(ctx, d, rss); err != nil {
+		return err
+	}
+	if dec.Action == ActionNone {
 		return nil
 	}
 	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
@@ -284,6 +295,32 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		log.Info("Rollout failed on a paused Deployment; left alone")
 	}
 	return nil
+}
+
+// decideOnFresh reads the Deployment from the API server into d, decides
+// again on it, and reads the rollback target from the API server too, so that
+// the template restored is whole.
+func (r *DeploymentReconciler) decideOnFresh(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (Decision, error) {
+	fresh := &appsv1.Deployment{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), fresh); err != nil {
+		return Decision{}, fmt.Errorf("reading Deployment %s: %w", d.Name, err)
+	}
+	*d = *fresh
+	dec := ShouldRollBack(d, rss, r.Options)
+	if dec.Action != ActionRollBack {
+		return dec, nil
+	}
+	target := &appsv1.ReplicaSet{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dec.Target), target); err != nil {
+		return Decision{}, fmt.Errorf("reading the known-good ReplicaSet %s: %w", dec.Target.Name, err)
+	}
+	if target.UID != dec.Target.UID || !IsKnownGood(target) || templateHash(&target.ObjectMeta, &target.Spec.Template) != templateHash(&dec.Target.ObjectMeta, &dec.Target.Spec.Template) {
+		// Replaced or changed since the cache saw it: decided again on the
+		// watch event that tells of it.
+		return Decision{}, apierrors.NewConflict(appsv1.Resource("replicasets"), target.Name, fmt.Errorf("changed since it was read"))
+	}
+	dec.Target = target
+	return dec, nil
 }
 
 // autoRollbackOptedOut reports whether the Deployment's annotation turns

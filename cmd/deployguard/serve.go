@@ -175,11 +175,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 		LeaderElectionID:              f.leaderElection,
 		LeaderElectionNamespace:       f.namespace,
 		LeaderElectionReleaseOnCancel: true,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// Only the guard's own ConfigMaps are policies; never cache the
-			// cluster's.
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{f.namespace: {}}},
-		}},
+		Cache:                         cacheOptions(f.namespace),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -311,6 +307,16 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, f *serveFlags, restCfg *r
 		PodName: os.Getenv("POD_NAME"), PodNamespace: f.namespace, PodUID: os.Getenv("POD_UID"),
 		ValidatingName: f.validatingName, Every: f.certCheckPeriod,
 	})
+}
+
+// cacheOptions keep in memory only what the guard reads: Deployments and
+// ReplicaSets without their pod templates (reconciler.CacheOptions), nothing
+// without managedFields, and ConfigMaps of the guard's own namespace only
+// (they are policies; the cluster's are never cached). Pods are never cached.
+func cacheOptions(namespace string) cache.Options {
+	byObject := reconciler.CacheOptions()
+	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
+	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 
 // webhookInstalled reports whether the guard's mutating webhook configuration

@@ -322,18 +322,30 @@ func holdPodDeletions(ctx context.Context, t *testing.T, ns string) (lift func()
 	}
 	require.NoError(t, local.Client.Create(ctx, policy))
 	require.NoError(t, local.Client.Create(ctx, binding))
-	lift = func() {
-		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), binding))
-		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), policy))
-	}
-	t.Cleanup(lift)
-	// In force once a dry-run deletion of a pod is refused.
+	// In force once a dry-run deletion of a pod is refused, lifted once one
+	// goes through.
 	canary := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hold-canary"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "canary:1"}}, NodeSelector: map[string]string{"deployguard.io/e2e": "no-such-node"}}}
+	held := func(ctx context.Context) bool {
+		err := local.Client.Delete(ctx, canary, client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), "held by the test")
+	}
+	lifted := false
+	lift = func() {
+		if lifted {
+			return
+		}
+		lifted = true
+		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), binding))
+		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), policy))
+		waitFor(t, 20*time.Second, "the policy holding pod deletions was not lifted", func(ctx context.Context) (bool, string, error) {
+			return !held(ctx), "", nil
+		})
+	}
+	t.Cleanup(lift)
 	require.NoError(t, local.Client.Create(ctx, canary))
 	waitFor(t, 20*time.Second, "the policy holding pod deletions did not take effect", func(ctx context.Context) (bool, string, error) {
-		err := local.Client.Delete(ctx, canary, client.DryRunAll)
-		return err != nil && strings.Contains(err.Error(), "held by the test"), fmt.Sprint(err), nil
+		return held(ctx), "", nil
 	})
 	return lift
 }

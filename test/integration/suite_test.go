@@ -40,6 +40,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -130,7 +131,8 @@ func startGuard(ctx context.Context) (func(), error) {
 		}),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{harness.GuardNamespace: {}}},
+			&corev1.ConfigMap{}:  {Namespaces: map[string]cache.Config{harness.GuardNamespace: {}}},
+			&appsv1.Deployment{}: {Transform: reconciler.StripForCache},
 		}},
 	})
 	if err != nil {

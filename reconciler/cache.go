@@ -1,0 +1,86 @@
+package reconciler
+
+import (
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// cachedTemplateHash holds, on a cached Deployment or ReplicaSet, the
+// vocab.TemplateHash of the pod template the cache transform dropped. It lives
+// in the guard's memory only: the guard writes Deployments and ReplicaSets
+// with patches of the fields it changes, never whole cached objects, and reads
+// an object from the API server whenever it needs its template (a rollback, a
+// record).
+const cachedTemplateHash = vocab.Domain + "/cached-template-hash"
+
+// CacheOptions returns what the manager's cache keeps of the objects the
+// reconciler (and the webhook's overlap index) read: Deployments and
+// ReplicaSets without their pod spec (a hash of the template stands for it),
+// without managedFields and kubectl's last-applied configuration. A
+// Deployment's decisions need its metadata, selector, template labels,
+// strategy and status; the template itself only at rollback and record time,
+// when it is read from the API server. This is what bounds the guard's memory
+// by the number of objects, not by their size.
+func CacheOptions() map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&appsv1.Deployment{}: {Transform: StripForCache},
+		&appsv1.ReplicaSet{}: {Transform: StripForCache},
+	}
+}
+
+// StripForCache is the cache transform of Deployments and ReplicaSets (see
+// CacheOptions); other objects only lose their managedFields.
+func StripForCache(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		stripMeta(&o.ObjectMeta)
+		delete(o.Annotations, corev1.LastAppliedConfigAnnotation)
+		stripTemplate(&o.ObjectMeta, &o.Spec.Template)
+	case *appsv1.ReplicaSet:
+		stripMeta(&o.ObjectMeta)
+		stripTemplate(&o.ObjectMeta, &o.Spec.Template)
+	case metav1.Object:
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
+
+// stripTemplate replaces the pod spec and the template's annotations by the
+// template's hash; its labels stay (selectors and the overlap check read them).
+// Idempotent: a stripped object keeps the hash it has.
+func stripTemplate(m *metav1.ObjectMeta, t *corev1.PodTemplateSpec) {
+	if _, done := m.Annotations[cachedTemplateHash]; done {
+		return
+	}
+	h := vocab.TemplateHash(t)
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[cachedTemplateHash] = h
+	t.Spec = corev1.PodSpec{}
+	t.Annotations = nil
+}
+
+// templateHash is the identity of an object's pod template, ignoring the
+// pod-template-hash label: the hash the cache left in place of a stripped
+// template, or the hash of the template itself (an object read from the API
+// server).
+func templateHash(m *metav1.ObjectMeta, t *corev1.PodTemplateSpec) string {
+	if h, ok := m.Annotations[cachedTemplateHash]; ok {
+		return h
+	}
+	return vocab.TemplateHash(t)
+}
+
+// sameTemplate is upstream's EqualIgnoreHash for a Deployment and one of its
+// ReplicaSets, cached or not.
+func sameTemplate(d *appsv1.Deployment, rs *appsv1.ReplicaSet) bool {
+	return templateHash(&d.ObjectMeta, &d.Spec.Template) == templateHash(&rs.ObjectMeta, &rs.Spec.Template)
+}
