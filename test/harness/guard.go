@@ -33,9 +33,18 @@ type GuardOptions struct {
 	// configurations point at it); 0 picks a free one.
 	WebhookPort int
 	ExtraArgs   []string
+	// Env is added to the guard's environment; DeployedRuntimeEnv is what
+	// config/manager gives the deployed guard.
+	Env []string
 	// Output receives the guard's logs.
 	Output io.Writer
 }
+
+// DeployedRuntimeEnv is the Go runtime's settings of the deployed guard
+// (config/manager/deployment.yaml: GOGC 400, GOMEMLIMIT from the 256Mi memory
+// limit), so that what `make run` and the benchmarks measure is what runs in
+// clusters.
+func DeployedRuntimeEnv() []string { return []string{"GOGC=400", "GOMEMLIMIT=256MiB"} }
 
 // Guard is a running deployguard process.
 type Guard struct {
@@ -43,8 +52,10 @@ type Guard struct {
 	URL       string // https://127.0.0.1:PORT, for webhook configurations
 	ProbeAddr string
 	Metrics   string
-	cmd       *exec.Cmd
-	done      chan error
+	// Pid is the guard's process id, for /proc readings.
+	Pid  int
+	cmd  *exec.Cmd
+	done chan error
 }
 
 // FreePort asks the kernel for a free loopback port.
@@ -105,6 +116,7 @@ func StartGuard(opts GuardOptions) (*Guard, error) {
 	}
 	args = append(args, opts.ExtraArgs...)
 	cmd := exec.Command(opts.Binary, args...)
+	cmd.Env = append(os.Environ(), opts.Env...)
 	out := opts.Output
 	if out == nil {
 		out = io.Discard
@@ -117,7 +129,7 @@ func StartGuard(opts GuardOptions) (*Guard, error) {
 		return nil, fmt.Errorf("starting deployguard: %w", err)
 	}
 	g := &Guard{
-		Opts: opts, cmd: cmd, done: make(chan error, 1),
+		Opts: opts, cmd: cmd, done: make(chan error, 1), Pid: cmd.Process.Pid,
 		URL:       fmt.Sprintf("https://127.0.0.1:%d", opts.WebhookPort),
 		ProbeAddr: fmt.Sprintf("127.0.0.1:%d", probe),
 		Metrics:   fmt.Sprintf("127.0.0.1:%d", metrics),

@@ -89,6 +89,7 @@ func (l *Local) StartGuard(ctx context.Context, port int) error {
 	g, err := StartGuard(GuardOptions{
 		Binary: l.Opts.Guard, Kubeconfig: l.GuardKubeconfig, WorkDir: filepath.Join(l.Opts.WorkDir, "guard"),
 		Config: l.Opts.GuardConfig, WebhookPort: port, ExtraArgs: l.Opts.GuardArgs, Output: l.Opts.Log,
+		Env: DeployedRuntimeEnv(),
 	})
 	if err != nil {
 		return err

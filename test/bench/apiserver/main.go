@@ -1,0 +1,301 @@
+// Command apiserver is `make bench-apiserver`: the same dry-run CREATE load
+// through a real kube-apiserver on the local cluster, without an admission
+// guard, with a ValidatingAdmissionPolicy of four CEL rules (the bar to
+// beat), and with deployguard's two webhooks, in one run. It reports
+// requests/s, latency and the CPU each request costs kube-apiserver and the
+// guard, read from /proc.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/test/bench/load"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+type options struct {
+	tools, guard, workDir, out string
+	clients                    int
+	warmup, duration           time.Duration
+}
+
+// phase is one configuration's measurement.
+type phase struct {
+	Name string      `json:"name"`
+	Load load.Result `json:"load"`
+	// CPU per request of kube-apiserver and of the guard (0 when absent).
+	APIServerCPUPerRequest time.Duration `json:"apiserverCpuPerRequestNs"`
+	GuardCPUPerRequest     time.Duration `json:"guardCpuPerRequestNs,omitempty"`
+	GuardRSS               int64         `json:"guardRssBytes,omitempty"`
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.tools, "tools", "", "the control plane binaries (make tools)")
+	flag.StringVar(&o.guard, "guard", "bin/deployguard", "the deployguard binary")
+	flag.StringVar(&o.workDir, "workdir", "bin/bench-apiserver", "folder for the cluster and the logs")
+	flag.StringVar(&o.out, "out", "bin/bench-apiserver.json", "where the results are written as JSON")
+	flag.IntVar(&o.clients, "clients", 4, "concurrent clients")
+	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "load before each measurement, not counted")
+	flag.DurationVar(&o.duration, "duration", 20*time.Second, "measured load per configuration")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-apiserver:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.tools == "" {
+		t, err := harness.ToolsDir()
+		if err != nil {
+			return err
+		}
+		o.tools = t
+	}
+	work, err := filepath.Abs(o.workDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(work, "bench.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+
+	fmt.Println("Starting the local cluster …")
+	cluster, err := harness.StartCluster(ctx, o.tools, "dg-bench-apiserver", filepath.Join(work, "cluster"), 1, logFile)
+	if err != nil {
+		return err
+	}
+	defer cluster.Stop()
+	cfg, err := cluster.RESTConfig()
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 10000, 10000
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+		return err
+	}
+	apiserver, err := load.FindProcess("kube-apiserver", cluster.WorkDir)
+	if err != nil {
+		return err
+	}
+	template := load.Deployment("bench", "bench", 2, 3, 30)
+	if b, err := json.Marshal(template); err == nil {
+		fmt.Printf("Load: dry-run CREATE of a %.1f KB Deployment, %d clients, %s per configuration (after %s of warm-up)\n\n",
+			float64(len(b))/1024, o.clients, o.duration, o.warmup)
+	}
+	create := func(ctx context.Context, w, i int) error {
+		d := template.DeepCopy()
+		d.Name = fmt.Sprintf("bench-%d-%d", w, i)
+		return c.Create(ctx, d, client.DryRunAll)
+	}
+	measure := func(name string, guardPid int) (phase, error) {
+		load.Run(ctx, o.clients, 0, o.warmup, create)
+		a0, err := load.CPU(apiserver)
+		if err != nil {
+			return phase{}, err
+		}
+		var g0 time.Duration
+		if guardPid != 0 {
+			if g0, err = load.CPU(guardPid); err != nil {
+				return phase{}, err
+			}
+		}
+		r := load.Run(ctx, o.clients, 0, o.duration, create)
+		a1, err := load.CPU(apiserver)
+		if err != nil {
+			return phase{}, err
+		}
+		p := phase{Name: name, Load: r}
+		if r.Requests > 0 {
+			p.APIServerCPUPerRequest = (a1 - a0) / time.Duration(r.Requests)
+		}
+		if guardPid != 0 {
+			g1, err := load.CPU(guardPid)
+			if err != nil {
+				return phase{}, err
+			}
+			p.GuardCPUPerRequest = (g1 - g0) / time.Duration(max(r.Requests, 1))
+			p.GuardRSS, _ = load.RSS(guardPid)
+		}
+		fmt.Printf("  %-45s %7.0f req/s, p99 %s, %d failed\n", name, r.PerSec, load.Millis(r.P99), r.Failed)
+		return p, ctx.Err()
+	}
+
+	var phases []phase
+	p, err := measure("no admission guard", 0)
+	if err != nil {
+		return err
+	}
+	phases = append(phases, p)
+
+	lift, err := installPolicy(ctx, c)
+	if err != nil {
+		return err
+	}
+	p, err = measure("a ValidatingAdmissionPolicy with 4 CEL rules", 0)
+	if err != nil {
+		return err
+	}
+	phases = append(phases, p)
+	if err := lift(); err != nil {
+		return err
+	}
+
+	g, err := startGuard(ctx, o, cluster, c, logFile)
+	if err != nil {
+		return err
+	}
+	defer g.Stop()
+	p, err = measure("deployguard, both webhooks", g.Pid)
+	if err != nil {
+		return err
+	}
+	phases = append(phases, p)
+
+	printTable(os.Stdout, phases)
+	b, err := json.MarshalIndent(map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "clients": o.clients, "phases": phases}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(o.out, b, 0o644)
+}
+
+func printTable(w io.Writer, phases []phase) {
+	fmt.Fprintln(w, "\n| | requests/s | p50 | p99 | guard CPU per request | kube-apiserver CPU per request | failed |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, p := range phases {
+		guard := "—"
+		if p.GuardCPUPerRequest > 0 {
+			guard = load.Millis(p.GuardCPUPerRequest)
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %s | %s | %s | %s | %d |\n", p.Name, p.Load.PerSec, load.Millis(p.Load.P50), load.Millis(p.Load.P99),
+			guard, load.Millis(p.APIServerCPUPerRequest), p.Load.Failed)
+	}
+	none, guard := phases[0], phases[len(phases)-1]
+	if none.Load.PerSec > 0 {
+		fmt.Fprintf(w, "\nWith the guard: %.0f%% of the requests/s without it; %s of kube-apiserver CPU added per request by the two webhook calls.\n",
+			100*guard.Load.PerSec/none.Load.PerSec, load.Millis(guard.APIServerCPUPerRequest-none.APIServerCPUPerRequest))
+	}
+}
+
+// installPolicy installs a ValidatingAdmissionPolicy with four CEL rules like
+// the guard's built-in policies, and returns once it is in force, with the
+// function that lifts it (and returns once it is lifted).
+func installPolicy(ctx context.Context, c client.Client) (func() error, error) {
+	fail := admissionregistrationv1.Fail
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench-four-rules"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"v1"}, Resources: []string{"deployments"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{
+				{Expression: "object.spec.template.spec.containers.all(c, !c.image.endsWith(':latest') && c.image.contains(':'))", Message: "images need a version tag"},
+				{Expression: "object.spec.template.spec.containers.all(c, has(c.resources.requests) && 'cpu' in c.resources.requests && 'memory' in c.resources.requests)", Message: "containers need cpu and memory requests"},
+				{Expression: "object.spec.template.spec.containers.all(c, has(c.readinessProbe))", Message: "containers need a readiness probe"},
+				{Expression: "!has(object.spec.template.spec.hostNetwork) || !object.spec.template.spec.hostNetwork", Message: "no host network"},
+			},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench-four-rules"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName: policy.Name, ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+	for _, obj := range []client.Object{policy, binding} {
+		if err := c.Create(ctx, obj); err != nil {
+			return nil, err
+		}
+	}
+	marker := load.Deployment("bench", "marker", 1, 1, 0)
+	marker.Spec.Template.Spec.HostNetwork = true
+	refused := func(ctx context.Context) (bool, error) {
+		err := c.Create(ctx, marker.DeepCopy(), client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), "no host network"), nil
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, refused); err != nil {
+		return nil, fmt.Errorf("the ValidatingAdmissionPolicy did not take effect: %w", err)
+	}
+	return func() error {
+		for _, obj := range []client.Object{binding, policy} {
+			if err := c.Delete(ctx, obj); err != nil {
+				return err
+			}
+		}
+		return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			r, err := refused(ctx)
+			return !r, err
+		})
+	}, nil
+}
+
+// startGuard runs the guard as `make run` does (its service account, the
+// deployed webhook configurations, the deployed Go runtime settings) and
+// returns once the API server calls it.
+func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c client.Client, log io.Writer) (*harness.Guard, error) {
+	kubeconfig := filepath.Join(filepath.Dir(cluster.WorkDir), "guard.kubeconfig")
+	if err := cluster.GuardKubeconfig(ctx, c, kubeconfig); err != nil {
+		return nil, err
+	}
+	port, err := harness.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	if err := harness.InstallWebhooks(ctx, c, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
+		return nil, err
+	}
+	g, err := harness.StartGuard(harness.GuardOptions{
+		Binary: o.guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(filepath.Dir(cluster.WorkDir), "guard"),
+		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := g.WaitReady(ctx, time.Minute); err != nil {
+		g.Stop()
+		return nil, err
+	}
+	if err := harness.WaitForWebhooks(ctx, c, "default", time.Minute); err != nil {
+		g.Stop()
+		return nil, err
+	}
+	return g, nil
+}
