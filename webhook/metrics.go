@@ -21,8 +21,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Admission requests for Deployments by webhook (mutating, validating), operation and result (allowed, patched, denied, error).",
 		}, []string{"webhook", "operation", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "deployguard_admission_duration_seconds",
-			Help:    "Time to admit a Deployment, from decoded request to response, by webhook and operation.",
+			Name: "deployguard_admission_duration_seconds",
+			Help: "Time to admit a Deployment, from decoded request to response, by webhook and operation.",
 			// Fine below 5 ms, where admissions are, so that a p99 can be read
 			// from the buckets; up to the webhooks' 3 s timeout.
 			Buckets: []float64{.00005, .0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},

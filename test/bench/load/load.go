@@ -212,4 +212,6 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // Millis formats a duration in milliseconds with two decimals.
-func Millis(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+func Millis(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
