@@ -36,4 +36,15 @@ if need kwok || need kwokctl; then
 	GOBIN="$out" go install "${flags[@]}" "sigs.k8s.io/kwok/cmd/kwok@${kwok_version}" "sigs.k8s.io/kwok/cmd/kwokctl@${kwok_version}"
 fi
 
+# helm renders the chart corpus (test/integration/testdata/charts); about 3
+# minutes cold. Its version comes from test/tools/helm/go.mod and is stamped in,
+# as helm's own release build does, so that `helm version` names it.
+if need helm; then
+	helm_version="$(cd "$here/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v3)"
+	echo ">> building helm ${helm_version}"
+	(cd "$here/helm" && go build -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${helm_version}" \
+		-o "$out/helm" helm.sh/helm/v3/cmd/helm)
+fi
+
 echo ">> control plane ready in $out"
