@@ -1,0 +1,248 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// jsonValue converts a JSON document to the Rego value policies read, in one
+// pass over the bytes: no intermediate map[string]any, which is where most of
+// an admission's policy cost went (decoding the object twice over). Numbers
+// keep their literal text (ast.Number), so integers stay exact. Malformed
+// JSON is an error that says where.
+func jsonValue(b []byte) (ast.Value, error) {
+	p := jsonParser{b: b}
+	p.space()
+	v, err := p.value(0)
+	if err != nil {
+		return nil, err
+	}
+	p.space()
+	if p.i != len(p.b) {
+		return nil, p.errorf("trailing data after the document")
+	}
+	return v, nil
+}
+
+// maxDepth bounds nesting, so that hostile input cannot exhaust the stack; an
+// API object is nowhere near it.
+const maxDepth = 1000
+
+type jsonParser struct {
+	b []byte
+	i int
+}
+
+func (p *jsonParser) errorf(format string, args ...any) error {
+	return fmt.Errorf("invalid JSON at byte %d: %s", p.i, fmt.Sprintf(format, args...))
+}
+
+func (p *jsonParser) space() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonParser) value(depth int) (ast.Value, error) {
+	if depth > maxDepth {
+		return nil, p.errorf("nested deeper than %d", maxDepth)
+	}
+	if p.i >= len(p.b) {
+		return nil, p.errorf("unexpected end")
+	}
+	switch c := p.b[p.i]; {
+	case c == '{':
+		return p.object(depth)
+	case c == '[':
+		return p.array(depth)
+	case c == '"':
+		s, err := p.str()
+		if err != nil {
+			return nil, err
+		}
+		return ast.String(s), nil
+	case c == 't':
+		return p.literal("true", ast.Boolean(true))
+	case c == 'f':
+		return p.literal("false", ast.Boolean(false))
+	case c == 'n':
+		return p.literal("null", ast.Null{})
+	case c == '-' || (c >= '0' && c <= '9'):
+		return p.number()
+	default:
+		return nil, p.errorf("unexpected %q", c)
+	}
+}
+
+func (p *jsonParser) literal(word string, v ast.Value) (ast.Value, error) {
+	if len(p.b)-p.i < len(word) || string(p.b[p.i:p.i+len(word)]) != word {
+		return nil, p.errorf("expected %s", word)
+	}
+	p.i += len(word)
+	return v, nil
+}
+
+func (p *jsonParser) object(depth int) (ast.Value, error) {
+	p.i++ // {
+	obj := ast.NewObject()
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == '}' {
+		p.i++
+		return obj, nil
+	}
+	for {
+		p.space()
+		if p.i >= len(p.b) || p.b[p.i] != '"' {
+			return nil, p.errorf("expected a member name")
+		}
+		k, err := p.str()
+		if err != nil {
+			return nil, err
+		}
+		p.space()
+		if p.i >= len(p.b) || p.b[p.i] != ':' {
+			return nil, p.errorf("expected ':'")
+		}
+		p.i++
+		p.space()
+		v, err := p.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		// A repeated member keeps its last value, as encoding/json does.
+		obj.Insert(ast.StringTerm(k), ast.NewTerm(v))
+		p.space()
+		if p.i >= len(p.b) {
+			return nil, p.errorf("unexpected end in an object")
+		}
+		switch p.b[p.i] {
+		case ',':
+			p.i++
+		case '}':
+			p.i++
+			return obj, nil
+		default:
+			return nil, p.errorf("expected ',' or '}'")
+		}
+	}
+}
+
+func (p *jsonParser) array(depth int) (ast.Value, error) {
+	p.i++ // [
+	var terms []*ast.Term
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == ']' {
+		p.i++
+		return ast.NewArray(), nil
+	}
+	for {
+		p.space()
+		v, err := p.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		terms = append(terms, ast.NewTerm(v))
+		p.space()
+		if p.i >= len(p.b) {
+			return nil, p.errorf("unexpected end in an array")
+		}
+		switch p.b[p.i] {
+		case ',':
+			p.i++
+		case ']':
+			p.i++
+			return ast.NewArray(terms...), nil
+		default:
+			return nil, p.errorf("expected ',' or ']'")
+		}
+	}
+}
+
+// str reads a string. The common case, no escapes and valid UTF-8, is a slice
+// of the input; anything else goes through encoding/json's own unquoting, so
+// that escapes mean exactly what they mean to the API server.
+func (p *jsonParser) str() (string, error) {
+	start := p.i
+	p.i++ // "
+	escaped := false
+	for p.i < len(p.b) {
+		switch c := p.b[p.i]; {
+		case c == '"':
+			p.i++
+			raw := p.b[start:p.i]
+			if !escaped && utf8.Valid(raw) {
+				return string(raw[1 : len(raw)-1]), nil
+			}
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				p.i = start
+				return "", p.errorf("bad string: %v", err)
+			}
+			return s, nil
+		case c == '\\':
+			escaped = true
+			p.i += 2
+		case c < 0x20:
+			return "", p.errorf("control character in a string")
+		default:
+			p.i++
+		}
+	}
+	return "", p.errorf("unterminated string")
+}
+
+func (p *jsonParser) number() (ast.Value, error) {
+	start := p.i
+	if p.b[p.i] == '-' {
+		p.i++
+	}
+	digits := func() int {
+		n := 0
+		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+			p.i++
+			n++
+		}
+		return n
+	}
+	intStart := p.i
+	if digits() == 0 {
+		return nil, p.errorf("bad number")
+	}
+	if p.b[intStart] == '0' && p.i-intStart > 1 {
+		return nil, p.errorf("leading zero in a number")
+	}
+	if p.i < len(p.b) && p.b[p.i] == '.' {
+		p.i++
+		if digits() == 0 {
+			return nil, p.errorf("bad fraction")
+		}
+	}
+	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		p.i++
+		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return nil, p.errorf("bad exponent")
+		}
+	}
+	lit := string(p.b[start:p.i])
+	if _, err := strconv.ParseFloat(lit, 64); err != nil && !isRangeErr(err) {
+		return nil, p.errorf("bad number %q", lit)
+	}
+	return ast.Number(lit), nil
+}
+
+func isRangeErr(err error) bool {
+	ne, ok := err.(*strconv.NumError)
+	return ok && ne.Err == strconv.ErrRange
+}

@@ -1,0 +1,83 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// viaEncodingJSON is the conversion jsonValue replaces: encoding/json with
+// numbers kept exact, then OPA's own conversion.
+func viaEncodingJSON(b []byte) (ast.Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
+		return nil, errTrailing
+	}
+	return ast.InterfaceToValue(doc)
+}
+
+var errTrailing = errors.New("trailing data")
+
+var jsonCorpus = []string{
+	`{}`, `[]`, `null`, `true`, `false`, `0`, `-1`, `12345678901234567890123`, `1.5e-3`, `-0.0`, `1E+2`,
+	`"plain"`, `"esc\"aped \\ \/ \n \t \u00e9 \ud83d\ude00"`, `"ünïcödé"`,
+	`{"a":1,"a":2}`, `{"metadata":{"name":"web","labels":{"app":"web"}},"spec":{"replicas":3,"template":{"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]}}}}`,
+	` { "spaced" : [ 1 , 2 , { } , [ ] ] } `,
+}
+
+// jsonValue gives exactly the value encoding/json and OPA's conversion give.
+func TestJSONValueAgreesWithEncodingJSON(t *testing.T) {
+	raw, err := json.Marshal(realisticDeployment())
+	require.NoError(t, err)
+	for _, doc := range append(jsonCorpus, string(raw)) {
+		want, err := viaEncodingJSON([]byte(doc))
+		require.NoError(t, err, doc)
+		got, err := jsonValue([]byte(doc))
+		require.NoError(t, err, doc)
+		assert.Equal(t, 0, want.Compare(got), "%s:\nwant %v\ngot  %v", doc, want, got)
+	}
+}
+
+func TestJSONValueRefusesWhatEncodingJSONRefuses(t *testing.T) {
+	for _, doc := range []string{``, `{`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `01`, `1.`, `.5`, `-`, `1e`, `"unterminated`,
+		"\"ctl\x01\"", `tru`, `nul`, `{} {}`, `{"a":1}x`, `[` + string(bytes.Repeat([]byte("["), 2000)), `"\x"`, `"\u12"`} {
+		_, err := jsonValue([]byte(doc))
+		assert.Error(t, err, "%q", doc)
+		_, err = viaEncodingJSON([]byte(doc))
+		assert.Error(t, err, "encoding/json refuses %q too", doc)
+	}
+}
+
+// FuzzJSONValue: on any input, jsonValue never panics, accepts exactly what
+// encoding/json accepts (within the nesting bound) and gives the same value.
+func FuzzJSONValue(f *testing.F) {
+	for _, doc := range jsonCorpus {
+		f.Add([]byte(doc))
+	}
+	raw, err := json.Marshal(realisticDeployment())
+	require.NoError(f, err)
+	f.Add(raw)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := jsonValue(b)
+		want, wantErr := viaEncodingJSON(b)
+		if bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > maxDepth {
+			return // nesting bound: ours refuses what encoding/json may accept
+		}
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("jsonValue error %v, encoding/json error %v, on %q", err, wantErr, b)
+		}
+		if err == nil && want.Compare(got) != 0 {
+			t.Fatalf("jsonValue %v, encoding/json %v, on %q", got, want, b)
+		}
+	})
+}
