@@ -352,3 +352,42 @@ func TestEvaluateWithoutInput(t *testing.T) {
 	require.Len(t, got.Denied, 1, "no input must not mean no policy")
 	assert.True(t, got.Denied[0].EvalFailed)
 }
+
+// The input leaves out oldObject only when no policy of the set can read it.
+func TestInputLeavesOutOldObjectOnlyWhenUnread(t *testing.T) {
+	old := deployment(goodContainer("web"))
+	old.Spec.Template.Spec.Containers[0].Image = "nginx:1.0"
+	cur := deployment(goodContainer("web"))
+	tests := []struct {
+		name   string
+		module string
+		reads  bool
+	}{
+		{name: "the built-ins do not", reads: false},
+		{name: "a rule about oldObject", reads: true,
+			module: "package deployguard.x\n\ndeny contains \"image changed\" if input.oldObject.spec.template.spec.containers[0].image != input.object.spec.template.spec.containers[0].image\n"},
+		{name: "input as a whole", reads: true,
+			module: "package deployguard.x\n\ndoc := input\n\ndeny contains \"image changed\" if doc.oldObject.spec.template.spec.containers[0].image != doc.object.spec.template.spec.containers[0].image\n"},
+		{name: "a member chosen at evaluation time", reads: true,
+			module: "package deployguard.x\n\ndeny contains \"image changed\" if {\n\tsome k in [\"oldObject\"]\n\tinput[k].spec.template.spec.containers[0].image != input.object.spec.template.spec.containers[0].image\n}\n"},
+		{name: "only the object", reads: false,
+			module: "package deployguard.x\n\ndeny contains \"no\" if input.object.metadata.name == \"never\"\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sources := Builtins()
+			if tt.module != "" {
+				sources = append(sources, regoSource("x.rego", tt.module))
+			}
+			e := newEngine(t, Options{}, sources...)
+			assert.Equal(t, tt.reads, e.active.Load().readsOldObject)
+			d, err := e.EvaluateRequest(context.Background(), Request{Operation: "UPDATE", Namespace: "team-a", Name: "shop", Object: cur, OldObject: old})
+			require.NoError(t, err)
+			if tt.module != "" && tt.reads {
+				assert.False(t, d.Allowed(), "the rule saw oldObject")
+			} else {
+				assert.True(t, d.Allowed())
+			}
+		})
+	}
+}

@@ -21,13 +21,33 @@ var errNoInput = errors.New("no input: the request could not be converted for po
 // of time becomes a finding under Options.FailureMode, and the others still
 // decide. Evaluate never blocks on a Load.
 func (e *Engine) Evaluate(ctx context.Context, in *Input) Decision {
+	return e.evaluate(ctx, e.active.Load(), in)
+}
+
+// EvaluateRequest converts r and evaluates it, with one policy set for both:
+// the input leaves out what no policy of that set reads (input.oldObject,
+// unless a policy reads it). A request that cannot be converted is an error
+// for the caller to decide about.
+func (e *Engine) EvaluateRequest(ctx context.Context, r Request) (Decision, error) {
+	if reason, ok := exemption(e.opts.Exempt, r); ok {
+		e.metrics.exempt.Inc()
+		return Decision{Exempt: true, ExemptReason: reason}, nil
+	}
+	set := e.active.Load()
+	in, err := newInput(r, set.readsOldObject)
+	if err != nil {
+		return Decision{}, err
+	}
+	return e.evaluate(ctx, set, in), nil
+}
+
+func (e *Engine) evaluate(ctx context.Context, set *preparedSet, in *Input) Decision {
 	if in != nil {
 		if reason, ok := exemption(e.opts.Exempt, in.req); ok {
 			e.metrics.exempt.Inc()
 			return Decision{Exempt: true, ExemptReason: reason}
 		}
 	}
-	set := e.active.Load()
 	var d Decision
 	for i := range set.policies {
 		p := &set.policies[i]

@@ -3,6 +3,7 @@ package policy
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -15,7 +16,7 @@ import (
 // keep their literal text (ast.Number), so integers stay exact. Malformed
 // JSON is an error that says where.
 func jsonValue(b []byte) (ast.Value, error) {
-	p := jsonParser{b: b}
+	p := jsonParser{b: b, keys: make(map[string]*ast.Term, 64)}
 	p.space()
 	v, err := p.value(0)
 	if err != nil {
@@ -35,6 +36,13 @@ const maxDepth = 1000
 type jsonParser struct {
 	b []byte
 	i int
+	// items and terms are scratch stacks: each object or array appends its
+	// members above where its parent's stop, and takes them off when built.
+	items [][2]*ast.Term
+	terms []*ast.Term
+	// keys shares one term per member name: API objects repeat a few names
+	// (name, value, image …) many times.
+	keys map[string]*ast.Term
 }
 
 func (p *jsonParser) errorf(format string, args ...any) error {
@@ -93,11 +101,12 @@ func (p *jsonParser) literal(word string, v ast.Value) (ast.Value, error) {
 
 func (p *jsonParser) object(depth int) (ast.Value, error) {
 	p.i++ // {
-	obj := ast.NewObject()
+	base := len(p.items)
+	defer func() { p.items = p.items[:base] }()
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == '}' {
 		p.i++
-		return obj, nil
+		return ast.NewObject(), nil
 	}
 	for {
 		p.space()
@@ -107,6 +116,11 @@ func (p *jsonParser) object(depth int) (ast.Value, error) {
 		k, err := p.str()
 		if err != nil {
 			return nil, err
+		}
+		key, ok := p.keys[k]
+		if !ok {
+			key = ast.StringTerm(k)
+			p.keys[k] = key
 		}
 		p.space()
 		if p.i >= len(p.b) || p.b[p.i] != ':' {
@@ -118,8 +132,7 @@ func (p *jsonParser) object(depth int) (ast.Value, error) {
 		if err != nil {
 			return nil, err
 		}
-		// A repeated member keeps its last value, as encoding/json does.
-		obj.Insert(ast.StringTerm(k), ast.NewTerm(v))
+		p.items = append(p.items, [2]*ast.Term{key, ast.NewTerm(v)})
 		p.space()
 		if p.i >= len(p.b) {
 			return nil, p.errorf("unexpected end in an object")
@@ -129,16 +142,52 @@ func (p *jsonParser) object(depth int) (ast.Value, error) {
 			p.i++
 		case '}':
 			p.i++
-			return obj, nil
+			return newObject(p.items[base:]), nil
 		default:
 			return nil, p.errorf("expected ',' or '}'")
 		}
 	}
 }
 
+// newObject builds an object of items in one allocation. A repeated member
+// keeps its last value, as encoding/json does; the API server never sends
+// one, so that case takes the slow path.
+func newObject(items [][2]*ast.Term) ast.Object {
+	if !hasDuplicateKey(items) {
+		return ast.NewObject(items...)
+	}
+	obj := ast.NewObjectWithCapacity(len(items))
+	for _, kv := range items {
+		obj.Insert(kv[0], kv[1])
+	}
+	return obj
+}
+
+func hasDuplicateKey(items [][2]*ast.Term) bool {
+	if len(items) <= 16 {
+		for i := range items {
+			for j := range i {
+				if items[i][0] == items[j][0] {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	seen := make(map[*ast.Term]struct{}, len(items))
+	for _, kv := range items {
+		if _, dup := seen[kv[0]]; dup {
+			return true
+		}
+		seen[kv[0]] = struct{}{}
+	}
+	return false
+}
+
 func (p *jsonParser) array(depth int) (ast.Value, error) {
 	p.i++ // [
-	var terms []*ast.Term
+	base := len(p.terms)
+	defer func() { p.terms = p.terms[:base] }()
 	p.space()
 	if p.i < len(p.b) && p.b[p.i] == ']' {
 		p.i++
@@ -150,7 +199,7 @@ func (p *jsonParser) array(depth int) (ast.Value, error) {
 		if err != nil {
 			return nil, err
 		}
-		terms = append(terms, ast.NewTerm(v))
+		p.terms = append(p.terms, ast.NewTerm(v))
 		p.space()
 		if p.i >= len(p.b) {
 			return nil, p.errorf("unexpected end in an array")
@@ -160,7 +209,8 @@ func (p *jsonParser) array(depth int) (ast.Value, error) {
 			p.i++
 		case ']':
 			p.i++
-			return ast.NewArray(terms...), nil
+			// An array keeps its slice: give it one of its own.
+			return ast.NewArray(slices.Clone(p.terms[base:])...), nil
 		default:
 			return nil, p.errorf("expected ',' or ']'")
 		}

@@ -81,3 +81,26 @@ func FuzzJSONValue(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkJSONValue compares the one-pass conversion with the encoding/json
+// and ast.InterfaceToValue it replaces, on a realistic Deployment.
+func BenchmarkJSONValue(b *testing.B) {
+	raw, err := json.Marshal(realisticDeployment())
+	require.NoError(b, err)
+	b.Run("one-pass", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := jsonValue(raw); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := viaEncodingJSON(raw); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 
-	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -171,17 +169,4 @@ func overlapMayChange(d, old *appsv1.Deployment) bool {
 		}
 	}
 	return false
-}
-
-// oldObject decodes the stored object of an UPDATE from the request in ctx.
-func oldObject(ctx context.Context) (*appsv1.Deployment, error) {
-	req, err := admission.RequestFromContext(ctx)
-	if err != nil || req.Operation != admissionv1.Update || len(req.OldObject.Raw) == 0 {
-		return nil, nil
-	}
-	old := &appsv1.Deployment{}
-	if err := runtime.DecodeInto(decoder, req.OldObject.Raw, old); err != nil {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("cannot decode oldObject as an apps/v1 Deployment: %v", err))
-	}
-	return old, nil
 }

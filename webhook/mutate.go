@@ -12,7 +12,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -30,15 +29,17 @@ func (m mutator) Handle(ctx context.Context, req admission.Request) admission.Re
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
-	d := &appsv1.Deployment{}
-	if err := runtime.DecodeInto(decoder, req.Object.Raw, d); err != nil {
+	d, err := decodeDeployment(req.Object)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
 	}
 	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
 	ctx = admission.NewContextWithRequest(ctx, req)
-	old, err := oldObject(ctx)
-	if err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
+	var old *appsv1.Deployment
+	if req.Operation == admissionv1.Update {
+		if old, err = decodeDeployment(req.OldObject); err != nil {
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
+		}
 	}
 	changed, errs := Default(d, old, m.w.Options, m.w.Options.mayManageFinalizers(req.UserInfo))
 	if len(errs) > 0 {

@@ -43,14 +43,13 @@ func (p RegoPolicies) EvaluateDeployment(ctx context.Context, in PolicyInput) Po
 			req.Name = in.OldObject.Name
 		}
 	}
-	input, err := policy.NewInput(req)
+	d, err := p.Engine.EvaluateRequest(ctx, req)
 	if err != nil {
 		// An object the policies cannot read is refused: an enforce policy
 		// would otherwise be skipped silently.
 		return PolicyVerdict{Denials: field.ErrorList{field.InternalError(field.NewPath("metadata"),
 			fmt.Errorf("the policies could not read this Deployment: %w", err))}}
 	}
-	d := p.Engine.Evaluate(ctx, input)
 	var v PolicyVerdict
 	for _, f := range d.Denied {
 		path := f.Field

@@ -7,11 +7,8 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,26 +21,11 @@ const (
 	ValidatePath = "/validate-apps-v1-deployment"
 )
 
-var (
-	scheme  = newScheme()
-	decoder = serializer.NewCodecFactory(scheme).UniversalDeserializer()
-)
-
-func newScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	// Only apps/v1 is needed; an error here is a programming error caught by
-	// every test.
-	if err := appsv1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
-
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
 func (w *Deployment) Handlers(m *Metrics) (mutating, validating *admission.Webhook) {
 	mutating = &admission.Webhook{Handler: mutator{w: w}}
-	validating = admission.WithValidator[*appsv1.Deployment](scheme, w)
+	validating = &admission.Webhook{Handler: validator{w: w}}
 	mutating.Handler = instrument("mutating", mutating.Handler, m)
 	validating.Handler = instrument("validating", validating.Handler, m)
 	return mutating, validating

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -69,6 +70,7 @@ type serveFlags struct {
 
 	metricsAddr    string
 	probeAddr      string
+	pprofAddr      string
 	leaderElect    bool
 	leaderElection string
 }
@@ -98,6 +100,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	fs.DurationVar(&f.certCheckPeriod, "cert-check-period", time.Minute, "how often the served certificate's expiry is read (metric deployguard_serving_certificate_expiry_seconds, warning event)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (0 to disable)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles, for finding where the guard's CPU and memory go (off when empty)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "elect a leader for the reconciler, so that several replicas can serve the webhooks")
 	fs.StringVar(&f.leaderElection, "leader-election-id", "deployguard.deployguard.io", "name of the leader election lease")
 	zo := &zap.Options{}
@@ -171,6 +174,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 		}),
 		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:        f.probeAddr,
+		PprofBindAddress:              f.pprofAddr,
 		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              f.leaderElection,
 		LeaderElectionNamespace:       f.namespace,
@@ -239,6 +243,12 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	}
 
 	if err := setupCerts(ctx, mgr, f, restCfg, scheme); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		checkMutatingScope(ctx, mgr, f.mutatingName, cfg)
+		return nil
+	})); err != nil {
 		return err
 	}
 
@@ -317,6 +327,37 @@ func cacheOptions(namespace string) cache.Options {
 	byObject := reconciler.CacheOptions()
 	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
+}
+
+// mutateEverythingCondition is the matchCondition of config/webhook that
+// spares the mutating webhook the Deployments the default configuration
+// never changes.
+const mutateEverythingCondition = "guard-may-change-it"
+
+// checkMutatingScope says, once at start, when the configuration changes
+// Deployments that the installed mutating webhook configuration does not send
+// to the guard: its defaults (or cleanup steps) would then not be applied on
+// the way in. The reconciler still brings every Deployment's cleanup
+// finalizers in line; the platform defaults have no such safety net.
+func checkMutatingScope(ctx context.Context, mgr ctrl.Manager, name string, cfg config.Config) {
+	if !cfg.ChangesEveryDeployment() || !mgr.GetCache().WaitForCacheSync(ctx) {
+		return
+	}
+	log := ctrl.Log.WithName("setup")
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	if err := mgr.GetClient().Get(ctx, client.ObjectKey{Name: name}, mwc); err != nil {
+		log.Info("Could not read the mutating webhook configuration to check which Deployments it sends", "name", name, "error", err.Error())
+		return
+	}
+	for _, wh := range mwc.Webhooks {
+		for _, mc := range wh.MatchConditions {
+			if mc.Name == mutateEverythingCondition {
+				log.Error(nil, "The configuration sets defaults or cleanup steps for every Deployment, but the mutating webhook configuration only sends the guard Deployments the default configuration changes: remove its matchCondition "+mutateEverythingCondition+" (config/webhook, or the Helm value) so that they are applied",
+					"mutatingWebhookConfiguration", name, "webhook", wh.Name, "reason", "MutatingScopeTooNarrow")
+				return
+			}
+		}
+	}
 }
 
 // webhookInstalled reports whether the guard's mutating webhook configuration

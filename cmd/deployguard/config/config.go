@@ -326,6 +326,17 @@ func (c Config) CleanupFinalizers() []string {
 	return f
 }
 
+// ChangesEveryDeployment reports whether the mutating webhook may change any
+// Deployment, not only one with an empty selector or the guard's cleanup
+// annotation or finalizers: when the defaults differ from the API server's
+// own, or every Deployment gets cleanup steps. The shipped webhook
+// configuration's matchCondition "guard-may-change-it" must then go.
+func (c Config) ChangesEveryDeployment() bool {
+	d := c.Defaults
+	return d.Strategy.MaxSurge != "25%" || d.Strategy.MaxUnavailable != "25%" ||
+		d.RevisionHistoryLimit != 10 || d.ProgressDeadlineSeconds != 600 || len(c.CleanupFinalizers()) > 0
+}
+
 // IntOrString returns the default strategy's values in the API's type.
 func (s Strategy) IntOrString() (maxSurge, maxUnavailable intstr.IntOrString) {
 	return intstr.Parse(s.MaxSurge), intstr.Parse(s.MaxUnavailable)

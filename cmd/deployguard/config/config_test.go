@@ -194,3 +194,18 @@ func TestShippedFileIsTheDefaults(t *testing.T) {
 	want.Cleanup.Steps = []string{}
 	assert.Equal(t, want, c)
 }
+
+// Whether the mutating webhook must see every Deployment, or only those the
+// shipped matchCondition sends it.
+func TestChangesEveryDeployment(t *testing.T) {
+	parse := func(extra string) Config {
+		c, err := Parse([]byte("apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\n" + extra))
+		require.NoError(t, err)
+		return c
+	}
+	assert.False(t, parse("").ChangesEveryDeployment(), "the default configuration")
+	assert.False(t, parse("defaults:\n  revisionHistoryLimit: 10\n").ChangesEveryDeployment(), "the API server's own values, written out")
+	assert.True(t, parse("defaults:\n  strategy: {maxUnavailable: \"0\"}\n").ChangesEveryDeployment())
+	assert.True(t, parse("defaults:\n  progressDeadlineSeconds: 300\n").ChangesEveryDeployment())
+	assert.True(t, parse("cleanup:\n  steps: [record]\n").ChangesEveryDeployment())
+}

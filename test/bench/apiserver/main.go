@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -174,16 +175,32 @@ func run(o options) error {
 		return err
 	}
 
-	g, err := startGuard(ctx, o, cluster, c, logFile)
+	pprofPort, err := harness.FreePort()
+	if err != nil {
+		return err
+	}
+	g, err := startGuard(ctx, o, cluster, c, logFile, "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort))
 	if err != nil {
 		return err
 	}
 	defer g.Stop()
+	// A CPU profile of the guard over the measured load, for `go tool pprof`.
+	profiled := make(chan error, 1)
+	go func() {
+		time.Sleep(o.warmup + time.Second)
+		profiled <- saveProfile(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pprofPort, int(o.duration.Seconds())-2),
+			filepath.Join(work, "guard-cpu.pprof"))
+	}()
 	p, err = measure("deployguard, both webhooks", g.Pid)
 	if err != nil {
 		return err
 	}
 	phases = append(phases, p)
+	if err := <-profiled; err != nil {
+		fmt.Println("  (no CPU profile of the guard:", err, ")")
+	} else {
+		fmt.Printf("  CPU profile of the guard under load: %s\n", filepath.Join(work, "guard-cpu.pprof"))
+	}
 
 	printTable(os.Stdout, phases)
 	b, err := json.MarshalIndent(map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "clients": o.clients, "phases": phases}, "", "  ")
@@ -270,7 +287,7 @@ func installPolicy(ctx context.Context, c client.Client) (func() error, error) {
 // startGuard runs the guard as `make run` does (its service account, the
 // deployed webhook configurations, the deployed Go runtime settings) and
 // returns once the API server calls it.
-func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c client.Client, log io.Writer) (*harness.Guard, error) {
+func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c client.Client, log io.Writer, args ...string) (*harness.Guard, error) {
 	kubeconfig := filepath.Join(filepath.Dir(cluster.WorkDir), "guard.kubeconfig")
 	if err := cluster.GuardKubeconfig(ctx, c, kubeconfig); err != nil {
 		return nil, err
@@ -284,7 +301,7 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 	}
 	g, err := harness.StartGuard(harness.GuardOptions{
 		Binary: o.guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(filepath.Dir(cluster.WorkDir), "guard"),
-		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: log,
+		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: log, ExtraArgs: args,
 	})
 	if err != nil {
 		return nil, err
@@ -298,4 +315,29 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 		return nil, err
 	}
 	return g, nil
+}
+
+// saveProfile fetches a pprof profile from url into path.
+func saveProfile(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
