@@ -142,7 +142,7 @@ func jsonDocument(obj any) (ast.Value, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return ast.Null{}, nil
 	}
-	v, err := jsonValue(raw)
+	v, err := apiObjectValue(raw)
 	if err != nil {
 		return nil, fmt.Errorf("decoding JSON: %w", err)
 	}

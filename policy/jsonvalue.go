@@ -15,10 +15,20 @@ import (
 // an admission's policy cost went (decoding the object twice over). Numbers
 // keep their literal text (ast.Number), so integers stay exact. Malformed
 // JSON is an error that says where.
-func jsonValue(b []byte) (ast.Value, error) {
-	p := jsonParser{b: b, keys: make(map[string]*ast.Term, 64)}
+func jsonValue(b []byte) (ast.Value, error) { return parseJSON(b, false) }
+
+// apiObjectValue is jsonValue for an API object, without its
+// metadata.managedFields: the server-side apply bookkeeping, which mirrors
+// every field of the object (as large as the spec) and which no rule about a
+// Deployment needs. The API server sets it before admission; leaving it out
+// also makes the webhook's input the one `deployguard check` builds from a
+// manifest.
+func apiObjectValue(b []byte) (ast.Value, error) { return parseJSON(b, true) }
+
+func parseJSON(b []byte, skipManagedFields bool) (ast.Value, error) {
+	p := jsonParser{b: b, keys: make(map[string]*ast.Term, 64), skipManagedFields: skipManagedFields}
 	p.space()
-	v, err := p.value(0)
+	v, err := p.value(0, "")
 	if err != nil {
 		return nil, err
 	}
@@ -43,6 +53,8 @@ type jsonParser struct {
 	// keys shares one term per member name: API objects repeat a few names
 	// (name, value, image …) many times.
 	keys map[string]*ast.Term
+	// skipManagedFields leaves metadata.managedFields out (checked, not built).
+	skipManagedFields bool
 }
 
 func (p *jsonParser) errorf(format string, args ...any) error {
@@ -60,7 +72,9 @@ func (p *jsonParser) space() {
 	}
 }
 
-func (p *jsonParser) value(depth int) (ast.Value, error) {
+// value parses a value at depth; key is the member name it is the value of
+// ("" for the document and array elements).
+func (p *jsonParser) value(depth int, key string) (ast.Value, error) {
 	if depth > maxDepth {
 		return nil, p.errorf("nested deeper than %d", maxDepth)
 	}
@@ -69,7 +83,7 @@ func (p *jsonParser) value(depth int) (ast.Value, error) {
 	}
 	switch c := p.b[p.i]; {
 	case c == '{':
-		return p.object(depth)
+		return p.object(depth, key)
 	case c == '[':
 		return p.array(depth)
 	case c == '"':
@@ -99,7 +113,7 @@ func (p *jsonParser) literal(word string, v ast.Value) (ast.Value, error) {
 	return v, nil
 }
 
-func (p *jsonParser) object(depth int) (ast.Value, error) {
+func (p *jsonParser) object(depth int, name string) (ast.Value, error) {
 	p.i++ // {
 	base := len(p.items)
 	defer func() { p.items = p.items[:base] }()
@@ -128,11 +142,17 @@ func (p *jsonParser) object(depth int) (ast.Value, error) {
 		}
 		p.i++
 		p.space()
-		v, err := p.value(depth + 1)
-		if err != nil {
-			return nil, err
+		if p.skipManagedFields && depth == 1 && name == "metadata" && k == "managedFields" {
+			if err := p.skip(depth + 1); err != nil {
+				return nil, err
+			}
+		} else {
+			v, err := p.value(depth+1, k)
+			if err != nil {
+				return nil, err
+			}
+			p.items = append(p.items, [2]*ast.Term{key, ast.NewTerm(v)})
 		}
-		p.items = append(p.items, [2]*ast.Term{key, ast.NewTerm(v)})
 		p.space()
 		if p.i >= len(p.b) {
 			return nil, p.errorf("unexpected end in an object")
@@ -195,7 +215,7 @@ func (p *jsonParser) array(depth int) (ast.Value, error) {
 	}
 	for {
 		p.space()
-		v, err := p.value(depth + 1)
+		v, err := p.value(depth+1, "")
 		if err != nil {
 			return nil, err
 		}
@@ -213,6 +233,65 @@ func (p *jsonParser) array(depth int) (ast.Value, error) {
 			return ast.NewArray(slices.Clone(p.terms[base:])...), nil
 		default:
 			return nil, p.errorf("expected ',' or ']'")
+		}
+	}
+}
+
+// skip checks a value as value does, building nothing.
+func (p *jsonParser) skip(depth int) error {
+	if depth > maxDepth {
+		return p.errorf("nested deeper than %d", maxDepth)
+	}
+	if p.i >= len(p.b) {
+		return p.errorf("unexpected end")
+	}
+	open, end := byte(0), byte(0)
+	switch c := p.b[p.i]; c {
+	case '{':
+		open, end = '{', '}'
+	case '[':
+		open, end = '[', ']'
+	default:
+		_, err := p.value(depth, "")
+		return err
+	}
+	p.i++
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == end {
+		p.i++
+		return nil
+	}
+	for {
+		p.space()
+		if open == '{' {
+			if p.i >= len(p.b) || p.b[p.i] != '"' {
+				return p.errorf("expected a member name")
+			}
+			if _, err := p.str(); err != nil {
+				return err
+			}
+			p.space()
+			if p.i >= len(p.b) || p.b[p.i] != ':' {
+				return p.errorf("expected ':'")
+			}
+			p.i++
+			p.space()
+		}
+		if err := p.skip(depth + 1); err != nil {
+			return err
+		}
+		p.space()
+		if p.i >= len(p.b) {
+			return p.errorf("unexpected end")
+		}
+		switch p.b[p.i] {
+		case ',':
+			p.i++
+		case end:
+			p.i++
+			return nil
+		default:
+			return p.errorf("expected ',' or %q", end)
 		}
 	}
 }

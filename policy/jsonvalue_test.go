@@ -67,6 +67,7 @@ func FuzzJSONValue(f *testing.F) {
 	raw, err := json.Marshal(realisticDeployment())
 	require.NoError(f, err)
 	f.Add(raw)
+	f.Add([]byte(`{"metadata":{"managedFields":[{"manager":"m","fieldsV1":{"f:a":{}}}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := jsonValue(b)
 		want, wantErr := viaEncodingJSON(b)
@@ -78,6 +79,9 @@ func FuzzJSONValue(f *testing.F) {
 		}
 		if err == nil && want.Compare(got) != 0 {
 			t.Fatalf("jsonValue %v, encoding/json %v, on %q", got, want, b)
+		}
+		if _, apiErr := apiObjectValue(b); (apiErr == nil) != (err == nil) {
+			t.Fatalf("apiObjectValue error %v, jsonValue error %v, on %q", apiErr, err, b)
 		}
 	})
 }
@@ -103,4 +107,18 @@ func BenchmarkJSONValue(b *testing.B) {
 			}
 		}
 	})
+}
+
+// An API object's input leaves out metadata.managedFields, and only that.
+func TestAPIObjectValueLeavesOutManagedFields(t *testing.T) {
+	withMF := `{"metadata":{"name":"web","managedFields":[{"manager":"kubectl","fieldsV1":{"f:spec":{"f:replicas":{}}}}],"labels":{"app":"web"}},"spec":{"managedFields":"kept: not metadata's"}}`
+	without := `{"metadata":{"name":"web","labels":{"app":"web"}},"spec":{"managedFields":"kept: not metadata's"}}`
+	want, err := jsonValue([]byte(without))
+	require.NoError(t, err)
+	got, err := apiObjectValue([]byte(withMF))
+	require.NoError(t, err)
+	assert.Equal(t, 0, want.Compare(got), "got %v", got)
+
+	_, err = apiObjectValue([]byte(`{"metadata":{"managedFields":[{"manager":}]}}`))
+	assert.Error(t, err, "what is left out is still checked")
 }
