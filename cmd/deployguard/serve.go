@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -142,6 +143,14 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(zo), zap.WriteTo(stderr)))
 	log := ctrl.Log.WithName("setup")
+	_, gomemlimitSet := os.LookupEnv("GOMEMLIMIT")
+	switch limit, ok, err := softMemoryLimit(os.Getenv(memoryLimitEnv), gomemlimitSet); {
+	case err != nil:
+		log.Error(err, "Memory limit not applied")
+	case ok:
+		debug.SetMemoryLimit(limit)
+		log.Info("Soft memory limit set to 90% of the container's", "bytes", limit)
+	}
 
 	ctx := ctrl.SetupSignalHandler()
 	if err := runServer(ctx, f, cfg); err != nil {

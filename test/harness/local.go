@@ -27,6 +27,8 @@ type LocalOptions struct {
 	GuardArgs []string
 	// Log receives the cluster's and the guard's output.
 	Log io.Writer
+	// ClusterArgs are extra `kwokctl create cluster` flags.
+	ClusterArgs []string
 }
 
 // Local is a running local cluster with the guard serving its webhooks.
@@ -55,7 +57,7 @@ func StartLocal(ctx context.Context, o LocalOptions) (l *Local, err error) {
 		}
 	}()
 	start := time.Now()
-	if l.Cluster, err = StartCluster(ctx, o.Tools, o.Name, filepath.Join(o.WorkDir, "cluster"), o.Nodes, o.Log); err != nil {
+	if l.Cluster, err = StartClusterWith(ctx, o.Tools, o.Name, filepath.Join(o.WorkDir, "cluster"), o.Nodes, o.Log, o.ClusterArgs...); err != nil {
 		return l, err
 	}
 	cfg, err := l.Cluster.RESTConfig()

@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -188,7 +187,7 @@ func run(o options) error {
 	profiled := make(chan error, 1)
 	go func() {
 		time.Sleep(o.warmup + time.Second)
-		profiled <- saveProfile(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pprofPort, int(o.duration.Seconds())-2),
+		profiled <- load.SaveURL(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pprofPort, int(o.duration.Seconds())-2),
 			filepath.Join(work, "guard-cpu.pprof"))
 	}()
 	p, err = measure("deployguard, both webhooks", g.Pid)
@@ -315,29 +314,4 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 		return nil, err
 	}
 	return g, nil
-}
-
-// saveProfile fetches a pprof profile from url into path.
-func saveProfile(ctx context.Context, url, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"time"
 
@@ -128,4 +129,26 @@ func hasLabels(s *dto.Metric, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// SaveURL fetches url into the file at path.
+func SaveURL(url, path string) error {
+	hc := &http.Client{Timeout: time.Minute}
+	resp, err := hc.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -62,7 +62,10 @@ type step struct {
 	Failed         int       `json:"failedAdmissions"`
 	GuardRSS       int64     `json:"guardRssBytes"`
 	GuardHeap      int64     `json:"guardHeapInuseBytes"`
-	FillSeconds    float64   `json:"fillSeconds"`
+	// GuardLiveHeap is the heap in use right after a full collection: what
+	// the guard needs to keep, whatever GOGC lets garbage grow to.
+	GuardLiveHeap int64   `json:"guardLiveHeapBytes"`
+	FillSeconds   float64 `json:"fillSeconds"`
 }
 
 type quantiles struct {
@@ -76,6 +79,7 @@ type restart struct {
 	ReconciledAll   time.Duration `json:"reconciledAllNs"`
 	GuardRSS        int64         `json:"guardRssBytes"`
 	GuardHeap       int64         `json:"guardHeapInuseBytes"`
+	GuardLiveHeap   int64         `json:"guardLiveHeapBytes"`
 	RolloutsMarked  int           `json:"rolloutsMarkedKnownGood"`
 	RolloutsSeconds float64       `json:"rolloutsSeconds"`
 }
@@ -132,7 +136,15 @@ func run(o options) error {
 	defer logFile.Close()
 
 	fmt.Println("Starting the local cluster and the guard (default configuration, deployed Go runtime settings) …")
-	l, err := harness.StartLocal(ctx, harness.LocalOptions{Tools: o.tools, Guard: o.guard, Name: "dg-bench-scale", WorkDir: work, Nodes: 2, Log: logFile})
+	// The controllers' client rate limits (20 requests/s by default) would make
+	// filling the namespace take hours; the guard's own client is not changed.
+	pprofPort, err := harness.FreePort()
+	if err != nil {
+		return err
+	}
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pprofPort)
+	l, err := harness.StartLocal(ctx, harness.LocalOptions{Tools: o.tools, Guard: o.guard, Name: "dg-bench-scale", WorkDir: work, Nodes: 2, Log: logFile,
+		ClusterArgs: []string{"--disable-qps-limits"}, GuardArgs: []string{"--pprof-bind-address", pprofAddr}})
 	if err != nil {
 		return err
 	}
@@ -151,7 +163,7 @@ func run(o options) error {
 		return err
 	}
 
-	b := &bench{o: o, c: c, l: l}
+	b := &bench{o: o, c: c, l: l, pprof: pprofAddr, work: work}
 	var steps []step
 	for _, n := range o.sizes {
 		s, err := b.measureAt(ctx, n)
@@ -179,6 +191,8 @@ type bench struct {
 	o       options
 	c       client.Client
 	l       *harness.Local
+	pprof   string // the guard's pprof address
+	work    string
 	created int
 }
 
@@ -298,12 +312,20 @@ func (b *bench) settle(ctx context.Context) error {
 	})
 }
 
-func (b *bench) memory() (rss, heap int64) {
+// memory reads the guard's RSS and heap in use, then forces a collection
+// (the heap profile does) and reads the heap in use again: the live heap. The
+// profile is kept, for `go tool pprof`.
+func (b *bench) memory(label string) (rss, heap, live int64) {
 	rss, _ = load.RSS(b.l.Guard.Pid)
 	if m, err := load.Scrape(b.l.Guard.Metrics); err == nil {
 		heap = int64(m.Sum("go_memstats_heap_inuse_bytes", nil))
 	}
-	return rss, heap
+	if err := load.SaveURL(fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", b.pprof), filepath.Join(b.work, "guard-heap-"+label+".pprof")); err == nil {
+		if m, err := load.Scrape(b.l.Guard.Metrics); err == nil {
+			live = int64(m.Sum("go_memstats_heap_inuse_bytes", nil))
+		}
+	}
+	return rss, heap, live
 }
 
 func (b *bench) measureAt(ctx context.Context, n int) (step, error) {
@@ -351,7 +373,7 @@ func (b *bench) measureAt(ctx context.Context, n int) (step, error) {
 	}
 	s.ValidatingCreate, s.ValidatingUpdate = in("validating", "CREATE"), in("validating", "UPDATE")
 	s.MutatingCreate, s.MutatingUpdate = in("mutating", "CREATE"), in("mutating", "UPDATE")
-	s.GuardRSS, s.GuardHeap = b.memory()
+	s.GuardRSS, s.GuardHeap, s.GuardLiveHeap = b.memory(strconv.Itoa(n))
 	fmt.Printf("  %d Deployments, %d ReplicaSets: validating CREATE p99 %s in the guard, %s end to end; guard RSS %d MiB\n",
 		n, s.ReplicaSets, load.Millis(s.ValidatingCreate.P99), load.Millis(s.EndToEndCreate.P99), s.GuardRSS>>20)
 	return s, nil
@@ -370,7 +392,7 @@ func (b *bench) restartAndRollouts(ctx context.Context) (restart, error) {
 	start := time.Now()
 	g, err := harness.StartGuard(harness.GuardOptions{
 		Binary: b.o.guard, Kubeconfig: b.l.GuardKubeconfig, WorkDir: filepath.Join(b.l.Opts.WorkDir, "guard"),
-		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: b.l.Opts.Log,
+		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: b.l.Opts.Log, ExtraArgs: b.l.Opts.GuardArgs,
 	})
 	if err != nil {
 		return r, err
@@ -398,7 +420,7 @@ func (b *bench) restartAndRollouts(ctx context.Context) (restart, error) {
 	if err := b.settle(ctx); err != nil {
 		return r, err
 	}
-	r.GuardRSS, r.GuardHeap = b.memory()
+	r.GuardRSS, r.GuardHeap, r.GuardLiveHeap = b.memory("restarted")
 	fmt.Printf("  ready after %s, every Deployment reconciled after %s\n", r.Ready.Round(100*time.Millisecond), r.ReconciledAll.Round(100*time.Millisecond))
 
 	fmt.Printf("Rolling out %d Deployments with 2 replicas, twice …\n", b.o.rollouts)
@@ -442,19 +464,19 @@ func (b *bench) waitKnownGood(ctx context.Context, revision string) error {
 }
 
 func printTables(w io.Writer, steps []step, r restart) {
-	fmt.Fprintln(w, "\n| Deployments | ReplicaSets | validating CREATE p50 / p99 | validating UPDATE p50 / p99 | mutating CREATE p99 | mutating UPDATE p99 | end to end CREATE p50 / p99 | end to end UPDATE p50 / p99 | guard RSS | guard heap | failed |")
+	fmt.Fprintln(w, "\n| Deployments | ReplicaSets | validating CREATE p50 / p99 | validating UPDATE p50 / p99 | mutating CREATE p99 | mutating UPDATE p99 | end to end CREATE p50 / p99 | end to end UPDATE p50 / p99 | guard RSS | guard heap in use / live | failed |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, s := range steps {
-		fmt.Fprintf(w, "| %d | %d | %s / %s | %s / %s | %s | %s | %s / %s | %s / %s | %d MiB | %d MiB | %d |\n",
+		fmt.Fprintf(w, "| %d | %d | %s / %s | %s / %s | %s | %s | %s / %s | %s / %s | %d MiB | %d / %d MiB | %d |\n",
 			s.Deployments, s.ReplicaSets,
 			load.Millis(s.ValidatingCreate.P50), load.Millis(s.ValidatingCreate.P99),
 			load.Millis(s.ValidatingUpdate.P50), load.Millis(s.ValidatingUpdate.P99),
 			load.Millis(s.MutatingCreate.P99), load.Millis(s.MutatingUpdate.P99),
 			load.Millis(s.EndToEndCreate.P50), load.Millis(s.EndToEndCreate.P99),
 			load.Millis(s.EndToEndUpdate.P50), load.Millis(s.EndToEndUpdate.P99),
-			s.GuardRSS>>20, s.GuardHeap>>20, s.Failed)
+			s.GuardRSS>>20, s.GuardHeap>>20, s.GuardLiveHeap>>20, s.Failed)
 	}
-	fmt.Fprintf(w, "\nRestart with %d Deployments: ready (caches synced, overlap index built) after %s; every Deployment reconciled after %s; RSS then %d MiB, heap %d MiB.\n",
-		r.Deployments, r.Ready.Round(10*time.Millisecond), r.ReconciledAll.Round(10*time.Millisecond), r.GuardRSS>>20, r.GuardHeap>>20)
+	fmt.Fprintf(w, "\nRestart with %d Deployments: ready (caches synced, overlap index built) after %s; every Deployment reconciled after %s; RSS then %d MiB, heap in use %d MiB, live %d MiB.\n",
+		r.Deployments, r.Ready.Round(10*time.Millisecond), r.ReconciledAll.Round(10*time.Millisecond), r.GuardRSS>>20, r.GuardHeap>>20, r.GuardLiveHeap>>20)
 	fmt.Fprintf(w, "%d Deployments with replicas rolled out twice and marked known-good each time in %.1f s.\n", r.RolloutsMarked, r.RolloutsSeconds)
 }
