@@ -36,15 +36,26 @@ type Cluster struct {
 // lives under workDir; a cluster of the same name left by an interrupted run is
 // deleted first.
 func StartCluster(ctx context.Context, tools, name, workDir string, nodes int, out io.Writer) (*Cluster, error) {
+	return StartClusterWith(ctx, tools, name, workDir, nodes, out)
+}
+
+// StartClusterWith is StartCluster with extra `kwokctl create cluster` flags,
+// such as --disable-qps-limits for a benchmark that fills the cluster faster
+// than the controllers' default client rate limits allow.
+func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes int, out io.Writer, kwokctlArgs ...string) (*Cluster, error) {
 	if out == nil {
 		out = io.Discard
 	}
 	c := &Cluster{Name: name, Tools: tools, WorkDir: workDir, Kubeconfig: filepath.Join(workDir, "kubeconfig"), out: out}
+	stageDirs, err := stageDirs(tools)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
 		return nil, err
 	}
 	_ = c.kwokctl(ctx, "delete", "cluster")
-	err := c.kwokctl(ctx, "create", "cluster",
+	err = c.kwokctl(ctx, append([]string{"create", "cluster",
 		"--runtime", "binary",
 		"--kube-apiserver-binary", filepath.Join(tools, "kube-apiserver"),
 		"--kube-controller-manager-binary", filepath.Join(tools, "kube-controller-manager"),
@@ -52,17 +63,63 @@ func StartCluster(ctx context.Context, tools, name, workDir string, nodes int, o
 		"--etcd-binary", filepath.Join(tools, "etcd"),
 		"--kwok-controller-binary", filepath.Join(tools, "kwok"),
 		"--kubeconfig", c.Kubeconfig,
+		// kwok reads its stages from Stage objects in the cluster, so that the
+		// harness can add its own (StagesDir) beside kwok's defaults.
+		"--enable-crds", "Stage",
 		"--wait", "2m",
+	}, kwokctlArgs...)...,
 	)
 	if err != nil {
 		_ = c.Stop()
 		return nil, fmt.Errorf("creating the local cluster: %w", err)
 	}
+	// Before any node exists, so that every node and pod meets the full set.
+	if err := c.applyStages(ctx, stageDirs); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
 	if err := c.kwokctl(ctx, "scale", "node", "--replicas", strconv.Itoa(nodes)); err != nil {
 		_ = c.Stop()
 		return nil, fmt.Errorf("adding %d kwok nodes: %w", nodes, err)
 	}
+	if _, err := c.Kubectl(ctx, c.Kubeconfig, "wait", "--for=condition=Ready", "node", "--all", "--timeout=2m"); err != nil {
+		_ = c.Stop()
+		return nil, fmt.Errorf("waiting for the kwok nodes to be Ready: %w", err)
+	}
 	return c, nil
+}
+
+// StagesDir holds the kwok stages every local cluster gets on top of kwok's
+// defaults: one Stage per YAML file, such as pods whose image cannot exist
+// staying in ImagePullBackOff. A stage added here must leave every other pod
+// to kwok's default lifecycle.
+func StagesDir() string { return filepath.Join(RepoRoot(), "test", "harness", "stages") }
+
+// stageDirs are kwok's default stages (copied from its module by
+// test/tools/build.sh, as kwokctl applies none once the Stage CRD is enabled)
+// and StagesDir.
+func stageDirs(tools string) ([]string, error) {
+	defaults := filepath.Join(tools, "kwok-stages")
+	if _, err := os.Stat(filepath.Join(defaults, ".complete")); err != nil {
+		return nil, fmt.Errorf("kwok's default stages missing in %s: run `make tools`", defaults)
+	}
+	return []string{defaults, StagesDir()}, nil
+}
+
+// applyStages creates the Stage objects of every YAML file in dirs, once the
+// API server serves the Stage kind.
+func (c *Cluster) applyStages(ctx context.Context, dirs []string) error {
+	if _, err := c.Kubectl(ctx, c.Kubeconfig, "wait", "--for=condition=Established", "crd/stages.kwok.x-k8s.io", "--timeout=1m"); err != nil {
+		return fmt.Errorf("waiting for kwok's Stage CRD: %w", err)
+	}
+	args := []string{"apply"}
+	for _, d := range dirs {
+		args = append(args, "-f", d)
+	}
+	if _, err := c.Kubectl(ctx, c.Kubeconfig, args...); err != nil {
+		return fmt.Errorf("applying the kwok stages: %w", err)
+	}
+	return nil
 }
 
 // Stop deletes the cluster and every process it started.

@@ -47,4 +47,22 @@ if need helm; then
 		-o "$out/helm" helm.sh/helm/v3/cmd/helm)
 fi
 
+# kwokctl applies no stages of its own once the Stage CRD is enabled (the
+# harness enables it to add stages of its own, test/harness/stages), so the
+# harness applies kwok's defaults itself: these exact files, which kwokctl
+# embeds, from the same module version as the binaries.
+if [[ ! -f "$out/kwok-stages/.complete" ]]; then
+	echo ">> kwok ${kwok_version}'s default stages"
+	# Outside any module, so that no go.mod or go.sum is touched.
+	kwok_dir="$(cd / && GOWORK=off go mod download -json "sigs.k8s.io/kwok@${kwok_version}" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+	[[ -d "$kwok_dir" ]] || { echo "cannot find the sigs.k8s.io/kwok@${kwok_version} module" >&2; exit 1; }
+	rm -rf "$out/kwok-stages" && mkdir -p "$out/kwok-stages"
+	for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+		pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+		install -m 0644 "$kwok_dir/kustomize/stage/$f" "$out/kwok-stages/"
+	done
+	touch "$out/kwok-stages/.complete"
+fi
+
 echo ">> control plane ready in $out"
