@@ -1,6 +1,8 @@
 package reconciler
 
 import (
+	"strings"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,6 +46,18 @@ func StripForCache(obj any) (any, error) {
 	case *appsv1.ReplicaSet:
 		stripMeta(&o.ObjectMeta)
 		stripTemplate(&o.ObjectMeta, &o.Spec.Template)
+		// The reconciler reads a cached ReplicaSet's identity, owner, revision,
+		// pod-template-hash and the guard's marks; a drain reads its
+		// ReplicaSets from the API server. The rest is a third of what the
+		// cache would hold at scale (30,000 ReplicaSets for 10,000
+		// Deployments).
+		o.Labels = keepOnly(o.Labels, func(k string) bool { return k == appsv1.DefaultDeploymentUniqueLabelKey })
+		o.Annotations = keepOnly(o.Annotations, func(k string) bool {
+			return k == vocab.RevisionAnnotation || strings.HasPrefix(k, vocab.Domain+"/")
+		})
+		o.Spec.Selector = nil
+		o.Spec.Template.Labels = nil
+		o.Status = appsv1.ReplicaSetStatus{}
 	case metav1.Object:
 		o.SetManagedFields(nil)
 	}
@@ -51,6 +65,27 @@ func StripForCache(obj any) (any, error) {
 }
 
 func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
+
+// keepOnly returns the entries of m whose key keep accepts, in a map of its
+// own sized to them (nil when none).
+func keepOnly(m map[string]string, keep func(string) bool) map[string]string {
+	n := 0
+	for k := range m {
+		if keep(k) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make(map[string]string, n)
+	for k, v := range m {
+		if keep(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
 
 // stripTemplate replaces the pod spec and the template's annotations by the
 // template's hash; its labels stay (selectors and the overlap check read them).
