@@ -55,6 +55,9 @@ type Options struct {
 	// MaxConcurrentReconciles is how many Deployments are reconciled at once.
 	// Below 1 means 1.
 	MaxConcurrentReconciles int
+	// FailFast says when a rollout in progress is judged failing by its new
+	// pods, before its progress deadline.
+	FailFast FailFastOptions
 	// CleanupFinalizers are the cleanup finalizers of a Deployment without the
 	// vocab.AnnotationCleanup annotation (vocab.ParseCleanupSteps); none by
 	// default. Live Deployments are kept in line with it.
@@ -99,6 +102,7 @@ func DefaultOptions() Options {
 	return Options{
 		AutoRollback:            true,
 		QuarantineLimit:         DefaultQuarantineLimit,
+		FailFast:                DefaultFailFastOptions(),
 		MaxConcurrentReconciles: 2,
 		DrainTimeout:            DefaultDrainTimeout,
 		RecordRetention:         DefaultRecordRetention,
@@ -239,7 +243,13 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 			return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 		}
 	}
-	return ctrl.Result{}, nil
+	// Last: it may roll back, and a rollback on a deadline decided above
+	// takes the newRS out of its hands.
+	again, err := r.reconcileFailFast(ctx, d, allRSs)
+	if err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while judging its rollout; requeued")
+	}
+	return ctrl.Result{RequeueAfter: again}, nil
 }
 
 // namespaceState reads whether the namespace carries the guard's opt-out label

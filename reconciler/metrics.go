@@ -14,6 +14,9 @@ const (
 	resultLoopStopped = "loop_stopped"
 	resultFailed      = "failed"
 	resultConflict    = "conflict"
+	// resultReported: fail-fast found the rollout failing and told so, with
+	// automatic rollback off.
+	resultReported = "reported"
 )
 
 // Values of the step and result labels of deployguard_cleanup_steps_total.
@@ -37,6 +40,9 @@ type Metrics struct {
 	cleanupSteps     *prometheus.CounterVec
 	cleanupDuration  *prometheus.HistogramVec
 	recordsExpired   prometheus.Counter
+	// Fail-fast.
+	failFastReaction  prometheus.Histogram
+	failFastDecisions *prometheus.CounterVec
 }
 
 // NewMetrics creates the reconciler's metrics and registers them with reg
@@ -70,6 +76,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Duration of completed or timed-out cleanup steps: for drain, from the drain-started annotation (so across restarts) to the removal of its finalizer; for record, the reconcile that wrote it.",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600},
 		}, []string{"step"}),
+		failFastReaction: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "deployguard_failfast_reaction_seconds",
+			Help:    "Time from the first failure evidence the guard saw on a rollout's new pods to the rollback write (the fail-fast window, and the guard's reaction after it).",
+			Buckets: []float64{5, 10, 20, 30, 45, 60, 75, 90, 120, 180, 300, 600},
+		}),
+		failFastDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deployguard_failfast_decisions_total",
+			Help: "Rollouts fail-fast found failing, by the first failing pod's reason (ImagePullBackOff, CrashLoopBackOff, …) and result (rolled_back, no_known_good, reported).",
+		}, []string{"reason", "result"}),
 		recordsExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "deployguard_cleanup_records_expired_total",
 			Help: "Record ConfigMaps of deleted Deployments deleted by the guard after their retention.",
@@ -95,6 +110,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	if m.recordsExpired, err = register(reg, m.recordsExpired); err != nil {
+		return nil, err
+	}
+	if m.failFastReaction, err = register(reg, m.failFastReaction); err != nil {
+		return nil, err
+	}
+	if m.failFastDecisions, err = register(reg, m.failFastDecisions); err != nil {
 		return nil, err
 	}
 	// Export every result from the start, at zero, so that rate() and alerts

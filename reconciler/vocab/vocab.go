@@ -160,6 +160,18 @@ const (
 	AnnotationAllowTemplate = Domain + "/allow-template"
 	// AnnotationProtected set to "true" makes the validating webhook refuse DELETE.
 	AnnotationProtected = Domain + "/protected"
+	// AnnotationFailFast set to "false" turns fail-fast off for a Deployment
+	// (it then waits for its progress deadline); a duration ("5m") sets its
+	// window instead of the cluster's.
+	AnnotationFailFast = Domain + "/fail-fast"
+	// AnnotationFailingSince is "<RFC 3339 time> <ReplicaSet name>": when the
+	// guard first saw failure evidence on the new pods of that ReplicaSet, the
+	// start of the fail-fast window. It goes when the evidence stops holding.
+	AnnotationFailingSince = Domain + "/failing-since"
+	// AnnotationFailFastRevision is the revision fail-fast has decided about
+	// (rolled back, or reported when it could not roll back): it is decided
+	// once.
+	AnnotationFailFastRevision = Domain + "/fail-fast-revision"
 	// AnnotationCleanup asks for the guard's cleanup on deletion: a
 	// comma-separated list of steps ("record", "drain") or "none". Without it,
 	// the cluster's default applies (none unless the platform team configures
@@ -245,6 +257,9 @@ const (
 	ReasonNoKnownGoodRevision = "NoKnownGoodRevision"
 	ReasonRollbackFailed      = "RollbackFailed"
 	ReasonRollbackLoop        = "RollbackLoopStopped"
+	// ReasonRolloutFailing: fail-fast found a rollout failing and did not
+	// roll it back (automatic rollback is off for it).
+	ReasonRolloutFailing = "RolloutFailing"
 
 	// Cleanup on deletion, one step per finalizer.
 	ReasonDrainStarted     = "DrainStarted"

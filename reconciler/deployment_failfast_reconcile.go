@@ -1,0 +1,259 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// FailFastPollInterval is how often the new pods of a rollout in progress are
+// looked at. Pods are not watched (a watch of every pod would cache the
+// cluster's largest population); a change of the newRS's status (a pod
+// becoming ready) brings the Deployment back sooner.
+const FailFastPollInterval = 5 * time.Second
+
+// failFastFor returns the fail-fast options that apply to d, and whether
+// fail-fast is on for it.
+func (r *DeploymentReconciler) failFastFor(d *appsv1.Deployment) (FailFastOptions, bool) {
+	o := r.Options.FailFast
+	v, ok := d.Annotations[vocab.AnnotationFailFast]
+	if !ok {
+		return o, o.Enabled
+	}
+	v = strings.TrimSpace(v)
+	if on, err := strconv.ParseBool(v); err == nil {
+		return o, on && o.Window > 0
+	}
+	if w, err := time.ParseDuration(v); err == nil && w > 0 {
+		o.Window = w
+		return o, true
+	}
+	return o, o.Enabled // an unreadable value changes nothing
+}
+
+// RolloutInProgress returns the newRS of a rollout fail-fast may judge: the
+// Deployment controller has seen the current generation, the rollout is not
+// complete, not paused, not at zero replicas, not past its deadline (the
+// deadline's own path decides then), its newRS is not known-good (a revision
+// that completed before does not fail for its template) and fail-fast has not
+// decided about it yet.
+func RolloutInProgress(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
+	if d.Spec.Paused || desiredReplicas(d) == 0 || d.Status.ObservedGeneration != d.Generation || IsComplete(d) {
+		return nil
+	}
+	if c := progressingCondition(d); c != nil && c.Reason == vocab.ProgressDeadlineExceeded {
+		return nil
+	}
+	newRS := FindNewReplicaSet(d, rss)
+	if newRS == nil || IsKnownGood(newRS) || newRS.DeletionTimestamp != nil {
+		return nil
+	}
+	rev := newRS.Annotations[vocab.RevisionAnnotation]
+	if rev == "" || d.Annotations[vocab.AnnotationRolledBackRevision] == rev || d.Annotations[vocab.AnnotationFailFastRevision] == rev {
+		return nil
+	}
+	return newRS
+}
+
+// failingSince reads vocab.AnnotationFailingSince for the ReplicaSet named
+// rs; zero when it is absent, unreadable or about another ReplicaSet.
+func failingSince(d *appsv1.Deployment, rs string) time.Time {
+	at, name, ok := strings.Cut(d.Annotations[vocab.AnnotationFailingSince], " ")
+	if !ok || name != rs {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339, at)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// reconcileFailFast judges a rollout in progress by its new pods (see
+// DecideFailFast), records when failure evidence was first seen, and when it
+// has held for the window rolls back as on a deadline, or reports it. It
+// returns when to look again.
+func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (time.Duration, error) {
+	o, on := r.failFastFor(d)
+	newRS := RolloutInProgress(d, rss)
+	if !on || newRS == nil {
+		return 0, r.setFailingSince(ctx, d, "")
+	}
+	pods, err := r.newPods(ctx, d, newRS)
+	if err != nil {
+		return 0, err
+	}
+	now := r.Clock.Now()
+	states := make([]PodState, 0, len(pods))
+	for i := range pods {
+		states = append(states, PodStateOf(&pods[i], now, o))
+	}
+	v := DecideFailFast(FailFastInput{Now: now, Pods: states, FailingSince: failingSince(d, newRS.Name), Window: o.Window, MinFailingPods: o.MinFailingPods})
+	switch {
+	case !v.Failing:
+		return FailFastPollInterval, r.setFailingSince(ctx, d, "")
+	case !v.Failed:
+		if failingSince(d, newRS.Name).IsZero() {
+			ctrl.LoggerFrom(ctx).Info("New pods show failure evidence; fail-fast window started", "replicaSet", klog.KObj(newRS),
+				"reason", v.Evidence[0].Reason, "window", o.Window, "evidence", FailFastSummary(v, now))
+			if err := r.setFailingSince(ctx, d, v.Since.UTC().Format(time.RFC3339)+" "+newRS.Name); err != nil {
+				return 0, err
+			}
+		}
+		return min(v.RequeueAfter, FailFastPollInterval), nil
+	}
+	return 0, r.failRevision(ctx, d, rss, newRS, v, o)
+}
+
+// newPods lists, from the API server, the pods of the newRS that are not
+// terminating: only for rollouts in progress, so that what the guard reads
+// grows with the rollouts under way, not with the cluster's pods.
+func (r *DeploymentReconciler) newPods(ctx context.Context, d *appsv1.Deployment, newRS *appsv1.ReplicaSet) ([]corev1.Pod, error) {
+	sel, err := selectorOf(d)
+	if err != nil {
+		return nil, err
+	}
+	if hash := newRS.Labels[appsv1.DefaultDeploymentUniqueLabelKey]; hash != "" {
+		req, err := labels.NewRequirement(appsv1.DefaultDeploymentUniqueLabelKey, selection.Equals, []string{hash})
+		if err != nil {
+			return nil, err
+		}
+		sel = sel.Add(*req)
+	}
+	var list corev1.PodList
+	if err := r.APIReader.List(ctx, &list, client.InNamespace(d.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, fmt.Errorf("listing the new pods of Deployment %s: %w", d.Name, err)
+	}
+	out := list.Items[:0]
+	for _, p := range list.Items {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == newRS.UID && p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// setFailingSince writes vocab.AnnotationFailingSince (removes it when v is
+// empty), only when that changes it, with a patch conditional on the
+// resourceVersion read.
+func (r *DeploymentReconciler) setFailingSince(ctx context.Context, d *appsv1.Deployment, v string) error {
+	cur, ok := d.Annotations[vocab.AnnotationFailingSince]
+	if cur == v && (ok || v == "") {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if d.Annotations == nil {
+		d.Annotations = map[string]string{}
+	}
+	setOrDelete(d.Annotations, vocab.AnnotationFailingSince, v)
+	if err := r.Client.Patch(ctx, d, patch); err != nil {
+		return fmt.Errorf("recording when failure evidence was first seen: %w", err)
+	}
+	return nil
+}
+
+// failRevision acts on a revision fail-fast found failing: it rolls back to
+// the newest known-good revision, in the same single conditional write as on
+// a deadline (same target, quarantine, exactly once), or, without a target or
+// with automatic rollback off, reports the failure once. The decision is
+// taken again on the Deployment as the API server has it.
+func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, newRS *appsv1.ReplicaSet, v FailFastVerdict, o FailFastOptions) error {
+	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "reason", v.Evidence[0].Reason)
+	fresh := &appsv1.Deployment{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), fresh); err != nil {
+		return fmt.Errorf("reading Deployment %s: %w", d.Name, err)
+	}
+	*d = *fresh
+	now := r.Clock.Now()
+	since := failingSince(d, newRS.Name)
+	if RolloutInProgress(d, rss) != newRS || since.IsZero() || now.Sub(since) < o.Window {
+		// Changed since the cache saw it; the watch event brings it back.
+		return nil
+	}
+	failedRevision, _ := Revision(newRS)
+	summary := FailFastSummary(v, now)
+	var target *appsv1.ReplicaSet
+	if r.Options.AutoRollback && !autoRollbackOptedOut(d) {
+		if t := KnownGoodTarget(d, rss); t != nil {
+			target = &appsv1.ReplicaSet{}
+			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(t), target); err != nil {
+				return fmt.Errorf("reading the known-good ReplicaSet %s: %w", t.Name, err)
+			}
+			if target.UID != t.UID || !IsKnownGood(target) {
+				return apierrors.NewConflict(appsv1.Resource("replicasets"), target.Name, fmt.Errorf("changed since it was read"))
+			}
+		}
+	}
+
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	var message, result string
+	targetRevision := int64(0)
+	switch {
+	case target != nil:
+		targetRevision, _ = Revision(target)
+		message = fmt.Sprintf("Rolled back from revision %d (ReplicaSet %s): %s, to known-good revision %d (ReplicaSet %s).",
+			failedRevision, newRS.Name, summary, targetRevision, target.Name)
+		failedHash := vocab.TemplateHash(&d.Spec.Template)
+		d.Spec.Template = *RollbackTemplate(target)
+		d.Annotations = RollbackAnnotations(d, target)
+		d.Annotations[vocab.AnnotationRolledBackRevision] = formatRevision(failedRevision)
+		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
+			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
+		result = resultRolledBack
+	case r.Options.AutoRollback && !autoRollbackOptedOut(d):
+		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; no known-good revision to roll back to, so it is left as it is.",
+			failedRevision, newRS.Name, summary)
+		result = resultNoKnownGood
+	default:
+		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; automatic rollback is off for this Deployment.",
+			failedRevision, newRS.Name, summary)
+		result = resultReported
+	}
+	if d.Annotations == nil {
+		d.Annotations = map[string]string{}
+	}
+	d.Annotations[vocab.AnnotationRollbackStatus] = message
+	d.Annotations[vocab.AnnotationFailFastRevision] = formatRevision(failedRevision)
+	delete(d.Annotations, vocab.AnnotationFailingSince)
+	if err := r.Client.Patch(ctx, d, patch); err != nil {
+		if apierrors.IsConflict(err) {
+			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
+			return fmt.Errorf("deployment changed while deciding about failing revision %d: %w", failedRevision, err)
+		}
+		if target != nil {
+			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
+			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from failing revision %d to known-good revision %d failed: %v", failedRevision, targetRevision, err))
+		}
+		return fmt.Errorf("recording the fail-fast decision about revision %d: %w", failedRevision, err)
+	}
+	r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, result).Inc()
+	switch result {
+	case resultRolledBack:
+		r.Metrics.rollbacks.WithLabelValues(resultRolledBack).Inc()
+		r.Metrics.failFastReaction.Observe(now.Sub(since).Seconds())
+		log.Info("Rolled back a failing rollout to its known-good revision", "failedRevision", failedRevision, "targetRevision", targetRevision, "evidence", summary)
+		r.emitRollbackNormalEvent(d, target, message)
+	case resultNoKnownGood:
+		r.Metrics.rollbacks.WithLabelValues(resultNoKnownGood).Inc()
+		log.Info("Rollout failing and no known-good revision", "failedRevision", failedRevision, "evidence", summary)
+		r.emitRollbackWarningEvent(d, vocab.ReasonNoKnownGoodRevision, message)
+	default:
+		log.Info("Rollout failing; automatic rollback off", "failedRevision", failedRevision, "evidence", summary)
+		r.emitRollbackWarningEvent(d, vocab.ReasonRolloutFailing, message)
+	}
+	return nil
+}
