@@ -238,6 +238,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	ropts.AutoRollback = cfg.Rollback.AutoRollback
 	ropts.IgnoredNamespaces = []string{"kube-system", "kube-node-lease", "kube-public", f.namespace}
 	ropts.CleanupFinalizers = cfg.CleanupFinalizers()
+	ropts.FailFast = cfg.FailFastOptions()
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
 	rollouts := &reconciler.DeploymentReconciler{

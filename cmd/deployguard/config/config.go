@@ -95,6 +95,24 @@ type Rollback struct {
 	// Quarantine is what the validating webhook does with an update that brings a
 	// failed template back: enforce (refuse), warn, or off.
 	Quarantine string `yaml:"quarantine"`
+	// FailFast rolls back a rollout whose new pods show they cannot run,
+	// before its progress deadline.
+	FailFast FailFast `yaml:"failFast"`
+}
+
+// FailFast says when a rollout in progress counts as failing by its new pods.
+type FailFast struct {
+	Enabled bool `yaml:"enabled"`
+	// Window is how long the evidence must hold on the new pods, none Ready.
+	Window Duration `yaml:"window"`
+	// Reasons are the container waiting reasons that are evidence.
+	Reasons []string `yaml:"reasons"`
+	// RestartThreshold: a container restarted this many times is evidence.
+	RestartThreshold int32 `yaml:"restartThreshold"`
+	// UnschedulableAfter: a new pod unschedulable this long is evidence.
+	UnschedulableAfter Duration `yaml:"unschedulableAfter"`
+	// MinFailingPods: how many new pods must show evidence; 0 is all of them.
+	MinFailingPods int `yaml:"minFailingPods"`
 }
 
 // Cleanup configures finalizer-ordered cleanup.
@@ -167,7 +185,12 @@ func Default() Config {
 			ProgressDeadlineSeconds: Range{Min: 30, Max: 7200},
 		},
 		Selector: Selector{StableLabelKeys: []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"}},
-		Rollback: Rollback{AutoRollback: true, Quarantine: "enforce"},
+		Rollback: Rollback{AutoRollback: true, Quarantine: "enforce", FailFast: FailFast{
+			Enabled: true, Window: Duration{60 * time.Second},
+			Reasons: []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+				"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff"},
+			RestartThreshold: 3, UnschedulableAfter: Duration{5 * time.Minute},
+		}},
 		Cleanup: Cleanup{
 			DrainTimeout:    Duration{2 * time.Minute},
 			RecordRetention: Duration{7 * 24 * time.Hour},
@@ -280,6 +303,23 @@ func (c *Config) Validate() field.ErrorList {
 
 	if !oneOf(c.Rollback.Quarantine, "enforce", "warn", "off") {
 		errs = append(errs, field.NotSupported(field.NewPath("rollback", "quarantine"), c.Rollback.Quarantine, []string{"enforce", "warn", "off"}))
+	}
+	ff, ffp := c.Rollback.FailFast, field.NewPath("rollback", "failFast")
+	if ff.Window.Duration < 10*time.Second {
+		errs = append(errs, field.Invalid(ffp.Child("window"), ff.Window.String(),
+			"must be at least 10s: evidence seen for less than that is too often a pod still starting"))
+	}
+	if ff.RestartThreshold < 1 {
+		errs = append(errs, field.Invalid(ffp.Child("restartThreshold"), ff.RestartThreshold, "must be at least 1"))
+	}
+	if ff.UnschedulableAfter.Duration <= 0 {
+		errs = append(errs, field.Invalid(ffp.Child("unschedulableAfter"), ff.UnschedulableAfter.String(), "must be positive"))
+	}
+	if ff.MinFailingPods < 0 {
+		errs = append(errs, field.Invalid(ffp.Child("minFailingPods"), ff.MinFailingPods, "must not be negative (0 means every new pod)"))
+	}
+	if ff.Enabled && len(ff.Reasons) == 0 {
+		errs = append(errs, field.Required(ffp.Child("reasons"), "at least one waiting reason, such as ImagePullBackOff"))
 	}
 	cl := field.NewPath("cleanup")
 	if _, err := vocab.ParseCleanupSteps(strings.Join(c.Cleanup.Steps, ",")); err != nil {

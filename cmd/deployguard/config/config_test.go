@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/deployguard/deployguard/reconciler"
 )
 
 func TestParse(t *testing.T) {
@@ -208,4 +210,9 @@ func TestChangesEveryDeployment(t *testing.T) {
 	assert.True(t, parse("defaults:\n  strategy: {maxUnavailable: \"0\"}\n").ChangesEveryDeployment())
 	assert.True(t, parse("defaults:\n  progressDeadlineSeconds: 300\n").ChangesEveryDeployment())
 	assert.True(t, parse("cleanup:\n  steps: [record]\n").ChangesEveryDeployment())
+}
+
+// The config file's fail-fast defaults are the reconciler's.
+func TestFailFastDefaultsAreTheReconcilers(t *testing.T) {
+	assert.Equal(t, reconciler.DefaultFailFastOptions(), Default().FailFastOptions())
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -54,4 +55,18 @@ func (c Config) PolicyOptions() (policy.Options, error) {
 		}
 	}
 	return opts, nil
+}
+
+// FailFastOptions are the reconciler's fail-fast settings of this
+// configuration.
+func (c Config) FailFastOptions() reconciler.FailFastOptions {
+	ff := c.Rollback.FailFast
+	o := reconciler.DefaultFailFastOptions()
+	o.Enabled = ff.Enabled
+	o.Window = ff.Window.Duration
+	o.Reasons = ff.Reasons
+	o.RestartThreshold = ff.RestartThreshold
+	o.UnschedulableAfter = ff.UnschedulableAfter.Duration
+	o.MinFailingPods = ff.MinFailingPods
+	return o
 }
