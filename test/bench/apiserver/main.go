@@ -36,6 +36,7 @@ type options struct {
 	tools, guard, workDir, out string
 	clients                    int
 	warmup, duration           time.Duration
+	pprof                      bool
 }
 
 // phase is one configuration's measurement.
@@ -57,6 +58,7 @@ func main() {
 	flag.IntVar(&o.clients, "clients", 4, "concurrent clients")
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "load before each measurement, not counted")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "measured load per configuration")
+	flag.BoolVar(&o.pprof, "pprof", true, "take a CPU profile of the guard under load (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-apiserver:", err)
@@ -178,7 +180,11 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	g, err := startGuard(ctx, o, cluster, c, logFile, "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort))
+	var guardArgs []string
+	if o.pprof {
+		guardArgs = []string{"--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort)}
+	}
+	g, err := startGuard(ctx, o, cluster, c, logFile, guardArgs...)
 	if err != nil {
 		return err
 	}
@@ -186,6 +192,10 @@ func run(o options) error {
 	// A CPU profile of the guard over the measured load, for `go tool pprof`.
 	profiled := make(chan error, 1)
 	go func() {
+		if !o.pprof {
+			profiled <- fmt.Errorf("not asked for")
+			return
+		}
 		time.Sleep(o.warmup + time.Second)
 		profiled <- load.SaveURL(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pprofPort, int(o.duration.Seconds())-2),
 			filepath.Join(work, "guard-cpu.pprof"))

@@ -45,6 +45,7 @@ type options struct {
 	revisions, clients, probe  int
 	rollouts                   int
 	containers, envVars        int
+	pprof                      bool
 }
 
 // step is what was measured with the namespace at one size.
@@ -97,6 +98,7 @@ func main() {
 	flag.IntVar(&o.rollouts, "rollouts", 30, "Deployments with replicas that roll out for real at the largest size")
 	flag.IntVar(&o.containers, "containers", 2, "containers per pod template")
 	flag.IntVar(&o.envVars, "env", 30, "env vars per container")
+	flag.BoolVar(&o.pprof, "pprof", true, "serve the guard's pprof and measure its live heap (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -143,8 +145,14 @@ func run(o options) error {
 		return err
 	}
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pprofPort)
+	var guardArgs []string
+	if o.pprof {
+		guardArgs = []string{"--pprof-bind-address", pprofAddr}
+	} else {
+		pprofAddr = ""
+	}
 	l, err := harness.StartLocal(ctx, harness.LocalOptions{Tools: o.tools, Guard: o.guard, Name: "dg-bench-scale", WorkDir: work, Nodes: 2, Log: logFile,
-		ClusterArgs: []string{"--disable-qps-limits"}, GuardArgs: []string{"--pprof-bind-address", pprofAddr}})
+		ClusterArgs: []string{"--disable-qps-limits"}, GuardArgs: guardArgs})
 	if err != nil {
 		return err
 	}
@@ -319,6 +327,9 @@ func (b *bench) memory(label string) (rss, heap, live int64) {
 	rss, _ = load.RSS(b.l.Guard.Pid)
 	if m, err := load.Scrape(b.l.Guard.Metrics); err == nil {
 		heap = int64(m.Sum("go_memstats_heap_inuse_bytes", nil))
+	}
+	if b.pprof == "" {
+		return rss, heap, 0
 	}
 	if err := load.SaveURL(fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", b.pprof), filepath.Join(b.work, "guard-heap-"+label+".pprof")); err == nil {
 		if m, err := load.Scrape(b.l.Guard.Metrics); err == nil {
