@@ -29,6 +29,8 @@ type LocalOptions struct {
 	Log io.Writer
 	// ClusterArgs are extra `kwokctl create cluster` flags.
 	ClusterArgs []string
+	// WebhookManifests, when set, replaces config/webhook/manifests.yaml.
+	WebhookManifests string
 }
 
 // Local is a running local cluster with the guard serving its webhooks.
@@ -75,7 +77,11 @@ func StartLocal(ctx context.Context, o LocalOptions) (l *Local, err error) {
 	if err != nil {
 		return l, err
 	}
-	if err = InstallWebhooks(ctx, l.Client, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
+	manifests := o.WebhookManifests
+	if manifests == "" {
+		manifests = WebhookManifests()
+	}
+	if err = InstallWebhooksFrom(ctx, l.Client, manifests, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
 		return l, err
 	}
 	if err = l.StartGuard(ctx, port); err != nil {

@@ -28,7 +28,18 @@ import (
 // tests exercise the very rules, selectors, conditions and failure policies
 // that are installed.
 func WebhookConfigurations() (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
-	b, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "webhook", "manifests.yaml"))
+	return WebhookConfigurationsFrom(WebhookManifests())
+}
+
+// WebhookManifests is the path of the deployed webhook configurations.
+func WebhookManifests() string {
+	return filepath.Join(RepoRoot(), "config", "webhook", "manifests.yaml")
+}
+
+// WebhookConfigurationsFrom reads webhook configurations from a manifest
+// file of config/webhook's shape (a benchmark compares an earlier version's).
+func WebhookConfigurationsFrom(path string) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -75,7 +86,13 @@ func WebhookConfigurations() (*admissionregistrationv1.MutatingWebhookConfigurat
 // guard reachable at baseURL (https://host:port) instead of the in-cluster
 // Service, with caBundle (nil: the guard's self-managed mode injects it).
 func InstallWebhooks(ctx context.Context, c client.Client, baseURL string, caBundle []byte) error {
-	m, v, err := WebhookConfigurations()
+	return InstallWebhooksFrom(ctx, c, WebhookManifests(), baseURL, caBundle)
+}
+
+// InstallWebhooksFrom is InstallWebhooks with the configurations of a
+// manifest file of its own.
+func InstallWebhooksFrom(ctx context.Context, c client.Client, manifests, baseURL string, caBundle []byte) error {
+	m, v, err := WebhookConfigurationsFrom(manifests)
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,7 @@ type options struct {
 	clients                    int
 	warmup, duration           time.Duration
 	pprof                      bool
+	webhooks                   string
 }
 
 // phase is one configuration's measurement.
@@ -58,6 +59,7 @@ func main() {
 	flag.IntVar(&o.clients, "clients", 4, "concurrent clients")
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "load before each measurement, not counted")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "measured load per configuration")
+	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
 	flag.BoolVar(&o.pprof, "pprof", true, "take a CPU profile of the guard under load (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -305,7 +307,11 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 	if err != nil {
 		return nil, err
 	}
-	if err := harness.InstallWebhooks(ctx, c, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
+	manifests := o.webhooks
+	if manifests == "" {
+		manifests = harness.WebhookManifests()
+	}
+	if err := harness.InstallWebhooksFrom(ctx, c, manifests, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
 		return nil, err
 	}
 	g, err := harness.StartGuard(harness.GuardOptions{

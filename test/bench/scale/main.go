@@ -46,6 +46,7 @@ type options struct {
 	rollouts                   int
 	containers, envVars        int
 	pprof                      bool
+	webhooks                   string
 }
 
 // step is what was measured with the namespace at one size.
@@ -98,6 +99,7 @@ func main() {
 	flag.IntVar(&o.rollouts, "rollouts", 30, "Deployments with replicas that roll out for real at the largest size")
 	flag.IntVar(&o.containers, "containers", 2, "containers per pod template")
 	flag.IntVar(&o.envVars, "env", 30, "env vars per container")
+	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
 	flag.BoolVar(&o.pprof, "pprof", true, "serve the guard's pprof and measure its live heap (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	for _, s := range strings.Split(*sizes, ",") {
@@ -152,7 +154,7 @@ func run(o options) error {
 		pprofAddr = ""
 	}
 	l, err := harness.StartLocal(ctx, harness.LocalOptions{Tools: o.tools, Guard: o.guard, Name: "dg-bench-scale", WorkDir: work, Nodes: 2, Log: logFile,
-		ClusterArgs: []string{"--disable-qps-limits"}, GuardArgs: guardArgs})
+		ClusterArgs: []string{"--disable-qps-limits"}, GuardArgs: guardArgs, WebhookManifests: o.webhooks})
 	if err != nil {
 		return err
 	}
