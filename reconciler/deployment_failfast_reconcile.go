@@ -108,11 +108,11 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 		return FailFastPollInterval, r.setFailingSince(ctx, d, "")
 	case !v.Failed:
 		if failingSince(d, newRS.Name).IsZero() {
-			ctrl.LoggerFrom(ctx).Info("New pods show failure evidence; fail-fast window started", "replicaSet", klog.KObj(newRS),
-				"reason", v.Evidence[0].Reason, "window", o.Window, "evidence", FailFastSummary(v, now))
 			if err := r.setFailingSince(ctx, d, v.Since.UTC().Format(time.RFC3339)+" "+newRS.Name); err != nil {
 				return 0, err
 			}
+			ctrl.LoggerFrom(ctx).Info("New pods show failure evidence; fail-fast window started", "replicaSet", klog.KObj(newRS),
+				"reason", v.Evidence[0].Reason, "window", o.Window.String(), "evidence", FailFastSummary(v, now))
 		}
 		return min(v.RequeueAfter, FailFastPollInterval), nil
 	}
