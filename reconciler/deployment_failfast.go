@@ -125,9 +125,20 @@ func containerFailure(pod string, cs *corev1.ContainerStatus, images map[string]
 		f.Reason, f.Message = w.Reason, w.Message
 		return f
 	}
-	if t := cs.LastTerminationState.Terminated; t != nil && t.Reason == "OOMKilled" && o.OOMKills > 0 && cs.RestartCount >= o.OOMKills {
-		f.Reason = "OOMKilled"
-		return f
+	if t := cs.LastTerminationState.Terminated; t != nil && !cs.Ready {
+		switch {
+		case t.Reason == "OOMKilled":
+			if o.OOMKills > 0 && cs.RestartCount >= o.OOMKills {
+				f.Reason = "OOMKilled"
+				return f
+			}
+		case t.ExitCode != 0 && cs.RestartCount >= 1 && slices.Contains(o.Reasons, "CrashLoopBackOff"):
+			// A crash loop between two back-offs: the kubelet runs the
+			// container again for a moment. Still the same loop, so the
+			// window goes on.
+			f.Reason, f.Message = "CrashLoopBackOff", fmt.Sprintf("restarted after exit code %d (%s)", t.ExitCode, t.Reason)
+			return f
+		}
 	}
 	if o.RestartThreshold > 0 && cs.RestartCount >= o.RestartThreshold && !cs.Ready {
 		f.Reason = "Restarts"

@@ -64,6 +64,21 @@ func TestPodStateOf(t *testing.T) {
 				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
 				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}}}
 		}), reason: "OOMKilled"},
+		{name: "a crash loop between two back-offs: running again, last exit an error", pod: newPod("a", func(p *corev1.Pod) {
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "web", RestartCount: 1,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 1}}}}
+		}), reason: "CrashLoopBackOff"},
+		{name: "restarted once after a clean exit: not failing", pod: newPod("a", func(p *corev1.Pod) {
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "web", RestartCount: 1,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", ExitCode: 0}}}}
+		})},
+		{name: "OOM-killed once: not yet", pod: newPod("a", func(p *corev1.Pod) {
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "web", RestartCount: 1,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}}}
+		})},
 		{name: "init container failing", pod: newPod("a", func(p *corev1.Pod) {
 			p.Spec.InitContainers = []corev1.Container{{Name: "migrate", Image: "shop-migrate:1.4"}}
 			p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "migrate", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}

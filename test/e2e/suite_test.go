@@ -30,12 +30,14 @@ import (
 )
 
 // guardConfig shortens the progress deadline floor so that failed rollouts are
-// seen within seconds. The drain timeout leaves room for a guard killed during
+// seen within seconds, and the fail-fast window so that its tests are quick. The drain timeout leaves room for a guard killed during
 // a drain to regain the lead (its lease expires after 15s) and finish it.
 const guardConfig = `apiVersion: deployguard.io/v1alpha1
 kind: GuardConfig
 bounds:
   progressDeadlineSeconds: {min: 3, max: 7200}
+rollback:
+  failFast: {window: 15s}
 cleanup:
   drainTimeout: 45s
 `

@@ -1,0 +1,346 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// failFastWindow is rollback.failFast.window in the suite's guard config.
+const failFastWindow = 15 * time.Second
+
+// slowDeployment is deployment() with upstream's default progress deadline of
+// ten minutes: a rollback within the tests' time is fail-fast's, never the
+// deadline's.
+func slowDeployment(ns, name, image string) *appsv1.Deployment {
+	d := deployment(ns, name, image)
+	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
+	return d
+}
+
+// rolledOutOnce creates d and waits until its first revision is known-good.
+func rolledOutOnce(t *testing.T, d *appsv1.Deployment) {
+	t.Helper()
+	require.NoError(t, local.Client.Create(context.Background(), d))
+	waitAvailable(t, d.Namespace, d.Name, time.Minute)
+	waitKnownGood(t, d.Namespace, d.Name, 1)
+}
+
+// guardEvent returns the message of the guard's first event of reason about
+// the Deployment, waiting for it.
+func guardEvent(t *testing.T, ns, name, reason string) string {
+	t.Helper()
+	var msg string
+	waitFor(t, 15*time.Second, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
+		var list eventsv1.EventList
+		if err := local.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return false, "", err
+		}
+		for _, e := range list.Items {
+			if e.Regarding.Name == name && e.Reason == reason && strings.Contains(e.ReportingController, "deployguard") {
+				msg = e.Note
+				return true, "", nil
+			}
+		}
+		return false, "", nil
+	})
+	return msg
+}
+
+// A broken rollout of each kind fail-fast knows is rolled back to the
+// known-good revision, and the Deployment is Available again, well within 90
+// s of the change, with its progress deadline at ten minutes. The Event names
+// the pods' reason, the container and the image.
+func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
+	tests := []struct {
+		name, reason string
+		breakIt      func(*appsv1.Deployment)
+	}{
+		{name: "an image that cannot be pulled", reason: "ImagePullBackOff",
+			breakIt: func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }},
+		{name: "a crash-looping container", reason: "CrashLoopBackOff",
+			breakIt: func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2-crashloop" }},
+		{name: "a missing ConfigMap", reason: "CreateContainerConfigError",
+			breakIt: func(d *appsv1.Deployment) {
+				d.Spec.Template.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: "missing-settings"}}}}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ns := newNamespace(t, nil)
+			rolledOutOnce(t, slowDeployment(ns, "web", "app:1"))
+			changed := time.Now()
+			require.NoError(t, update(t, ns, "web", tt.breakIt))
+			waitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
+				d := get(ctx, t, ns, "web")
+				return d.Annotations[vocab.AnnotationRolledBackRevision] == "2", describe(d), nil
+			})
+			d := waitAvailable(t, ns, "web", 90*time.Second-time.Since(changed))
+			t.Logf("%s: rolled back and Available again %s after the change", tt.name, time.Since(changed).Round(100*time.Millisecond))
+			assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
+			assert.Empty(t, d.Spec.Template.Spec.Containers[0].EnvFrom)
+			assert.Equal(t, "2", d.Annotations[vocab.AnnotationFailFastRevision])
+			msg := guardEvent(t, ns, "web", vocab.ReasonAutoRollback)
+			assert.Contains(t, msg, "Rolled back from revision 2")
+			assert.Contains(t, msg, "new pods "+tt.reason)
+			assert.Contains(t, msg, "(container app, image ")
+			assert.Contains(t, msg, "to known-good revision 1")
+		})
+	}
+}
+
+// Slow is not failing: pods that become Ready only after 45 s are waited
+// for, beyond the fail-fast window.
+func TestFailFastLeavesASlowStartAlone(t *testing.T) {
+	ns := newNamespace(t, nil)
+	rolledOutOnce(t, slowDeployment(ns, "slow", "app:1"))
+	require.NoError(t, update(t, ns, "slow", func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].Image = "app:2"
+		d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/ready-after": "45s"}
+	}))
+	d := waitAvailable(t, ns, "slow", 2*time.Minute)
+	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
+	assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision)
+	waitKnownGood(t, ns, "slow", 2)
+}
+
+// One bad node does not condemn a revision: its pods fail there and run
+// elsewhere, so the new pods are not all failing.
+func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
+	ns := newNamespace(t, nil)
+	d := slowDeployment(ns, "spread", "app:1")
+	d.Spec.Replicas = ptr(int32(3))
+	// Every new pod at once, so that some land on each node. (With one new
+	// pod at a time, a first new pod on the bad node is the only new pod, and
+	// failing: the README lists that case among those the defaults do not
+	// prevent.)
+	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+		MaxSurge: ptr(intstr.FromInt32(3)), MaxUnavailable: ptr(intstr.FromInt32(0))}}
+	// Spread over the two nodes, whatever the scheduler's scores.
+	d.Spec.Template.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+		MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule,
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "spread"}},
+	}}
+	rolledOutOnce(t, d)
+	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].Image = "app:2-bad-node"
+	}))
+	// The precondition of the test: new pods failing on one node, Ready on
+	// the other.
+	waitFor(t, time.Minute, "no new pod failing beside a Ready one", func(ctx context.Context) (bool, string, error) {
+		var pods corev1.PodList
+		if err := local.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return false, "", err
+		}
+		failing, ready := 0, 0
+		for _, p := range pods.Items {
+			if p.Spec.Containers[0].Image != "app:2-bad-node" || p.DeletionTimestamp != nil {
+				continue
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
+					failing++
+				}
+			}
+		}
+		return failing > 0 && ready > 0, fmt.Sprintf("%d failing, %d ready", failing, ready), nil
+	})
+	assert.Never(t, func() bool {
+		d := &appsv1.Deployment{}
+		err := local.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "spread"}, d)
+		return err == nil && d.Annotations[vocab.AnnotationRolledBackRevision] != ""
+	}, 2*failFastWindow, time.Second, "a revision whose other pods run was rolled back")
+}
+
+// Fail-fast leaves alone a Deployment that is paused in the middle of a
+// broken rollout, and one that opted out (it waits for its deadline).
+func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
+	ns := newNamespace(t, nil)
+	optedOut := slowDeployment(ns, "opted-out", "app:1")
+	optedOut.Annotations = map[string]string{vocab.AnnotationFailFast: "false"}
+	rolledOutOnce(t, optedOut)
+	rolledOutOnce(t, slowDeployment(ns, "paused", "app:1"))
+
+	require.NoError(t, update(t, ns, "opted-out", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
+	require.NoError(t, update(t, ns, "paused", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
+	waitFor(t, time.Minute, "the broken rollout did not start", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "paused")
+		return d.Status.ObservedGeneration == d.Generation && d.Status.UpdatedReplicas > 0, describe(d), nil
+	})
+	require.NoError(t, update(t, ns, "paused", func(d *appsv1.Deployment) { d.Spec.Paused = true }))
+
+	assert.Never(t, func() bool {
+		for _, name := range []string{"opted-out", "paused"} {
+			d := &appsv1.Deployment{}
+			if err := local.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil || d.Annotations[vocab.AnnotationRolledBackRevision] != "" {
+				return true
+			}
+		}
+		return false
+	}, 2*failFastWindow, time.Second, "a paused or opted-out Deployment was rolled back")
+	for _, name := range []string{"opted-out", "paused"} {
+		assert.Equal(t, "app:no-such-tag", get(context.Background(), t, ns, name).Spec.Template.Spec.Containers[0].Image)
+	}
+}
+
+// Without a known-good revision the failure is reported, with its evidence,
+// and nothing is rolled back.
+func TestFailFastWithoutKnownGoodReports(t *testing.T) {
+	ns := newNamespace(t, nil)
+	require.NoError(t, local.Client.Create(context.Background(), slowDeployment(ns, "never-good", "app:no-such-tag")))
+	msg := guardEventWithin(t, ns, "never-good", vocab.ReasonNoKnownGoodRevision, 2*failFastWindow+30*time.Second)
+	assert.Contains(t, msg, "Revision 1")
+	assert.Contains(t, msg, "is failing: 2/2 new pods ImagePullBackOff")
+	d := get(context.Background(), t, ns, "never-good")
+	assert.Equal(t, "app:no-such-tag", d.Spec.Template.Spec.Containers[0].Image, "nothing to roll back to")
+	assert.Contains(t, d.Annotations[vocab.AnnotationRollbackStatus], "no known-good revision")
+}
+
+// guardEventWithin is guardEvent with a deadline of the caller's.
+func guardEventWithin(t *testing.T, ns, name, reason string, within time.Duration) string {
+	t.Helper()
+	waitFor(t, within, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
+		return slices.Contains(eventReasons(ctx, t, ns, name), reason), "", nil
+	})
+	return guardEvent(t, ns, name, reason)
+}
+
+// The guard killed after it saw the evidence and before its window ended:
+// the window's start is on the Deployment, and the restarted guard rolls back
+// once.
+func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
+	ns := newNamespace(t, nil)
+	rolledOutOnce(t, slowDeployment(ns, "killed", "app:1"))
+	require.NoError(t, update(t, ns, "killed", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
+	waitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "killed")
+		return d.Annotations[vocab.AnnotationFailingSince] != "", describe(d), nil
+	})
+	require.NoError(t, local.RestartGuard(context.Background()), "killed between the evidence and the write")
+	d := waitRolledBack(t, ns, "killed", 2)
+	assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
+	generation := d.Generation
+	assert.Never(t, func() bool {
+		return get(context.Background(), t, ns, "killed").Generation != generation
+	}, 3*time.Second, 100*time.Millisecond, "rolled back a second time")
+	reasons := waitEvents(t, ns, "killed", vocab.ReasonAutoRollback)
+	assert.LessOrEqual(t, count(reasons, vocab.ReasonAutoRollback), 1, "at most one AutoRollback event (a killed guard may lose one)")
+}
+
+// TestFailFastReactionTime measures, over 10 rollbacks, the time from the
+// first failing pod status of a broken rollout to the guard's rollback write,
+// each seen on a watch. It reports; it does not enforce.
+func TestFailFastReactionTime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const n = 10
+	ns := newNamespace(t, nil)
+	for i := range n {
+		d := slowDeployment(ns, fmt.Sprintf("f%02d", i), "app:1")
+		d.Spec.Replicas = ptr(int32(1))
+		require.NoError(t, local.Client.Create(ctx, d))
+	}
+	for i := range n {
+		waitKnownGood(t, ns, fmt.Sprintf("f%02d", i), 1)
+	}
+	cfg, err := local.Cluster.RESTConfig()
+	require.NoError(t, err)
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
+	require.NoError(t, err)
+	pods, err := wc.Watch(ctx, &corev1.PodList{}, client.InNamespace(ns))
+	require.NoError(t, err)
+	defer pods.Stop()
+	deployments, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns))
+	require.NoError(t, err)
+	defer deployments.Stop()
+
+	var (
+		mu        sync.Mutex
+		firstFail = map[string]time.Time{} // by Deployment
+		reaction  = map[string]time.Duration{}
+	)
+	go func() {
+		for ev := range pods.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
+					owner := p.Labels["app.kubernetes.io/name"]
+					mu.Lock()
+					if _, seen := firstFail[owner]; !seen {
+						firstFail[owner] = time.Now()
+					}
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range deployments.ResultChan() {
+			d, ok := ev.Object.(*appsv1.Deployment)
+			if !ok || ev.Type != watch.Modified || d.Annotations[vocab.AnnotationRolledBackRevision] != "2" {
+				continue
+			}
+			now := time.Now()
+			mu.Lock()
+			if _, seen := reaction[d.Name]; !seen {
+				if f, ok := firstFail[d.Name]; ok {
+					reaction[d.Name] = now.Sub(f)
+				}
+			}
+			complete := len(reaction) == n
+			mu.Unlock()
+			if complete {
+				return
+			}
+		}
+	}()
+	for i := range n {
+		require.NoError(t, update(t, ns, fmt.Sprintf("f%02d", i), func(d *appsv1.Deployment) {
+			d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag-" + strconv.Itoa(i)
+		}))
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, reaction, n, "every broken rollout was rolled back and seen on the watch")
+	var ds []time.Duration
+	for _, d := range reaction {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	t.Logf("fail-fast reaction over %d rollbacks, from the first failing pod status to the rollback write (window %s): median %s, worst %s, best %s",
+		n, failFastWindow, ds[n/2].Round(10*time.Millisecond), ds[n-1].Round(10*time.Millisecond), ds[0].Round(10*time.Millisecond))
+}
