@@ -16,12 +16,12 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: all build tools run test test-unit test-integration test-e2e test-tls bench kustomize clean help
+.PHONY: all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream bench bench-apiserver bench-scale kustomize clean help
 
 all: build
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 build: ## build bin/deployguard
 	go build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/deployguard
@@ -32,11 +32,21 @@ $(TOOLS_DIR)/.complete: test/tools/build.sh test/tools/kube/go.mod test/tools/et
 	bash test/tools/build.sh $(TOOLS_DIR)
 	touch $@
 
+# Kubernetes' own e2e specs for Deployments (test/tools/kube/upstreame2e), from
+# the same k8s.io/kubernetes module as the control plane.
+UPSTREAM_E2E := $(TOOLS_DIR)/e2e-upstream.test
+
+upstream-e2e: $(UPSTREAM_E2E) ## build the upstream e2e test binary (cached)
+
+$(UPSTREAM_E2E): test/tools/kube/go.mod test/tools/kube/go.sum $(wildcard test/tools/kube/upstreame2e/*.go)
+	@mkdir -p $(TOOLS_DIR)
+	cd test/tools/kube && go test -c -trimpath -ldflags "-s -w" -o $@ ./upstreame2e
+
 run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-e2e test-tls ## every tier
+test: test-unit test-integration test-e2e test-tls test-upstream ## every tier
 
 test-unit: ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
@@ -50,8 +60,18 @@ test-e2e: tools build ## end-to-end tests on a full local cluster (kube-controll
 test-tls: tools build ## webhook TLS: cert-manager's own controllers, the self-managed path, rotation under load
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 30m -p 1 ./test/tls/...
 
+test-upstream: tools build upstream-e2e ## upstream's Deployment e2e specs without and with the guard: same results
+	DEPLOYGUARD_BIN=$(BIN) DEPLOYGUARD_UPSTREAM_E2E=$(UPSTREAM_E2E) $(GOTEST) -count=1 -timeout 60m -v ./test/upstream/...
+
 bench: ## admission and policy benchmarks
 	$(GOTEST) -run '^$$' -bench . -benchmem ./webhook/ ./policy/
+
+bench-apiserver: tools build ## requests/s and CPU per request through a real kube-apiserver: no guard, a VAP, the guard
+	go run ./test/bench/apiserver -tools $(TOOLS_DIR) -guard $(BIN)
+
+BENCH_SIZES ?= 100,1000,5000,10000
+bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)
+	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -sizes $(BENCH_SIZES)
 
 kustomize: tools ## render config/default (checks the manifests build)
 	$(TOOLS_DIR)/kubectl kustomize config/default >/dev/null

@@ -89,6 +89,13 @@ func failingSince(d *appsv1.Deployment, rs string) time.Time {
 // returns when to look again.
 func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (time.Duration, error) {
 	o, on := r.failFastFor(d)
+	if on && d.Status.ObservedGeneration != d.Generation && !d.Spec.Paused && desiredReplicas(d) > 0 {
+		// The Deployment controller has not caught up (a scale, an HPA's or
+		// kubectl's): nothing is known yet, so the window keeps its start. Its
+		// status update brings the Deployment back. Clearing it here would let
+		// a Deployment scaled more often than the window never fail fast.
+		return 0, nil
+	}
 	newRS := RolloutInProgress(d, rss)
 	if !on || newRS == nil {
 		return 0, r.setFailingSince(ctx, d, "")

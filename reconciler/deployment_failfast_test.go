@@ -1,13 +1,16 @@
 package reconciler
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -313,4 +316,31 @@ func TestFailFastAcrossARestart(t *testing.T) {
 	assert.Len(t, e.events(), 1)
 	e.reconcileResult()
 	assert.Empty(t, e.events())
+}
+
+// A scale the Deployment controller has not yet observed (an HPA's, say)
+// neither restarts the window nor decides anything: a Deployment scaled more
+// often than its window still fails fast, on time.
+func TestFailFastWindowSurvivesAScale(t *testing.T) {
+	since := t0.Add(19*time.Minute + 30*time.Second).Format(time.RFC3339)
+	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, since+" web-h3"), func(d *appsv1.Deployment) {
+		d.Generation++ // scaled: the controller has not caught up
+		d.Spec.Replicas = ptr.To[int32](5)
+	})
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, newRSPod(rs3, "a", "ImagePullBackOff"))
+
+	e.reconcileResult()
+	got := e.deployment()
+	assert.Equal(t, since+" web-h3", got.Annotations[vocab.AnnotationFailingSince], "the window keeps its start")
+	assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Empty(t, e.events())
+
+	// The controller observes the scale; the window has passed since it began.
+	got.Status.ObservedGeneration = got.Generation
+	require.NoError(t, e.client.Status().Update(context.Background(), got))
+	e.clock.Step(31 * time.Second)
+	e.reconcileResult()
+	assert.Equal(t, "web:v2", e.deployment().Spec.Template.Spec.Containers[0].Image, "rolled back a window after the evidence began, not after the scale")
+	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()))
 }
