@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream bench bench-apiserver bench-scale kustomize clean help
+.PHONY: all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream bench bench-apiserver bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -68,6 +68,10 @@ bench: ## admission and policy benchmarks
 
 bench-apiserver: tools build ## requests/s and CPU per request through a real kube-apiserver: no guard, a VAP, the guard
 	go run ./test/bench/apiserver -tools $(TOOLS_DIR) -guard $(BIN)
+
+FUZZTIME ?= 60s
+fuzz: ## run every fuzz target for FUZZTIME each (default 60s); crashes land in testdata/fuzz
+	FUZZTIME=$(FUZZTIME) bash test/fuzz/run.sh
 
 BENCH_SIZES ?= 100,1000,5000,10000
 bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)

@@ -223,7 +223,7 @@ func Parse(b []byte) (Config, error) {
 	if err := yaml.Unmarshal(b, &root); err != nil {
 		return Config{}, cleanYAMLError(err)
 	}
-	if len(bytes.TrimSpace(b)) == 0 || root.Kind == 0 {
+	if len(bytes.TrimSpace(b)) == 0 || root.Kind == 0 || isNull(&root) {
 		return Config{}, errors.New("the file is empty: it needs at least apiVersion and kind")
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
@@ -243,6 +243,18 @@ func Parse(b []byte) (Config, error) {
 		return Config{}, errors.New(strings.Join(lines, "\n"))
 	}
 	return c, nil
+}
+
+// isNull reports a document that holds nothing: only comments, "---" or null.
+func isNull(root *yaml.Node) bool {
+	n := root
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return true
+		}
+		n = n.Content[0]
+	}
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
 }
 
 // cleanYAMLError drops the library's "yaml: unmarshal errors:" preamble so the
