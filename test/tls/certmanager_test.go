@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cmapi "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -228,25 +229,32 @@ func waitReady(ctx context.Context, t *testing.T, cm *harness.Process, c client.
 // revision and the Certificate is Ready again.
 func renew(ctx context.Context, c client.Client, key types.NamespacedName) error {
 	crt := &cmapi.Certificate{}
-	if err := c.Get(ctx, key, crt); err != nil {
-		return err
-	}
 	rev := 0
-	if crt.Status.Revision != nil {
-		rev = *crt.Status.Revision
-	}
-	now := metav1.Now()
-	var conds []cmapi.CertificateCondition
-	for _, cond := range crt.Status.Conditions {
-		if cond.Type != cmapi.CertificateConditionIssuing {
-			conds = append(conds, cond)
+	// cert-manager writes the Certificate's status too (a renewal of its own
+	// may be finishing): on a conflict, read it again and trigger again, as
+	// cmctl does.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, key, crt); err != nil {
+			return err
 		}
-	}
-	crt.Status.Conditions = append(conds, cmapi.CertificateCondition{
-		Type: cmapi.CertificateConditionIssuing, Status: cmmeta.ConditionTrue, Reason: "ManuallyTriggered",
-		Message: "Certificate re-issuance manually triggered", LastTransitionTime: &now, ObservedGeneration: crt.Generation,
+		rev = 0
+		if crt.Status.Revision != nil {
+			rev = *crt.Status.Revision
+		}
+		now := metav1.Now()
+		var conds []cmapi.CertificateCondition
+		for _, cond := range crt.Status.Conditions {
+			if cond.Type != cmapi.CertificateConditionIssuing {
+				conds = append(conds, cond)
+			}
+		}
+		crt.Status.Conditions = append(conds, cmapi.CertificateCondition{
+			Type: cmapi.CertificateConditionIssuing, Status: cmmeta.ConditionTrue, Reason: "ManuallyTriggered",
+			Message: "Certificate re-issuance manually triggered", LastTransitionTime: &now, ObservedGeneration: crt.Generation,
+		})
+		return c.Status().Update(ctx, crt)
 	})
-	if err := c.Status().Update(ctx, crt); err != nil {
+	if err != nil {
 		return fmt.Errorf("triggering the renewal of %s: %w", key, err)
 	}
 	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
