@@ -193,8 +193,13 @@ func (r *DeploymentReconciler) reconcileDelete(ctx context.Context, d *appsv1.De
 			if apierrors.IsConflict(err) {
 				return requeueOnConflict(ctx, err, "Deployment changed before its finalizer was removed; requeued", "finalizer", plan.Finalizer)
 			}
-			r.emitRemovalRefused(d, ns, err)
-			return ctrl.Result{}, fmt.Errorf("removing finalizer %s: %w", plan.Finalizer, err)
+			if !r.finalizerGone(ctx, d, plan.Finalizer) {
+				r.emitRemovalRefused(d, ns, err)
+				return ctrl.Result{}, fmt.Errorf("removing finalizer %s: %w", plan.Finalizer, err)
+			}
+			// Removed, though the response was lost: the step is done, and
+			// told once, below.
+			log.Info("The finalizer's removal succeeded though its response was lost", "finalizer", plan.Finalizer, "error", err.Error())
 		}
 		step := stepLabel(plan.Step)
 		r.Metrics.cleanupSteps.WithLabelValues(step, out.result).Inc()
@@ -208,6 +213,17 @@ func (r *DeploymentReconciler) reconcileDelete(ctx context.Context, d *appsv1.De
 		r.emitCleanupEvent(d, ns, out.eventType, out.reason, actionForStep(plan.Step), out.message)
 	}
 	return ctrl.Result{}, nil
+}
+
+// finalizerGone reads the Deployment from the API server after a removal that
+// failed without a conflict, and reports whether the finalizer is gone all the
+// same (or the Deployment with it).
+func (r *DeploymentReconciler) finalizerGone(ctx context.Context, d *appsv1.Deployment, finalizer string) bool {
+	fresh := &appsv1.Deployment{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), fresh); err != nil {
+		return apierrors.IsNotFound(err)
+	}
+	return fresh.UID != d.UID || !slices.Contains(fresh.Finalizers, finalizer)
 }
 
 // skipCleanup removes every finalizer of the guard at once, running no step.

@@ -130,7 +130,20 @@ type DeploymentReconciler struct {
 	// configurations exist); cleanup finalizers are added only then. Nil
 	// means always.
 	Installed func(ctx context.Context) (bool, error)
-	Options   Options
+	// CacheIndexed says that IndexFields already registered the reconciler's
+	// index on the manager's cache: the guard runs a manager per leadership
+	// term over one cache, and an informer takes indexes only before it starts.
+	CacheIndexed bool
+	Options      Options
+}
+
+// IndexFields registers the cache index the reconciler reads (ReplicaSets by
+// their controlling Deployment), before the cache starts.
+func IndexFields(ctx context.Context, fi client.FieldIndexer) error {
+	if err := fi.IndexField(ctx, &appsv1.ReplicaSet{}, replicaSetControllerKey, indexReplicaSetByController); err != nil {
+		return fmt.Errorf("indexing ReplicaSets by controlling Deployment: %w", err)
+	}
+	return nil
 }
 
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;patch
@@ -166,8 +179,10 @@ func (r *DeploymentReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Ma
 		}
 		r.Metrics = m
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &appsv1.ReplicaSet{}, replicaSetControllerKey, indexReplicaSetByController); err != nil {
-		return fmt.Errorf("indexing ReplicaSets by controlling Deployment: %w", err)
+	if !r.CacheIndexed {
+		if err := IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
+			return err
+		}
 	}
 
 	notIgnored := predicate.NewPredicateFuncs(func(o client.Object) bool {

@@ -236,11 +236,20 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 	d.Annotations[vocab.AnnotationRollbackStatus] = message
 	d.Annotations[vocab.AnnotationFailFastRevision] = formatRevision(failedRevision)
 	delete(d.Annotations, vocab.AnnotationFailingSince)
-	if err := r.Client.Patch(ctx, d, patch); err != nil {
-		if apierrors.IsConflict(err) {
-			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
-			return fmt.Errorf("deployment changed while deciding about failing revision %d: %w", failedRevision, err)
+	err := r.Client.Patch(ctx, d, patch)
+	if apierrors.IsConflict(err) {
+		r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
+		return fmt.Errorf("deployment changed while deciding about failing revision %d: %w", failedRevision, err)
+	}
+	if err != nil {
+		if landed, ok := r.decisionLanded(ctx, d, vocab.AnnotationRollbackStatus, vocab.AnnotationFailFastRevision); ok {
+			// Applied, though its response was lost: told once, as a success.
+			log.Info("The decision's write succeeded though its response was lost", "error", err.Error())
+			*d = *landed
+			err = nil
 		}
+	}
+	if err != nil {
 		if target != nil {
 			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
 			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from failing revision %d to known-good revision %d failed: %v", failedRevision, targetRevision, err))

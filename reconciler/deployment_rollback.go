@@ -262,12 +262,21 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	d.Annotations[vocab.AnnotationRollbackStatus] = dec.Message
 	d.Annotations[vocab.AnnotationHandledDeadline] = dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
 
-	if err := r.Client.Patch(ctx, d, patch); err != nil {
+	if err = r.Client.Patch(ctx, d, patch); err != nil {
 		if apierrors.IsConflict(err) {
 			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 			log.V(2).Info("Deployment changed since it was read; deciding again")
 			return fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
 		}
+		if landed, ok := r.decisionLanded(ctx, d, vocab.AnnotationRollbackStatus, vocab.AnnotationHandledDeadline); ok {
+			// A time-out or a dropped connection after the API server had
+			// applied the write: it is done, and told once, as a success.
+			log.Info("The decision's write succeeded though its response was lost", "error", err.Error())
+			*d = *landed
+			err = nil
+		}
+	}
+	if err != nil {
 		if dec.Action == ActionRollBack {
 			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
 			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from revision %d to known-good revision %d failed: %v", dec.FailedRevision, dec.TargetRevision, err))
@@ -295,6 +304,24 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		log.Info("Rollout failed on a paused Deployment; left alone")
 	}
 	return nil
+}
+
+// decisionLanded reads the Deployment from the API server after a write that
+// failed without a conflict, and reports whether the write was applied all
+// the same: the decision's record (the annotations keys, such as its message
+// and the deadline it handled, together unique to it) is on the Deployment as
+// the API server has it.
+func (r *DeploymentReconciler) decisionLanded(ctx context.Context, want *appsv1.Deployment, keys ...string) (*appsv1.Deployment, bool) {
+	fresh := &appsv1.Deployment{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), fresh); err != nil {
+		return nil, false
+	}
+	for _, k := range keys {
+		if fresh.Annotations[k] != want.Annotations[k] {
+			return nil, false
+		}
+	}
+	return fresh, true
 }
 
 // decideOnFresh reads the Deployment from the API server into d, decides

@@ -74,6 +74,7 @@ type serveFlags struct {
 	pprofAddr      string
 	leaderElect    bool
 	leaderElection string
+	shutdownDelay  time.Duration
 }
 
 func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options, error) {
@@ -104,6 +105,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles, for finding where the guard's CPU and memory go (off when empty)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "elect a leader for the reconciler, so that several replicas can serve the webhooks")
 	fs.StringVar(&f.leaderElection, "leader-election-id", "deployguard.deployguard.io", "name of the leader election lease")
+	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long /readyz fails while the webhooks still serve, before in-flight requests are drained and the process exits: time for the Service's endpoints to drop the replica")
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -152,15 +154,16 @@ func serve(args []string, stderr io.Writer) int {
 		log.Info("Soft memory limit set to 90% of the container's", "bytes", limit)
 	}
 
-	ctx := ctrl.SetupSignalHandler()
-	if err := runServer(ctx, f, cfg); err != nil {
+	stop := &gracefulStop{}
+	ctx := stop.after(ctrl.SetupSignalHandler(), f.shutdownDelay, log)
+	if err := runServer(ctx, f, cfg, stop); err != nil {
 		log.Error(err, "deployguard stopped")
 		return 1
 	}
 	return 0
 }
 
-func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
+func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *gracefulStop) error {
 	log := ctrl.Log.WithName("setup")
 	restCfg, err := restConfig(f.kubeconfig)
 	if err != nil {
@@ -184,11 +187,10 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:        f.probeAddr,
 		PprofBindAddress:              f.pprofAddr,
-		LeaderElection:                f.leaderElect,
-		LeaderElectionID:              f.leaderElection,
-		LeaderElectionNamespace:       f.namespace,
-		LeaderElectionReleaseOnCancel: true,
-		Cache:                         cacheOptions(f.namespace),
+		// Leader election is per term, in leaderTerms: losing the lease must
+		// not stop the webhooks.
+		LeaderElection: false,
+		Cache:          cacheOptions(f.namespace),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -241,15 +243,29 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 	ropts.FailFast = cfg.FailFastOptions()
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
-	rollouts := &reconciler.DeploymentReconciler{
-		Client:    mgr.GetClient(),
-		Recorder:  mgr.GetEventRecorder("deployguard"),
-		Metrics:   rm,
-		Installed: webhookInstalled(mgr.GetClient(), f.mutatingName),
-		Options:   ropts,
+	if err := reconciler.IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
 	}
-	if err := rollouts.SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("setting up the rollout reconciler: %w", err)
+	leader := &leaderTerms{
+		restCfg: restCfg, scheme: scheme, cache: mgr.GetCache(),
+		elect: f.leaderElect, id: f.leaderElection, namespace: f.namespace, pause: time.Second,
+	}
+	leader.setup = append(leader.setup, func(ctx context.Context, lm ctrl.Manager) error {
+		rollouts := &reconciler.DeploymentReconciler{
+			Client:       lm.GetClient(),
+			Recorder:     lm.GetEventRecorder("deployguard"),
+			Metrics:      rm,
+			Installed:    webhookInstalled(lm.GetClient(), f.mutatingName),
+			Options:      ropts,
+			CacheIndexed: true,
+		}
+		if err := rollouts.SetupWithManager(ctx, lm); err != nil {
+			return fmt.Errorf("setting up the rollout reconciler: %w", err)
+		}
+		return nil
+	})
+	if err := mgr.Add(leader); err != nil {
+		return err
 	}
 
 	if err := setupCerts(ctx, mgr, f, restCfg, scheme); err != nil {
@@ -266,6 +282,9 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config) error {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("not-stopping", stop.Check); err != nil {
 		return err
 	}
 

@@ -129,6 +129,18 @@ func (c *Cluster) Stop() error {
 	return c.kwokctl(ctx, "delete", "cluster")
 }
 
+// StopControlPlane stops every process of the cluster: etcd (which keeps its
+// data), kube-apiserver, the controllers and kwok, as a control-plane restart
+// or a whole-cluster shutdown does.
+func (c *Cluster) StopControlPlane(ctx context.Context) error {
+	return c.kwokctl(ctx, "stop", "cluster")
+}
+
+// StartControlPlane starts them again and returns once the cluster is ready.
+func (c *Cluster) StartControlPlane(ctx context.Context) error {
+	return c.kwokctl(ctx, "start", "cluster", "--wait", "2m")
+}
+
 func (c *Cluster) kwokctl(ctx context.Context, args ...string) error {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.Tools, "kwokctl"), append([]string{"--name", c.Name}, args...)...)
 	cmd.Env = append(os.Environ(), "KWOK_WORKDIR="+filepath.Join(c.WorkDir, "kwok"))

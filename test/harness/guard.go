@@ -108,6 +108,10 @@ func StartGuard(opts GuardOptions) (*Guard, error) {
 		"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(probe),
 		"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metrics),
 		"--leader-elect",
+		// The API server calls this one replica directly: no endpoints to
+		// drop it from, so no reason to wait before stopping. A tier with a
+		// load balancer in front passes --shutdown-delay in ExtraArgs.
+		"--shutdown-delay=0s",
 	}
 	if opts.Config != "" {
 		p := filepath.Join(opts.WorkDir, "guard.yaml")

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// ownCluster gives the test a local cluster of its own, since it stops and
+// starts the control plane, and points this package's helpers (which work on
+// `local`) at it until the test ends. The e2e tests that share the suite's
+// cluster run one after the other, so they never see the swap.
+func ownCluster(t *testing.T, name string) (l *harness.Local, logPath string) {
+	t.Helper()
+	tools, err := harness.ToolsDir()
+	require.NoError(t, err)
+	bin, err := harness.GuardBinary()
+	require.NoError(t, err)
+	work := t.TempDir()
+	logPath = filepath.Join(work, "cluster.log")
+	logFile, err := os.Create(logPath)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	l, err = harness.StartLocal(ctx, harness.LocalOptions{
+		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%s-%d", name, os.Getpid()), WorkDir: work,
+		Nodes: 1, GuardConfig: guardConfig, Log: logFile,
+	})
+	require.NoError(t, err, "starting the cluster (log: %s)", logPath)
+	saved := local
+	local = l
+	t.Cleanup(func() {
+		local = saved
+		l.Stop()
+		logFile.Close()
+		if t.Failed() {
+			t.Logf("--- end of the cluster and guard log ---\n%s", tailFile(logPath))
+		}
+	})
+	return l, logPath
+}
+
+// admissionProbe sends a dry-run CREATE of a Deployment through the guard's
+// webhooks every interval, and records when each succeeded or failed.
+type admissionProbe struct {
+	mu       sync.Mutex
+	results  []probeResult
+	stopping atomic.Bool
+	done     chan struct{}
+}
+
+type probeResult struct {
+	at  time.Time
+	err error
+}
+
+func startAdmissionProbe(t *testing.T, c client.Client, ns string, every time.Duration) *admissionProbe {
+	p := &admissionProbe{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for i := 0; !p.stopping.Load(); i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := c.Create(ctx, deployment(ns, fmt.Sprintf("probe-%d", i), "app:1"), client.DryRunAll)
+			cancel()
+			p.mu.Lock()
+			p.results = append(p.results, probeResult{at: time.Now(), err: err})
+			p.mu.Unlock()
+			time.Sleep(every)
+		}
+	}()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *admissionProbe) stop() {
+	if p.stopping.CompareAndSwap(false, true) {
+		<-p.done
+	}
+}
+
+// since returns the results from t on: the first success, and the failures
+// after it.
+func (p *admissionProbe) since(t time.Time) (firstOK time.Time, total int, failedAfter []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.results {
+		if r.at.Before(t) {
+			continue
+		}
+		total++
+		switch {
+		case r.err == nil && firstOK.IsZero():
+			firstOK = r.at
+		case r.err != nil && !firstOK.IsZero():
+			failedAfter = append(failedAfter, r.err.Error())
+		}
+	}
+	return firstOK, total, failedAfter
+}
+
+// logHas reports whether the guard's log (in the cluster log) holds line.
+func logHas(path, line string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(b), line)
+}
+
+// TestControlPlaneRestartMidRollout stops the whole control plane (etcd,
+// kube-apiserver, the controllers) while a rollout is about to fail and
+// admissions are under way, keeps it down until the guard has lost its
+// leader lease, and starts it again. The guard must recover without a
+// restart of its own, serve admissions as soon as the API server is back, and
+// roll the failed rollout back exactly once.
+func TestControlPlaneRestartMidRollout(t *testing.T) {
+	l, logPath := ownCluster(t, "restart")
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	require.NoError(t, l.Client.Create(ctx, deployment(ns, "web", "app:1")))
+	waitAvailable(t, ns, "web", time.Minute)
+	waitKnownGood(t, ns, "web", 1)
+
+	probe := startAdmissionProbe(t, l.Client, ns, 100*time.Millisecond)
+	require.NoError(t, update(t, ns, "web", breakImage("app:2")))
+	stopped := time.Now()
+	require.NoError(t, l.Cluster.StopControlPlane(ctx))
+	// Down until the guard's leadership term has ended (the lease cannot be
+	// renewed for 10 s): the case that used to end the process.
+	waitFor(t, time.Minute, "the guard did not notice it lost the lease", func(context.Context) (bool, string, error) {
+		return logHas(logPath, "Leadership term ended; campaigning again"), "", nil
+	})
+	down := time.Since(stopped)
+	require.NoError(t, l.Cluster.StartControlPlane(ctx))
+	back := time.Now()
+
+	waitFor(t, time.Minute, "no admission succeeded after the API server came back", func(context.Context) (bool, string, error) {
+		ok, _, _ := probe.since(back)
+		return !ok.IsZero(), "", nil
+	})
+	d := waitRolledBack(t, ns, "web", 2)
+	probe.stop()
+	firstOK, total, failedAfter := probe.since(back)
+	t.Logf("control plane down %s; after it was back: first admission through the guard after %s, %d admissions, %d failed after the first success",
+		down.Round(100*time.Millisecond), firstOK.Sub(back).Round(10*time.Millisecond), total, len(failedAfter))
+
+	assert.False(t, l.Guard.Exited(), "the guard recovered without a restart of its own")
+	assert.Empty(t, failedAfter, "admissions failed after the guard served again")
+	assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image, "rolled back to the known-good revision")
+	generation := d.Generation
+	// Never's condition may run once more after it returns: it must not fail
+	// the test from there.
+	assert.Never(t, func() bool {
+		cur := &appsv1.Deployment{}
+		return l.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, cur) == nil && cur.Generation != generation
+	}, 3*time.Second, 100*time.Millisecond, "the Deployment was changed again after the rollback")
+	assert.Equal(t, 1, count(eventReasons(ctx, t, ns, "web"), vocab.ReasonAutoRollback), "rolled back exactly once")
+}
+
+// TestColdStartWithoutTheGuard starts a whole cluster whose guard webhooks are
+// registered while no guard runs, as after a cluster stop and start, before
+// the guard's own pod is up. Nothing may wait on the guard to start the
+// guard: the control plane comes up, the guard's own Deployment (in its
+// excluded namespace) rolls out, scaling through the scale subresource works
+// for every Deployment; only Deployment writes in guarded namespaces are
+// refused (failurePolicy Fail), until the guard is back.
+func TestColdStartWithoutTheGuard(t *testing.T) {
+	l, _ := ownCluster(t, "cold")
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	require.NoError(t, l.Client.Create(ctx, deployment(ns, "web", "app:1")))
+	waitAvailable(t, ns, "web", time.Minute)
+	// A stand-in for the guard's own Deployment, where config/ installs it.
+	own := deployment(harness.GuardNamespace, "deployguard", "deployguard:dev")
+	require.NoError(t, l.Client.Create(ctx, own))
+	waitAvailable(t, harness.GuardNamespace, "deployguard", time.Minute)
+
+	port := l.Guard.Opts.WebhookPort
+	require.NoError(t, l.Guard.Stop())
+	require.NoError(t, l.Cluster.StopControlPlane(ctx))
+	started := time.Now()
+	require.NoError(t, l.Cluster.StartControlPlane(ctx))
+	t.Logf("control plane ready %s after its start, with the guard's webhooks registered and no guard", time.Since(started).Round(100*time.Millisecond))
+
+	// The guard's own Deployment rolls out a new revision (as an upgrade or
+	// a node drain would need) without the guard.
+	require.NoError(t, update(t, harness.GuardNamespace, "deployguard", func(d *appsv1.Deployment) {
+		d.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": time.Now().Format(time.RFC3339)}
+	}))
+	waitAvailable(t, harness.GuardNamespace, "deployguard", 2*time.Minute)
+	// kube-system is excluded too.
+	require.NoError(t, l.Client.Create(ctx, deployment("kube-system", "addon", "addon:1")))
+	// Scaling a guarded Deployment goes through the scale subresource, which
+	// the webhooks do not intercept: an HPA keeps working.
+	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
+	require.NoError(t, l.Client.SubResource("scale").Update(ctx, get(ctx, t, ns, "web"), client.WithSubResourceBody(scale)))
+	waitFor(t, time.Minute, "the scale of a guarded Deployment was not carried out", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "web")
+		return d.Status.ReadyReplicas == 3, describe(d), nil
+	})
+	// A write of a guarded Deployment fails closed, and says why.
+	err := l.Client.Create(ctx, deployment(ns, "new", "app:1"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "failed calling webhook", "refused because the guard is not there, and the error says so")
+
+	start := time.Now()
+	require.NoError(t, l.StartGuard(ctx, port))
+	require.NoError(t, l.Client.Create(ctx, deployment(ns, "new", "app:1")))
+	t.Logf("guard started after the cold start: admitting again %s after its start", time.Since(start).Round(100*time.Millisecond))
+	var pods corev1.PodList
+	require.NoError(t, l.Client.List(ctx, &pods, client.InNamespace(harness.GuardNamespace)))
+	assert.NotEmpty(t, pods.Items)
+}
