@@ -193,7 +193,7 @@ func (r *DeploymentReconciler) reconcileDelete(ctx context.Context, d *appsv1.De
 			if apierrors.IsConflict(err) {
 				return requeueOnConflict(ctx, err, "Deployment changed before its finalizer was removed; requeued", "finalizer", plan.Finalizer)
 			}
-			if !r.finalizerGone(ctx, d, plan.Finalizer) {
+			if !outcomeUnknown(err) || !r.finalizerGone(ctx, d, plan.Finalizer) {
 				r.emitRemovalRefused(d, ns, err)
 				return ctrl.Result{}, fmt.Errorf("removing finalizer %s: %w", plan.Finalizer, err)
 			}

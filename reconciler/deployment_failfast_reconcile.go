@@ -242,7 +242,7 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		return fmt.Errorf("deployment changed while deciding about failing revision %d: %w", failedRevision, err)
 	}
 	if err != nil {
-		if landed, ok := r.decisionLanded(ctx, d, vocab.AnnotationRollbackStatus, vocab.AnnotationFailFastRevision); ok {
+		if landed, ok := r.decisionLanded(ctx, d, err, vocab.AnnotationRollbackStatus, vocab.AnnotationFailFastRevision); ok {
 			// Applied, though its response was lost: told once, as a success.
 			log.Info("The decision's write succeeded though its response was lost", "error", err.Error())
 			*d = *landed

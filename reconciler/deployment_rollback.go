@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -268,7 +269,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 			log.V(2).Info("Deployment changed since it was read; deciding again")
 			return fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
 		}
-		if landed, ok := r.decisionLanded(ctx, d, vocab.AnnotationRollbackStatus, vocab.AnnotationHandledDeadline); ok {
+		if landed, ok := r.decisionLanded(ctx, d, err, vocab.AnnotationRollbackStatus, vocab.AnnotationHandledDeadline); ok {
 			// A time-out or a dropped connection after the API server had
 			// applied the write: it is done, and told once, as a success.
 			log.Info("The decision's write succeeded though its response was lost", "error", err.Error())
@@ -311,7 +312,10 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 // the same: the decision's record (the annotations keys, such as its message
 // and the deadline it handled, together unique to it) is on the Deployment as
 // the API server has it.
-func (r *DeploymentReconciler) decisionLanded(ctx context.Context, want *appsv1.Deployment, keys ...string) (*appsv1.Deployment, bool) {
+func (r *DeploymentReconciler) decisionLanded(ctx context.Context, want *appsv1.Deployment, err error, keys ...string) (*appsv1.Deployment, bool) {
+	if !outcomeUnknown(err) {
+		return nil, false
+	}
 	fresh := &appsv1.Deployment{}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), fresh); err != nil {
 		return nil, false
@@ -322,6 +326,18 @@ func (r *DeploymentReconciler) decisionLanded(ctx context.Context, want *appsv1.
 		}
 	}
 	return fresh, true
+}
+
+// outcomeUnknown reports an error after which a write may have been applied:
+// no answer from the API server (a dropped connection, the client's time-out)
+// or one that says it did not finish in time. An answer that refuses the
+// write (not found, invalid, forbidden, conflict) says it was not.
+func outcomeUnknown(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return true
+	}
+	return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsInternalError(err)
 }
 
 // decideOnFresh reads the Deployment from the API server into d, decides

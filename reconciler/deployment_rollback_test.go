@@ -1,6 +1,8 @@
 package reconciler
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -283,4 +286,28 @@ func TestHandledDeadlineSecondResolution(t *testing.T) {
 	rs1, rs2, rs3 := history(d)
 	got := ShouldRollBack(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, DefaultOptions())
 	assert.Equal(t, ReasonDeadlineAlreadyHandled, got.Reason)
+}
+
+func TestOutcomeUnknown(t *testing.T) {
+	gr := appsv1.Resource("deployments")
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"the connection dropped", errors.New("read tcp: connection reset by peer"), true},
+		{"the client timed out", context.DeadlineExceeded, true},
+		{"the API server timed out", apierrors.NewTimeoutError("etcd slow", 1), true},
+		{"the API server's own time-out", apierrors.NewServerTimeout(gr, "patch", 1), true},
+		{"an internal error", apierrors.NewInternalError(errors.New("etcd")), true},
+		{"not found: not applied", apierrors.NewNotFound(gr, "web"), false},
+		{"conflict: not applied", apierrors.NewConflict(gr, "web", errors.New("changed")), false},
+		{"forbidden: not applied", apierrors.NewForbidden(gr, "web", errors.New("no")), false},
+		{"invalid: not applied", apierrors.NewBadRequest("bad"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, outcomeUnknown(tt.err))
+		})
+	}
 }
