@@ -1,0 +1,151 @@
+// Package install tests how the guard is installed and watched: the Helm chart
+// (config/helm/deployguard) against the kustomize bases it must not drift
+// from, every rendering of it validated by a real kube-apiserver (server-side
+// dry-run, with cert-manager's and the Prometheus Operator's CRDs installed),
+// and the dashboard and alerts of config/monitoring against the metrics a
+// running guard really exports.
+//
+// One local cluster (harness.StartLocal: control plane, kwok nodes, the guard)
+// serves both: the dry-runs need only its API server, the metrics need the
+// guard to admit, roll back and clean up for real.
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// guardConfig shortens fail-fast to its minimum so that a fail-fast decision
+// (and its metrics) happens within seconds.
+const guardConfig = `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+rollback:
+  failFast: {window: 10s}
+`
+
+// prometheusOperatorVersion is the Prometheus Operator module whose CRDs
+// (example/prometheus-operator-crd) validate the ServiceMonitor and the
+// PrometheusRule.
+const prometheusOperatorVersion = "v0.85.0"
+
+var (
+	local *harness.Local
+	tools string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	if tools, err = harness.ToolsDir("helm"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	bin, err := harness.GuardBinary()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	work, err := os.MkdirTemp("", "deployguard-install-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	logPath := filepath.Join(work, "cluster.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	local, err = harness.StartLocal(ctx, harness.LocalOptions{
+		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-install-%d", os.Getpid()), WorkDir: work,
+		Nodes: 1, GuardConfig: guardConfig, Log: logFile,
+	})
+	if err == nil {
+		err = installCRDs(ctx)
+	}
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
+		if local != nil {
+			local.Stop()
+		}
+		return 1
+	}
+	code := m.Run()
+	local.Stop()
+	logFile.Close()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
+	} else {
+		os.RemoveAll(work)
+	}
+	return code
+}
+
+// installCRDs installs cert-manager's CRDs (from its module, as test/tls does)
+// and the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs (from
+// its module), so that dry-runs validate those kinds against their schemas.
+func installCRDs(ctx context.Context) error {
+	if err := local.Cluster.InstallCertManagerCRDs(ctx); err != nil {
+		return err
+	}
+	dir, err := moduleDir(ctx, "github.com/prometheus-operator/prometheus-operator@"+prometheusOperatorVersion)
+	if err != nil {
+		return err
+	}
+	crds := filepath.Join(dir, "example", "prometheus-operator-crd")
+	if _, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "--server-side",
+		"-f", filepath.Join(crds, "monitoring.coreos.com_servicemonitors.yaml"),
+		"-f", filepath.Join(crds, "monitoring.coreos.com_prometheusrules.yaml")); err != nil {
+		return err
+	}
+	_, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+	return err
+}
+
+// moduleDir downloads a module version through the Go module proxy (outside
+// any module, so that no go.mod is touched) and returns its folder.
+func moduleDir(ctx context.Context, modVersion string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", modVersion)
+	cmd.Dir = os.TempDir()
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", modVersion, err)
+	}
+	var mod struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: no folder (%v%s)", modVersion, err, mod.Error)
+	}
+	return mod.Dir, nil
+}
+
+func tailFile(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err.Error()
+	}
+	const n = 12000
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
