@@ -1,21 +1,41 @@
 // Command deployguard is the deployment safety guard: `serve` runs the admission
 // webhooks and the rollout reconciler, `check` runs the same admission pipeline
 // on manifests offline, `restore` recreates a deleted Deployment from its record,
-// `uninstall` takes the guard out of the cluster's way, `version` prints the
-// build.
+// `uninstall` takes the guard out of the cluster's way, `status` tells a
+// Deployment's revisions, rollout and cleanup, `version` prints the build.
+// Named kubectl-deployguard, it is the kubectl plugin `kubectl deployguard`.
 package main
 
 import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	args := os.Args[1:]
+	// kubectl runs its plugin with the words after "deployguard", so the
+	// commands are the same; only the help names the plugin.
+	if kubectlPlugin(os.Args[0]) && (len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
+		var b strings.Builder
+		usage(&b)
+		fmt.Fprint(os.Stdout, strings.ReplaceAll(b.String(), "  deployguard ", "  kubectl deployguard "))
+		os.Exit(0)
+	}
+	os.Exit(run(args, os.Stdin, os.Stdout, os.Stderr))
+}
+
+// kubectlPlugin reports whether the binary runs as the kubectl plugin
+// kubectl-deployguard (a copy or a symlink of that name on the PATH), so that
+// `kubectl deployguard status …` works.
+func kubectlPlugin(argv0 string) bool {
+	base := filepath.Base(argv0)
+	return strings.TrimSuffix(base, ".exe") == "kubectl-deployguard"
 }
 
 // run dispatches a subcommand and returns the process exit code.
@@ -33,6 +53,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return testPolicies(args[1:], stdout, stderr)
 	case "restore":
 		return restore(args[1:], stdout, stderr)
+	case "status":
+		return status(args[1:], stdout, stderr)
 	case "uninstall":
 		return uninstall(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -55,6 +77,7 @@ Usage:
   deployguard serve [flags]      run the admission webhooks and the rollout reconciler
   deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
   deployguard test DIR…         run the Rego tests of policies, with the guard's own OPA (CI)
+  deployguard status NS/NAME     revisions, known-good and failed ones, quarantine, rollout and cleanup of a Deployment
   deployguard restore NS/NAME    recreate a deleted Deployment from the guard's record of it
   deployguard uninstall          remove the webhooks, then the guard's finalizers from every Deployment
   deployguard version            print the build

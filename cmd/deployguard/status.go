@@ -1,0 +1,560 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// deploymentStatus is what `deployguard status` tells about one Deployment; its
+// JSON form is `status -o json`.
+type deploymentStatus struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Deleted: the Deployment does not exist; Record says whether the guard
+	// kept a restorable record of it.
+	Deleted bool `json:"deleted,omitempty"`
+	Record  bool `json:"record,omitempty"`
+
+	Revision          int64  `json:"revision,omitempty"`
+	KnownGoodRevision string `json:"knownGoodRevision,omitempty"`
+	AutoRollback      bool   `json:"autoRollback"`
+	// LastDecision is the guard's last decision about a failed rollout, in
+	// words (annotation deployguard.io/rollback-status).
+	LastDecision string              `json:"lastDecision,omitempty"`
+	Revisions    []revisionStatus    `json:"revisions"`
+	Quarantined  []quarantinedStatus `json:"quarantined"`
+	Rollout      rolloutStatus       `json:"rollout"`
+	Cleanup      *cleanupStatus      `json:"cleanup,omitempty"`
+	// Events are the guard's events about the Deployment, oldest first.
+	Events []guardEvent `json:"events"`
+}
+
+// revisionStatus is one ReplicaSet of the Deployment, as `kubectl rollout
+// history` lists it, with the guard's marks.
+type revisionStatus struct {
+	Revision     int64    `json:"revision"`
+	ReplicaSet   string   `json:"replicaSet"`
+	TemplateHash string   `json:"templateHash"`
+	Current      bool     `json:"current,omitempty"`
+	KnownGood    bool     `json:"knownGood,omitempty"`
+	KnownGoodAt  string   `json:"knownGoodAt,omitempty"`
+	Quarantined  bool     `json:"quarantined,omitempty"`
+	Replicas     int32    `json:"replicas"`
+	Ready        int32    `json:"ready"`
+	Images       []string `json:"images"`
+	ChangeCause  string   `json:"changeCause,omitempty"`
+	// Failure is set when the guard found this revision failing.
+	Failure *revisionFailure `json:"failure,omitempty"`
+}
+
+// revisionFailure says how a revision failed and what the guard did.
+type revisionFailure struct {
+	// By is "progress-deadline" or "fail-fast".
+	By      string `json:"by"`
+	Reason  string `json:"reason"` // the guard's event reason
+	Message string `json:"message"`
+	At      string `json:"at,omitempty"`
+}
+
+// quarantinedStatus is a pod template the webhook refuses until overridden.
+type quarantinedStatus struct {
+	Hash        string   `json:"hash"`
+	ReplicaSets []string `json:"replicaSets,omitempty"`
+	// Override is the annotation that lets this exact template back.
+	Override string `json:"override"`
+	Command  string `json:"command"`
+}
+
+// rolloutStatus is the rollout in progress (or the last one, completed).
+type rolloutStatus struct {
+	// State is complete, progressing, paused, deadline-exceeded or scaled-to-zero.
+	State     string `json:"state"`
+	Replicas  int32  `json:"replicas"`
+	Updated   int32  `json:"updated"`
+	Ready     int32  `json:"ready"`
+	Available int32  `json:"available"`
+	Message   string `json:"message,omitempty"`
+	// FailingSince is when fail-fast first saw failure evidence on the new
+	// pods (its window runs from then), and on which ReplicaSet.
+	FailingSince      string `json:"failingSince,omitempty"`
+	FailingReplicaSet string `json:"failingReplicaSet,omitempty"`
+}
+
+// cleanupStatus is the cleanup asked for on deletion, and its progress once
+// the Deployment is being deleted.
+type cleanupStatus struct {
+	Deleting     bool     `json:"deleting"`
+	DeletionTime string   `json:"deletionTime,omitempty"`
+	PendingSteps []string `json:"pendingSteps"`
+	SkipCleanup  bool     `json:"skipCleanup,omitempty"`
+	DrainStarted string   `json:"drainStarted,omitempty"`
+	// DrainReplicas is spec.replicas before the drain, which a restore brings back.
+	DrainReplicas string `json:"drainReplicas,omitempty"`
+	// OtherFinalizers are other controllers' finalizers, which the guard
+	// leaves alone and the deletion waits for too.
+	OtherFinalizers []string `json:"otherFinalizers,omitempty"`
+	Pods            int32    `json:"pods"`
+}
+
+type guardEvent struct {
+	Time    string `json:"time"`
+	Type    string `json:"type"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// statusInput is everything status reads from the cluster.
+type statusInput struct {
+	Deployment  *appsv1.Deployment
+	ReplicaSets []appsv1.ReplicaSet
+	Events      []eventsv1.Event
+}
+
+// failureReasons are the guard's event reasons that tell a revision failed.
+var failureReasons = map[string]bool{
+	vocab.ReasonAutoRollback:        true,
+	vocab.ReasonNoKnownGoodRevision: true,
+	vocab.ReasonRollbackLoop:        true,
+	vocab.ReasonRolloutFailing:      true,
+	vocab.ReasonRollbackFailed:      true,
+}
+
+// The reconciler's messages name the failed revision's ReplicaSet first:
+// "Revision 2 (ReplicaSet web-5c8b) …" or "Rolled back from revision 2
+// (ReplicaSet web-5c8b) …".
+var failedReplicaSetRE = regexp.MustCompile(`[Rr]evision \d+ \(ReplicaSet ([^)\s]+)\)`)
+
+// buildStatus turns the fetched objects into the status; it talks to nothing.
+func buildStatus(in statusInput) deploymentStatus {
+	d := in.Deployment
+	st := deploymentStatus{
+		Namespace:         d.Namespace,
+		Name:              d.Name,
+		KnownGoodRevision: d.Annotations[vocab.AnnotationKnownGoodRevision],
+		AutoRollback:      d.Annotations[vocab.AnnotationAutoRollback] != "false",
+		LastDecision:      d.Annotations[vocab.AnnotationRollbackStatus],
+		Revisions:         []revisionStatus{},
+		Quarantined:       []quarantinedStatus{},
+		Events:            []guardEvent{},
+	}
+	st.Revision, _ = reconciler.Revision(d)
+
+	events := guardEventsOf(d, in.Events)
+	failures := failuresByReplicaSet(events, st.LastDecision)
+
+	quarantined := vocab.QuarantinedTemplates(d)
+	rsByHash := map[string][]string{}
+	currentHash := vocab.TemplateHash(&d.Spec.Template)
+	for i := range in.ReplicaSets {
+		rs := &in.ReplicaSets[i]
+		if !metav1.IsControlledBy(rs, d) {
+			continue
+		}
+		rev, _ := reconciler.Revision(rs)
+		hash := vocab.TemplateHash(&rs.Spec.Template)
+		r := revisionStatus{
+			Revision:     rev,
+			ReplicaSet:   rs.Name,
+			TemplateHash: hash,
+			Current:      hash == currentHash,
+			KnownGood:    reconciler.IsKnownGood(rs),
+			Quarantined:  slices.Contains(quarantined, hash),
+			Replicas:     rs.Status.Replicas,
+			Ready:        rs.Status.ReadyReplicas,
+			Images:       images(&rs.Spec.Template),
+			ChangeCause:  rs.Annotations["kubernetes.io/change-cause"],
+			Failure:      failures[rs.Name],
+		}
+		if r.KnownGood {
+			r.KnownGoodAt = rs.Annotations[vocab.AnnotationKnownGood]
+		}
+		rsByHash[hash] = append(rsByHash[hash], rs.Name)
+		st.Revisions = append(st.Revisions, r)
+	}
+	sort.Slice(st.Revisions, func(i, j int) bool { return st.Revisions[i].Revision < st.Revisions[j].Revision })
+
+	for _, h := range quarantined {
+		st.Quarantined = append(st.Quarantined, quarantinedStatus{
+			Hash:        h,
+			ReplicaSets: rsByHash[h],
+			Override:    vocab.AnnotationAllowTemplate + "=" + h,
+			Command:     fmt.Sprintf("kubectl annotate deployment -n %s %s %s=%s --overwrite", d.Namespace, d.Name, vocab.AnnotationAllowTemplate, h),
+		})
+	}
+	st.Rollout = rolloutOf(d)
+	st.Cleanup = cleanupOf(d)
+	for _, e := range events {
+		st.Events = append(st.Events, guardEvent{Time: eventTime(e).UTC().Format(time.RFC3339), Type: e.Type, Reason: e.Reason, Message: e.Note})
+	}
+	return st
+}
+
+// guardEventsOf returns the guard's events about d (this very object, by UID
+// when the event has one), oldest first.
+func guardEventsOf(d *appsv1.Deployment, all []eventsv1.Event) []eventsv1.Event {
+	var out []eventsv1.Event
+	for _, e := range all {
+		if e.Regarding.Kind != "Deployment" || e.Regarding.Name != d.Name || (e.Regarding.UID != "" && e.Regarding.UID != d.UID) {
+			continue
+		}
+		if !strings.Contains(e.ReportingController, "deployguard") {
+			continue
+		}
+		out = append(out, e)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return eventTime(out[i]).Before(eventTime(out[j])) })
+	return out
+}
+
+func eventTime(e eventsv1.Event) time.Time {
+	switch {
+	case e.Series != nil && !e.Series.LastObservedTime.IsZero():
+		return e.Series.LastObservedTime.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	case !e.DeprecatedLastTimestamp.IsZero():
+		return e.DeprecatedLastTimestamp.Time
+	}
+	return e.CreationTimestamp.Time
+}
+
+// failuresByReplicaSet reads which ReplicaSets failed from the guard's events
+// and, as events expire (an hour by default), from its last decision on the
+// Deployment. Newer evidence about a ReplicaSet replaces older.
+func failuresByReplicaSet(events []eventsv1.Event, lastDecision string) map[string]*revisionFailure {
+	out := map[string]*revisionFailure{}
+	if m := failedReplicaSetRE.FindStringSubmatch(lastDecision); m != nil {
+		out[m[1]] = &revisionFailure{By: failedBy(lastDecision), Message: lastDecision}
+	}
+	for _, e := range events {
+		if !failureReasons[e.Reason] {
+			continue
+		}
+		m := failedReplicaSetRE.FindStringSubmatch(e.Note)
+		if m == nil {
+			continue
+		}
+		out[m[1]] = &revisionFailure{By: failedBy(e.Note), Reason: e.Reason, Message: e.Note, At: eventTime(e).UTC().Format(time.RFC3339)}
+	}
+	return out
+}
+
+// failedBy tells the progress deadline's decisions from fail-fast's by the
+// words the reconciler uses for each.
+func failedBy(message string) string {
+	if strings.Contains(message, "progress deadline") {
+		return "progress-deadline"
+	}
+	return "fail-fast"
+}
+
+func images(t *corev1.PodTemplateSpec) []string {
+	out := []string{}
+	for _, c := range t.Spec.Containers {
+		out = append(out, c.Image)
+	}
+	return out
+}
+
+func rolloutOf(d *appsv1.Deployment) rolloutStatus {
+	r := rolloutStatus{
+		Replicas:  d.Status.Replicas,
+		Updated:   d.Status.UpdatedReplicas,
+		Ready:     d.Status.ReadyReplicas,
+		Available: d.Status.AvailableReplicas,
+	}
+	if at, rs, ok := strings.Cut(d.Annotations[vocab.AnnotationFailingSince], " "); ok {
+		r.FailingSince, r.FailingReplicaSet = at, rs
+	}
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	var progressing *appsv1.DeploymentCondition
+	for i := range d.Status.Conditions {
+		if d.Status.Conditions[i].Type == appsv1.DeploymentProgressing {
+			progressing = &d.Status.Conditions[i]
+		}
+	}
+	if progressing != nil {
+		r.Message = progressing.Message
+	}
+	switch {
+	case d.Spec.Paused:
+		r.State = "paused"
+	case d.Status.ObservedGeneration < d.Generation:
+		r.State = "progressing"
+		r.Message = "the Deployment controller has not yet seen the newest spec"
+	case progressing != nil && progressing.Reason == vocab.ProgressDeadlineExceeded:
+		r.State = "deadline-exceeded"
+	case want == 0 && d.Status.Replicas == 0:
+		r.State = "scaled-to-zero"
+	case d.Status.UpdatedReplicas == want && d.Status.Replicas == want && d.Status.AvailableReplicas == want:
+		r.State = "complete"
+	default:
+		r.State = "progressing"
+	}
+	return r
+}
+
+// cleanupOf is the cleanup asked for, and its progress when the Deployment is
+// being deleted; nil when the Deployment asks for none and is not being deleted.
+func cleanupOf(d *appsv1.Deployment) *cleanupStatus {
+	pending := []string{}
+	var others []string
+	for _, f := range d.Finalizers {
+		switch {
+		case f == vocab.FinalizerRecord:
+			pending = append(pending, vocab.StepRecord)
+		case f == vocab.FinalizerDrain:
+			pending = append(pending, vocab.StepDrain)
+		case vocab.IsGuardFinalizer(f):
+			pending = append(pending, f)
+		default:
+			others = append(others, f)
+		}
+	}
+	if d.DeletionTimestamp == nil && len(pending) == 0 {
+		return nil
+	}
+	c := &cleanupStatus{
+		Deleting:        d.DeletionTimestamp != nil,
+		PendingSteps:    pending,
+		SkipCleanup:     d.Annotations[vocab.AnnotationSkipCleanup] == "true",
+		DrainStarted:    d.Annotations[vocab.AnnotationDrainStarted],
+		DrainReplicas:   d.Annotations[vocab.AnnotationDrainReplicas],
+		OtherFinalizers: others,
+		Pods:            d.Status.Replicas,
+	}
+	if d.DeletionTimestamp != nil {
+		c.DeletionTime = d.DeletionTimestamp.UTC().Format(time.RFC3339)
+	}
+	return c
+}
+
+// printStatus writes the status for people.
+func printStatus(w io.Writer, st deploymentStatus) {
+	if st.Deleted {
+		fmt.Fprintf(w, "Deployment %s/%s does not exist.\n", st.Namespace, st.Name)
+		if st.Record {
+			fmt.Fprintf(w, "deployguard kept a record of it: deployguard restore %s/%s\n", st.Namespace, st.Name)
+		}
+		return
+	}
+	kg := st.KnownGoodRevision
+	if kg == "" {
+		kg = "none yet"
+	}
+	fmt.Fprintf(w, "Deployment %s/%s: revision %d, known-good revision %s", st.Namespace, st.Name, st.Revision, kg)
+	if !st.AutoRollback {
+		fmt.Fprintf(w, ", automatic rollback off")
+	}
+	fmt.Fprintln(w)
+	r := st.Rollout
+	fmt.Fprintf(w, "Rollout: %s: %d updated, %d ready, %d available of %d\n", r.State, r.Updated, r.Ready, r.Available, r.Replicas)
+	if r.Message != "" && r.State != "complete" {
+		fmt.Fprintf(w, "  %s\n", r.Message)
+	}
+	if r.FailingSince != "" {
+		fmt.Fprintf(w, "  fail-fast: new pods of ReplicaSet %s failing since %s\n", r.FailingReplicaSet, r.FailingSince)
+	}
+	if st.LastDecision != "" {
+		fmt.Fprintf(w, "Last decision: %s\n", st.LastDecision)
+	}
+
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REVISION\tREPLICASET\tPODS\tSTATUS\tIMAGES\tCHANGE-CAUSE")
+	for _, rv := range st.Revisions {
+		fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", rv.Revision, rv.ReplicaSet, rv.Ready, rv.Replicas, revisionMarks(rv), strings.Join(rv.Images, ","), orNone(rv.ChangeCause))
+	}
+	_ = tw.Flush()
+
+	var failed []revisionStatus
+	for _, rv := range st.Revisions {
+		if rv.Failure != nil {
+			failed = append(failed, rv)
+		}
+	}
+	if len(failed) > 0 {
+		fmt.Fprintln(w, "\nFailed revisions:")
+		for _, rv := range failed {
+			fmt.Fprintf(w, "  %d (%s), %s: %s\n", rv.Revision, rv.ReplicaSet, rv.Failure.By, rv.Failure.Message)
+		}
+	}
+	if len(st.Quarantined) > 0 {
+		fmt.Fprintln(w, "\nQuarantined templates (the webhook refuses them until overridden):")
+		for _, q := range st.Quarantined {
+			from := ""
+			if len(q.ReplicaSets) > 0 {
+				from = " (ReplicaSet " + strings.Join(q.ReplicaSets, ", ") + ")"
+			}
+			fmt.Fprintf(w, "  %s%s: to bring it back deliberately, apply it with the annotation %s\n", q.Hash, from, q.Override)
+		}
+	}
+	if c := st.Cleanup; c != nil {
+		fmt.Fprintln(w)
+		if !c.Deleting {
+			fmt.Fprintf(w, "Cleanup on deletion: %s\n", strings.Join(c.PendingSteps, ", "))
+		} else {
+			fmt.Fprintf(w, "Being deleted since %s; %d pods left\n", c.DeletionTime, c.Pods)
+			switch {
+			case len(c.PendingSteps) > 0:
+				fmt.Fprintf(w, "  cleanup steps left: %s (next: %s)\n", strings.Join(c.PendingSteps, ", "), c.PendingSteps[0])
+			default:
+				fmt.Fprintln(w, "  the guard's cleanup is done")
+			}
+			if c.DrainStarted != "" {
+				fmt.Fprintf(w, "  drain started %s (replicas before: %s)\n", c.DrainStarted, c.DrainReplicas)
+			}
+			if c.SkipCleanup {
+				fmt.Fprintf(w, "  %s=true: the steps are skipped\n", vocab.AnnotationSkipCleanup)
+			}
+			if len(c.OtherFinalizers) > 0 {
+				fmt.Fprintf(w, "  also waiting for other finalizers: %s\n", strings.Join(c.OtherFinalizers, ", "))
+			}
+		}
+	}
+	if len(st.Events) > 0 {
+		fmt.Fprintln(w, "\nEvents (deployguard):")
+		for _, e := range st.Events {
+			fmt.Fprintf(w, "  %s  %-7s  %s: %s\n", e.Time, e.Type, e.Reason, e.Message)
+		}
+	}
+}
+
+func revisionMarks(rv revisionStatus) string {
+	var m []string
+	if rv.Current {
+		m = append(m, "current")
+	}
+	if rv.KnownGood {
+		m = append(m, "known-good")
+	}
+	if rv.Failure != nil {
+		m = append(m, "failed ("+rv.Failure.By+")")
+	}
+	if rv.Quarantined {
+		m = append(m, "quarantined")
+	}
+	if len(m) == 0 {
+		return "-"
+	}
+	return strings.Join(m, ",")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+// status is `deployguard status NAMESPACE/NAME` (and `kubectl deployguard
+// status`).
+func status(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("deployguard status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: deployguard status [flags] NAMESPACE/NAME
+
+Shows what deployguard knows about a Deployment: its revisions (which are
+known-good, which failed and why, which templates are quarantined and the
+annotation that overrides the quarantine), the rollout in progress, and the
+cleanup of a Deployment being deleted.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
+	output := fs.String("o", "text", "output format: text or json")
+	positional, err := parseInterspersed(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	ns, name, ok := splitNamespacedName(positional)
+	if !ok || (*output != "text" && *output != "json") {
+		fmt.Fprintln(stderr, "deployguard status: give exactly one NAMESPACE/NAME, and -o text or -o json")
+		fs.Usage()
+		return 2
+	}
+	c, err := newClient(*kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := fetchStatus(ctx, c, ns, name)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
+		return 1
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(st)
+		return 0
+	}
+	printStatus(stdout, st)
+	return 0
+}
+
+// fetchStatus reads the Deployment, its ReplicaSets and the events of its
+// namespace, and builds the status.
+func fetchStatus(ctx context.Context, c client.Client, ns, name string) (deploymentStatus, error) {
+	d := &appsv1.Deployment{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return deploymentStatus{}, fmt.Errorf("reading Deployment %s/%s: %w", ns, name, err)
+		}
+		st := deploymentStatus{Namespace: ns, Name: name, Deleted: true}
+		cm := &corev1.ConfigMap{}
+		switch err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: reconciler.RecordName(name)}, cm); {
+		case err == nil:
+			st.Record = cm.Labels[vocab.LabelRecord] == "true"
+		case !apierrors.IsNotFound(err):
+			return deploymentStatus{}, fmt.Errorf("reading the record of Deployment %s/%s: %w", ns, name, err)
+		}
+		return st, nil
+	}
+	in := statusInput{Deployment: d}
+	var rss appsv1.ReplicaSetList
+	if err := c.List(ctx, &rss, client.InNamespace(ns)); err != nil {
+		return deploymentStatus{}, fmt.Errorf("listing the ReplicaSets of %s/%s: %w", ns, name, err)
+	}
+	in.ReplicaSets = rss.Items
+	var events eventsv1.EventList
+	// The events API selects on regarding only through the core/v1 field
+	// names; listing the namespace and filtering is as cheap for one object.
+	if err := c.List(ctx, &events, client.InNamespace(ns)); err != nil {
+		return deploymentStatus{}, fmt.Errorf("listing the events of %s/%s: %w", ns, name, err)
+	}
+	in.Events = events.Items
+	return buildStatus(in), nil
+}

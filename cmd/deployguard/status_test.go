@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+var statusNow = time.Date(2026, 11, 23, 7, 0, 0, 0, time.UTC)
+
+func statusDeployment(image string, annotations map[string]string) *appsv1.Deployment {
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: types.UID("d-uid"), Generation: 4, Annotations: annotations},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(int32(2)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: image}}},
+			},
+		},
+		Status: appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 2, UpdatedReplicas: 2, ReadyReplicas: 2, AvailableReplicas: 2},
+	}
+	return d
+}
+
+// statusReplicaSet is a ReplicaSet of d with image, at revision; knownGood
+// marks it as the reconciler does.
+func statusReplicaSet(d *appsv1.Deployment, name, hash, image string, revision string, knownGood bool, replicas int32) appsv1.ReplicaSet {
+	t := *d.Spec.Template.DeepCopy()
+	t.Spec.Containers[0].Image = image
+	t.Labels = map[string]string{"app": "web", appsv1.DefaultDeploymentUniqueLabelKey: hash}
+	rs := appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: d.Namespace, Name: name,
+			Labels:      map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: hash},
+			Annotations: map[string]string{vocab.RevisionAnnotation: revision},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID,
+				Controller: ptr.To(true)}},
+		},
+		Spec:   appsv1.ReplicaSetSpec{Template: t},
+		Status: appsv1.ReplicaSetStatus{Replicas: replicas, ReadyReplicas: replicas},
+	}
+	if knownGood {
+		rs.Annotations[vocab.AnnotationKnownGood] = statusNow.Add(-time.Hour).Format(time.RFC3339)
+		rs.Annotations[vocab.AnnotationKnownGoodHash] = hash
+	}
+	return rs
+}
+
+func statusEvent(d *appsv1.Deployment, at time.Time, typ, reason, note string) eventsv1.Event {
+	return eventsv1.Event{
+		EventTime:           metav1.NewMicroTime(at),
+		Regarding:           corev1.ObjectReference{Kind: "Deployment", Namespace: d.Namespace, Name: d.Name, UID: d.UID},
+		ReportingController: "deployguard.io/reconciler",
+		Type:                typ, Reason: reason, Note: note,
+	}
+}
+
+func TestBuildStatus(t *testing.T) {
+	failedTemplate := func(d *appsv1.Deployment) string {
+		c := d.Spec.Template.DeepCopy()
+		c.Spec.Containers[0].Image = "web:2"
+		return vocab.TemplateHash(c)
+	}
+
+	tests := []struct {
+		name  string
+		input func() statusInput
+		check func(t *testing.T, st deploymentStatus, text string)
+	}{
+		{
+			name: "after a fail-fast rollback: known-good, failed and quarantined revisions, the override",
+			input: func() statusInput {
+				d := statusDeployment("web:1", nil)
+				h := failedTemplate(d)
+				d.Annotations = map[string]string{
+					vocab.RevisionAnnotation:             "3",
+					vocab.AnnotationKnownGoodRevision:    "3",
+					vocab.AnnotationRolledBackRevision:   "2",
+					vocab.AnnotationFailFastRevision:     "2",
+					vocab.AnnotationQuarantinedTemplates: h,
+					vocab.AnnotationRollbackStatus:       "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 30s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a).",
+				}
+				other := statusDeployment("x:1", nil)
+				other.Name, other.UID = "other", "other-uid"
+				return statusInput{
+					Deployment: d,
+					ReplicaSets: []appsv1.ReplicaSet{
+						statusReplicaSet(d, "web-b", "b", "web:2", "2", false, 0),
+						statusReplicaSet(d, "web-a", "a", "web:1", "3", true, 2),
+						statusReplicaSet(other, "other-x", "x", "x:1", "1", true, 1),
+					},
+					Events: []eventsv1.Event{
+						statusEvent(d, statusNow.Add(-2*time.Minute), corev1.EventTypeNormal, vocab.ReasonKnownGood, "Revision 1 (ReplicaSet web-a) completed its rollout; recorded as known-good"),
+						statusEvent(d, statusNow.Add(-time.Minute), corev1.EventTypeNormal, vocab.ReasonAutoRollback, d.Annotations[vocab.AnnotationRollbackStatus]),
+						statusEvent(other, statusNow, corev1.EventTypeWarning, vocab.ReasonRolloutFailing, "Revision 1 (ReplicaSet other-x) is failing"),
+					},
+				}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				require.Len(t, st.Revisions, 2, "only this Deployment's ReplicaSets, by owner")
+				assert.Equal(t, int64(3), st.Revision)
+				assert.Equal(t, "3", st.KnownGoodRevision)
+				b, a := st.Revisions[0], st.Revisions[1]
+				assert.Equal(t, "web-b", b.ReplicaSet)
+				require.NotNil(t, b.Failure)
+				assert.Equal(t, "fail-fast", b.Failure.By)
+				assert.Equal(t, vocab.ReasonAutoRollback, b.Failure.Reason)
+				assert.True(t, b.Quarantined)
+				assert.False(t, b.Current)
+				assert.True(t, a.Current)
+				assert.True(t, a.KnownGood)
+				assert.Nil(t, a.Failure)
+				require.Len(t, st.Quarantined, 1)
+				assert.Equal(t, []string{"web-b"}, st.Quarantined[0].ReplicaSets)
+				assert.Equal(t, vocab.AnnotationAllowTemplate+"="+b.TemplateHash, st.Quarantined[0].Override)
+				assert.Equal(t, "complete", st.Rollout.State)
+				assert.Nil(t, st.Cleanup)
+				assert.Len(t, st.Events, 2, "the other Deployment's event is not shown")
+
+				assert.Regexp(t, `2\s+web-b\s+0/0\s+failed \(fail-fast\),quarantined\s+web:2`, text)
+				assert.Regexp(t, `3\s+web-a\s+2/2\s+current,known-good\s+web:1`, text)
+				assert.Contains(t, text, "apply it with the annotation "+vocab.AnnotationAllowTemplate+"="+b.TemplateHash)
+				assert.Contains(t, text, "2 (web-b), fail-fast: Rolled back from revision 2")
+			},
+		},
+		{
+			name: "a deadline's decision, known from the annotation alone once events expired",
+			input: func() statusInput {
+				d := statusDeployment("web:1", map[string]string{
+					vocab.RevisionAnnotation:       "2",
+					vocab.AnnotationRollbackStatus: "Revision 2 (ReplicaSet web-b) exceeded its progress deadline; no known-good revision to roll back to, so it is left as it is.",
+				})
+				d.Spec.Template.Spec.Containers[0].Image = "web:2"
+				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2,
+					Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded, Message: `ReplicaSet "web-b" has timed out progressing.`}}}
+				return statusInput{Deployment: d, ReplicaSets: []appsv1.ReplicaSet{
+					statusReplicaSet(d, "web-a", "a", "web:1", "1", false, 2),
+					statusReplicaSet(d, "web-b", "b", "web:2", "2", false, 1),
+				}}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				require.NotNil(t, st.Revisions[1].Failure)
+				assert.Equal(t, "progress-deadline", st.Revisions[1].Failure.By)
+				assert.True(t, st.Revisions[1].Current)
+				assert.Equal(t, "deadline-exceeded", st.Rollout.State)
+				assert.Contains(t, text, "known-good revision none yet")
+				assert.Contains(t, text, `ReplicaSet "web-b" has timed out progressing.`)
+				assert.Empty(t, st.Quarantined)
+			},
+		},
+		{
+			name: "a rollout in progress with fail-fast's window open",
+			input: func() statusInput {
+				d := statusDeployment("web:2", map[string]string{vocab.RevisionAnnotation: "2", vocab.AnnotationFailingSince: "2026-11-23T06:59:00Z web-b"})
+				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2}
+				return statusInput{Deployment: d}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				assert.Equal(t, "progressing", st.Rollout.State)
+				assert.Equal(t, "web-b", st.Rollout.FailingReplicaSet)
+				assert.Contains(t, text, "Rollout: progressing: 1 updated, 2 ready, 2 available of 3")
+				assert.Contains(t, text, "fail-fast: new pods of ReplicaSet web-b failing since 2026-11-23T06:59:00Z")
+			},
+		},
+		{
+			name: "a spec the controller has not seen yet is progressing, not complete",
+			input: func() statusInput {
+				d := statusDeployment("web:2", nil)
+				d.Generation = 5
+				return statusInput{Deployment: d}
+			},
+			check: func(t *testing.T, st deploymentStatus, _ string) { assert.Equal(t, "progressing", st.Rollout.State) },
+		},
+		{
+			name: "paused, automatic rollback off",
+			input: func() statusInput {
+				d := statusDeployment("web:2", map[string]string{vocab.AnnotationAutoRollback: "false"})
+				d.Spec.Paused = true
+				return statusInput{Deployment: d}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				assert.Equal(t, "paused", st.Rollout.State)
+				assert.False(t, st.AutoRollback)
+				assert.Contains(t, text, "automatic rollback off")
+			},
+		},
+		{
+			name: "being deleted: the steps left, the drain, other controllers' finalizers",
+			input: func() statusInput {
+				d := statusDeployment("web:1", map[string]string{vocab.AnnotationDrainStarted: "2026-11-23T06:58:00Z", vocab.AnnotationDrainReplicas: "2"})
+				d.DeletionTimestamp = ptr.To(metav1.NewTime(statusNow.Add(-2 * time.Minute)))
+				d.Finalizers = []string{vocab.FinalizerDrain, "example.com/keep"}
+				d.Status.Replicas = 1
+				return statusInput{Deployment: d, Events: []eventsv1.Event{
+					statusEvent(d, statusNow.Add(-90*time.Second), corev1.EventTypeNormal, vocab.ReasonRecorded, "Saved a restorable record"),
+					statusEvent(d, statusNow.Add(-80*time.Second), corev1.EventTypeNormal, vocab.ReasonDrainStarted, "Scaling to zero"),
+				}}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				require.NotNil(t, st.Cleanup)
+				assert.True(t, st.Cleanup.Deleting)
+				assert.Equal(t, []string{vocab.StepDrain}, st.Cleanup.PendingSteps)
+				assert.Equal(t, []string{"example.com/keep"}, st.Cleanup.OtherFinalizers)
+				assert.Contains(t, text, "Being deleted since 2026-11-23T06:58:00Z; 1 pods left")
+				assert.Contains(t, text, "cleanup steps left: drain (next: drain)")
+				assert.Contains(t, text, "drain started 2026-11-23T06:58:00Z (replicas before: 2)")
+				assert.Contains(t, text, "also waiting for other finalizers: example.com/keep")
+				assert.Regexp(t, `Recorded: Saved a restorable record\n.*DrainStarted: Scaling to zero`, text, "events oldest first")
+			},
+		},
+		{
+			name: "cleanup asked for, not deleting",
+			input: func() statusInput {
+				d := statusDeployment("web:1", nil)
+				d.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain}
+				return statusInput{Deployment: d}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				require.NotNil(t, st.Cleanup)
+				assert.False(t, st.Cleanup.Deleting)
+				assert.Contains(t, text, "Cleanup on deletion: record, drain")
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := buildStatus(tt.input())
+			var text bytes.Buffer
+			printStatus(&text, st)
+			tt.check(t, st, text.String())
+			// The JSON form always has its lists, for scripts.
+			b, err := json.Marshal(st)
+			require.NoError(t, err)
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(b, &m))
+			for _, k := range []string{"revisions", "quarantined", "events", "rollout"} {
+				assert.NotNil(t, m[k], k)
+			}
+		})
+	}
+}
+
+func TestStatusDeletedWithRecord(t *testing.T) {
+	var text bytes.Buffer
+	printStatus(&text, deploymentStatus{Namespace: "shop", Name: "web", Deleted: true, Record: true})
+	assert.Contains(t, text.String(), "deployguard restore shop/web")
+}
+
+func TestStatusUsage(t *testing.T) {
+	for _, args := range [][]string{nil, {"shop"}, {"shop/web", "-o", "yaml"}, {"a/b", "c/d"}} {
+		var stdout, stderr bytes.Buffer
+		assert.Equal(t, 2, run(append([]string{"status"}, args...), nil, &stdout, &stderr), "%v", args)
+		assert.Contains(t, stderr.String(), "NAMESPACE/NAME")
+	}
+}
+
+func TestKubectlPluginName(t *testing.T) {
+	assert.True(t, kubectlPlugin("/usr/local/bin/kubectl-deployguard"))
+	assert.True(t, kubectlPlugin("kubectl-deployguard.exe"))
+	assert.False(t, kubectlPlugin("/usr/local/bin/deployguard"))
+}
