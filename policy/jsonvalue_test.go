@@ -20,7 +20,10 @@ func viaEncodingJSON(b []byte) (ast.Value, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, err
 	}
-	if len(bytes.TrimSpace(b[dec.InputOffset():])) > 0 {
+	// JSON's whitespace only: bytes.TrimSpace would also take \f, \v and
+	// Unicode spaces, which encoding/json's Unmarshal refuses (found by
+	// FuzzJSONValue: "0\f").
+	if len(bytes.TrimLeft(b[dec.InputOffset():], " \t\r\n")) > 0 {
 		return nil, errTrailing
 	}
 	return ast.InterfaceToValue(doc)
