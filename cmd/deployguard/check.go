@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,16 +10,20 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/kustomize/api/konfig"
 	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/cmd/deployguard/report"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -33,6 +36,7 @@ const (
 
 type checkFlags struct {
 	files      multiFlag
+	kustomize  multiFlag
 	output     string
 	strict     bool
 	configFile string
@@ -59,6 +63,11 @@ type checkResult struct {
 	Warnings  []string       `json:"warnings,omitempty"`
 	Defaulted []string       `json:"defaulted,omitempty"`
 	Note      string         `json:"note,omitempty"`
+	// Line is where the object starts in File (0: unknown).
+	Line int `json:"line,omitempty"`
+	// Findings are the problems and warnings again, each with the rule that
+	// raised it and the line of its field: what -o sarif and -o junit show.
+	Findings []checkFinding `json:"findings,omitempty"`
 }
 
 type checkProblem struct {
@@ -66,12 +75,53 @@ type checkProblem struct {
 	Message string `json:"message"`
 }
 
+// checkFinding is one problem (level "error") or warning (level "warning").
+type checkFinding struct {
+	Level   string `json:"level"`
+	Rule    string `json:"rule"`
+	Field   string `json:"field,omitempty"`
+	Line    int    `json:"line,omitempty"`
+	Message string `json:"message"`
+}
+
+// findingsOf gives every problem and warning of a verdict its rule and line.
+func findingsOf(doc document, problems []checkProblem, warnings []string) []checkFinding {
+	var out []checkFinding
+	for _, p := range problems {
+		policy := ""
+		if m := policyRE.FindStringSubmatch(p.Message); m != nil {
+			policy = m[1]
+		}
+		out = append(out, checkFinding{Level: "error", Rule: ruleID(policy, p.Field), Field: p.Field, Line: fieldLine(doc, p.Field), Message: p.Message})
+	}
+	for _, w := range warnings {
+		policy, path := splitWarning(w)
+		out = append(out, checkFinding{Level: "warning", Rule: ruleID(policy, path), Field: path, Line: fieldLine(doc, path), Message: w})
+	}
+	return out
+}
+
+var indexRE = regexp.MustCompile(`\[[^\]]*\]`)
+
+// ruleID names what raised a finding: a policy ("policy/images"), or the Go
+// check of a field ("check/spec.strategy.rollingUpdate.maxUnavailable").
+func ruleID(policy, path string) string {
+	switch {
+	case policy != "":
+		return "policy/" + policy
+	case path == "" || path == "<document>":
+		return "check/object"
+	}
+	return "check/" + indexRE.ReplaceAllString(path, "")
+}
+
 func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	f := checkFlags{}
 	fs := flag.NewFlagSet("deployguard check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Var(&f.files, "f", "a manifest file, a directory of manifests, or - for stdin (YAML or JSON, multi-document); repeatable")
-	fs.StringVar(&f.output, "o", "text", "output format: text or json")
+	fs.Var(&f.kustomize, "k", "a kustomization directory: built in-process (as kustomize build) and what it renders checked; repeatable")
+	fs.StringVar(&f.output, "o", "text", "output format: text, json, sarif (SARIF 2.1.0, for code scanning) or junit (JUnit XML)")
 	fs.BoolVar(&f.strict, "strict", false, "fail on warnings too")
 	fs.StringVar(&f.configFile, "config", "", "the guard's config file, as given to serve")
 	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies to apply besides the built-in library")
@@ -84,8 +134,8 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	}
-	if len(f.files) == 0 || fs.NArg() > 0 || (f.output != "text" && f.output != "json") {
-		fmt.Fprintln(stderr, "usage: deployguard check -f PATH [-f PATH…] [-o text|json] [--strict] [--config FILE] [--policy-dir DIR]")
+	if len(f.files)+len(f.kustomize) == 0 || fs.NArg() > 0 || !slices.Contains([]string{"text", "json", "sarif", "junit"}, f.output) {
+		fmt.Fprintln(stderr, "usage: deployguard check (-f PATH | -k DIR)… [-o text|json|sarif|junit] [--strict] [--config FILE] [--policy-dir DIR]")
 		return exitUsage
 	}
 	cfg, err := config.Load(f.configFile)
@@ -112,12 +162,37 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			results = append(results, pipe.check(context.Background(), d, f.namespace, user)...)
 		}
 	}
+	for _, dir := range f.kustomize {
+		docs, err := buildKustomization(dir)
+		if err != nil {
+			fmt.Fprintf(stderr, "deployguard check: %v\n", err)
+			return exitUsage
+		}
+		for _, d := range docs {
+			results = append(results, pipe.check(context.Background(), d, f.namespace, user)...)
+		}
+	}
 
 	code := exitAdmitted
 	for _, r := range results {
 		if r.Verdict == "denied" || (f.strict && r.Verdict == "admitted" && len(r.Warnings) > 0) {
 			code = exitDenied
 		}
+	}
+	tool := report.Tool{Name: "deployguard", Version: version, InformationURI: "https://github.com/deployguard/deployguard"}
+	switch f.output {
+	case "sarif":
+		if err := report.WriteSARIF(stdout, tool, reportResults(results)); err != nil {
+			fmt.Fprintf(stderr, "deployguard check: %v\n", err)
+			return exitUsage
+		}
+		return code
+	case "junit":
+		if err := report.WriteJUnit(stdout, tool, reportResults(results), f.strict); err != nil {
+			fmt.Fprintf(stderr, "deployguard check: %v\n", err)
+			return exitUsage
+		}
+		return code
 	}
 	if f.output == "json" {
 		enc := json.NewEncoder(stdout)
@@ -133,6 +208,18 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return code
 }
 
+func reportResults(results []checkResult) []report.Result {
+	out := make([]report.Result, 0, len(results))
+	for _, r := range results {
+		rr := report.Result{File: r.File, Document: r.Document, Line: r.Line, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Verdict: r.Verdict, Note: r.Note}
+		for _, f := range r.Findings {
+			rr.Findings = append(rr.Findings, report.Finding{Level: f.Level, Rule: f.Rule, Field: f.Field, Line: f.Line, Message: f.Message})
+		}
+		out = append(out, rr)
+	}
+	return out
+}
+
 func printText(w io.Writer, results []checkResult) {
 	counts := map[string]int{}
 	for _, r := range results {
@@ -145,11 +232,16 @@ func printText(w io.Writer, results []checkResult) {
 			obj += " " + r.Name
 		}
 		fmt.Fprintf(w, "%s#%d %s: %s\n", r.File, r.Document, obj, strings.ToUpper(r.Verdict))
-		for _, p := range r.Problems {
-			fmt.Fprintf(w, "  error   %s: %s\n", p.Field, p.Message)
-		}
-		for _, x := range r.Warnings {
-			fmt.Fprintf(w, "  warning %s\n", x)
+		for _, f := range r.Findings {
+			at := ""
+			if f.Line > 0 {
+				at = fmt.Sprintf(" (line %d)", f.Line)
+			}
+			if f.Level == "error" {
+				fmt.Fprintf(w, "  error   %s: %s%s\n", f.Field, f.Message, at)
+			} else {
+				fmt.Fprintf(w, "  warning %s%s\n", f.Message, at)
+			}
 		}
 		if len(r.Defaulted) > 0 {
 			fmt.Fprintf(w, "  note    the guard would default: %s\n", strings.Join(r.Defaulted, ", "))
@@ -166,10 +258,25 @@ type document struct {
 	file  string
 	index int // 1-based, in its file
 	json  []byte
+	// raw is the document's own text and line the line of the file it starts
+	// on, so that a finding's field path can be resolved to a line.
+	raw  []byte
+	line int
+	// path is where the object sits in the document: "" for the document
+	// itself, "items[2]" for an item of a List.
+	path string
+	// patchOf names the kustomization that lists this file as a patch; its
+	// documents are fragments, not objects.
+	patchOf string
 }
 
+// maxManifestBytes bounds one input file: a manifest larger than this is not
+// a manifest, and reading it whole must not exhaust CI's memory.
+const maxManifestBytes = 64 << 20
+
 // readDocuments reads a file, every manifest of a directory (recursively), or
-// stdin for "-".
+// stdin for "-". Files that a kustomization of the tree (or, for a single
+// file, of its directory) lists as patches are marked as such.
 func readDocuments(path string, stdin io.Reader) ([]document, error) {
 	if path == "-" {
 		return splitDocuments("<stdin>", stdin)
@@ -179,33 +286,38 @@ func readDocuments(path string, stdin io.Reader) ([]document, error) {
 		return nil, err
 	}
 	if !info.IsDir() {
-		fh, err := os.Open(path)
+		patches, err := kustomizationPatches([]string{filepath.Dir(path)})
 		if err != nil {
 			return nil, err
 		}
-		defer fh.Close()
-		return splitDocuments(path, fh)
+		return readFile(path, patches)
 	}
-	var files []string
+	var files, dirs []string
 	err = filepath.WalkDir(path, func(p string, e os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
+		if e.IsDir() {
+			dirs = append(dirs, p)
+			return nil
+		}
 		switch strings.ToLower(filepath.Ext(p)) {
 		case ".yaml", ".yml", ".json":
-			if !e.IsDir() {
-				files = append(files, p)
-			}
+			files = append(files, p)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	patches, err := kustomizationPatches(dirs)
+	if err != nil {
+		return nil, err
+	}
 	sort.Strings(files)
 	var out []document
 	for _, p := range files {
-		docs, err := readDocuments(p, nil)
+		docs, err := readFile(p, patches)
 		if err != nil {
 			return nil, err
 		}
@@ -214,27 +326,93 @@ func readDocuments(path string, stdin io.Reader) ([]document, error) {
 	return out, nil
 }
 
+func readFile(path string, patches map[string]string) ([]document, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	docs, err := splitDocuments(path, fh)
+	if err != nil {
+		return nil, err
+	}
+	if k, ok := patches[cleanPath(path)]; ok {
+		for i := range docs {
+			docs[i].patchOf = k
+		}
+	}
+	return docs, nil
+}
+
+func cleanPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return filepath.Clean(p)
+}
+
+// splitDocuments splits a YAML or JSON stream into its documents, as
+// kubectl's reader (k8s.io/apimachinery's YAMLReader) does: a line that starts
+// with "---" followed by nothing but blanks or a comment separates documents.
+// Each document keeps its text and the line it starts on.
 func splitDocuments(name string, r io.Reader) ([]document, error) {
-	rd := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	all, err := io.ReadAll(io.LimitReader(r, maxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(all) > maxManifestBytes {
+		return nil, fmt.Errorf("%s: larger than %d MiB; not a manifest", name, maxManifestBytes>>20)
+	}
 	var out []document
-	for i := 1; ; i++ {
-		b, err := rd.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
+	index := 0
+	flush := func(raw []byte, line int) error {
+		if len(bytes.TrimSpace(stripComments(raw))) == 0 {
+			return nil
 		}
+		index++
+		j, err := yaml.YAMLToJSON(raw)
 		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", name, i, err)
+			return fmt.Errorf("%s: document %d (line %d): %w", name, index, line, err)
 		}
-		if len(bytes.TrimSpace(stripComments(b))) == 0 {
-			i--
+		out = append(out, document{file: name, index: index, json: j, raw: raw, line: line})
+		return nil
+	}
+	var cur []byte
+	start, lineNo := 1, 0
+	for rest := all; len(rest) > 0; {
+		lineNo++
+		l := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			l, rest = rest[:i+1], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if isSeparator(l) {
+			if err := flush(cur, start); err != nil {
+				return nil, err
+			}
+			cur, start = nil, lineNo+1
 			continue
 		}
-		j, err := yaml.YAMLToJSON(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s: document %d: %w", name, i, err)
+		if len(cur) == 0 {
+			start = lineNo
 		}
-		out = append(out, document{file: name, index: i, json: j})
+		cur = append(cur, l...)
 	}
+	if err := flush(cur, start); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// isSeparator is YAMLReader's rule: "---" at the start of a line, then only
+// blanks or a comment.
+func isSeparator(line []byte) bool {
+	if !bytes.HasPrefix(line, []byte("---")) {
+		return false
+	}
+	rest := bytes.TrimSpace(line[3:])
+	return len(rest) == 0 || rest[0] == '#'
 }
 
 func stripComments(b []byte) []byte {
@@ -269,19 +447,41 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 			Namespace string `json:"namespace"`
 		} `json:"metadata"`
 	}
-	res := checkResult{File: doc.file, Document: doc.index}
+	res := checkResult{File: doc.file, Document: doc.index, Line: fieldLine(doc, "")}
 	if err := json.Unmarshal(doc.json, &head); err != nil || head.Kind == "" {
 		res.Kind, res.Verdict = "unknown", "skipped"
 		res.Note = "not a Kubernetes object (no kind); passed over"
+		switch {
+		case doc.patchOf != "":
+			res.Note = "a patch that " + doc.patchOf + " lists; passed over (check -k checks what the kustomization renders)"
+		case slices.Contains(konfig.RecognizedKustomizationFileNames(), filepath.Base(doc.file)):
+			res.Kind, res.Note = "Kustomization", "a kustomization; passed over (check -k "+filepath.Dir(doc.file)+" checks what it renders)"
+		}
 		return []checkResult{res}
 	}
 	res.Kind, res.Name, res.Namespace = head.Kind, head.Metadata.Name, head.Metadata.Namespace
 	if strings.HasSuffix(head.Kind, "List") && head.APIVersion == "v1" {
 		var out []checkResult
-		for _, item := range head.Items {
-			out = append(out, p.check(ctx, document{file: doc.file, index: doc.index, json: item}, defaultNS, user)...)
+		for i, item := range head.Items {
+			sub := doc
+			sub.json = item
+			sub.path = strings.TrimPrefix(doc.path+".items["+strconv.Itoa(i)+"]", ".")
+			out = append(out, p.check(ctx, sub, defaultNS, user)...)
 		}
 		return out
+	}
+	// A strategic-merge patch is a fragment kustomize merges into a base: it
+	// lacks what an object needs and would be refused for it. Its rendered
+	// result is what check -k checks.
+	switch {
+	case hasPatchDirective(doc.json):
+		res.Verdict = "skipped"
+		res.Note = "a strategic-merge patch ($patch directive), not an object; passed over (check -k checks what a kustomization renders with it)"
+		return []checkResult{res}
+	case doc.patchOf != "":
+		res.Verdict = "skipped"
+		res.Note = "a patch that " + doc.patchOf + " lists, not an object; passed over (check -k checks what the kustomization renders)"
+		return []checkResult{res}
 	}
 	if head.APIVersion != "apps/v1" || head.Kind != "Deployment" {
 		res.Verdict = "skipped"
@@ -293,6 +493,7 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 	if err := dec.Decode(d); err != nil {
 		res.Verdict = "denied"
 		res.Problems = []checkProblem{{Field: "<document>", Message: "cannot be read as an apps/v1 Deployment: " + err.Error()}}
+		res.Findings = findingsOf(doc, res.Problems, nil)
 		return []checkResult{res}
 	}
 	if d.Namespace == "" {
@@ -301,6 +502,7 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 	res.Namespace = d.Namespace
 	v := p.admit(ctx, d, user)
 	res.Verdict, res.Problems, res.Warnings, res.Defaulted = v.verdict, v.problems, v.warnings, v.defaulted
+	res.Findings = findingsOf(doc, v.problems, v.warnings)
 	if v.verdict == "admitted" {
 		p.seen.Set(d)
 	}
