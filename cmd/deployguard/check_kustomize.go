@@ -17,10 +17,10 @@ import (
 
 // kustomizationFields are the parts of a kustomization that name patch files.
 type kustomizationFields struct {
-	Patches []struct {
-		Path string `json:"path"`
-	} `json:"patches"`
-	PatchesStrategicMerge []string `json:"patchesStrategicMerge"`
+	// A patch is {path: …} or {patch: …}, or, in older kustomizations, the
+	// path alone as a string.
+	Patches               []json.RawMessage `json:"patches"`
+	PatchesStrategicMerge []string          `json:"patchesStrategicMerge"`
 	PatchesJSON6902       []struct {
 		Path string `json:"path"`
 	} `json:"patchesJson6902"`
@@ -48,7 +48,13 @@ func kustomizationPatches(dirs []string) (map[string]string, error) {
 				continue
 			}
 			paths := kf.PatchesStrategicMerge
-			for _, p := range kf.Patches {
+			for _, raw := range kf.Patches {
+				var p struct {
+					Path string `json:"path"`
+				}
+				if json.Unmarshal(raw, &p.Path) != nil {
+					_ = json.Unmarshal(raw, &p)
+				}
 				paths = append(paths, p.Path)
 			}
 			for _, p := range kf.PatchesJSON6902 {
