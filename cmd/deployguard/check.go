@@ -276,7 +276,7 @@ const maxManifestBytes = 64 << 20
 
 // readDocuments reads a file, every manifest of a directory (recursively), or
 // stdin for "-". Files that a kustomization of the tree (or, for a single
-// file, of its directory) lists as patches are marked as such.
+// file, of a directory above it) lists as patches are marked as such.
 func readDocuments(path string, stdin io.Reader) ([]document, error) {
 	if path == "-" {
 		return splitDocuments("<stdin>", stdin)
@@ -286,7 +286,7 @@ func readDocuments(path string, stdin io.Reader) ([]document, error) {
 		return nil, err
 	}
 	if !info.IsDir() {
-		patches, err := kustomizationPatches([]string{filepath.Dir(path)})
+		patches, err := kustomizationPatches(ancestors(path))
 		if err != nil {
 			return nil, err
 		}
@@ -324,6 +324,19 @@ func readDocuments(path string, stdin io.Reader) ([]document, error) {
 		out = append(out, docs...)
 	}
 	return out, nil
+}
+
+// ancestors are the directories above a file, up to the root of its
+// repository (the first with .git) or of the file system: where a
+// kustomization that lists the file as a patch can be.
+func ancestors(path string) []string {
+	var out []string
+	for dir := filepath.Dir(cleanPath(path)); ; dir = filepath.Dir(dir) {
+		out = append(out, dir)
+		if _, err := os.Stat(filepath.Join(dir, ".git")); err == nil || filepath.Dir(dir) == dir {
+			return out
+		}
+	}
 }
 
 func readFile(path string, patches map[string]string) ([]document, error) {

@@ -127,8 +127,16 @@ func TestCheckSkipsPatchFragments(t *testing.T) {
 			assert.Regexp(t, "patch|kustomization", r.Note, r.File)
 		}
 	}
+	// patches given as bare paths, as argocd-example-apps' kustomized-helm does.
+	bare := t.TempDir()
+	writeFile(t, bare, "kustomization.yaml", "resources:\n- all.yaml\npatches:\n- overlays/web.yaml\n")
+	code, out, _ := runCheck(t, "-f", writeFile(t, bare, "overlays/web.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  template:\n    spec:\n      containers:\n      - {name: web, image: 'web:5'}\n"))
+	assert.Equal(t, 0, code, out)
+	assert.Contains(t, out, "SKIPPED")
+	assert.Contains(t, out, "a patch that "+filepath.Join(bare, "kustomization.yaml")+" lists")
+
 	// Without a kustomization listing it, a $patch document is still a patch.
-	code, out, _ := runCheck(t, "-f", writeFile(t, t.TempDir(), "p.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n$patch: replace\nspec: {}\n"))
+	code, out, _ = runCheck(t, "-f", writeFile(t, t.TempDir(), "p.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n$patch: replace\nspec: {}\n"))
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "strategic-merge patch ($patch directive)")
 	// A Deployment that no kustomization lists is checked, and refused.
