@@ -23,8 +23,9 @@ all: build
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-build: ## build bin/deployguard
+build: ## build bin/deployguard, and bin/kubectl-deployguard (the kubectl plugin: a symlink to it)
 	go build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/deployguard
+	ln -sf $(notdir $(BIN)) $(dir $(BIN))kubectl-deployguard
 
 tools: $(TOOLS_DIR)/.complete ## build the local control plane from the Go module proxy (cached)
 
@@ -81,4 +82,4 @@ kustomize: tools ## render config/default (checks the manifests build)
 	$(TOOLS_DIR)/kubectl kustomize config/default >/dev/null
 
 clean: ## remove built binaries (keeps the control plane cache)
-	rm -rf bin/deployguard bin/local
+	rm -rf bin/deployguard bin/kubectl-deployguard bin/local
