@@ -149,8 +149,8 @@ func TestCertManager(t *testing.T) {
 		t.Logf("cert-manager: %s", stats)
 		t.Logf("cert-manager: %d renewals through cert-manager (%d of the CA), %d Secret volume updates, %d serving certificate rotations observed at the guard (%d certificates, %d of them handshaked by kube-apiserver over %d new connections); CAs injected (cainjector merges a renewed CA into the bundle): %v",
 			len(did), count(did, caCertificate.Name), volume.updates.Load(), seen.servingRotations(), len(seen.leaves), exercised(seen, conns), len(conns.first), seen.injectedCAs())
-		assert.Zero(t, stats.failed.Load(), "failed requests: %v", stats.failures)
-		assert.GreaterOrEqual(t, stats.rate(), float64(minLoadRate), "admission requests per second")
+		assert.Zero(t, stats.Failed.Load(), "failed requests: %v", stats.Failures())
+		assert.GreaterOrEqual(t, stats.Rate(), float64(minLoadRate), "admission requests per second")
 		assert.Equal(t, 0, count(did, "error: "), "renewals: %v", did)
 		assert.Equal(t, 1, count(did, caCertificate.Name), "the CA was renewed once")
 		assert.GreaterOrEqual(t, seen.servingRotations(), minRotations)

@@ -15,157 +15,23 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/certs"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
-// refusedBecause is the guard's own message for a rollout that may take every
-// replica down: a refusal with any other message (such as "failed calling
-// webhook") is a failure.
-const refusedBecause = "may take every replica down at once"
+// The admission load and its Deployments are the harness's (the faults tier
+// runs the same load).
+const refusedBecause = harness.RefusedBecause
 
-// goodDeployment has no selector: only the guard's mutating webhook repairs
-// that (the API server would refuse it), so a defaulted selector proves the
-// API server called the guard.
-func goodDeployment(ns string, i int64) *appsv1.Deployment {
-	name := fmt.Sprintf("load-%d", i)
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(2)),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: "nginx:1.27.3",
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
-					}},
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-				}}},
-			},
-		},
-	}
-}
+func goodDeployment(ns string, i int64) *appsv1.Deployment { return harness.GoodDeployment(ns, i) }
 
-// badDeployment lets a rollout take all four replicas down: the guard's
-// validating webhook refuses it.
-func badDeployment(ns string, i int64) *appsv1.Deployment {
-	d := goodDeployment(ns, i)
-	d.Spec.Replicas = ptr(int32(4))
-	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: d.Spec.Template.Labels}
-	all := intstr.FromString("100%")
-	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
-		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}}
-	return d
-}
+func badDeployment(ns string, i int64) *appsv1.Deployment { return harness.BadDeployment(ns, i) }
 
-func ptr[T any](v T) *T { return &v }
-
-// loadStats counts what a load run sent and how it went.
-type loadStats struct {
-	sent, defaulted, refused, failed atomic.Int64
-	elapsed                          time.Duration
-
-	mu       sync.Mutex
-	failures []string // the first few, for the report
-}
-
-func (s *loadStats) fail(msg string) {
-	s.failed.Add(1)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.failures) < 10 {
-		s.failures = append(s.failures, time.Now().Format("15:04:05.000")+" "+msg)
-	}
-}
-
-func (s *loadStats) rate() float64 { return float64(s.sent.Load()) / s.elapsed.Seconds() }
-
-func (s *loadStats) String() string {
-	return fmt.Sprintf("%d requests in %s (%.1f/s): %d defaulted, %d refused by the guard, %d failed",
-		s.sent.Load(), s.elapsed.Round(time.Millisecond), s.rate(), s.defaulted.Load(), s.refused.Load(), s.failed.Load())
-}
-
-// runLoad sends rps admission requests per second through the API server until
-// ctx ends: server-side dry-run creates of Deployments, each calling both of
-// the guard's webhooks. Nine in ten are good and must come back defaulted, one
-// in ten must be refused with the guard's message; anything else fails.
-//
-// The requests come in bursts, a quarter of a second's worth at once, as when
-// a GitOps tool syncs many applications: the API server then needs more
-// connections to the guard than it keeps idle, so it keeps opening new ones,
-// each a TLS handshake with the certificate served at that moment.
-func runLoad(ctx context.Context, c client.Client, ns string, rps int) *loadStats {
-	s := &loadStats{}
-	const burstsPerSecond = 4
-	burst := rps / burstsPerSecond
-	jobs := make(chan int64, 4*rps)
-	var wg sync.WaitGroup
-	for range 2 * burst {
-		wg.Go(func() {
-			for i := range jobs {
-				s.send(c, ns, i)
-			}
-		})
-	}
-	start := time.Now()
-	tick := time.NewTicker(time.Second / burstsPerSecond)
-	defer tick.Stop()
-	var i int64
-	func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				for range burst {
-					select {
-					case jobs <- i:
-						i++
-					default: // the workers are behind: the achieved rate shows it
-					}
-				}
-			}
-		}
-	}()
-	close(jobs)
-	wg.Wait()
-	s.elapsed = time.Since(start)
-	return s
-}
-
-// send makes request i and records how it went.
-func (s *loadStats) send(c client.Client, ns string, i int64) {
-	s.sent.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if i%10 == 9 {
-		err := c.Create(ctx, badDeployment(ns, i), client.DryRunAll)
-		switch {
-		case err == nil:
-			s.fail("a Deployment that takes every replica down was admitted")
-		case !strings.Contains(err.Error(), refusedBecause):
-			s.fail(err.Error())
-		default:
-			s.refused.Add(1)
-		}
-		return
-	}
-	d := goodDeployment(ns, i)
-	err := c.Create(ctx, d, client.DryRunAll)
-	switch {
-	case err != nil:
-		s.fail(err.Error())
-	case d.Spec.Selector == nil:
-		s.fail("admitted without the guard's defaults: the mutating webhook was not called")
-	default:
-		s.defaulted.Add(1)
-	}
+func runLoad(ctx context.Context, c client.Client, ns string, rps int) *harness.LoadStats {
+	return harness.RunLoad(ctx, c, ns, rps)
 }
 
 // observed records, in order, every serving certificate the guard presented

@@ -93,8 +93,8 @@ func TestSelfManaged(t *testing.T) {
 		t.Logf("self-managed: %s", stats)
 		t.Logf("self-managed: %d serving certificate rotations observed at the guard (%d certificates, %d of them handshaked by kube-apiserver over %d new connections), signed by %d CAs in turn; CAs injected: %v",
 			seen.servingRotations(), len(seen.leaves), exercised(seen, conns), len(conns.first), len(seen.signingCAs()), seen.injectedCAs())
-		assert.Zero(t, stats.failed.Load(), "failed requests: %v", stats.failures)
-		assert.GreaterOrEqual(t, stats.rate(), float64(minLoadRate), "admission requests per second")
+		assert.Zero(t, stats.Failed.Load(), "failed requests: %v", stats.Failures())
+		assert.GreaterOrEqual(t, stats.Rate(), float64(minLoadRate), "admission requests per second")
 		assert.GreaterOrEqual(t, seen.servingRotations(), minSelfManagedRotations)
 		assert.GreaterOrEqual(t, exercised(seen, conns), minSelfManagedRotations+1, "the API server verified the rotated certificates itself")
 		assert.GreaterOrEqual(t, len(seen.signingCAs()), 2, "the CA rotated at least once under load")
