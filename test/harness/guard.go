@@ -32,7 +32,10 @@ type GuardOptions struct {
 	// WebhookPort is fixed across restarts of the same guard (the webhook
 	// configurations point at it); 0 picks a free one.
 	WebhookPort int
-	ExtraArgs   []string
+	// ProbePort is /healthz and /readyz's port; 0 picks a free one. A load
+	// balancer health-checking a fixed slot sets it.
+	ProbePort int
+	ExtraArgs []string
 	// Env is added to the guard's environment; DeployedRuntimeEnv is what
 	// config/manager gives the deployed guard.
 	Env []string
@@ -85,9 +88,13 @@ func StartGuard(opts GuardOptions) (*Guard, error) {
 		}
 		opts.WebhookPort = p
 	}
-	probe, err := FreePort()
-	if err != nil {
-		return nil, err
+	probe := opts.ProbePort
+	if probe == 0 {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		probe = p
 	}
 	metrics, err := FreePort()
 	if err != nil {
