@@ -111,7 +111,24 @@ func (s *LoadStats) String() string {
 // connections to the guard than it keeps idle, so it keeps opening new ones,
 // each a TLS handshake with the certificate served at that moment.
 func RunLoad(ctx context.Context, c client.Client, ns string, rps int) *LoadStats {
-	s := &LoadStats{}
+	s, wait := StartLoad(ctx, c, ns, rps)
+	wait()
+	return s
+}
+
+// StartLoad is RunLoad in the background: the counters move while it runs,
+// and wait returns once ctx has ended and every request has come back.
+func StartLoad(ctx context.Context, c client.Client, ns string, rps int) (s *LoadStats, wait func()) {
+	s = &LoadStats{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.run(ctx, c, ns, rps)
+	}()
+	return s, func() { <-done }
+}
+
+func (s *LoadStats) run(ctx context.Context, c client.Client, ns string, rps int) {
 	const burstsPerSecond = 4
 	burst := rps / burstsPerSecond
 	jobs := make(chan int64, 4*rps)
@@ -146,7 +163,6 @@ func RunLoad(ctx context.Context, c client.Client, ns string, rps int) *LoadStat
 	close(jobs)
 	wg.Wait()
 	s.Elapsed = time.Since(start)
-	return s
 }
 
 // send makes request i and records how it went.
