@@ -77,9 +77,12 @@ type checkProblem struct {
 
 // checkFinding is one problem (level "error") or warning (level "warning").
 type checkFinding struct {
-	Level   string `json:"level"`
-	Rule    string `json:"rule"`
-	Field   string `json:"field,omitempty"`
+	Level string `json:"level"`
+	Rule  string `json:"rule"`
+	Field string `json:"field,omitempty"`
+	// File is set when the field is written in another file than the
+	// object's: a kustomize patch.
+	File    string `json:"file,omitempty"`
 	Line    int    `json:"line,omitempty"`
 	Message string `json:"message"`
 }
@@ -92,13 +95,22 @@ func findingsOf(doc document, problems []checkProblem, warnings []string) []chec
 		if m := policyRE.FindStringSubmatch(p.Message); m != nil {
 			policy = m[1]
 		}
-		out = append(out, checkFinding{Level: "error", Rule: ruleID(policy, p.Field), Field: p.Field, Line: fieldLine(doc, p.Field), Message: p.Message})
+		out = append(out, locate(doc, checkFinding{Level: "error", Rule: ruleID(policy, p.Field), Field: p.Field, Message: p.Message}))
 	}
 	for _, w := range warnings {
 		policy, path := splitWarning(w)
-		out = append(out, checkFinding{Level: "warning", Rule: ruleID(policy, path), Field: path, Line: fieldLine(doc, path), Message: w})
+		out = append(out, locate(doc, checkFinding{Level: "warning", Rule: ruleID(policy, path), Field: path, Message: w}))
 	}
 	return out
+}
+
+func locate(doc document, f checkFinding) checkFinding {
+	file, line := findField(doc, f.Field)
+	f.Line = line
+	if file != doc.file {
+		f.File = file
+	}
+	return f
 }
 
 var indexRE = regexp.MustCompile(`\[[^\]]*\]`)
@@ -213,7 +225,7 @@ func reportResults(results []checkResult) []report.Result {
 	for _, r := range results {
 		rr := report.Result{File: r.File, Document: r.Document, Line: r.Line, Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Verdict: r.Verdict, Note: r.Note}
 		for _, f := range r.Findings {
-			rr.Findings = append(rr.Findings, report.Finding{Level: f.Level, Rule: f.Rule, Field: f.Field, Line: f.Line, Message: f.Message})
+			rr.Findings = append(rr.Findings, report.Finding{Level: f.Level, Rule: f.Rule, Field: f.Field, File: f.File, Line: f.Line, Message: f.Message})
 		}
 		out = append(out, rr)
 	}
@@ -234,7 +246,10 @@ func printText(w io.Writer, results []checkResult) {
 		fmt.Fprintf(w, "%s#%d %s: %s\n", r.File, r.Document, obj, strings.ToUpper(r.Verdict))
 		for _, f := range r.Findings {
 			at := ""
-			if f.Line > 0 {
+			switch {
+			case f.File != "":
+				at = fmt.Sprintf(" (%s:%d)", f.File, f.Line)
+			case f.Line > 0:
 				at = fmt.Sprintf(" (line %d)", f.Line)
 			}
 			if f.Level == "error" {
@@ -268,6 +283,9 @@ type document struct {
 	// patchOf names the kustomization that lists this file as a patch; its
 	// documents are fragments, not objects.
 	patchOf string
+	// patches are, for an object kustomize rendered, the patch documents that
+	// may have set its fields, in the order applied.
+	patches []document
 }
 
 // maxManifestBytes bounds one input file: a manifest larger than this is not

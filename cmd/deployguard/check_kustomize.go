@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/konfig"
@@ -78,10 +80,16 @@ func kustomizationPatches(dirs []string) (map[string]string, error) {
 type originFS struct {
 	filesys.FileSystem
 	root string // the root kustomization file, absolute
+	// kustomizations collects the directories of every kustomization the
+	// build reads, whose patches may have set a rendered object's fields.
+	kustomizations map[string]bool
 }
 
 func (f originFS) ReadFile(path string) ([]byte, error) {
 	b, err := f.FileSystem.ReadFile(path)
+	if err == nil && slices.Contains(konfig.RecognizedKustomizationFileNames(), filepath.Base(path)) {
+		f.kustomizations[filepath.Dir(cleanPath(path))] = true
+	}
 	if err != nil || cleanPath(path) != f.root {
 		return b, err
 	}
@@ -126,9 +134,14 @@ func buildKustomization(dir string) ([]document, error) {
 		return nil, fmt.Errorf("%s: no kustomization (kustomization.yaml, kustomization.yml or Kustomization)", dir)
 	}
 	opts := krusty.MakeDefaultOptions()
-	m, err := krusty.MakeKustomizer(opts).Run(originFS{FileSystem: fs, root: root}, rootDir)
+	ofs := originFS{FileSystem: fs, root: root, kustomizations: map[string]bool{}}
+	m, err := krusty.MakeKustomizer(opts).Run(ofs, rootDir)
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
+	}
+	patchDocs, err := patchDocuments(ofs.kustomizations, rootDir, dir)
+	if err != nil {
+		return nil, err
 	}
 	sources := map[string][]document{}
 	var out []document
@@ -160,9 +173,56 @@ func buildKustomization(dir string) ([]document, error) {
 				d.file, d.index, d.raw, d.line = s.file, s.index, s.raw, s.line
 			}
 		}
+		d.patches = matchingDocuments(patchDocs, r.GetKind(), r.GetName())
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// patchDocuments reads the patch files the kustomizations in dirs list, named
+// as the user named the root (dir for rootDir), in a stable order.
+func patchDocuments(dirs map[string]bool, rootDir, dir string) ([]document, error) {
+	var list []string
+	for d := range dirs {
+		list = append(list, d)
+	}
+	patches, err := kustomizationPatches(list)
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for f := range patches {
+		files = append(files, f)
+	}
+	sort.Strings(files)
+	var out []document
+	for _, f := range files {
+		name := f
+		if rel, err := filepath.Rel(rootDir, f); err == nil {
+			name = filepath.Join(dir, rel)
+		}
+		fh, err := os.Open(f)
+		if err != nil {
+			continue // the build read what it needed; a missing file names nothing
+		}
+		docs, err := splitDocuments(name, fh)
+		fh.Close()
+		if err == nil {
+			out = append(out, docs...)
+		}
+	}
+	return out, nil
+}
+
+// matchingDocuments are the documents about the rendered object kind/name.
+func matchingDocuments(docs []document, kind, name string) []document {
+	var out []document
+	for _, d := range docs {
+		if s, ok := sourceDocument([]document{d}, kind, name); ok {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // sourceDocument finds the document of a source file that a rendered object

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -77,14 +78,20 @@ func TestCheckKustomize(t *testing.T) {
 	// The findings point at the file the Deployment came from.
 	assert.Equal(t, filepath.Join(base, "deployment.yaml"), web.File)
 	assert.Equal(t, 1, web.Line)
-	got := map[string]int{}
+	got := map[string]string{}
 	for _, f := range web.Findings {
-		got[f.Rule] = f.Line
+		got[f.Rule] = f.File + ":" + strconv.Itoa(f.Line)
 	}
-	// maxUnavailable is the overlay's patch, not in the base: it points at
-	// spec, its nearest ancestor there. The image's tag is the overlay's too,
-	// its field is in the base.
-	assert.Equal(t, map[string]int{"check/spec.strategy.rollingUpdate.maxUnavailable": 5, "policy/images": 15}, got)
+	// maxUnavailable is written in the overlay's patch: the finding points
+	// there. The image's tag is the overlay's images transformer's, its field
+	// is in the base.
+	assert.Equal(t, map[string]string{
+		"check/spec.strategy.rollingUpdate.maxUnavailable": filepath.Join(overlay, "replicas.yaml") + ":8",
+		"policy/images": ":15",
+	}, got)
+	code, sarif, _ := runCheck(t, "-k", overlay, "-o", "sarif")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, sarif, `"uri": "file://`+filepath.ToSlash(filepath.Join(overlay, "replicas.yaml"))+`"`)
 
 	code, text, _ := runCheck(t, "-k", overlay)
 	assert.Equal(t, 1, code)

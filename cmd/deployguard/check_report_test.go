@@ -325,3 +325,29 @@ func TestCheckJUnitValidatesAgainstTheSchema(t *testing.T) {
 		assert.Empty(t, listed.children, "admitted without warnings")
 	}
 }
+
+// A field set by a strategic-merge patch is found in the patch, by the
+// element's name (the patch's index need not be the rendered one); one the
+// patch does not set is found in the source.
+func TestFindFieldInPatches(t *testing.T) {
+	rendered := []byte(`{"spec":{"replicas":3,"template":{"spec":{"containers":[{"name":"web","image":"web:2"},{"name":"sidecar","image":"s:1"}]}}}}`)
+	src := document{file: "base.yaml", line: 1, json: rendered,
+		raw: []byte("spec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: web\n        image: web:1\n      - name: sidecar\n        image: s:1\n")}
+	src.patches = []document{
+		{file: "replicas.yaml", line: 1, raw: []byte("spec:\n  replicas: 3\n")},
+		{file: "image.yaml", line: 1, raw: []byte("spec:\n  template:\n    spec:\n      containers:\n      - name: sidecar\n        imagePullPolicy: Always\n      - name: web\n        image: web:2\n")},
+	}
+	tests := []struct {
+		path, file string
+		line       int
+	}{
+		{"spec.replicas", "replicas.yaml", 2},
+		{"spec.template.spec.containers[0].image", "image.yaml", 8},
+		{"spec.template.spec.containers[1].image", "base.yaml", 9},
+		{"spec.template.spec.containers[0].readinessProbe", "base.yaml", 6},
+	}
+	for _, tt := range tests {
+		file, line := findField(src, tt.path)
+		assert.Equal(t, tt.file+":"+strconv.Itoa(tt.line), file+":"+strconv.Itoa(line), tt.path)
+	}
+}

@@ -32,7 +32,8 @@ type Finding struct {
 	Level   string
 	Rule    string
 	Field   string
-	Line    int // 0 when unknown
+	File    string // when not the object's file (a kustomize patch)
+	Line    int    // 0 when unknown
 	Message string
 }
 
@@ -143,8 +144,12 @@ func WriteSARIF(w io.Writer, tool Tool, results []Result) error {
 				ruleIndex[f.Rule] = i
 				rules = append(rules, sarifRule{ID: f.Rule, ShortDescription: sarifMessage{Text: ruleDescription(f.Rule)}})
 			}
-			loc := sarifLocation{PhysicalLocation: sarifPhysical{ArtifactLocation: sarifArtifact{URI: artifactURI(r.File)}}}
-			if line := firstNonZero(f.Line, r.Line); line > 0 {
+			file, line := r.File, firstNonZero(f.Line, r.Line)
+			if f.File != "" {
+				file, line = f.File, f.Line
+			}
+			loc := sarifLocation{PhysicalLocation: sarifPhysical{ArtifactLocation: sarifArtifact{URI: artifactURI(file)}}}
+			if line > 0 {
 				loc.PhysicalLocation.Region = &sarifRegion{StartLine: line}
 			}
 			fq := r.Object()
@@ -276,7 +281,11 @@ func WriteJUnit(w io.Writer, tool Tool, results []Result, strict bool) error {
 		c := junitCase{Name: fmt.Sprintf("%s (document %d)", r.Object(), r.Document), Classname: r.File, File: r.File, Line: r.Line, Time: "0"}
 		var errs, warns []string
 		for _, f := range r.Findings {
-			line := fmt.Sprintf("%s:%d: [%s] %s", r.File, firstNonZero(f.Line, r.Line), f.Rule, f.Message)
+			file, at := r.File, firstNonZero(f.Line, r.Line)
+			if f.File != "" {
+				file, at = f.File, f.Line
+			}
+			line := fmt.Sprintf("%s:%d: [%s] %s", file, at, f.Rule, f.Message)
 			if f.Level == "error" {
 				errs = append(errs, line)
 			} else {
