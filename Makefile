@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream bench bench-apiserver bench-scale fuzz kustomize clean help
+.PHONY: haproxy all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream test-faults bench bench-apiserver bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -47,7 +47,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-e2e test-tls test-upstream ## every tier
+test: test-unit test-integration test-e2e test-tls test-upstream test-faults ## every tier
 
 test-unit: ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
@@ -63,6 +63,14 @@ test-tls: tools build ## webhook TLS: cert-manager's own controllers, the self-m
 
 test-upstream: tools build upstream-e2e ## upstream's Deployment e2e specs without and with the guard: same results
 	DEPLOYGUARD_BIN=$(BIN) DEPLOYGUARD_UPSTREAM_E2E=$(UPSTREAM_E2E) $(GOTEST) -count=1 -timeout 60m -v ./test/upstream/...
+
+test-faults: tools build haproxy ## guard replicas behind HAProxy killed (SIGKILL) and rolled (SIGTERM) under admission load
+	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 15m -p 1 -v ./test/faults/...
+
+# The faults tier's load balancer: Debian's haproxy, installed with apt when
+# it is not on PATH (sudo when not root).
+haproxy:
+	@command -v haproxy >/dev/null || { s=; [ "$$(id -u)" = 0 ] || s=sudo; $$s apt-get update && $$s apt-get install -y haproxy; }
 
 bench: ## admission and policy benchmarks
 	$(GOTEST) -run '^$$' -bench . -benchmem ./webhook/ ./policy/
