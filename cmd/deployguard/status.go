@@ -63,6 +63,9 @@ type revisionStatus struct {
 	Ready        int32    `json:"ready"`
 	Images       []string `json:"images"`
 	ChangeCause  string   `json:"changeCause,omitempty"`
+	// PreviousRevisions are the revisions this ReplicaSet had before a
+	// rollback brought it back (deployment.kubernetes.io/revision-history).
+	PreviousRevisions string `json:"previousRevisions,omitempty"`
 	// Failure is set when the guard found this revision failing.
 	Failure *revisionFailure `json:"failure,omitempty"`
 }
@@ -173,17 +176,18 @@ func buildStatus(in statusInput) deploymentStatus {
 		rev, _ := reconciler.Revision(rs)
 		hash := vocab.TemplateHash(&rs.Spec.Template)
 		r := revisionStatus{
-			Revision:     rev,
-			ReplicaSet:   rs.Name,
-			TemplateHash: hash,
-			Current:      hash == currentHash,
-			KnownGood:    reconciler.IsKnownGood(rs),
-			Quarantined:  slices.Contains(quarantined, hash),
-			Replicas:     rs.Status.Replicas,
-			Ready:        rs.Status.ReadyReplicas,
-			Images:       images(&rs.Spec.Template),
-			ChangeCause:  rs.Annotations["kubernetes.io/change-cause"],
-			Failure:      failures[rs.Name],
+			Revision:          rev,
+			ReplicaSet:        rs.Name,
+			TemplateHash:      hash,
+			Current:           hash == currentHash,
+			KnownGood:         reconciler.IsKnownGood(rs),
+			Quarantined:       slices.Contains(quarantined, hash),
+			Replicas:          rs.Status.Replicas,
+			Ready:             rs.Status.ReadyReplicas,
+			Images:            images(&rs.Spec.Template),
+			ChangeCause:       rs.Annotations["kubernetes.io/change-cause"],
+			PreviousRevisions: rs.Annotations["deployment.kubernetes.io/revision-history"],
+			Failure:           failures[rs.Name],
 		}
 		if r.KnownGood {
 			r.KnownGoodAt = rs.Annotations[vocab.AnnotationKnownGood]
@@ -456,6 +460,9 @@ func revisionMarks(rv revisionStatus) string {
 	}
 	if rv.Quarantined {
 		m = append(m, "quarantined")
+	}
+	if rv.PreviousRevisions != "" {
+		m = append(m, "was "+rv.PreviousRevisions)
 	}
 	if len(m) == 0 {
 		return "-"

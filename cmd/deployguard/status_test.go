@@ -59,6 +59,11 @@ func statusReplicaSet(d *appsv1.Deployment, name, hash, image string, revision s
 	return rs
 }
 
+func withAnnotation(rs appsv1.ReplicaSet, k, v string) appsv1.ReplicaSet {
+	rs.Annotations[k] = v
+	return rs
+}
+
 func statusEvent(d *appsv1.Deployment, at time.Time, typ, reason, note string) eventsv1.Event {
 	return eventsv1.Event{
 		EventTime:           metav1.NewMicroTime(at),
@@ -99,7 +104,7 @@ func TestBuildStatus(t *testing.T) {
 					Deployment: d,
 					ReplicaSets: []appsv1.ReplicaSet{
 						statusReplicaSet(d, "web-b", "b", "web:2", "2", false, 0),
-						statusReplicaSet(d, "web-a", "a", "web:1", "3", true, 2),
+						withAnnotation(statusReplicaSet(d, "web-a", "a", "web:1", "3", true, 2), "deployment.kubernetes.io/revision-history", "1"),
 						statusReplicaSet(other, "other-x", "x", "x:1", "1", true, 1),
 					},
 					Events: []eventsv1.Event{
@@ -131,7 +136,7 @@ func TestBuildStatus(t *testing.T) {
 				assert.Len(t, st.Events, 2, "the other Deployment's event is not shown")
 
 				assert.Regexp(t, `2\s+web-b\s+0/0\s+failed \(fail-fast\),quarantined\s+web:2`, text)
-				assert.Regexp(t, `3\s+web-a\s+2/2\s+current,known-good\s+web:1`, text)
+				assert.Regexp(t, `3\s+web-a\s+2/2\s+current,known-good,was 1\s+web:1`, text)
 				assert.Contains(t, text, "apply it with the annotation "+vocab.AnnotationAllowTemplate+"="+b.TemplateHash)
 				assert.Contains(t, text, "2 (web-b), fail-fast: Rolled back from revision 2")
 			},

@@ -129,7 +129,7 @@ func TestStatusAfterRollback(t *testing.T) {
 			assert.Equal(t, vocab.AnnotationAllowTemplate+"="+failed.TemplateHash, st.Quarantined[0].Override)
 
 			assert.Regexp(t, `(?m)^2\s+`+failed.ReplicaSet+`\s+0/0\s+failed \(`+tt.by+`\),quarantined\s`, text)
-			assert.Regexp(t, `(?m)^3\s+`+restored.ReplicaSet+`\s+2/2\s+current,known-good\s+app:1\s`, text)
+			assert.Regexp(t, `(?m)^3\s+`+restored.ReplicaSet+`\s+2/2\s+current,known-good,was 1\s+app:1\s`, text)
 			assert.Contains(t, text, "apply it with the annotation "+vocab.AnnotationAllowTemplate+"="+failed.TemplateHash)
 		})
 	}
