@@ -47,6 +47,9 @@ type deploymentStatus struct {
 	Cleanup      *cleanupStatus      `json:"cleanup,omitempty"`
 	// Events are the guard's events about the Deployment, oldest first.
 	Events []guardEvent `json:"events"`
+	// EventsUnavailable says why the events could not be read (RBAC); the
+	// rest still is, from the objects' annotations.
+	EventsUnavailable string `json:"eventsUnavailable,omitempty"`
 }
 
 // revisionStatus is one ReplicaSet of the Deployment, as `kubectl rollout
@@ -439,6 +442,9 @@ func printStatus(w io.Writer, st deploymentStatus) {
 			}
 		}
 	}
+	if st.EventsUnavailable != "" {
+		fmt.Fprintf(w, "\nEvents: not readable (%s)\n", st.EventsUnavailable)
+	}
 	if len(st.Events) > 0 {
 		fmt.Fprintln(w, "\nEvents (deployguard):")
 		for _, e := range st.Events {
@@ -559,9 +565,16 @@ func fetchStatus(ctx context.Context, c client.Client, ns, name string) (deploym
 	var events eventsv1.EventList
 	// The events API selects on regarding only through the core/v1 field
 	// names; listing the namespace and filtering is as cheap for one object.
-	if err := c.List(ctx, &events, client.InNamespace(ns)); err != nil {
+	var unavailable string
+	switch err := c.List(ctx, &events, client.InNamespace(ns)); {
+	case apierrors.IsForbidden(err):
+		// Events only add detail and time; the decisions are annotations.
+		unavailable = err.Error()
+	case err != nil:
 		return deploymentStatus{}, fmt.Errorf("listing the events of %s/%s: %w", ns, name, err)
 	}
 	in.Events = events.Items
-	return buildStatus(in), nil
+	st := buildStatus(in)
+	st.EventsUnavailable = unavailable
+	return st, nil
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -11,9 +13,15 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -258,6 +266,12 @@ func TestBuildStatus(t *testing.T) {
 	}
 }
 
+func TestStatusWithoutEvents(t *testing.T) {
+	var text bytes.Buffer
+	printStatus(&text, deploymentStatus{Namespace: "shop", Name: "web", EventsUnavailable: "events.events.k8s.io is forbidden"})
+	assert.Contains(t, text.String(), "Events: not readable (events.events.k8s.io is forbidden)")
+}
+
 func TestStatusDeletedWithRecord(t *testing.T) {
 	var text bytes.Buffer
 	printStatus(&text, deploymentStatus{Namespace: "shop", Name: "web", Deleted: true, Record: true})
@@ -276,4 +290,35 @@ func TestKubectlPluginName(t *testing.T) {
 	assert.True(t, kubectlPlugin("/usr/local/bin/kubectl-deployguard"))
 	assert.True(t, kubectlPlugin("kubectl-deployguard.exe"))
 	assert.False(t, kubectlPlugin("/usr/local/bin/deployguard"))
+}
+
+// fetchStatus against a client: the events a user may not read only leave
+// them out; a Deployment that is gone tells whether its record was kept.
+func TestFetchStatus(t *testing.T) {
+	d := statusDeployment("web:1", map[string]string{vocab.RevisionAnnotation: "1"})
+	rs := statusReplicaSet(d, "web-a", "a", "web:1", "1", true, 2)
+	record := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-old", Labels: map[string]string{vocab.LabelRecord: "true"}}}
+	c := fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(d, &rs, record).WithInterceptorFuncs(interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*eventsv1.EventList); ok {
+				return apierrors.NewForbidden(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "", errors.New("RBAC"))
+			}
+			return c.List(ctx, list, opts...)
+		},
+	}).Build()
+
+	st, err := fetchStatus(context.Background(), c, "shop", "web")
+	require.NoError(t, err)
+	require.Len(t, st.Revisions, 1)
+	assert.True(t, st.Revisions[0].KnownGood)
+	assert.Contains(t, st.EventsUnavailable, "forbidden")
+
+	st, err = fetchStatus(context.Background(), c, "shop", "old")
+	require.NoError(t, err)
+	assert.True(t, st.Deleted)
+	assert.True(t, st.Record)
+	st, err = fetchStatus(context.Background(), c, "shop", "never")
+	require.NoError(t, err)
+	assert.True(t, st.Deleted)
+	assert.False(t, st.Record)
 }
