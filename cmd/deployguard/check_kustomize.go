@@ -96,7 +96,7 @@ func (f originFS) ReadFile(path string) ([]byte, error) {
 	var k kustomizetypes.Kustomization
 	if err := yaml.Unmarshal(b, &k); err != nil {
 		// kustomize reports it, with its own words.
-		return b, nil //nolint:nilerr
+		return b, nil
 	}
 	for _, m := range k.BuildMetadata {
 		if m == kustomizetypes.OriginAnnotations {
@@ -105,7 +105,7 @@ func (f originFS) ReadFile(path string) ([]byte, error) {
 	}
 	var raw map[string]any
 	if err := yaml.Unmarshal(b, &raw); err != nil || raw == nil {
-		return b, nil //nolint:nilerr
+		return b, nil
 	}
 	raw["buildMetadata"] = append(k.BuildMetadata, kustomizetypes.OriginAnnotations)
 	return yaml.Marshal(raw)
