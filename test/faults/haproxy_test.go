@@ -216,3 +216,28 @@ func (h *haproxy) waitStatus(ctx context.Context, server, want string, timeout t
 	}
 	return nil
 }
+
+// connectionEnds counts, per replica slot, how HAProxy's connections to it
+// ended, from its TCP log: the two-letter termination state, "--" for a
+// normal close, "SD" for one the server cut in the middle of an exchange
+// (what a killed replica does to a request in flight), "CD" for one the
+// client (kube-apiserver) closed.
+func connectionEnds(log, frontend string) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for _, line := range strings.Split(log, "\n") {
+		// client [date] frontend backend/server Tw/Tc/Tt bytes state …
+		f := strings.Fields(line)
+		if len(f) < 7 || f[2] != frontend {
+			continue
+		}
+		_, server, ok := strings.Cut(f[3], "/")
+		if !ok {
+			continue
+		}
+		if out[server] == nil {
+			out[server] = map[string]int{}
+		}
+		out[server][f[6]]++
+	}
+	return out
+}

@@ -55,3 +55,17 @@ func TestHAProxyConfig(t *testing.T) {
 		assert.Contains(t, cfg, want)
 	}
 }
+
+func TestConnectionEnds(t *testing.T) {
+	log := `[WARNING]  (24296) : Server guards/guard0 is DOWN, reason: Layer4 connection problem
+127.0.0.1:42328 [23/Nov/2026:07:37:40.573] webhooks guards/guard0 1/0/36 2230 -- 47/46/45/15/0 0/0
+127.0.0.1:42329 [23/Nov/2026:07:37:40.574] webhooks guards/guard0 1/0/36 2230 SD 47/46/45/15/0 0/0
+127.0.0.1:42330 [23/Nov/2026:07:37:40.575] webhooks guards/guard1 1/0/36 2230 CD 47/46/45/15/0 0/0
+127.0.0.1:42331 [23/Nov/2026:07:37:40.576] webhooks guards/guard1 1/0/36 2230 -- 47/46/45/15/0 0/0
+127.0.0.1:53986 [23/Nov/2026:07:37:38.723] stats stats/<STATS> 0/0/0 3883 LR 1/1/0/0/0 0/0
+`
+	assert.Equal(t, map[string]map[string]int{
+		"guard0": {"--": 1, "SD": 1},
+		"guard1": {"CD": 1, "--": 1},
+	}, connectionEnds(log, "webhooks"))
+}
