@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream test-faults bench bench-apiserver bench-scale fuzz kustomize clean help
+.PHONY: haproxy all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -47,7 +47,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-e2e test-tls test-upstream test-faults ## every tier
+test: test-unit test-integration test-e2e test-tls test-upstream test-faults test-install ## every tier
 
 test-unit: ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
@@ -57,6 +57,10 @@ test-integration: tools build ## webhooks and policies through a real kube-apise
 
 test-e2e: tools build ## end-to-end tests on a full local cluster (kube-controller-manager, kwok nodes)
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 40m -p 1 ./test/e2e/...
+
+test-install: tools build ## the Helm chart (lint, drift from config/, server-side dry-run) and the dashboard's and alerts' metrics in a running guard
+	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 15m -p 1 ./test/install/...
+	cd test/tools/promql && GOWORK=off $(GOTEST) -count=1 ./...
 
 test-tls: tools build ## webhook TLS: cert-manager's own controllers, the self-managed path, rotation under load
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 30m -p 1 ./test/tls/...
