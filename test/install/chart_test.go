@@ -419,3 +419,25 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// Values that would install a guard that cannot work are refused by helm
+// itself (values.schema.json), with the value's path.
+func TestChartRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name, set, want string
+	}{
+		{"a failure policy the API server does not know", "webhooks.validating.failurePolicy=Fial", "/webhooks/validating/failurePolicy"},
+		{"a certificate mode the guard does not know", "certificates.mode=selfmanaged", "/certificates/mode"},
+		{"no replica", "replicas=0", "/replicas"},
+		{"a time-out above the API server's 30s", "webhooks.mutating.timeoutSeconds=31", "/webhooks/mutating/timeoutSeconds"},
+		{"a policy that is not a ConfigMap's keys", "policies.team=deny", "/policies/team"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(filepath.Join(tools, "helm"), "template", release, chartDir(), "--set", tc.set)
+			cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err, "helm template --set %s: %s", tc.set, out)
+			assert.Contains(t, string(out), tc.want)
+		})
+	}
+}
