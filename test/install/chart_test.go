@@ -255,6 +255,16 @@ func valueSets() []valueSet {
 			}
 		},
 	}, {
+		name: "cert-manager in a namespace of its own", namespace: "guard-cm",
+		check: func(t *testing.T, objs map[string]object) {
+			cert := objs["Certificate/guard-cm/deployguard-webhook-tls"]
+			require.NotNil(t, cert)
+			assert.Equal(t, []any{"deployguard-webhook.guard-cm.svc", "deployguard-webhook.guard-cm.svc.cluster.local"}, dig(cert, "spec", "dnsNames"),
+				"the certificate names the Service in the release namespace")
+			assert.Equal(t, "guard-cm/deployguard-webhook-tls", str(objs["ValidatingWebhookConfiguration//deployguard-validating"], "metadata", "annotations", "cert-manager.io/inject-ca-from"))
+			assert.NotContains(t, container(t, objs, "guard-cm").Args, "--cert-mode=self-managed")
+		},
+	}, {
 		name: "self-managed in a namespace of its own", namespace: "platform-guard",
 		values: []string{"--set", "certificates.mode=self-managed"},
 		check: func(t *testing.T, objs map[string]object) {
