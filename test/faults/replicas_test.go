@@ -252,14 +252,15 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 		term := time.Now()
 		stopped := make(chan error, 1)
 		go func() { stopped <- o.guard.Stop() }()
+		openDuring := connectionsWhile(ctx, lb, o.slot.name, term, stopped)
 		require.NoError(t, lb.waitStatus(ctx, o.slot.name, "DOWN", 10*time.Second))
 		down := time.Since(term)
-		require.NoError(t, <-stopped, "%s exits cleanly after SIGTERM", o.slot.name)
+		require.NoError(t, <-openDuring.exited, "%s exits cleanly after SIGTERM", o.slot.name)
 		exit := time.Since(term)
 		remove(o)
-		t.Logf("rolling: %s ready %s after start, UP in HAProxy %s later; SIGTERM to %s (%d connections open): DOWN in HAProxy after %s, exited after %s",
+		t.Logf("rolling: %s ready %s after start, UP in HAProxy %s later; SIGTERM to %s (%d connections open): DOWN in HAProxy after %s, exited after %s; connections open to it each second after SIGTERM: %v",
 			n.slot.name, toReady.Round(10*time.Millisecond), toUp.Round(10*time.Millisecond), o.slot.name, before[o.slot.name].Current,
-			down.Round(10*time.Millisecond), exit.Round(10*time.Millisecond))
+			down.Round(10*time.Millisecond), exit.Round(10*time.Millisecond), openDuring.perSecond())
 	}
 
 	stopLoad()
@@ -533,5 +534,51 @@ func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx cont
 	})
 	if err != nil {
 		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
+	}
+}
+
+// openConnections is what HAProxy counted open to a stopping replica, sampled
+// every 20ms from its SIGTERM until it exited.
+type openConnections struct {
+	exited  chan error // the replica's exit, passed on
+	mu      sync.Mutex
+	samples map[int]int // whole seconds after SIGTERM → last count seen in it
+}
+
+func connectionsWhile(ctx context.Context, lb *haproxy, server string, since time.Time, stopped <-chan error) *openConnections {
+	o := &openConnections{exited: make(chan error, 1), samples: map[int]int{}}
+	go func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case err := <-stopped:
+				o.exited <- err
+				return
+			case <-tick.C:
+			}
+			st, err := lb.servers(ctx)
+			if err != nil {
+				continue
+			}
+			o.mu.Lock()
+			o.samples[int(time.Since(since)/time.Second)] = st[server].Current
+			o.mu.Unlock()
+		}
+	}()
+	return o
+}
+
+// perSecond lists the count at the end of each second after SIGTERM.
+func (o *openConnections) perSecond() []int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []int
+	for i := 0; ; i++ {
+		n, ok := o.samples[i]
+		if !ok {
+			return out
+		}
+		out = append(out, n)
 	}
 }
