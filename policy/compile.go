@@ -20,6 +20,17 @@ const (
 // modeKey is the key under "custom:" in a policy's package METADATA.
 const modeKey = "mode"
 
+// severityKey and categoryKey, under "custom:", say how grave a policy's
+// findings are and what they are about; the audit copies them into
+// PolicyReports, where Policy Reporter groups and filters by them.
+const (
+	severityKey = "severity"
+	categoryKey = "category"
+)
+
+// severities are the values a PolicyReport result's severity may take.
+var severities = []string{"critical", "high", "medium", "low", "info"}
+
 // excludedBuiltins cannot be called by policies: they reach the network from
 // the admission path and would let a rule behave differently in the cluster
 // than in "check".
@@ -30,8 +41,10 @@ type policyModule struct {
 	name   string
 	source string
 	mode   Mode // as declared in the module's metadata
-	path   ast.Ref
-	rules  []string // ruleDeny and/or ruleWarn, in that order
+	// severity and category as declared under custom:, "" when absent.
+	severity, category string
+	path               ast.Ref
+	rules              []string // ruleDeny and/or ruleWarn, in that order
 }
 
 // compiledSet is a policy set that compiled: every module, policies or not.
@@ -145,6 +158,11 @@ func inspectModule(source string, mod *ast.Module) (policyModule, bool, []Source
 	} else if mode != "" {
 		p.mode = mode
 	}
+	if sev, cat, err := declaredSeverityCategory(mod); err != nil {
+		errs = append(errs, errorAt(source, err.loc, err.msg))
+	} else {
+		p.severity, p.category = sev, cat
+	}
 
 	defined := map[string]bool{}
 	for _, r := range mod.Rules {
@@ -213,4 +231,29 @@ func declaredMode(mod *ast.Module) (Mode, *locatedError) {
 		return m, nil
 	}
 	return "", nil
+}
+
+// declaredSeverityCategory reads custom.severity and custom.category from the
+// package's METADATA; "" for each that is absent.
+func declaredSeverityCategory(mod *ast.Module) (severity, category string, _ *locatedError) {
+	for _, a := range mod.Annotations {
+		if a.Scope != "package" {
+			continue
+		}
+		if v, ok := a.Custom[severityKey]; ok {
+			s, ok := v.(string)
+			if !ok || !slices.Contains(severities, s) {
+				return "", "", &locatedError{a.Location, fmt.Sprintf("custom.severity must be one of %s, not %v", strings.Join(severities, ", "), v)}
+			}
+			severity = s
+		}
+		if v, ok := a.Custom[categoryKey]; ok {
+			s, ok := v.(string)
+			if !ok {
+				return "", "", &locatedError{a.Location, fmt.Sprintf("custom.category must be a string, not %v", v)}
+			}
+			category = s
+		}
+	}
+	return severity, category, nil
 }

@@ -26,6 +26,9 @@ type PolicyInfo struct {
 	Name   string
 	Source string
 	Mode   Mode // the mode it runs in, Options applied
+	// Severity and Category are custom.severity and custom.category of the
+	// policy's METADATA, "" when it declares none.
+	Severity, Category string
 }
 
 // New returns an Engine with an empty policy set: until the first successful
@@ -85,7 +88,7 @@ func (e *Engine) Policies() []PolicyInfo {
 	set := e.active.Load()
 	infos := make([]PolicyInfo, len(set.policies))
 	for i, p := range set.policies {
-		infos[i] = PolicyInfo{Name: p.name, Source: p.source, Mode: p.mode}
+		infos[i] = PolicyInfo{Name: p.name, Source: p.source, Mode: p.mode, Severity: p.severity, Category: p.category}
 	}
 	return infos
 }

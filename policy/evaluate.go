@@ -134,8 +134,8 @@ func judge(policy string, mode Mode, out outcome, fm FailureMode) verdict {
 		return v
 	}
 
-	deny := toFindings(policy, mode, out.deny)
-	warn := toFindings(policy, mode, out.warn)
+	deny := toFindings(policy, mode, ruleDeny, out.deny)
+	warn := toFindings(policy, mode, ruleWarn, out.warn)
 	switch mode {
 	case ModeAudit:
 		v.audited = append(deny, warn...)
@@ -159,13 +159,14 @@ func judge(policy string, mode Mode, out outcome, fm FailureMode) verdict {
 
 // toFindings converts set elements, sorted by field then message so that
 // output is stable for users and tests.
-func toFindings(policy string, mode Mode, elems []any) []Finding {
+func toFindings(policy string, mode Mode, rule string, elems []any) []Finding {
 	if len(elems) == 0 {
 		return nil
 	}
 	fs := make([]Finding, len(elems))
 	for i, el := range elems {
 		fs[i] = toFinding(policy, mode, el)
+		fs[i].Rule = rule
 	}
 	slices.SortFunc(fs, func(a, b Finding) int {
 		if c := strings.Compare(a.Field, b.Field); c != 0 {

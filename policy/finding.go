@@ -13,6 +13,10 @@ type Finding struct {
 	Field string
 	// Mode is the mode the policy ran in.
 	Mode Mode
+	// Rule is the rule that produced the finding, "deny" or "warn"; empty for
+	// an evaluation failure. The audit reports a deny as "fail" whatever the
+	// mode, so that switching a policy's mode does not change its report.
+	Rule string
 	// EvalFailed marks a finding that reports a failed evaluation (error or
 	// time-out) rather than a rule's message.
 	EvalFailed bool

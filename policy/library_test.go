@@ -50,13 +50,14 @@ func TestLibraryRegoTests(t *testing.T) {
 
 // TestBuiltinsLoad guards the embedded library: every built-in policy is
 // there, compiles, and runs in the mode its metadata declares: warn, for
-// every one, so that a default install denies nothing that was fine before.
+// every one, so that a default install denies nothing that was fine before,
+// with the severity and category the audit's reports show.
 func TestBuiltinsLoad(t *testing.T) {
 	e := newEngine(t, Options{}, Builtins()...)
 	assert.Equal(t, []PolicyInfo{
-		{Name: "hostnamespaces", Source: "builtin/hostnamespaces.rego", Mode: ModeWarn},
-		{Name: "images", Source: "builtin/images.rego", Mode: ModeWarn},
-		{Name: "probes", Source: "builtin/probes.rego", Mode: ModeWarn},
-		{Name: "resources", Source: "builtin/resources.rego", Mode: ModeWarn},
+		{Name: "hostnamespaces", Source: "builtin/hostnamespaces.rego", Mode: ModeWarn, Severity: "high", Category: "Pod Security"},
+		{Name: "images", Source: "builtin/images.rego", Mode: ModeWarn, Severity: "medium", Category: "Supply Chain"},
+		{Name: "probes", Source: "builtin/probes.rego", Mode: ModeWarn, Severity: "medium", Category: "Reliability"},
+		{Name: "resources", Source: "builtin/resources.rego", Mode: ModeWarn, Severity: "medium", Category: "Resources"},
 	}, e.Policies())
 }

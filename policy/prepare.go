@@ -24,9 +24,11 @@ type preparedPolicy struct {
 	name   string
 	source string
 	mode   Mode // effective: metadata with Options applied
-	query  rego.PreparedEvalQuery
-	rules  []string
-	meter  policyMeter
+	// severity and category from the METADATA, "" when absent.
+	severity, category string
+	query              rego.PreparedEvalQuery
+	rules              []string
+	meter              policyMeter
 }
 
 // prepare builds one query per enabled policy. A query per policy, rather
@@ -50,12 +52,13 @@ func prepare(ctx context.Context, cs *compiledSet, opts Options, m *metrics) (*p
 			return nil, fmt.Errorf("preparing policy %q from %s: %w", p.name, p.source, err)
 		}
 		set.policies = append(set.policies, preparedPolicy{
-			name:   p.name,
-			source: p.source,
-			mode:   opts.effectiveMode(p.name, p.mode),
-			query:  q,
-			rules:  p.rules,
-			meter:  m.forPolicy(p.name),
+			name:     p.name,
+			source:   p.source,
+			mode:     opts.effectiveMode(p.name, p.mode),
+			severity: p.severity, category: p.category,
+			query: q,
+			rules: p.rules,
+			meter: m.forPolicy(p.name),
 		})
 	}
 	return set, nil

@@ -5,6 +5,8 @@
 #   and hostIPC let a pod see and reach everything else on the node.
 # custom:
 #   mode: warn
+#   severity: high
+#   category: Pod Security
 package deployguard.hostnamespaces
 
 # what each field shares, for the message.

@@ -7,6 +7,8 @@
 #   code than the one that was reviewed.
 # custom:
 #   mode: warn
+#   severity: medium
+#   category: Supply Chain
 package deployguard.images
 
 # "name:latest@sha256:…" does not end in ":latest": a digest pins it.

@@ -6,6 +6,8 @@
 #   that do not serve yet, and the progress deadline cannot catch it.
 # custom:
 #   mode: warn
+#   severity: medium
+#   category: Reliability
 package deployguard.probes
 
 deny contains finding if {

@@ -6,6 +6,8 @@
 #   and be the first one evicted.
 # custom:
 #   mode: warn
+#   severity: medium
+#   category: Resources
 package deployguard.resources
 
 # example is the value suggested in the message for a missing request.
