@@ -19,6 +19,9 @@ type Engine struct {
 	// loadMu serializes loads, so a slow compile of an older set cannot
 	// overwrite a newer one.
 	loadMu sync.Mutex
+	// changed is closed, and replaced, each time a new set becomes active.
+	changedMu sync.Mutex
+	changed   chan struct{}
 }
 
 // PolicyInfo describes one policy of the active set.
@@ -38,7 +41,7 @@ func New(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy options: %w", err)
 	}
-	e := &Engine{opts: opts, metrics: newMetrics()}
+	e := &Engine{opts: opts, metrics: newMetrics(), changed: make(chan struct{})}
 	e.active.Store(&preparedSet{})
 	return e, nil
 }
@@ -81,6 +84,18 @@ func (e *Engine) build(ctx context.Context, sources []Source) (*preparedSet, err
 func (e *Engine) swap(set *preparedSet) {
 	e.active.Store(set)
 	e.metrics.active.Set(float64(len(set.policies)))
+	e.changedMu.Lock()
+	close(e.changed)
+	e.changed = make(chan struct{})
+	e.changedMu.Unlock()
+}
+
+// Changed returns a channel that is closed when the next policy set becomes
+// active: the audit waits on it to re-evaluate what the new set judges.
+func (e *Engine) Changed() <-chan struct{} {
+	e.changedMu.Lock()
+	defer e.changedMu.Unlock()
+	return e.changed
 }
 
 // Policies lists the policies of the active set that are evaluated, by name.

@@ -1,0 +1,215 @@
+// Package audit evaluates the Deployments already stored in the cluster with
+// the validating webhook's pipeline (the Go spec checks, every Rego policy in
+// every mode, the quarantine) and writes what it finds as one PolicyReport per
+// namespace. It lives under cmd/deployguard because it combines webhook/ and
+// policy/ with the API client, which only cmd/ and test/ may import together.
+package audit
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+// Results of a PolicyReport result, as wgpolicyk8s.io and openreports.io name them.
+const (
+	ResultPass  = "pass"
+	ResultFail  = "fail"
+	ResultWarn  = "warn"
+	ResultError = "error"
+	ResultSkip  = "skip"
+)
+
+// Policy names of the Go checks; Rego policies are "deployguard.<name>".
+const (
+	PolicySpec       = "spec-checks"
+	PolicyQuarantine = "quarantine"
+)
+
+// AuditUsername is the user an audit evaluation runs as: a policy tells an
+// audit from admission by input.userInfo.username == "deployguard:audit".
+const AuditUsername = "deployguard:audit"
+
+// specRules are the Go spec checks' rules, named by the field they judge, so
+// that each has a pass result when nothing is wrong.
+var specRules = []struct{ rule, prefix string }{
+	{"selector", "spec.selector"},
+	{"selector", "spec.template.metadata.labels"},
+	{"strategy", "spec.strategy"},
+	{"revision-history", "spec.revisionHistoryLimit"},
+	{"progress-deadline", "spec.progressDeadlineSeconds"},
+}
+
+// Resource names the Deployment a result is about.
+type Resource struct {
+	Namespace, Name string
+	UID             types.UID
+}
+
+// Result is one policy rule's verdict on one Deployment.
+type Result struct {
+	Policy, Rule, Result string
+	// Message is the webhook's own line, field path first.
+	Message            string
+	Field              string
+	Severity, Category string
+	Resource           Resource
+}
+
+// Evaluator runs the validating webhook's checks on a stored Deployment.
+type Evaluator struct {
+	Options *guardwebhook.Options
+	Engine  *policy.Engine
+	// NamespaceLabels, when set, gives policies the namespace's labels.
+	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
+}
+
+// Evaluate judges d as stored: an UPDATE whose oldObject equals object, run
+// as AuditUsername. A namespace the webhook exempts gets skip results.
+func (e *Evaluator) Evaluate(ctx context.Context, d *appsv1.Deployment) []Result {
+	res := Resource{Namespace: d.Namespace, Name: d.Name, UID: d.UID}
+	var out []Result
+	if slices.Contains(e.Options.ExemptNamespaces, d.Namespace) {
+		out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: "namespace " + d.Namespace + " is exempt from deployguard's checks", Resource: res})
+		return out
+	}
+	out = append(out, SpecResults(guardwebhook.CheckSpec(d, e.Options), res)...)
+	out = append(out, QuarantineResult(d, e.Options.Quarantine, res))
+	if e.Engine != nil {
+		in := policy.Request{
+			Operation: "UPDATE", Namespace: d.Namespace, Name: d.Name, Object: d, OldObject: d,
+			UserInfo: policy.UserInfo{Username: AuditUsername},
+		}
+		if e.NamespaceLabels != nil {
+			in.NamespaceLabels, _ = e.NamespaceLabels(ctx, d.Namespace)
+		}
+		dec, err := e.Engine.EvaluateRequest(ctx, in)
+		out = append(out, RegoResults(e.Engine.Policies(), dec, err, res)...)
+	}
+	return out
+}
+
+// SpecResults turns the Go spec checks' findings into one result per rule:
+// fail for an error, warn for a warning, pass for a rule that said nothing.
+func SpecResults(f guardwebhook.Findings, res Resource) []Result {
+	var out []Result
+	said := map[string]bool{}
+	for _, e := range f.Errs {
+		r := specRule(e.Field)
+		said[r] = true
+		out = append(out, Result{Policy: PolicySpec, Rule: r, Result: ResultFail, Field: e.Field, Message: errorLine(e), Resource: res})
+	}
+	for _, w := range f.Warnings {
+		path, _, _ := strings.Cut(w, ":")
+		r := specRule(path)
+		said[r] = true
+		out = append(out, Result{Policy: PolicySpec, Rule: r, Result: ResultWarn, Field: path, Message: w, Resource: res})
+	}
+	seen := map[string]bool{}
+	for _, s := range specRules {
+		if said[s.rule] || seen[s.rule] {
+			continue
+		}
+		seen[s.rule] = true
+		out = append(out, Result{Policy: PolicySpec, Rule: s.rule, Result: ResultPass, Resource: res})
+	}
+	return out
+}
+
+// errorLine prints a field error as the API server prints the webhook's
+// refusal: "spec.strategy.rollingUpdate: Invalid value: …: detail".
+func errorLine(e *field.Error) string {
+	return e.Error()
+}
+
+func specRule(path string) string {
+	for _, s := range specRules {
+		if strings.HasPrefix(path, s.prefix) {
+			return s.rule
+		}
+	}
+	return "spec"
+}
+
+// QuarantineResult fails a Deployment whose current pod template is on its
+// own quarantine list: it runs a template that failed its deadline before and
+// that the webhook would refuse to bring back.
+func QuarantineResult(d *appsv1.Deployment, mode string, res Resource) Result {
+	r := Result{Policy: PolicyQuarantine, Rule: "quarantined-template", Result: ResultPass, Resource: res}
+	if mode == guardwebhook.QuarantineOff {
+		r.Result = ResultSkip
+		r.Message = "the quarantine is off"
+		return r
+	}
+	hash := vocab.TemplateHash(&d.Spec.Template)
+	if !slices.Contains(vocab.QuarantinedTemplates(d), hash) || d.Annotations[vocab.AnnotationAllowTemplate] == hash {
+		return r
+	}
+	r.Result, r.Field = ResultFail, "spec.template"
+	if mode == guardwebhook.QuarantineWarn {
+		r.Result = ResultWarn
+	}
+	r.Message = "spec.template: this pod template (hash " + hash + ") failed its progress deadline before and deployguard rolled it back; change the template to fix the failure, " +
+		"or to keep this exact template deliberately set the annotation " + vocab.AnnotationAllowTemplate + "=" + hash
+	return r
+}
+
+// RegoResults gives every policy of the set its results: a deny finding
+// fails and a warn finding warns whatever the policy's mode (the mode decides
+// what admission does, not what is wrong), an evaluation failure is an error,
+// and a policy that found nothing passes. An exempt request skips them all.
+func RegoResults(policies []policy.PolicyInfo, dec policy.Decision, err error, res Resource) []Result {
+	var out []Result
+	findings := map[string][]policy.Finding{}
+	for _, fs := range [][]policy.Finding{dec.Denied, dec.Warnings, dec.Audited} {
+		for _, f := range fs {
+			findings[f.Policy] = append(findings[f.Policy], f)
+		}
+	}
+	for _, p := range policies {
+		base := Result{Policy: "deployguard." + p.Name, Severity: p.Severity, Category: p.Category, Resource: res}
+		switch {
+		case err != nil:
+			r := base
+			r.Rule, r.Result, r.Message = "evaluation", ResultError, "the policies could not read this Deployment: "+err.Error()
+			out = append(out, r)
+			continue
+		case dec.Exempt:
+			r := base
+			r.Rule, r.Result, r.Message = "exempt", ResultSkip, dec.ExemptReason
+			out = append(out, r)
+			continue
+		}
+		fs := findings[p.Name]
+		if len(fs) == 0 {
+			r := base
+			r.Rule, r.Result = "deny", ResultPass
+			out = append(out, r)
+			continue
+		}
+		for _, f := range fs {
+			r := base
+			r.Rule, r.Field, r.Message = f.Rule, f.Field, f.String()
+			switch {
+			case f.EvalFailed:
+				r.Rule, r.Result = "evaluation", ResultError
+			case f.Rule == "warn":
+				r.Result = ResultWarn
+			default:
+				r.Result = ResultFail
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func typesUID(s string) types.UID { return types.UID(s) }

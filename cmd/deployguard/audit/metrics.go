@@ -1,0 +1,82 @@
+package audit
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the audit's Prometheus metrics.
+type Metrics struct {
+	results         *prometheus.GaugeVec
+	duration        *prometheus.HistogramVec
+	writes          prometheus.Counter
+	reportsDisabled prometheus.Gauge
+	// perNS keeps each namespace's counts, so that a pass over a few
+	// namespaces updates the cluster-wide gauge correctly.
+	perNS map[string]map[[2]string]int
+}
+
+// NewMetrics registers the audit's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		results: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "deployguard_audit_results",
+			Help: "Results of the last audit of every guarded Deployment, by policy and result (pass, fail, warn, error, skip).",
+		}, []string{"policy", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "deployguard_audit_pass_duration_seconds",
+			Help:    "Duration of an audit pass, rate limit included; scope is full (every namespace) or partial (namespaces whose Deployments changed).",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}, []string{"scope"}),
+		writes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "deployguard_audit_report_writes_total",
+			Help: "Report creations, updates and deletions; a report is written only when its content changed.",
+		}),
+		reportsDisabled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "deployguard_audit_reports_disabled",
+			Help: "1 when the report CRD is missing and the audit writes no reports.",
+		}),
+		perNS: map[string]map[[2]string]int{},
+	}
+	for _, c := range []prometheus.Collector{m.results, m.duration, m.writes, m.reportsDisabled} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering audit metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) countWrite() {
+	if m != nil {
+		m.writes.Inc()
+	}
+}
+
+// observePass is called by the one audit goroutine only.
+func (m *Metrics) observePass(d time.Duration, full bool, byNS map[string][]Result) {
+	scope := "partial"
+	if full {
+		scope = "full"
+		m.perNS = map[string]map[[2]string]int{}
+	}
+	m.duration.WithLabelValues(scope).Observe(d.Seconds())
+	for ns, results := range byNS {
+		counts := map[[2]string]int{}
+		for _, r := range results {
+			counts[[2]string{r.Policy, r.Result}]++
+		}
+		m.perNS[ns] = counts
+	}
+	total := map[[2]string]int{}
+	for _, counts := range m.perNS {
+		for k, v := range counts {
+			total[k] += v
+		}
+	}
+	m.results.Reset()
+	for k, v := range total {
+		m.results.WithLabelValues(k[0], k[1]).Set(float64(v))
+	}
+}

@@ -1,0 +1,312 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// Options are the audit's settings from the config file.
+type Options struct {
+	// Period is the safety-net interval of a full pass.
+	Period time.Duration
+	// Rate is how many Deployments a second the audit evaluates, at most.
+	Rate float64
+	// Format is FormatPolicyReport or FormatOpenReports.
+	Format string
+	// IgnoredNamespaces are never audited (the guard's own, kube-system).
+	IgnoredNamespaces []string
+}
+
+// Runner audits on the leader: a full pass on start, on every policy-set
+// change and each Period; a namespace again when one of its Deployments
+// changes. It reads Deployments from the shared cache, never from the
+// admission path, and evaluates at most Rate of them a second.
+type Runner struct {
+	Client    client.Client // reads from the cache, writes to the API server
+	Cache     cache.Cache
+	Evaluator *Evaluator
+	Metrics   *Metrics
+	Options   Options
+	Log       logr.Logger
+	// Now is the clock of report timestamps.
+	Now func() time.Time
+
+	mu    sync.Mutex
+	dirty map[string]bool // namespaces to audit again; "" means all
+	kick  chan struct{}
+
+	missing    atomic.Bool // the report CRD is not installed
+	warnedOnce sync.Once
+}
+
+var _ manager.LeaderElectionRunnable = &Runner{}
+
+// NeedLeaderElection: one replica writes the reports.
+func (r *Runner) NeedLeaderElection() bool { return true }
+
+// ReportsDisabled reports whether the report CRD was found missing.
+func (r *Runner) ReportsDisabled() bool { return r.missing.Load() }
+
+func (r *Runner) mark(ns string) {
+	r.mu.Lock()
+	r.dirty[ns] = true
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Start runs until ctx ends.
+func (r *Runner) Start(ctx context.Context) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	r.dirty, r.kick = map[string]bool{"": true}, make(chan struct{}, 1)
+	inf, err := r.Cache.GetInformer(ctx, &appsv1.Deployment{})
+	if err != nil {
+		return fmt.Errorf("audit: getting the Deployment informer: %w", err)
+	}
+	nsOf := func(obj any) {
+		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if d, ok := obj.(*appsv1.Deployment); ok {
+			r.mark(d.Namespace)
+		}
+	}
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(o any, initial bool) {
+			if !initial { // the first pass covers what was there
+				nsOf(o)
+			}
+		},
+		UpdateFunc: func(old, o any) {
+			od, ok1 := old.(*appsv1.Deployment)
+			nd, ok2 := o.(*appsv1.Deployment)
+			// Status updates change nothing the checks read.
+			if ok1 && ok2 && od.Generation == nd.Generation && equalMeta(od, nd) {
+				return
+			}
+			nsOf(o)
+		},
+		DeleteFunc: nsOf,
+	})
+	if err != nil {
+		return fmt.Errorf("audit: watching Deployments: %w", err)
+	}
+	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	if !r.Cache.WaitForCacheSync(ctx) {
+		return nil
+	}
+	limiter := rate.NewLimiter(rate.Limit(r.Options.Rate), max(1, int(r.Options.Rate)))
+	period := time.NewTicker(r.Options.Period)
+	defer period.Stop()
+	for {
+		changed := r.Evaluator.Engine.Changed()
+		r.mu.Lock()
+		dirty := r.dirty
+		r.dirty = map[string]bool{}
+		r.mu.Unlock()
+		if len(dirty) > 0 {
+			if err := r.pass(ctx, limiter, dirty); err != nil && ctx.Err() == nil {
+				r.Log.Error(err, "audit pass failed; the next trigger retries", "reason", "AuditFailed")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+		case <-changed:
+			r.mark("")
+		case <-period.C:
+			r.mark("")
+		}
+	}
+}
+
+func equalMeta(a, b *appsv1.Deployment) bool {
+	if len(a.Annotations) != len(b.Annotations) {
+		return false
+	}
+	for k, v := range a.Annotations {
+		if b.Annotations[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// pass audits the dirty namespaces ("" in dirty: every namespace).
+func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[string]bool) error {
+	start := time.Now()
+	var list appsv1.DeploymentList
+	if dirty[""] {
+		if err := r.Client.List(ctx, &list); err != nil {
+			return fmt.Errorf("listing Deployments: %w", err)
+		}
+	} else {
+		for ns := range dirty {
+			var l appsv1.DeploymentList
+			if err := r.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
+				return fmt.Errorf("listing the Deployments of %s: %w", ns, err)
+			}
+			list.Items = append(list.Items, l.Items...)
+		}
+	}
+	byNS := map[string][]Result{}
+	for ns := range dirty {
+		if ns != "" {
+			byNS[ns] = nil // a namespace emptied of Deployments gets an empty report
+		}
+	}
+	for i := range list.Items {
+		d := &list.Items[i]
+		if r.ignored(d.Namespace) {
+			continue
+		}
+		if err := limiter.Wait(ctx); err != nil {
+			return err
+		}
+		byNS[d.Namespace] = append(byNS[d.Namespace], r.Evaluator.Evaluate(ctx, d)...)
+	}
+	full := dirty[""]
+	var errs []error
+	for ns, results := range byNS {
+		if r.ignored(ns) {
+			continue
+		}
+		if err := r.write(ctx, ns, results); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if full {
+		if err := r.dropStale(ctx, byNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.Metrics != nil {
+		r.Metrics.observePass(time.Since(start), full, byNS)
+	}
+	r.Log.V(1).Info("audit pass", "deployments", len(list.Items), "namespaces", len(byNS), "full", full, "duration", time.Since(start))
+	return errors.Join(errs...)
+}
+
+func (r *Runner) ignored(ns string) bool {
+	for _, n := range r.Options.IgnoredNamespaces {
+		if n == ns {
+			return true
+		}
+	}
+	return false
+}
+
+// write updates the namespace's report only when its content changed.
+func (r *Runner) write(ctx context.Context, ns string, results []Result) error {
+	if r.missing.Load() {
+		return nil
+	}
+	gvk, err := GVK(r.Options.Format)
+	if err != nil {
+		return err
+	}
+	c := Summarize(results)
+	stored := &unstructured.Unstructured{}
+	stored.SetGroupVersionKind(gvk)
+	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ReportName}, stored)
+	switch {
+	case meta.IsNoMatchError(err):
+		r.noCRD(err)
+		return nil
+	case apierrors.IsNotFound(err):
+		if len(c.Results) == 0 && c.Summary == (Summary{}) {
+			return nil
+		}
+		u, err := Build(r.Options.Format, ns, c, nil, r.Now())
+		if err != nil {
+			return err
+		}
+		if err := r.Client.Create(ctx, u); err != nil {
+			return fmt.Errorf("creating the report of %s: %w", ns, err)
+		}
+		r.Metrics.countWrite()
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading the report of %s: %w", ns, err)
+	}
+	if c.Summary == (Summary{}) {
+		if err := r.Client.Delete(ctx, stored); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting the empty report of %s: %w", ns, err)
+		}
+		r.Metrics.countWrite()
+		return nil
+	}
+	if SameContent(stored, c) {
+		return nil
+	}
+	u, err := Build(r.Options.Format, ns, c, Timestamps(stored), r.Now())
+	if err != nil {
+		return err
+	}
+	u.SetResourceVersion(stored.GetResourceVersion())
+	if err := r.Client.Update(ctx, u); err != nil {
+		return fmt.Errorf("updating the report of %s: %w", ns, err)
+	}
+	r.Metrics.countWrite()
+	return nil
+}
+
+// dropStale deletes the guard's reports of namespaces that no longer hold a
+// Deployment, after a full pass.
+func (r *Runner) dropStale(ctx context.Context, seen map[string][]Result) error {
+	if r.missing.Load() {
+		return nil
+	}
+	gvk, _ := GVK(r.Options.Format)
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	if err := r.Client.List(ctx, list, client.MatchingLabels{"app.kubernetes.io/managed-by": "deployguard"}); err != nil {
+		if meta.IsNoMatchError(err) {
+			r.noCRD(err)
+			return nil
+		}
+		return fmt.Errorf("listing reports: %w", err)
+	}
+	for i := range list.Items {
+		u := &list.Items[i]
+		if _, ok := seen[u.GetNamespace()]; ok || u.GetName() != ReportName {
+			continue
+		}
+		if err := r.Client.Delete(ctx, u); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting the report of %s: %w", u.GetNamespace(), err)
+		}
+	}
+	return nil
+}
+
+// noCRD turns reports off for this process, saying so once.
+func (r *Runner) noCRD(err error) {
+	r.missing.Store(true)
+	if r.Metrics != nil {
+		r.Metrics.reportsDisabled.Set(1)
+	}
+	r.warnedOnce.Do(func() {
+		r.Log.Info("the report CRD is not installed: the audit keeps evaluating and counting, but writes no reports until the guard restarts with it",
+			"reason", "NoReportCRD", "format", r.Options.Format, "error", err.Error())
+	})
+}
