@@ -264,6 +264,11 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		}
 		return nil
 	})
+	if cfg.Audit.Enabled {
+		if err := setupAudit(mgr, leader, cfg, opts, eng, ropts.IgnoredNamespaces); err != nil {
+			return err
+		}
+	}
 	if err := mgr.Add(leader); err != nil {
 		return err
 	}

@@ -57,6 +57,8 @@ var (
 	cfg     *rest.Config
 	k8s     client.Client
 	testEnv *envtest.Environment
+	// engine is the guard's policy engine, which the audit test shares.
+	engine *policy.Engine
 )
 
 func TestMain(m *testing.M) {
@@ -76,6 +78,12 @@ func run(m *testing.M) int {
 		BinaryAssetsDirectory: tools,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			Paths: []string{filepath.Join(harness.RepoRoot(), "config", "webhook")},
+		},
+		// Only the PolicyReport CRD: the audit test proves that the guard keeps
+		// working when the configured report kind (openreports.io) is absent.
+		CRDInstallOptions: envtest.CRDInstallOptions{
+			Paths:              []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport", "wgpolicyk8s.io_policyreports.yaml")},
+			ErrorIfPathMissing: true,
 		},
 	}
 	cfg, err = testEnv.Start()
@@ -151,7 +159,7 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	engine, err := policy.New(popts)
+	engine, err = policy.New(popts)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,7 +101,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		UpdateFunc: func(old, o any) {
 			od, ok1 := old.(*appsv1.Deployment)
 			nd, ok2 := o.(*appsv1.Deployment)
-			// Status updates change nothing the checks read.
+			// Status-only updates change nothing the checks read.
 			if ok1 && ok2 && od.Generation == nd.Generation && equalMeta(od, nd) {
 				return
 			}
@@ -140,16 +142,11 @@ func (r *Runner) Start(ctx context.Context) error {
 	}
 }
 
+// equalMeta: the metadata a check or policy may read is unchanged (a
+// status-only update changes none of it, nor the generation).
 func equalMeta(a, b *appsv1.Deployment) bool {
-	if len(a.Annotations) != len(b.Annotations) {
-		return false
-	}
-	for k, v := range a.Annotations {
-		if b.Annotations[k] != v {
-			return false
-		}
-	}
-	return true
+	return maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) &&
+		slices.Equal(a.Finalizers, b.Finalizers) && a.DeletionTimestamp.Equal(b.DeletionTimestamp)
 }
 
 // pass audits the dirty namespaces ("" in dirty: every namespace).

@@ -39,6 +39,21 @@ type Config struct {
 	Cleanup    Cleanup    `yaml:"cleanup"`
 	Policy     Policy     `yaml:"policy"`
 	Exemptions Exemptions `yaml:"exemptions"`
+	Audit      Audit      `yaml:"audit"`
+}
+
+// Audit is the background audit of stored Deployments into PolicyReports.
+type Audit struct {
+	// Enabled turns the audit on (the leader runs it).
+	Enabled bool `yaml:"enabled"`
+	// Period is the safety-net interval of a full pass; passes also run on
+	// start, on a policy-set change and when a Deployment changes.
+	Period Duration `yaml:"period"`
+	// Rate is how many Deployments a second the audit evaluates, at most.
+	Rate float64 `yaml:"rate"`
+	// ReportFormat is wgpolicyk8s.io/v1alpha2 (PolicyReport, what Kyverno
+	// writes and Policy Reporter reads) or openreports.io/v1alpha1 (Report).
+	ReportFormat string `yaml:"reportFormat"`
 }
 
 // Defaults are what the mutating webhook fills in where the user did not
@@ -196,6 +211,7 @@ func Default() Config {
 			RecordRetention: Duration{7 * 24 * time.Hour},
 		},
 		Policy: Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
+		Audit:  Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
 	}
 }
 
@@ -345,6 +361,17 @@ func (c *Config) Validate() field.ErrorList {
 	}
 	if c.Cleanup.RecordRetention.Duration <= 0 {
 		errs = append(errs, field.Invalid(cl.Child("recordRetention"), c.Cleanup.RecordRetention.String(), "must be positive"))
+	}
+
+	a := field.NewPath("audit")
+	if c.Audit.Period.Duration < time.Minute {
+		errs = append(errs, field.Invalid(a.Child("period"), c.Audit.Period.String(), "must be at least 1m: passes also run on every change, the period is only a safety net"))
+	}
+	if c.Audit.Rate <= 0 {
+		errs = append(errs, field.Invalid(a.Child("rate"), c.Audit.Rate, "must be positive: Deployments evaluated per second"))
+	}
+	if !oneOf(c.Audit.ReportFormat, "wgpolicyk8s.io/v1alpha2", "openreports.io/v1alpha1") {
+		errs = append(errs, field.NotSupported(a.Child("reportFormat"), c.Audit.ReportFormat, []string{"wgpolicyk8s.io/v1alpha2", "openreports.io/v1alpha1"}))
 	}
 
 	p := field.NewPath("policy")

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/audit"
+	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/policy"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+// setupAudit runs the background audit in each leader term: one replica
+// evaluates the stored Deployments and writes the reports, away from the
+// admission path. Its metrics outlive the terms.
+func setupAudit(mgr ctrl.Manager, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, ignored []string) error {
+	am, err := audit.NewMetrics(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient())}
+	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+		r := &audit.Runner{
+			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,
+			Options: audit.Options{
+				Period: cfg.Audit.Period.Duration, Rate: cfg.Audit.Rate, Format: cfg.Audit.ReportFormat,
+				IgnoredNamespaces: ignored,
+			},
+			Log: ctrl.Log.WithName("audit"),
+		}
+		if err := lm.Add(r); err != nil {
+			return fmt.Errorf("adding the audit: %w", err)
+		}
+		return nil
+	})
+	return nil
+}

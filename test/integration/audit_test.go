@@ -1,0 +1,250 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/audit"
+	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// auditPolicy asks for a team label, in the test's namespace only so that the
+// suite's other tests are not judged by it.
+func auditPolicy(ns, mode string) string {
+	return fmt.Sprintf(`# METADATA
+# custom:
+#   mode: %s
+#   severity: high
+#   category: Ownership
+package deployguard.auditteam
+
+import rego.v1
+
+deny contains {"msg": "every Deployment needs a team label", "field": "metadata.labels.team"} if {
+	input.object.metadata.namespace == %q
+	not input.object.metadata.labels.team
+}
+`, mode, ns)
+}
+
+// startAudit runs an audit on its own cache, as the leader's term would.
+func startAudit(t *testing.T, format string, log logr.Logger) (*audit.Runner, *prometheus.Registry) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	require.NoError(t, err)
+	cl, err := client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: c}})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	m, err := audit.NewMetrics(reg)
+	require.NoError(t, err)
+	r := &audit.Runner{
+		Client: cl, Cache: c, Metrics: m, Log: log,
+		Evaluator: &audit.Evaluator{Options: config.Default().WebhookOptions(guardUser), Engine: engine},
+		Options: audit.Options{Period: time.Hour, Rate: 1000, Format: format,
+			IgnoredNamespaces: []string{"kube-system", harness.GuardNamespace}},
+	}
+	var wg sync.WaitGroup
+	var runErr atomic.Value
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = c.Start(ctx) }()
+	go func() {
+		defer wg.Done()
+		if err := r.Start(ctx); err != nil {
+			runErr.Store(err)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		assert.Nil(t, runErr.Load(), "the audit stopped with an error")
+	})
+	return r, reg
+}
+
+// passes counts finished audit passes.
+func passes(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == "deployguard_audit_pass_duration_seconds" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
+}
+
+func report(ctx context.Context, ns string) (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("wgpolicyk8s.io/v1alpha2")
+	u.SetKind("PolicyReport")
+	return u, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: audit.ReportName}, u)
+}
+
+// failing lists the names of the Deployments the policy fails in the report.
+func failing(s audit.Stored, policy string) []string {
+	var names []string
+	for _, r := range s.Results {
+		if r.Policy == policy && r.Result.Result == audit.ResultFail {
+			names = append(names, r.Resource.Name)
+		}
+	}
+	return names
+}
+
+// TestAuditReportsExistingDeployments walks the issue's acceptance: Deployments
+// that predate a policy are found in the namespace's PolicyReport once the
+// policy is hot-loaded in audit mode; a fix, a deletion and a switch to
+// enforce each show as they should.
+func TestAuditReportsExistingDeployments(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	bad := map[string]*appsv1.Deployment{}
+	for _, name := range []string{"bad-0", "bad-1", "bad-2"} {
+		d := deployment(ns, name)
+		require.NoError(t, k8s.Create(ctx, d))
+		bad[name] = d
+	}
+	good := deployment(ns, "good", func(d *appsv1.Deployment) { d.Labels = map[string]string{"team": "shop"} })
+	require.NoError(t, k8s.Create(ctx, good))
+
+	_, reg := startAudit(t, audit.FormatPolicyReport, logr.Discard())
+
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "audit-team-policy", Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
+		Data:       map[string]string{"team.rego": auditPolicy(ns, "audit")},
+	}
+	require.NoError(t, k8s.Create(ctx, cm))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), cm) })
+
+	const policyName = "deployguard.auditteam"
+	var st audit.Stored
+	waitReport := func(msg string, cond func(audit.Stored) bool) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			u, err := report(ctx, ns)
+			if err != nil {
+				return false
+			}
+			st = audit.Parse(u)
+			return cond(st)
+		}, 3*waitShort, tick, "%s; last report: %+v", msg, st)
+	}
+	waitReport("the three violations never reached the report", func(s audit.Stored) bool {
+		return len(failing(s, policyName)) == 3
+	})
+	assert.ElementsMatch(t, []string{"bad-0", "bad-1", "bad-2"}, failing(st, policyName))
+	listedFails := 0
+	for _, r := range st.Results {
+		if r.Result.Result == audit.ResultFail {
+			listedFails++
+		}
+		if r.Policy != policyName {
+			continue
+		}
+		assert.Equal(t, "high", r.Severity)
+		assert.Equal(t, "Ownership", r.Category)
+		assert.Equal(t, "metadata.labels.team", r.Field)
+		assert.Equal(t, "[policy auditteam] metadata.labels.team: every Deployment needs a team label", r.Message)
+		assert.Equal(t, bad[r.Resource.Name].UID, r.Resource.UID, "the result names the Deployment's UID")
+		assert.False(t, r.Since.IsZero(), "a result has a timestamp")
+	}
+	assert.Equal(t, listedFails, st.Summary.Fail, "the summary counts every failure")
+	passBefore := st.Summary.Pass
+	assert.Positive(t, passBefore, "passes are counted")
+
+	// Fixed: its failure leaves the report and its pass is counted.
+	fixed := &appsv1.Deployment{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(bad["bad-0"]), fixed))
+	fixed.Labels = map[string]string{"team": "shop"}
+	require.NoError(t, k8s.Update(ctx, fixed))
+	waitReport("the fixed Deployment's failure stayed", func(s audit.Stored) bool { return len(failing(s, policyName)) == 2 })
+	assert.ElementsMatch(t, []string{"bad-1", "bad-2"}, failing(st, policyName))
+	assert.Equal(t, passBefore+1, st.Summary.Pass, "the fixed Deployment's result turned to pass")
+
+	// Deleted: its results go, passes and failures alike.
+	require.NoError(t, k8s.Delete(ctx, bad["bad-1"]))
+	waitReport("the deleted Deployment's result stayed", func(s audit.Stored) bool { return len(failing(s, policyName)) == 1 })
+	assert.Equal(t, []string{"bad-2"}, failing(st, policyName))
+	for _, r := range st.Results {
+		assert.NotEqual(t, "bad-1", r.Resource.Name, "no result of the deleted Deployment is left")
+	}
+
+	// Enforce: updates are refused, the report does not change.
+	u, err := report(ctx, ns)
+	require.NoError(t, err)
+	rv := u.GetResourceVersion()
+	before := passes(t, reg)
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm))
+	cm.Data["team.rego"] = auditPolicy(ns, "enforce")
+	require.NoError(t, k8s.Update(ctx, cm))
+	var refusal string
+	require.Eventually(t, func() bool {
+		d := &appsv1.Deployment{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(bad["bad-2"]), d); err != nil {
+			return false
+		}
+		d.Spec.Replicas = ptr(int32(3))
+		err := k8s.Update(ctx, d, client.DryRunAll)
+		if err == nil {
+			return false
+		}
+		refusal = err.Error()
+		return strings.Contains(refusal, "[policy auditteam]")
+	}, waitShort, tick, "the enforced policy never refused an update")
+	require.Eventually(t, func() bool { return passes(t, reg) > before }, waitShort, tick, "no audit pass after the policy changed")
+	u, err = report(ctx, ns)
+	require.NoError(t, err)
+	assert.Equal(t, rv, u.GetResourceVersion(), "switching the mode rewrote the report")
+
+	// What the guard writes passes the CRD's validation, unknown fields refused.
+	again := u.DeepCopy()
+	again.SetName("validation-probe")
+	again.SetResourceVersion("")
+	require.NoError(t, k8s.Create(ctx, again, client.DryRunAll, client.FieldValidation("Strict")))
+}
+
+// TestAuditWithoutReportCRD: with no CRD for the configured report kind the
+// audit says so once, keeps running, and admission is untouched.
+func TestAuditWithoutReportCRD(t *testing.T) {
+	ctx := context.Background()
+	var said atomic.Int32
+	log := funcr.New(func(prefix, args string) {
+		if strings.Contains(args, "NoReportCRD") {
+			said.Add(1)
+		}
+	}, funcr.Options{})
+	r, reg := startAudit(t, audit.FormatOpenReports, log)
+	require.Eventually(t, r.ReportsDisabled, waitShort, tick, "the missing CRD was not noticed")
+
+	ns := newNamespace(t, nil)
+	before := passes(t, reg)
+	for i := range 3 {
+		require.NoError(t, k8s.Create(ctx, deployment(ns, fmt.Sprintf("app-%d", i))), "admission works without the report CRD")
+	}
+	require.Eventually(t, func() bool { return passes(t, reg) > before }, waitShort, tick, "the audit stopped passing")
+	assert.Equal(t, int32(1), said.Load(), "the missing CRD is logged once")
+}
