@@ -55,6 +55,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return restore(args[1:], stdout, stderr)
 	case "status":
 		return status(args[1:], stdout, stderr)
+	case "audit":
+		return auditCmd(args[1:], stdout, stderr)
 	case "uninstall":
 		return uninstall(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -78,6 +80,7 @@ Usage:
   deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
   deployguard test DIR…         run the Rego tests of policies, with the guard's own OPA (CI)
   deployguard status NS/NAME     revisions, known-good and failed ones, quarantine, rollout and cleanup of a Deployment
+  deployguard audit [-n NS]      what the background audit found in existing Deployments, by policy then namespace
   deployguard restore NS/NAME    recreate a deleted Deployment from the guard's record of it
   deployguard uninstall          remove the webhooks, then the guard's finalizers from every Deployment
   deployguard version            print the build

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/audit"
+)
+
+// auditCmd is `deployguard audit [-n NS] [-o text|json]`: what the audit's
+// reports say, grouped by policy then namespace.
+func auditCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("deployguard audit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: deployguard audit [flags]
+
+Prints what the guard's audit reports say about the Deployments already in
+the cluster, by policy then namespace: which would be refused if the policy
+were enforced, which warn, which could not be evaluated.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
+	namespace := fs.String("n", "", "only this namespace's report; every namespace when empty")
+	output := fs.String("o", "text", "output format: text or json")
+	format := fs.String("format", audit.FormatPolicyReport, "the report kind the guard writes (its config's audit.reportFormat)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	gvk, err := audit.GVK(*format)
+	if fs.NArg() > 0 || (*output != "text" && *output != "json") || err != nil {
+		fmt.Fprintln(stderr, "deployguard audit: takes no arguments, -o text or -o json, and -format", audit.FormatPolicyReport, "or", audit.FormatOpenReports)
+		fs.Usage()
+		return 2
+	}
+	c, err := newClient(*kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	opts := []client.ListOption{client.MatchingLabels{"app.kubernetes.io/managed-by": "deployguard"}}
+	if *namespace != "" {
+		opts = append(opts, client.InNamespace(*namespace))
+	}
+	if err := c.List(ctx, list, opts...); err != nil {
+		fmt.Fprintf(stderr, "deployguard audit: listing %s reports: %v\n", gvk.Kind, err)
+		return 1
+	}
+	var reports []audit.Stored
+	for i := range list.Items {
+		if list.Items[i].GetName() == audit.ReportName {
+			reports = append(reports, audit.Parse(&list.Items[i]))
+		}
+	}
+	o := audit.OverviewOf(reports)
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(o)
+		return 0
+	}
+	o.WriteText(stdout)
+	return 0
+}
