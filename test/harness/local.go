@@ -31,6 +31,9 @@ type LocalOptions struct {
 	ClusterArgs []string
 	// WebhookManifests, when set, replaces config/webhook/manifests.yaml.
 	WebhookManifests string
+	// CRDs are kustomize folders of CRDs applied, and waited for, before the
+	// guard starts (config/crd/policyreport for the audit's reports).
+	CRDs []string
 }
 
 // Local is a running local cluster with the guard serving its webhooks.
@@ -72,6 +75,14 @@ func StartLocal(ctx context.Context, o LocalOptions) (l *Local, err error) {
 	l.GuardKubeconfig = filepath.Join(o.WorkDir, "guard.kubeconfig")
 	if err = l.Cluster.GuardKubeconfig(ctx, l.Client, l.GuardKubeconfig); err != nil {
 		return l, fmt.Errorf("giving the guard its service account: %w", err)
+	}
+	for _, dir := range o.CRDs {
+		if _, err = l.Cluster.Kubectl(ctx, l.Cluster.Kubeconfig, "apply", "-k", dir); err != nil {
+			return l, fmt.Errorf("applying the CRDs of %s: %w", dir, err)
+		}
+		if _, err = l.Cluster.Kubectl(ctx, l.Cluster.Kubeconfig, "wait", "--for=condition=Established", "crd", "-l", "app.kubernetes.io/part-of=deployguard", "--timeout=1m"); err != nil {
+			return l, fmt.Errorf("waiting for the CRDs of %s: %w", dir, err)
+		}
 	}
 	port, err := FreePort()
 	if err != nil {

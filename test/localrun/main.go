@@ -62,6 +62,7 @@ func run(tools, guard, workDir string) error {
 	l, err := harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: guard, Name: "deployguard", WorkDir: workDir, Nodes: 2,
 		GuardConfig: guardConfig, Log: logFile,
+		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
 	})
 	if err != nil {
 		return fmt.Errorf("%w (see %s)", err, logPath)
@@ -93,6 +94,8 @@ Try:
   kubectl apply -f config/samples/empty-selector.yaml        # repaired: see the deployguard.io/defaulted annotation
   kubectl apply -f config/samples/unrepairable-selector.yaml # refused, with the labels to add
   kubectl apply -f config/samples/all-down.yaml              # refused: maxUnavailable would take every replica down
+  kubectl get policyreport -A                                # the background audit of existing Deployments
+  bin/deployguard audit                                      # the same, by policy then namespace
 
 Press Ctrl-C to stop everything.
 `, kubeconfig, kubectl, logPath, l.Guard.Metrics)

@@ -52,8 +52,9 @@ type Runner struct {
 	dirty map[string]bool // namespaces to audit again; "" means all
 	kick  chan struct{}
 
-	missing    atomic.Bool // the report CRD is not installed
-	warnedOnce sync.Once
+	missing     atomic.Bool // the report CRD is not installed
+	everMissing atomic.Bool
+	warnedOnce  sync.Once
 }
 
 var _ manager.LeaderElectionRunnable = &Runner{}
@@ -62,7 +63,7 @@ var _ manager.LeaderElectionRunnable = &Runner{}
 func (r *Runner) NeedLeaderElection() bool { return true }
 
 // ReportsDisabled reports whether the report CRD was found missing.
-func (r *Runner) ReportsDisabled() bool { return r.missing.Load() }
+func (r *Runner) ReportsDisabled() bool { return r.everMissing.Load() }
 
 func (r *Runner) mark(ns string) {
 	r.mu.Lock()
@@ -183,6 +184,11 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[stri
 		byNS[d.Namespace] = append(byNS[d.Namespace], r.Evaluator.Evaluate(ctx, d)...)
 	}
 	full := dirty[""]
+	if full {
+		// A CRD installed after the guard started is found at the next full
+		// pass; the log still says "missing" only once.
+		r.missing.Store(false)
+	}
 	var errs []error
 	for ns, results := range byNS {
 		if r.ignored(ns) {
@@ -191,6 +197,9 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[stri
 		if err := r.write(ctx, ns, results); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if full && !r.missing.Load() && r.Metrics != nil {
+		r.Metrics.reportsDisabled.Set(0)
 	}
 	if full {
 		if err := r.dropStale(ctx, byNS); err != nil {
@@ -302,8 +311,9 @@ func (r *Runner) noCRD(err error) {
 	if r.Metrics != nil {
 		r.Metrics.reportsDisabled.Set(1)
 	}
+	r.everMissing.Store(true)
 	r.warnedOnce.Do(func() {
-		r.Log.Info("the report CRD is not installed: the audit keeps evaluating and counting, but writes no reports until the guard restarts with it",
+		r.Log.Info("the report CRD is not installed: the audit keeps evaluating and counting, and writes no reports until a full pass finds the CRD",
 			"reason", "NoReportCRD", "format", r.Options.Format, "error", err.Error())
 	})
 }
