@@ -13,9 +13,6 @@ type Metrics struct {
 	duration        *prometheus.HistogramVec
 	writes          prometheus.Counter
 	reportsDisabled prometheus.Gauge
-	// perNS keeps each namespace's counts, so that a pass over a few
-	// namespaces updates the cluster-wide gauge correctly.
-	perNS map[string]map[[2]string]int
 }
 
 // NewMetrics registers the audit's metrics with reg.
@@ -38,7 +35,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "deployguard_audit_reports_disabled",
 			Help: "1 when the report CRD is missing and the audit writes no reports.",
 		}),
-		perNS: map[string]map[[2]string]int{},
 	}
 	for _, c := range []prometheus.Collector{m.results, m.duration, m.writes, m.reportsDisabled} {
 		if err := reg.Register(c); err != nil {
@@ -54,25 +50,23 @@ func (m *Metrics) countWrite() {
 	}
 }
 
-// observePass is called by the one audit goroutine only.
-func (m *Metrics) observePass(d time.Duration, full bool, byNS map[string][]Result) {
+// observePass is called by the one audit goroutine only, with every
+// Deployment's last results.
+func (m *Metrics) observePass(d time.Duration, full bool, known map[string]map[string]entry) {
 	scope := "partial"
 	if full {
 		scope = "full"
-		m.perNS = map[string]map[[2]string]int{}
 	}
 	m.duration.WithLabelValues(scope).Observe(d.Seconds())
-	for ns, results := range byNS {
-		counts := map[[2]string]int{}
-		for _, r := range results {
-			counts[[2]string{r.Policy, r.Result}]++
-		}
-		m.perNS[ns] = counts
-	}
 	total := map[[2]string]int{}
-	for _, counts := range m.perNS {
-		for k, v := range counts {
-			total[k] += v
+	for _, byName := range known {
+		for _, e := range byName {
+			for _, r := range e.results {
+				total[[2]string{r.Policy, r.Result}]++
+			}
+			for p, n := range e.passes {
+				total[[2]string{p, ResultPass}] += n
+			}
 		}
 	}
 	m.results.Reset()

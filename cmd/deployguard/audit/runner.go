@@ -49,7 +49,11 @@ type Runner struct {
 	Now func() time.Time
 
 	mu    sync.Mutex
-	dirty map[string]bool // namespaces to audit again; "" means all
+	dirty map[client.ObjectKey]bool // Deployments to audit again; the zero key means all
+	// known holds each audited Deployment's results between passes, so that a
+	// change re-evaluates one Deployment, not its namespace. Passes are only
+	// counted: a namespace of 10,000 Deployments keeps its failures and counts.
+	known map[string]map[string]entry
 	kick  chan struct{}
 
 	missing     atomic.Bool // the report CRD is not installed
@@ -65,9 +69,28 @@ func (r *Runner) NeedLeaderElection() bool { return true }
 // ReportsDisabled reports whether the report CRD was found missing.
 func (r *Runner) ReportsDisabled() bool { return r.everMissing.Load() }
 
-func (r *Runner) mark(ns string) {
+// entry is one Deployment's last results: the non-pass ones, and how many
+// results of each policy passed.
+type entry struct {
+	results []Result
+	passes  map[string]int
+}
+
+func newEntry(results []Result) entry {
+	e := entry{passes: map[string]int{}}
+	for _, r := range results {
+		if r.Result == ResultPass {
+			e.passes[r.Policy]++
+		} else {
+			e.results = append(e.results, r)
+		}
+	}
+	return e
+}
+
+func (r *Runner) mark(key client.ObjectKey) {
 	r.mu.Lock()
-	r.dirty[ns] = true
+	r.dirty[key] = true
 	r.mu.Unlock()
 	select {
 	case r.kick <- struct{}{}:
@@ -80,7 +103,8 @@ func (r *Runner) Start(ctx context.Context) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
-	r.dirty, r.kick = map[string]bool{"": true}, make(chan struct{}, 1)
+	r.dirty, r.kick = map[client.ObjectKey]bool{{}: true}, make(chan struct{}, 1)
+	r.known = map[string]map[string]entry{}
 	inf, err := r.Cache.GetInformer(ctx, &appsv1.Deployment{})
 	if err != nil {
 		return fmt.Errorf("audit: getting the Deployment informer: %w", err)
@@ -90,7 +114,7 @@ func (r *Runner) Start(ctx context.Context) error {
 			obj = t.Obj
 		}
 		if d, ok := obj.(*appsv1.Deployment); ok {
-			r.mark(d.Namespace)
+			r.mark(client.ObjectKeyFromObject(d))
 		}
 	}
 	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
@@ -124,7 +148,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		changed := r.Evaluator.Engine.Changed()
 		r.mu.Lock()
 		dirty := r.dirty
-		r.dirty = map[string]bool{}
+		r.dirty = map[client.ObjectKey]bool{}
 		r.mu.Unlock()
 		if len(dirty) > 0 {
 			if err := r.pass(ctx, limiter, dirty); err != nil && ctx.Err() == nil {
@@ -136,9 +160,9 @@ func (r *Runner) Start(ctx context.Context) error {
 			return nil
 		case <-r.kick:
 		case <-changed:
-			r.mark("")
+			r.mark(client.ObjectKey{})
 		case <-period.C:
-			r.mark("")
+			r.mark(client.ObjectKey{})
 		}
 	}
 }
@@ -150,67 +174,99 @@ func equalMeta(a, b *appsv1.Deployment) bool {
 		slices.Equal(a.Finalizers, b.Finalizers) && a.DeletionTimestamp.Equal(b.DeletionTimestamp)
 }
 
-// pass audits the dirty namespaces ("" in dirty: every namespace).
-func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[string]bool) error {
+// pass audits the dirty Deployments (the zero key: every one), then writes
+// the reports of the namespaces it touched.
+func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool) error {
 	start := time.Now()
-	var list appsv1.DeploymentList
-	if dirty[""] {
-		if err := r.Client.List(ctx, &list); err != nil {
-			return fmt.Errorf("listing Deployments: %w", err)
-		}
-	} else {
-		for ns := range dirty {
-			var l appsv1.DeploymentList
-			if err := r.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
-				return fmt.Errorf("listing the Deployments of %s: %w", ns, err)
-			}
-			list.Items = append(list.Items, l.Items...)
-		}
-	}
-	byNS := map[string][]Result{}
-	for ns := range dirty {
-		if ns != "" {
-			byNS[ns] = nil // a namespace emptied of Deployments gets an empty report
-		}
-	}
-	for i := range list.Items {
-		d := &list.Items[i]
-		if r.ignored(d.Namespace) {
-			continue
-		}
+	full := dirty[client.ObjectKey{}]
+	touched := map[string]bool{}
+	evaluate := func(d *appsv1.Deployment) error {
 		if err := limiter.Wait(ctx); err != nil {
 			return err
 		}
-		byNS[d.Namespace] = append(byNS[d.Namespace], r.Evaluator.Evaluate(ctx, d)...)
+		if r.known[d.Namespace] == nil {
+			r.known[d.Namespace] = map[string]entry{}
+		}
+		r.known[d.Namespace][d.Name] = newEntry(r.Evaluator.Evaluate(ctx, d))
+		touched[d.Namespace] = true
+		return nil
 	}
-	full := dirty[""]
+	n := 0
 	if full {
-		// A CRD installed after the guard started is found at the next full
-		// pass; the log still says "missing" only once.
-		r.missing.Store(false)
+		var list appsv1.DeploymentList
+		if err := r.Client.List(ctx, &list); err != nil {
+			return fmt.Errorf("listing Deployments: %w", err)
+		}
+		for ns := range r.known {
+			touched[ns] = true // emptied namespaces lose their report
+		}
+		r.known = map[string]map[string]entry{}
+		for i := range list.Items {
+			if d := &list.Items[i]; !r.ignored(d.Namespace) {
+				if err := evaluate(d); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+	} else {
+		for key := range dirty {
+			if r.ignored(key.Namespace) {
+				continue
+			}
+			d := &appsv1.Deployment{}
+			err := r.Client.Get(ctx, key, d)
+			switch {
+			case apierrors.IsNotFound(err):
+				delete(r.known[key.Namespace], key.Name)
+				touched[key.Namespace] = true
+				continue
+			case err != nil:
+				return fmt.Errorf("reading Deployment %s: %w", key, err)
+			}
+			if err := evaluate(d); err != nil {
+				return err
+			}
+			n++
+		}
 	}
 	var errs []error
-	for ns, results := range byNS {
-		if r.ignored(ns) {
-			continue
-		}
-		if err := r.write(ctx, ns, results); err != nil {
+	for ns := range touched {
+		if err := r.write(ctx, ns, r.content(ns)); err != nil {
 			errs = append(errs, err)
+		}
+		if len(r.known[ns]) == 0 {
+			delete(r.known, ns)
 		}
 	}
 	if full && !r.missing.Load() && r.Metrics != nil {
 		r.Metrics.reportsDisabled.Set(0)
 	}
 	if full {
-		if err := r.dropStale(ctx, byNS); err != nil {
+		if err := r.dropStale(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if r.Metrics != nil {
-		r.Metrics.observePass(time.Since(start), full, byNS)
+		r.Metrics.observePass(time.Since(start), full, r.known)
 	}
-	r.Log.V(1).Info("audit pass", "deployments", len(list.Items), "namespaces", len(byNS), "full", full, "duration", time.Since(start))
+	r.Log.V(1).Info("audit pass", "deployments", n, "namespaces", len(touched), "full", full, "duration", time.Since(start))
 	return errors.Join(errs...)
+}
+
+// content is a namespace's report content from its Deployments' entries.
+func (r *Runner) content(ns string) Content {
+	var results []Result
+	passes := 0
+	for _, e := range r.known[ns] {
+		results = append(results, e.results...)
+		for _, n := range e.passes {
+			passes += n
+		}
+	}
+	c := Summarize(results)
+	c.Summary.Pass += passes
+	return c
 }
 
 func (r *Runner) ignored(ns string) bool {
@@ -223,7 +279,7 @@ func (r *Runner) ignored(ns string) bool {
 }
 
 // write updates the namespace's report only when its content changed.
-func (r *Runner) write(ctx context.Context, ns string, results []Result) error {
+func (r *Runner) write(ctx context.Context, ns string, c Content) error {
 	if r.missing.Load() {
 		return nil
 	}
@@ -231,7 +287,6 @@ func (r *Runner) write(ctx context.Context, ns string, results []Result) error {
 	if err != nil {
 		return err
 	}
-	c := Summarize(results)
 	stored := &unstructured.Unstructured{}
 	stored.SetGroupVersionKind(gvk)
 	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ReportName}, stored)
@@ -279,7 +334,7 @@ func (r *Runner) write(ctx context.Context, ns string, results []Result) error {
 
 // dropStale deletes the guard's reports of namespaces that no longer hold a
 // Deployment, after a full pass.
-func (r *Runner) dropStale(ctx context.Context, seen map[string][]Result) error {
+func (r *Runner) dropStale(ctx context.Context) error {
 	if r.missing.Load() {
 		return nil
 	}
@@ -295,7 +350,7 @@ func (r *Runner) dropStale(ctx context.Context, seen map[string][]Result) error 
 	}
 	for i := range list.Items {
 		u := &list.Items[i]
-		if _, ok := seen[u.GetNamespace()]; ok || u.GetName() != ReportName {
+		if _, ok := r.known[u.GetNamespace()]; ok || u.GetName() != ReportName {
 			continue
 		}
 		if err := r.Client.Delete(ctx, u); client.IgnoreNotFound(err) != nil {
