@@ -276,6 +276,16 @@ func TestLoadErrors(t *testing.T) {
 			want:    []string{`typo.rego:1: custom.mode: unknown mode "enforcing"`},
 		},
 		{
+			name:    "unknown severity",
+			sources: []Source{regoSource("sev.rego", "# METADATA\n# custom:\n#   severity: urgent\npackage deployguard.sev\n\ndeny contains \"x\" if input.operation\n")},
+			want:    []string{"sev.rego:1: custom.severity must be one of critical, high, medium, low, info, not urgent"},
+		},
+		{
+			name:    "category that is not a string",
+			sources: []Source{regoSource("cat.rego", "# METADATA\n# custom:\n#   category: [a, b]\npackage deployguard.cat\n\ndeny contains \"x\" if input.operation\n")},
+			want:    []string{"cat.rego:1: custom.category must be a string"},
+		},
+		{
 			name:    "bare deployguard package",
 			sources: []Source{regoSource("root.rego", "package deployguard\n\ndeny contains \"x\" if input.operation\n")},
 			want:    []string{"root.rego:1: package deployguard has no policy name"},
@@ -390,4 +400,29 @@ func TestInputLeavesOutOldObjectOnlyWhenUnread(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChangedSignalsEachNewSet: the audit re-evaluates when a new set becomes
+// active, and only then: a load that fails keeps the old set and says nothing.
+func TestChangedSignalsEachNewSet(t *testing.T) {
+	e := newEngine(t, Options{}, denyAlways("one", "enforce"))
+	changed := e.Changed()
+	select {
+	case <-changed:
+		t.Fatal("signalled before any change")
+	default:
+	}
+	require.Error(t, e.Load(context.Background(), []Source{regoSource("bad.rego", "package deployguard.bad\n\ndeny contains {\n")}))
+	select {
+	case <-changed:
+		t.Fatal("a failed load signalled a change")
+	default:
+	}
+	require.NoError(t, e.Load(context.Background(), []Source{denyAlways("two", "warn")}))
+	select {
+	case <-changed:
+	default:
+		t.Fatal("a new set was not signalled")
+	}
+	assert.NotEqual(t, changed, e.Changed(), "the next change has a new channel")
 }
