@@ -72,6 +72,20 @@ exemptions:
 			},
 		},
 		{
+			name:    "audit settings are checked",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\naudit:\n  period: 5s\n  rate: 0\n  reportFormat: kyverno\n",
+			wantErr: []string{"line 4: audit.period", "line 5: audit.rate", "line 6: audit.reportFormat"},
+		},
+		{
+			name: "the openreports.io format",
+			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\naudit:\n  reportFormat: openreports.io/v1alpha1\n  rate: 50\n",
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, "openreports.io/v1alpha1", c.Audit.ReportFormat)
+				assert.InDelta(t, 50.0, c.Audit.Rate, 0)
+				assert.True(t, c.Audit.Enabled)
+			},
+		},
+		{
 			name:    "an unknown cleanup step names the line",
 			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  steps: [record, backup]\n",
 			wantErr: []string{"line 4: cleanup.steps", `unknown cleanup step "backup"`},
