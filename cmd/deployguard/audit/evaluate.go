@@ -73,9 +73,18 @@ type Evaluator struct {
 }
 
 // Evaluate judges d as stored: an UPDATE whose oldObject equals object, run
-// as AuditUsername. A namespace the webhook exempts gets skip results.
+// as AuditUsername. A namespace the webhook exempts gets skip results; one
+// whose label deployguard.io/guard=disabled keeps the webhooks away gets none,
+// as it is not guarded.
 func (e *Evaluator) Evaluate(ctx context.Context, d *appsv1.Deployment) []Result {
 	res := Resource{Namespace: d.Namespace, Name: d.Name, UID: d.UID}
+	var nsLabels map[string]string
+	if e.NamespaceLabels != nil {
+		nsLabels, _ = e.NamespaceLabels(ctx, d.Namespace)
+		if nsLabels[vocab.LabelGuard] == "disabled" {
+			return nil
+		}
+	}
 	var out []Result
 	if slices.Contains(e.Options.ExemptNamespaces, d.Namespace) {
 		out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: "namespace " + d.Namespace + " is exempt from deployguard's checks", Resource: res})
@@ -88,9 +97,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, d *appsv1.Deployment) []Result
 			Operation: "UPDATE", Namespace: d.Namespace, Name: d.Name, Object: d, OldObject: d,
 			UserInfo: policy.UserInfo{Username: AuditUsername},
 		}
-		if e.NamespaceLabels != nil {
-			in.NamespaceLabels, _ = e.NamespaceLabels(ctx, d.Namespace)
-		}
+		in.NamespaceLabels = nsLabels
 		dec, err := e.Engine.EvaluateRequest(ctx, in)
 		out = append(out, RegoResults(e.Engine.Policies(), dec, err, res)...)
 	}

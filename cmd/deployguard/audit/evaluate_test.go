@@ -112,3 +112,14 @@ func TestEvaluate(t *testing.T) {
 		})
 	}
 }
+
+// TestEvaluateSkipsUnguardedNamespaces: the webhooks never see a namespace
+// labelled deployguard.io/guard=disabled, nor does the audit.
+func TestEvaluateSkipsUnguardedNamespaces(t *testing.T) {
+	labels := map[string]map[string]string{"off": {vocab.LabelGuard: "disabled"}, "shop": {}}
+	e := &Evaluator{Options: &guardwebhook.Options{}, NamespaceLabels: func(_ context.Context, ns string) (map[string]string, error) {
+		return labels[ns], nil
+	}}
+	assert.Empty(t, e.Evaluate(context.Background(), sound(func(d *appsv1.Deployment) { d.Namespace = "off" })))
+	assert.NotEmpty(t, e.Evaluate(context.Background(), sound()))
+}
