@@ -63,6 +63,9 @@ type Runner struct {
 
 var _ manager.LeaderElectionRunnable = &Runner{}
 
+// batchWindow gathers the Deployment changes of one second into one pass.
+const batchWindow = time.Second
+
 // NeedLeaderElection: one replica writes the reports.
 func (r *Runner) NeedLeaderElection() bool { return true }
 
@@ -159,6 +162,15 @@ func (r *Runner) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-r.kick:
+			// Changes arriving together (a fill, a GitOps sync) make one
+			// pass and one report write per namespace, not one each.
+			batch := time.NewTimer(batchWindow)
+			select {
+			case <-ctx.Done():
+				batch.Stop()
+				return nil
+			case <-batch.C:
+			}
 		case <-changed:
 			r.mark(client.ObjectKey{})
 		case <-period.C:
