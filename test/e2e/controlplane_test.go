@@ -114,6 +114,28 @@ func (p *admissionProbe) since(t time.Time) (firstOK time.Time, total int, faile
 	return firstOK, total, failedAfter
 }
 
+// afterRestart waits, for up to 3 minutes, until cond holds of the Deployment
+// as the API server has it. Right after a control-plane start, reads may fail
+// for a moment and the restarted kube-controller-manager waits for its own
+// lease (15 s) before it acts: errors are retried, not fatal.
+func afterRestart(t *testing.T, c client.Client, ns, name, msg string, cond func(d *appsv1.Deployment) bool) *appsv1.Deployment {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	waitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+			return false, err.Error(), nil
+		}
+		return cond(d), describe(d), nil
+	})
+	return d
+}
+
+func completed(d *appsv1.Deployment) bool {
+	p := condition(d, appsv1.DeploymentProgressing)
+	return d.Status.ObservedGeneration == d.Generation && p != nil && p.Reason == "NewReplicaSetAvailable" &&
+		d.Status.UpdatedReplicas == *d.Spec.Replicas && d.Status.AvailableReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas
+}
+
 // logHas reports whether the guard's log (in the cluster log) holds line.
 func logHas(path, line string) bool {
 	b, err := os.ReadFile(path)
@@ -151,7 +173,10 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 		ok, _, _ := probe.since(back)
 		return !ok.IsZero(), "", nil
 	})
-	d := waitRolledBack(t, ns, "web", 2)
+	afterRestart(t, l.Client, ns, "web", "web was not rolled back from revision 2", func(d *appsv1.Deployment) bool {
+		return d.Annotations[vocab.AnnotationRolledBackRevision] == "2"
+	})
+	d := afterRestart(t, l.Client, ns, "web", "web did not complete on the restored template", completed)
 	probe.stop()
 	firstOK, total, failedAfter := probe.since(back)
 	t.Logf("control plane down %s; after it was back: first admission through the guard after %s, %d admissions, %d failed after the first success",
@@ -200,16 +225,15 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 	require.NoError(t, update(t, harness.GuardNamespace, "deployguard", func(d *appsv1.Deployment) {
 		d.Spec.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": time.Now().Format(time.RFC3339)}
 	}))
-	waitAvailable(t, harness.GuardNamespace, "deployguard", 2*time.Minute)
+	afterRestart(t, l.Client, harness.GuardNamespace, "deployguard", "the guard's own Deployment did not roll out without the guard", completed)
 	// kube-system is excluded too.
 	require.NoError(t, l.Client.Create(ctx, deployment("kube-system", "addon", "addon:1")))
 	// Scaling a guarded Deployment goes through the scale subresource, which
 	// the webhooks do not intercept: an HPA keeps working.
 	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
 	require.NoError(t, l.Client.SubResource("scale").Update(ctx, get(ctx, t, ns, "web"), client.WithSubResourceBody(scale)))
-	waitFor(t, time.Minute, "the scale of a guarded Deployment was not carried out", func(ctx context.Context) (bool, string, error) {
-		d := get(ctx, t, ns, "web")
-		return d.Status.ReadyReplicas == 3, describe(d), nil
+	afterRestart(t, l.Client, ns, "web", "the scale of a guarded Deployment was not carried out", func(d *appsv1.Deployment) bool {
+		return d.Status.ReadyReplicas == 3
 	})
 	// A write of a guarded Deployment fails closed, and says why.
 	err := l.Client.Create(ctx, deployment(ns, "new", "app:1"))
