@@ -147,8 +147,17 @@ func (r *Runner) Start(ctx context.Context) error {
 	limiter := rate.NewLimiter(rate.Limit(r.Options.Rate), max(1, int(r.Options.Rate)))
 	period := time.NewTicker(r.Options.Period)
 	defer period.Stop()
+	// changed is kept across iterations and renewed only once seen closed: a
+	// policy change during a pass or a batch wait closes the channel taken
+	// before it, and must not be lost by taking the next one.
+	changed := r.Evaluator.Engine.Changed()
 	for {
-		changed := r.Evaluator.Engine.Changed()
+		select {
+		case <-changed:
+			changed = r.Evaluator.Engine.Changed()
+			r.mark(client.ObjectKey{})
+		default:
+		}
 		r.mu.Lock()
 		dirty := r.dirty
 		r.dirty = map[client.ObjectKey]bool{}
@@ -172,7 +181,7 @@ func (r *Runner) Start(ctx context.Context) error {
 			case <-batch.C:
 			}
 		case <-changed:
-			r.mark(client.ObjectKey{})
+			// Marked at the top of the loop, where the channel is renewed.
 		case <-period.C:
 			r.mark(client.ObjectKey{})
 		}
