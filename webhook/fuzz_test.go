@@ -106,4 +106,3 @@ func answers(t *testing.T, body []byte, handlers ...http.Handler) {
 		}
 	}
 }
-

@@ -184,9 +184,9 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
 			Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
 		}),
-		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
-		HealthProbeBindAddress:        f.probeAddr,
-		PprofBindAddress:              f.pprofAddr,
+		Metrics:                metricsserver.Options{BindAddress: f.metricsAddr},
+		HealthProbeBindAddress: f.probeAddr,
+		PprofBindAddress:       f.pprofAddr,
 		// Leader election is per term, in leaderTerms: losing the lease must
 		// not stop the webhooks.
 		LeaderElection: false,
