@@ -16,7 +16,8 @@ import (
 )
 
 // Findings is what the safety checks say about one request: problems that refuse
-// it and warnings that kubectl prints.
+// it and warnings that kubectl prints. Each problem names the check that found
+// it in its Origin (a reason constant), which the admission metrics count by.
 type Findings struct {
 	Errs     field.ErrorList
 	Warnings []string
@@ -52,15 +53,17 @@ func checkSelector(d *appsv1.Deployment) Findings {
 	p := specPath.Child("selector")
 	if emptySelector(d.Spec.Selector) {
 		return Findings{Errs: field.ErrorList{field.Required(p,
-			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name")}}
+			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name").
+			WithOrigin(reasonSelector)}}
 	}
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil {
-		return Findings{Errs: field.ErrorList{field.Invalid(p, d.Spec.Selector, err.Error())}}
+		return Findings{Errs: field.ErrorList{field.Invalid(p, d.Spec.Selector, err.Error()).WithOrigin(reasonSelector)}}
 	}
 	if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
 		return Findings{Errs: field.ErrorList{field.Invalid(specPath.Child("template", "metadata", "labels"), d.Spec.Template.Labels,
-			fmt.Sprintf("the selector %q does not select the template's labels: add the selector's labels to spec.template.metadata.labels", sel.String()))}}
+			fmt.Sprintf("the selector %q does not select the template's labels: add the selector's labels to spec.template.metadata.labels", sel.String())).
+			WithOrigin(reasonSelector)}}
 	}
 	return Findings{}
 }
@@ -86,11 +89,11 @@ func CheckOverlap(d *appsv1.Deployment, others []Selection) Findings {
 		case mine.Selector.Matches(o.TemplateLabels):
 			f.Errs = append(f.Errs, field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
 				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.TemplateLabels.String())))
+				o.Name, o.TemplateLabels.String())).WithOrigin(reasonOverlap))
 		case o.Selector.Matches(mine.TemplateLabels):
 			f.Errs = append(f.Errs, field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
 				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.Selector.String())))
+				o.Name, o.Selector.String())).WithOrigin(reasonOverlap))
 		}
 	}
 	return f
@@ -116,7 +119,7 @@ func checkStrategy(d *appsv1.Deployment) Findings {
 		if unavailable >= replicas {
 			f.Errs = append(f.Errs, field.Invalid(strategyPath.Child("rollingUpdate", "maxUnavailable"), ru.MaxUnavailable.String(), fmt.Sprintf(
 				"resolves to %d of %d replicas, so a rollout may take every replica down at once: set it below %d (for example 25%%), or to 0 with maxSurge of at least 1",
-				unavailable, replicas, replicas)))
+				unavailable, replicas, replicas)).WithOrigin(reasonStrategy))
 		}
 	}
 	return f
@@ -160,10 +163,11 @@ func replicasOf(d *appsv1.Deployment) int32 {
 }
 
 // outOfBounds reports a value outside the platform team's bounds: refused
-// when the bounds are enforced, a warning otherwise.
-func outOfBounds(f *Findings, p *field.Path, v int32, detail string, o *Options) {
+// (by the check named reason) when the bounds are enforced, a warning
+// otherwise.
+func outOfBounds(f *Findings, reason string, p *field.Path, v int32, detail string, o *Options) {
 	if o.BoundsEnforce {
-		f.Errs = append(f.Errs, field.Invalid(p, v, detail))
+		f.Errs = append(f.Errs, field.Invalid(p, v, detail).WithOrigin(reason))
 		return
 	}
 	f.Warnings = append(f.Warnings, fmt.Sprintf("%s: %d is outside this cluster's bounds: %s", p, v, detail))
@@ -179,13 +183,13 @@ func checkRevisionHistory(d *appsv1.Deployment, o *Options) Findings {
 	b := o.RevisionHistoryBounds
 	switch {
 	case v < b.Min && v == 0:
-		outOfBounds(&f, p, v, fmt.Sprintf(
+		outOfBounds(&f, reasonRevisionHistory, p, v, fmt.Sprintf(
 			"0 keeps no old ReplicaSet once a rollout completes, so kubectl rollout undo has nothing to go back to "+
 				"(deployguard still rolls back a rollout that fails: the Deployment controller keeps its predecessors until it completes); set at least %d", b.Min), o)
 	case v < b.Min:
-		outOfBounds(&f, p, v, fmt.Sprintf("keep at least %d old ReplicaSets, so that a rollback has somewhere to go", b.Min), o)
+		outOfBounds(&f, reasonRevisionHistory, p, v, fmt.Sprintf("keep at least %d old ReplicaSets, so that a rollback has somewhere to go", b.Min), o)
 	case v > b.Max:
-		outOfBounds(&f, p, v, fmt.Sprintf("keep at most %d: every old ReplicaSet stays in the cluster, idle", b.Max), o)
+		outOfBounds(&f, reasonRevisionHistory, p, v, fmt.Sprintf("keep at most %d: every old ReplicaSet stays in the cluster, idle", b.Max), o)
 	}
 	return f
 }
@@ -205,16 +209,16 @@ func checkProgressDeadline(d *appsv1.Deployment, o *Options) Findings {
 	// offline check sees the manifest first.
 	if v <= d.Spec.MinReadySeconds {
 		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
-			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)))
+			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)).WithOrigin(reasonProgressDeadline))
 		return f
 	}
 	b := o.ProgressDeadlineBounds
 	switch {
 	case v < b.Min:
-		outOfBounds(&f, p, v, fmt.Sprintf(
+		outOfBounds(&f, reasonProgressDeadline, p, v, fmt.Sprintf(
 			"set at least %d seconds: a shorter deadline fails rollouts that are only slow, and deployguard rolls them back", b.Min), o)
 	case v > b.Max:
-		outOfBounds(&f, p, v, fmt.Sprintf(
+		outOfBounds(&f, reasonProgressDeadline, p, v, fmt.Sprintf(
 			"set at most %d seconds: a stuck rollout is rolled back only when its deadline passes", b.Max), o)
 	}
 	return f
@@ -237,13 +241,13 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 	}
 	for i, x := range d.Finalizers {
 		if vocab.IsGuardFinalizer(x) && !slices.Contains(canonical, x) && !slices.Contains(had, x) {
-			f.Errs = append(f.Errs, field.NotSupported(p.Index(i), x, canonical))
+			f.Errs = append(f.Errs, field.NotSupported(p.Index(i), x, canonical).WithOrigin(reasonFinalizers))
 		}
 	}
 	if v, ok := d.Annotations[vocab.AnnotationCleanup]; ok && (old == nil || old.Annotations[vocab.AnnotationCleanup] != v) {
 		if _, err := vocab.ParseCleanupSteps(v); err != nil {
 			f.Errs = append(f.Errs, field.Invalid(field.NewPath("metadata", "annotations").Key(vocab.AnnotationCleanup), v,
-				err.Error()+`; for example "record,drain"`))
+				err.Error()+`; for example "record,drain"`).WithOrigin(reasonFinalizers))
 		}
 	}
 	if old == nil || privileged || old.DeletionTimestamp == nil {
@@ -256,7 +260,7 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 	f.Errs = append(f.Errs, field.Forbidden(p, fmt.Sprintf(
 		"the Deployment is being deleted and the guard's cleanup steps %v (now %v) have not all run; deployguard removes each finalizer when its step is done. "+
 			"To skip them, set the annotation %s=true on the Deployment, or ask a member of a break-glass group",
-		before, after, vocab.AnnotationSkipCleanup)))
+		before, after, vocab.AnnotationSkipCleanup)).WithOrigin(reasonFinalizers))
 	return f
 }
 
@@ -285,7 +289,7 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 		f.Warnings = append(f.Warnings, "spec.template: "+msg)
 		return f
 	}
-	f.Errs = append(f.Errs, field.Forbidden(specPath.Child("template"), msg))
+	f.Errs = append(f.Errs, field.Forbidden(specPath.Child("template"), msg).WithOrigin(reasonQuarantine))
 	return f
 }
 
@@ -296,5 +300,5 @@ func CheckDelete(d *appsv1.Deployment) Findings {
 	}
 	return Findings{Errs: field.ErrorList{field.Forbidden(field.NewPath("metadata", "annotations").Key(vocab.AnnotationProtected), fmt.Sprintf(
 		"Deployment %s/%s is protected from deletion; to delete it, first lift the protection with: kubectl annotate deployment %s -n %s %s-",
-		d.Namespace, d.Name, d.Name, d.Namespace, vocab.AnnotationProtected))}}
+		d.Namespace, d.Name, d.Name, d.Namespace, vocab.AnnotationProtected)).WithOrigin(reasonProtected)}}
 }

@@ -71,6 +71,7 @@ func TestValidate(t *testing.T) {
 		lister       OverlapSource
 		opts         func(*Options)
 		wantErrs     []string // each must appear in one error
+		wantReason   string   // the refusal's reason label; none when wantErrs is empty
 		wantWarnings []string
 	}{
 		{
@@ -79,23 +80,26 @@ func TestValidate(t *testing.T) {
 			user: alice,
 		},
 		{
-			name:     "empty selector",
-			d:        guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
-			user:     alice,
-			wantErrs: []string{"spec.selector: Required value: an empty selector would select every pod"},
+			name:       "empty selector",
+			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
+			user:       alice,
+			wantReason: reasonSelector,
+			wantErrs:   []string{"spec.selector: Required value: an empty selector would select every pod"},
 		},
 		{
-			name:     "selector that does not select the template",
-			d:        guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
-			user:     alice,
-			wantErrs: []string{"spec.template.metadata.labels", "does not select the template's labels"},
+			name:       "selector that does not select the template",
+			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
+			user:       alice,
+			wantReason: reasonSelector,
+			wantErrs:   []string{"spec.template.metadata.labels", "does not select the template's labels"},
 		},
 		{
-			name:     "overlap: our selector selects another Deployment's pods",
-			d:        guarded(),
-			user:     alice,
-			lister:   indexOf(other),
-			wantErrs: []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
+			name:       "overlap: our selector selects another Deployment's pods",
+			d:          guarded(),
+			user:       alice,
+			lister:     indexOf(other),
+			wantReason: reasonOverlap,
+			wantErrs:   []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
 		},
 		{
 			name: "overlap: another selector selects our pods",
@@ -104,9 +108,10 @@ func TestValidate(t *testing.T) {
 				d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
 			}),
-			user:     alice,
-			lister:   indexOf(other),
-			wantErrs: []string{`would be selected by Deployment "web-canary"`},
+			user:       alice,
+			lister:     indexOf(other),
+			wantReason: reasonOverlap,
+			wantErrs:   []string{`would be selected by Deployment "web-canary"`},
 		},
 		{
 			name: "no overlap with a distinct selector",
@@ -128,27 +133,30 @@ func TestValidate(t *testing.T) {
 			},
 		},
 		{
-			name:     "a failing lister refuses with a retryable reason",
-			d:        guarded(),
-			user:     alice,
-			lister:   overlapsFunc(func(context.Context, *appsv1.Deployment) ([]Selection, error) { return nil, ErrIndexNotSynced }),
-			wantErrs: []string{"could not look up the namespace's Deployments", "the guard has not yet seen every Deployment"},
+			name:       "a failing lister refuses with a retryable reason",
+			d:          guarded(),
+			user:       alice,
+			lister:     overlapsFunc(func(context.Context, *appsv1.Deployment) ([]Selection, error) { return nil, ErrIndexNotSynced }),
+			wantReason: reasonInternal,
+			wantErrs:   []string{"could not look up the namespace's Deployments", "the guard has not yet seen every Deployment"},
 		},
 		{
 			name: "maxUnavailable of every replica is refused",
 			d: guarded(func(d *appsv1.Deployment) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
 			}),
-			user:     alice,
-			wantErrs: []string{"spec.strategy.rollingUpdate.maxUnavailable", "resolves to 3 of 3 replicas"},
+			user:       alice,
+			wantReason: reasonStrategy,
+			wantErrs:   []string{"spec.strategy.rollingUpdate.maxUnavailable", "resolves to 3 of 3 replicas"},
 		},
 		{
 			name: "maxUnavailable as a count above replicas is refused",
 			d: guarded(func(d *appsv1.Deployment) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromInt32(5))
 			}),
-			user:     alice,
-			wantErrs: []string{"resolves to 5 of 3 replicas"},
+			user:       alice,
+			wantReason: reasonStrategy,
+			wantErrs:   []string{"resolves to 5 of 3 replicas"},
 		},
 		{
 			name: "maxUnavailable 100% on one replica is allowed",
@@ -173,11 +181,12 @@ func TestValidate(t *testing.T) {
 			wantWarnings: []string{"spec.revisionHistoryLimit: 500 is outside this cluster's bounds: keep at most 100"},
 		},
 		{
-			name:     "revision history above the bound, bounds enforced",
-			d:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
-			user:     alice,
-			opts:     enforceBounds,
-			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 500: keep at most 100"},
+			name:       "revision history above the bound, bounds enforced",
+			d:          guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user:       alice,
+			opts:       enforceBounds,
+			wantReason: reasonRevisionHistory,
+			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 500: keep at most 100"},
 		},
 		{
 			name:         "revision history of zero warns once, with the reason",
@@ -198,11 +207,12 @@ func TestValidate(t *testing.T) {
 			wantWarnings: []string{"spec.progressDeadlineSeconds: 36000 is outside this cluster's bounds: set at most 7200 seconds"},
 		},
 		{
-			name:     "progress deadline below the bound, bounds enforced",
-			d:        guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
-			user:     alice,
-			opts:     enforceBounds,
-			wantErrs: []string{"spec.progressDeadlineSeconds: Invalid value: 5: set at least 30 seconds"},
+			name:       "progress deadline below the bound, bounds enforced",
+			d:          guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
+			user:       alice,
+			opts:       enforceBounds,
+			wantReason: reasonProgressDeadline,
+			wantErrs:   []string{"spec.progressDeadlineSeconds: Invalid value: 5: set at least 30 seconds"},
 		},
 		{
 			name: "progress deadline not above minReadySeconds",
@@ -210,8 +220,9 @@ func TestValidate(t *testing.T) {
 				d.Spec.ProgressDeadlineSeconds = ptr(int32(60))
 				d.Spec.MinReadySeconds = 60
 			}),
-			user:     alice,
-			wantErrs: []string{"must be greater than spec.minReadySeconds (60)"},
+			user:       alice,
+			wantReason: reasonProgressDeadline,
+			wantErrs:   []string{"must be greater than spec.minReadySeconds (60)"},
 		},
 		{
 			name: "a missing readiness probe is the probes policy's to report",
@@ -225,9 +236,10 @@ func TestValidate(t *testing.T) {
 				d.Spec.ProgressDeadlineSeconds = ptr(int32(5))
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
 			}),
-			user:     alice,
-			opts:     enforceBounds,
-			wantErrs: []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
+			user:       alice,
+			opts:       enforceBounds,
+			wantReason: reasonStrategy,
+			wantErrs:   []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
 		},
 		{
 			name: "exempt namespace skips the safety checks",
@@ -259,12 +271,13 @@ func TestValidate(t *testing.T) {
 			opts: enforceBounds,
 		},
 		{
-			name:     "a spec change of such a Deployment is checked",
-			d:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(400)) }),
-			old:      guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
-			user:     alice,
-			opts:     enforceBounds,
-			wantErrs: []string{"spec.revisionHistoryLimit: Invalid value: 400"},
+			name:       "a spec change of such a Deployment is checked",
+			d:          guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(400)) }),
+			old:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			user:       alice,
+			opts:       enforceBounds,
+			wantReason: reasonRevisionHistory,
+			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 400"},
 		},
 		{
 			// The mutating webhook puts them back and the reconciler keeps
@@ -275,25 +288,28 @@ func TestValidate(t *testing.T) {
 			user: alice,
 		},
 		{
-			name:     "while deleting, a user may not remove the guard's finalizers",
-			d:        guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
-			old:      guarded(beingDeleted),
-			user:     alice,
-			wantErrs: []string{"metadata.finalizers: Forbidden", "being deleted", vocab.AnnotationSkipCleanup + "=true"},
+			name:       "while deleting, a user may not remove the guard's finalizers",
+			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
+			old:        guarded(beingDeleted),
+			user:       alice,
+			wantReason: reasonFinalizers,
+			wantErrs:   []string{"metadata.finalizers: Forbidden", "being deleted", vocab.AnnotationSkipCleanup + "=true"},
 		},
 		{
-			name:     "while deleting, a user may not reorder the guard's finalizers",
-			d:        guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
-			old:      guarded(beingDeleted),
-			user:     alice,
-			wantErrs: []string{"metadata.finalizers: Forbidden"},
+			name:       "while deleting, a user may not reorder the guard's finalizers",
+			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
+			old:        guarded(beingDeleted),
+			user:       alice,
+			wantReason: reasonFinalizers,
+			wantErrs:   []string{"metadata.finalizers: Forbidden"},
 		},
 		{
-			name: "exemption does not lift the finalizer rules",
-			d:    guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
-			old:  guarded(beingDeleted),
-			user: alice,
-			opts: func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
+			name:       "exemption does not lift the finalizer rules",
+			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:        guarded(beingDeleted),
+			user:       alice,
+			opts:       func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
+			wantReason: reasonFinalizers,
 			wantErrs: []string{
 				"metadata.finalizers: Forbidden",
 			},
@@ -311,24 +327,27 @@ func TestValidate(t *testing.T) {
 			user: authenticationv1.UserInfo{Username: "bob", Groups: []string{"platform-admins"}},
 		},
 		{
-			name:     "an unknown cleanup step is refused with the steps there are",
-			d:        guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
-			old:      guarded(),
-			user:     alice,
-			wantErrs: []string{`metadata.annotations[deployguard.io/cleanup]: Invalid value: "record,backup": unknown cleanup step "backup"`},
+			name:       "an unknown cleanup step is refused with the steps there are",
+			d:          guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
+			old:        guarded(),
+			user:       alice,
+			wantReason: reasonFinalizers,
+			wantErrs:   []string{`metadata.annotations[deployguard.io/cleanup]: Invalid value: "record,backup": unknown cleanup step "backup"`},
 		},
 		{
-			name:     "unknown finalizer in the guard's domain",
-			d:        guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
-			user:     alice,
-			wantErrs: []string{`metadata.finalizers[2]: Unsupported value: "deployguard.io/backup"`},
+			name:       "unknown finalizer in the guard's domain",
+			d:          guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
+			user:       alice,
+			wantReason: reasonFinalizers,
+			wantErrs:   []string{`metadata.finalizers[2]: Unsupported value: "deployguard.io/backup"`},
 		},
 		{
-			name:     "bringing a quarantined template back is refused with the override",
-			d:        guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
-			old:      quarantinedOld,
-			user:     alice,
-			wantErrs: []string{"spec.template: Forbidden", "failed its progress deadline", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
+			name:       "bringing a quarantined template back is refused with the override",
+			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			old:        quarantinedOld,
+			user:       alice,
+			wantReason: reasonQuarantine,
+			wantErrs:   []string{"spec.template: Forbidden", "failed its progress deadline", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
 		},
 		{
 			name: "the override lets the quarantined template back with a warning",
@@ -354,9 +373,10 @@ func TestValidate(t *testing.T) {
 				d.Spec.Template = *failedTemplate.DeepCopy()
 				delete(d.Annotations, vocab.AnnotationQuarantinedTemplates)
 			}),
-			old:      quarantinedOld,
-			user:     alice,
-			wantErrs: []string{"spec.template: Forbidden"},
+			old:        quarantinedOld,
+			user:       alice,
+			wantReason: reasonQuarantine,
+			wantErrs:   []string{"spec.template: Forbidden"},
 		},
 	}
 	for _, tt := range tests {
@@ -367,6 +387,10 @@ func TestValidate(t *testing.T) {
 			}
 			f := Validate(context.Background(), tt.d, tt.old, tt.user, o, tt.lister)
 			all := f.Errs.ToAggregate()
+			if tt.wantReason == "" {
+				tt.wantReason = reasonNone
+			}
+			assert.Equal(t, tt.wantReason, refusalReason(f.Errs))
 			if len(tt.wantErrs) == 0 {
 				assert.NoError(t, all)
 			} else {

@@ -90,7 +90,7 @@ func defaultSelector(d *appsv1.Deployment, o *Options) (bool, field.ErrorList) {
 		return false, field.ErrorList{field.Required(field.NewPath("spec", "selector"), fmt.Sprintf(
 			"the selector is empty and cannot be repaired: the pod template has none of the stable labels %s. "+
 				"Add one to spec.template.metadata.labels (for example %s: %s), or set spec.selector.matchLabels to labels the template carries",
-			strings.Join(o.StableLabelKeys, ", "), firstOr(o.StableLabelKeys, "app"), nameOr(d)))}
+			strings.Join(o.StableLabelKeys, ", "), firstOr(o.StableLabelKeys, "app"), nameOr(d))).WithOrigin(reasonSelector)}
 	}
 	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: match}
 	return true, nil

@@ -273,6 +273,7 @@ func TestDefault(t *testing.T) {
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
+				assert.Equal(t, reasonSelector, refusalReason(errs), "the only refusal Default makes is the selector's")
 				return
 			}
 			require.Empty(t, errs)

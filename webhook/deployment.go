@@ -58,35 +58,52 @@ var _ admission.Validator[*appsv1.Deployment] = &Deployment{}
 
 // ValidateCreate runs every check on a new Deployment.
 func (w *Deployment) ValidateCreate(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
-	return w.validate(ctx, d, nil)
-}
-
-// ValidateUpdate runs every check on a changed Deployment.
-func (w *Deployment) ValidateUpdate(ctx context.Context, old, d *appsv1.Deployment) (admission.Warnings, error) {
-	return w.validate(ctx, d, old)
-}
-
-// ValidateDelete refuses the deletion of a protected Deployment. The namespace
-// controller is let through, so that deleting a namespace always completes.
-func (w *Deployment) ValidateDelete(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
-	req, err := admission.RequestFromContext(ctx)
-	if err == nil && req.UserInfo.Username == namespaceControllerUser {
-		return nil, nil
-	}
-	f := CheckDelete(d)
-	if len(f.Errs) > 0 {
-		return f.Warnings, apierrors.NewInvalid(deploymentGK, d.Name, f.Errs)
-	}
-	return f.Warnings, nil
-}
-
-const namespaceControllerUser = "system:serviceaccount:kube-system:namespace-controller"
-
-func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (admission.Warnings, error) {
 	req, err := admission.RequestFromContext(ctx)
 	if err != nil {
 		return nil, apierrors.NewBadRequest("no admission request in context")
 	}
+	return w.validate(ctx, req, d, nil).verdict(d.Name)
+}
+
+// ValidateUpdate runs every check on a changed Deployment.
+func (w *Deployment) ValidateUpdate(ctx context.Context, old, d *appsv1.Deployment) (admission.Warnings, error) {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return nil, apierrors.NewBadRequest("no admission request in context")
+	}
+	return w.validate(ctx, req, d, old).verdict(d.Name)
+}
+
+// ValidateDelete refuses the deletion of a protected Deployment, but not by
+// the namespace controller.
+func (w *Deployment) ValidateDelete(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
+	req, _ := admission.RequestFromContext(ctx)
+	return w.validateDelete(req, d).verdict(d.Name)
+}
+
+// verdict is f as an admission.Validator returns it: the warnings, and the
+// problems as one Invalid error that lists them all.
+func (f Findings) verdict(name string) (admission.Warnings, error) {
+	if len(f.Errs) > 0 {
+		return f.Warnings, apierrors.NewInvalid(deploymentGK, name, f.Errs)
+	}
+	return f.Warnings, nil
+}
+
+// validateDelete refuses the deletion of a protected Deployment. The namespace
+// controller is let through, so that deleting a namespace always completes.
+func (w *Deployment) validateDelete(req admission.Request, d *appsv1.Deployment) Findings {
+	if req.UserInfo.Username == namespaceControllerUser {
+		return Findings{}
+	}
+	return CheckDelete(d)
+}
+
+const namespaceControllerUser = "system:serviceaccount:kube-system:namespace-controller"
+
+// validate runs the Go checks, then the policies, on a CREATE (old nil) or an
+// UPDATE.
+func (w *Deployment) validate(ctx context.Context, req admission.Request, d, old *appsv1.Deployment) Findings {
 	f := Validate(ctx, d, old, req.UserInfo, w.Options, w.Overlaps)
 	// Policies run even when a Go check failed: the user sees every problem of
 	// the request at once.
@@ -102,13 +119,11 @@ func (w *Deployment) validate(ctx context.Context, d, old *appsv1.Deployment) (a
 			in.NamespaceLabels, _ = w.NamespaceLabels(ctx, d.Namespace)
 		}
 		v := w.Policy.EvaluateDeployment(ctx, in)
-		f.Errs = append(f.Errs, v.Denials...)
+		// Whatever the evaluator denies, the policies denied.
+		f.Errs = append(f.Errs, v.Denials.WithOrigin(reasonPolicy)...)
 		f.Warnings = append(f.Warnings, v.Warnings...)
 	}
-	if len(f.Errs) > 0 {
-		return f.Warnings, apierrors.NewInvalid(deploymentGK, d.Name, f.Errs)
-	}
-	return f.Warnings, nil
+	return f
 }
 
 // Validate runs the Go checks of the validating webhook; old is nil on CREATE.

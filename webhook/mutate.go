@@ -3,14 +3,12 @@ package webhook
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -25,33 +23,32 @@ import (
 // guard changed, which is also what the defaulted annotation lists.
 type mutator struct{ w *Deployment }
 
-func (m mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+func (m mutator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
-		return admission.Allowed("")
+		return admission.Allowed(""), reasonNone
 	}
 	d, err := decodeDeployment(req.Object)
 	if err != nil {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
+		return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
 	}
 	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
 	ctx = admission.NewContextWithRequest(ctx, req)
 	var old *appsv1.Deployment
 	if req.Operation == admissionv1.Update {
 		if old, err = decodeDeployment(req.OldObject); err != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
+			return malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
 		}
 	}
 	changed, errs := Default(d, old, m.w.Options, m.w.Options.mayManageFinalizers(req.UserInfo))
 	if len(errs) > 0 {
-		st := apierrors.NewInvalid(deploymentGK, d.Name, errs).Status()
-		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
+		return invalid(d.Name, errs, nil)
 	}
 	if len(changed) == 0 {
-		return admission.Allowed("")
+		return admission.Allowed(""), reasonNone
 	}
 	resp := admission.Patched("", patchFor(d, changed, had)...)
 	resp.Warnings = DefaultingWarnings(d, changed)
-	return resp
+	return resp, reasonNone
 }
 
 // DefaultingWarnings are the warnings about what Default changed that the user

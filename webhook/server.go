@@ -24,10 +24,8 @@ const (
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
 func (w *Deployment) Handlers(m *Metrics) (mutating, validating *admission.Webhook) {
-	mutating = &admission.Webhook{Handler: mutator{w: w}}
-	validating = &admission.Webhook{Handler: validator{w: w}}
-	mutating.Handler = instrument("mutating", mutating.Handler, m)
-	validating.Handler = instrument("validating", validating.Handler, m)
+	mutating = &admission.Webhook{Handler: instrument("mutating", mutator{w: w}.handle, m)}
+	validating = &admission.Webhook{Handler: instrument("validating", validator{w: w}.handle, m)}
 	return mutating, validating
 }
 
@@ -42,36 +40,39 @@ func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics) {
 var deploymentGVK = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
 
 // instrument refuses what is not a Deployment before decoding, counts and times
-// every admission, and logs every refusal with its reason.
-func instrument(name string, next admission.Handler, m *Metrics) admission.Handler {
+// every admission, and logs every refusal with its reason. next answers a
+// request and says why it refused (reasonNone when it did not).
+func instrument(name string, next func(context.Context, admission.Request) (admission.Response, string), m *Metrics) admission.Handler {
 	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		start := time.Now()
 
-		var resp admission.Response
+		var (
+			resp   admission.Response
+			reason string
+		)
 		switch {
 		case req.Operation == "" && req.Kind == (metav1.GroupVersionKind{}):
-			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("the body holds no AdmissionReview request"))
+			resp, reason = malformed(fmt.Errorf("the body holds no AdmissionReview request"))
 		case req.Kind != deploymentGVK:
-			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("deployguard admits apps/v1 Deployments only, got %s", gvkString(req.Kind)))
+			resp, reason = malformed(fmt.Errorf("deployguard admits apps/v1 Deployments only, got %s", gvkString(req.Kind)))
 		case req.Operation != admissionv1.Delete && len(req.Object.Raw) == 0:
-			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("the request carries no object to admit"))
+			resp, reason = malformed(fmt.Errorf("the request carries no object to admit"))
 		case req.Operation == admissionv1.Update && len(req.OldObject.Raw) == 0,
 			req.Operation == admissionv1.Delete && len(req.OldObject.Raw) == 0:
-			resp = admission.Errored(http.StatusBadRequest, fmt.Errorf("the %s request carries no oldObject", req.Operation))
+			resp, reason = malformed(fmt.Errorf("the %s request carries no oldObject", req.Operation))
 		default:
-			resp = next.Handle(ctx, req)
+			resp, reason = next(ctx, req)
 		}
 
-		result := resultOf(resp)
-		m.observe(name, string(req.Operation), result, time.Since(start))
+		m.observe(name, string(req.Operation), resultOf(resp), reason, time.Since(start))
 		if !resp.Allowed {
-			reason, msg := "", ""
+			status, msg := "", ""
 			if resp.Result != nil {
-				reason, msg = string(resp.Result.Reason), resp.Result.Message
+				status, msg = string(resp.Result.Reason), resp.Result.Message
 			}
 			ctrl.LoggerFrom(ctx).Info("refused", "webhook", name, "operation", req.Operation,
 				"deployment", klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID,
-				"reason", reason, "message", msg, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
+				"reason", reason, "message", msg, "statusReason", status, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
 		}
 		return resp
 	})

@@ -10,58 +10,69 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	kjson "sigs.k8s.io/json"
 )
 
-// validator serves the validating webhook with the admission.Validator
-// methods of Deployment. It is controller-runtime's validator handler but for
-// the decoding: the object is decoded straight into an apps/v1 Deployment
-// (the request's kind is checked before), without the scheme's decoder,
-// which first reads the whole object once more to find its kind.
+// validator serves the validating webhook. It runs what the
+// admission.Validator methods of Deployment run, as controller-runtime's
+// validator handler would, but for two things: the object is decoded straight
+// into an apps/v1 Deployment (the request's kind is checked before), without
+// the scheme's decoder, which first reads the whole object once more to find
+// its kind; and it keeps the findings, whose first problem is the refusal's
+// reason (refusalReason).
 type validator struct{ w *Deployment }
 
-func (v validator) Handle(ctx context.Context, req admission.Request) admission.Response {
+func (v validator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	ctx = admission.NewContextWithRequest(ctx, req)
 	var (
-		warnings admission.Warnings
-		err      error
+		f    Findings
+		name string
 	)
 	switch req.Operation {
 	case admissionv1.Create:
-		d, derr := decodeDeployment(req.Object)
-		if derr != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", derr))
+		d, err := decodeDeployment(req.Object)
+		if err != nil {
+			return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
 		}
-		warnings, err = v.w.ValidateCreate(ctx, d)
+		f, name = v.w.validate(ctx, req, d, nil), d.Name
 	case admissionv1.Update:
-		d, derr := decodeDeployment(req.Object)
-		if derr != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", derr))
+		d, err := decodeDeployment(req.Object)
+		if err != nil {
+			return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
 		}
-		old, derr := decodeDeployment(req.OldObject)
-		if derr != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", derr))
+		old, err := decodeDeployment(req.OldObject)
+		if err != nil {
+			return malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
 		}
-		warnings, err = v.w.ValidateUpdate(ctx, old, d)
+		f, name = v.w.validate(ctx, req, d, old), d.Name
 	case admissionv1.Delete:
-		old, derr := decodeDeployment(req.OldObject)
-		if derr != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", derr))
+		old, err := decodeDeployment(req.OldObject)
+		if err != nil {
+			return malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
 		}
-		warnings, err = v.w.ValidateDelete(ctx, old)
+		f, name = v.w.validateDelete(req, old), old.Name
 	default:
-		return admission.Allowed("")
+		return admission.Allowed(""), reasonNone
 	}
-	if err != nil {
-		var st apierrors.APIStatus
-		if errors.As(err, &st) {
-			status := st.Status()
-			return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &status}}.WithWarnings(warnings...)
-		}
-		return admission.Denied(err.Error()).WithWarnings(warnings...)
+	if len(f.Errs) > 0 {
+		return invalid(name, f.Errs, f.Warnings)
 	}
-	return admission.Allowed("").WithWarnings(warnings...)
+	return admission.Allowed("").WithWarnings(f.Warnings...), reasonNone
+}
+
+// invalid refuses a Deployment for errs, all of them in one Invalid status as
+// the API server's own validation does, and gives the reason to count it by.
+func invalid(name string, errs field.ErrorList, warnings []string) (admission.Response, string) {
+	st := apierrors.NewInvalid(deploymentGK, name, errs).Status()
+	resp := admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
+	return resp.WithWarnings(warnings...), refusalReason(errs)
+}
+
+// malformed answers a request the guard cannot read.
+func malformed(err error) (admission.Response, string) {
+	return admission.Errored(http.StatusBadRequest, err), reasonMalformed
 }
 
 // decodeDeployment decodes an admission request's object as the API server

@@ -1,0 +1,145 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+func TestRefusalReason(t *testing.T) {
+	selector := field.NewPath("spec", "selector")
+	tests := []struct {
+		name string
+		errs field.ErrorList
+		want string
+	}{
+		{name: "nothing refused", errs: nil, want: reasonNone},
+		{name: "a check's error counts as its check",
+			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(reasonOverlap)}, want: reasonOverlap},
+		{name: "the first check that refused counts, not the path",
+			errs: field.ErrorList{
+				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(reasonStrategy),
+				field.Invalid(selector, "app=web", "overlaps").WithOrigin(reasonOverlap),
+			}, want: reasonStrategy},
+		{name: "a policy denial at a field a Go check also reports is the policy's",
+			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(reasonPolicy)}, want: reasonPolicy},
+		{name: "an internal error is the guard's, whichever check met it",
+			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(reasonOverlap)}, want: reasonInternal},
+		{name: "an error that names no check is not given a label outside the set",
+			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: reasonInternal},
+		{name: "a free-text origin is not a label",
+			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: reasonInternal},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, refusalReason(tt.errs))
+		})
+	}
+}
+
+type policyFunc func(in PolicyInput) PolicyVerdict
+
+func (f policyFunc) EvaluateDeployment(_ context.Context, in PolicyInput) PolicyVerdict { return f(in) }
+
+// Every admission is counted once, with the reason of its refusal, whichever
+// way it was refused: before decoding, by a Go check, by a policy, or by the
+// guard's own failure.
+func TestAdmissionsCountedByReason(t *testing.T) {
+	index := indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" }))
+	w := &Deployment{
+		Options: testOptions(),
+		Overlaps: overlapsFunc(func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
+			if d.Name == "unlisted" {
+				return nil, ErrIndexNotSynced
+			}
+			return index.OverlapCandidates(ctx, d)
+		}),
+		// A policy that refuses at spec.selector, where the selector check
+		// reports too.
+		Policy: policyFunc(func(in PolicyInput) PolicyVerdict {
+			if in.Object.Annotations["example.com/deny"] != "true" {
+				return PolicyVerdict{}
+			}
+			return PolicyVerdict{Denials: field.ErrorList{field.Forbidden(field.NewPath("spec", "selector"), "[policy no-selectors] no")}}
+		}),
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	mutating, validating := w.Handlers(m)
+
+	named := func(name string) func(*appsv1.Deployment) { return func(d *appsv1.Deployment) { d.Name = name } }
+	deleting := func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{Time: time.Unix(1e9, 0)} }
+	denyAnnotated := guarded(func(d *appsv1.Deployment) { d.Annotations["example.com/deny"] = "true" })
+	pod := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}}
+	wrongKind := bytes.Replace(review(t, admissionv1.Create, pod, nil),
+		[]byte(`"kind":{"group":"apps","version":"v1","kind":"Deployment"}`), []byte(`"kind":{"group":"","version":"v1","kind":"Pod"}`), 1)
+
+	tests := []struct {
+		name                    string
+		validating              bool
+		body                    []byte
+		op, wantResult, wantWhy string
+	}{
+		{name: "nothing to default", body: review(t, admissionv1.Create, stored(named("api")), nil),
+			op: "CREATE", wantResult: "allowed", wantWhy: reasonNone},
+		{name: "a selector repaired", body: review(t, admissionv1.Create, stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil }), nil),
+			op: "CREATE", wantResult: "patched", wantWhy: reasonNone},
+		{name: "a selector that cannot be repaired", body: review(t, admissionv1.Create, stored(func(d *appsv1.Deployment) {
+			d.Spec.Selector = nil
+			d.Spec.Template.Labels = map[string]string{"version": "v1"}
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: reasonSelector},
+		{name: "an object that does not decode", body: bytes.Replace(review(t, admissionv1.Update, stored(), stored()), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1),
+			op: "UPDATE", wantResult: "error", wantWhy: reasonMalformed},
+
+		{validating: true, name: "not a Deployment", body: wrongKind,
+			op: "CREATE", wantResult: "error", wantWhy: reasonMalformed},
+		{validating: true, name: "an overlap", body: review(t, admissionv1.Create, guarded(), nil),
+			op: "CREATE", wantResult: "denied", wantWhy: reasonOverlap},
+		{validating: true, name: "every replica down and an overlap: the first check", body: review(t, admissionv1.Create, guarded(func(d *appsv1.Deployment) {
+			d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: reasonStrategy},
+		{validating: true, name: "the overlap index not synced", body: review(t, admissionv1.Create, guarded(named("unlisted")), nil),
+			op: "CREATE", wantResult: "denied", wantWhy: reasonInternal},
+		{validating: true, name: "a metadata change", body: review(t, admissionv1.Update, guarded(), guarded()),
+			op: "UPDATE", wantResult: "allowed", wantWhy: reasonNone},
+		{validating: true, name: "a policy", body: review(t, admissionv1.Update, denyAnnotated, guarded()),
+			op: "UPDATE", wantResult: "denied", wantWhy: reasonPolicy},
+		{validating: true, name: "the guard's finalizers removed while deleting",
+			body: review(t, admissionv1.Update, guarded(deleting, func(d *appsv1.Deployment) { d.Finalizers = nil }), guarded(deleting)),
+			op:   "UPDATE", wantResult: "denied", wantWhy: reasonFinalizers},
+		{validating: true, name: "a protected Deployment deleted",
+			body: review(t, admissionv1.Delete, nil, guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationProtected] = "true" })),
+			op:   "DELETE", wantResult: "denied", wantWhy: reasonProtected},
+		{validating: true, name: "a DELETE without oldObject", body: review(t, admissionv1.Delete, nil, nil),
+			op: "DELETE", wantResult: "error", wantWhy: reasonMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, webhook := mutating, "mutating"
+			if tt.validating {
+				h, webhook = validating, "validating"
+			}
+			resp := decodeResponse(t, post(h, tt.body))
+			assert.Equal(t, tt.wantResult == "allowed" || tt.wantResult == "patched", resp.Allowed, "%v", resp.Result)
+			assert.Equal(t, 1.0, testutil.ToFloat64(m.requests.WithLabelValues(webhook, tt.op, tt.wantResult, tt.wantWhy)))
+		})
+	}
+	// Each request once, under its own labels, and nothing else.
+	assert.Equal(t, len(tests), testutil.CollectAndCount(m.requests))
+}
