@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -49,7 +49,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 
 test: test-unit test-integration test-e2e test-tls test-upstream test-faults test-install ## every tier
 
-test-unit: ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
+test-unit: xmllint ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
 
 test-integration: tools build ## webhooks and policies through a real kube-apiserver (envtest); check/webhook parity
@@ -78,6 +78,11 @@ test-faults: tools build haproxy ## guard replicas behind HAProxy killed (SIGKIL
 # it is not on PATH (sudo when not root).
 haproxy:
 	@command -v haproxy >/dev/null || { s=; [ "$$(id -u)" = 0 ] || s=sudo; $$s apt-get update && $$s apt-get install -y haproxy; }
+
+# The unit tier validates `check -o junit` against an XML Schema with xmllint
+# (Debian's libxml2-utils), installed with apt when it is not on PATH.
+xmllint:
+	@command -v xmllint >/dev/null || { s=; [ "$$(id -u)" = 0 ] || s=sudo; $$s apt-get update && $$s apt-get install -y libxml2-utils; }
 
 bench: ## admission and policy benchmarks
 	$(GOTEST) -run '^$$' -bench . -benchmem ./webhook/ ./policy/

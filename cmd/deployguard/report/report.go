@@ -221,8 +221,11 @@ func firstNonZero(xs ...int) int {
 	return 0
 }
 
-// JUnit XML, in the shape Jenkins, GitLab and the common junit-4 schema read:
-// <testsuites> of one <testsuite> per file, one <testcase> per object.
+// JUnit XML as the Jenkins xUnit plugin's junit-10.xsd allows it (the
+// strictest of the common readers: it validates a report before reading it):
+// <testsuites> of one <testsuite> per file, one <testcase> per object. That
+// schema has no file or line on <testcase>: the file is the suite's, and each
+// finding's file and line are in the text of its failure or system-out.
 type junitSuites struct {
 	XMLName  xml.Name     `xml:"testsuites"`
 	Name     string       `xml:"name,attr"`
@@ -239,14 +242,13 @@ type junitSuite struct {
 	Errors   int         `xml:"errors,attr"`
 	Skipped  int         `xml:"skipped,attr"`
 	Time     string      `xml:"time,attr"`
+	File     string      `xml:"file,attr"`
 	Cases    []junitCase `xml:"testcase"`
 }
 
 type junitCase struct {
 	Name      string        `xml:"name,attr"`
 	Classname string        `xml:"classname,attr"`
-	File      string        `xml:"file,attr,omitempty"`
-	Line      int           `xml:"line,attr,omitempty"`
 	Time      string        `xml:"time,attr"`
 	Failure   *junitFailure `xml:"failure,omitempty"`
 	Skipped   *junitSkipped `xml:"skipped,omitempty"`
@@ -274,11 +276,11 @@ func WriteJUnit(w io.Writer, tool Tool, results []Result, strict bool) error {
 	for _, r := range results {
 		s, ok := byFile[r.File]
 		if !ok {
-			s = &junitSuite{Name: r.File, Time: "0"}
+			s = &junitSuite{Name: r.File, File: r.File, Time: "0"}
 			byFile[r.File] = s
 			files = append(files, r.File)
 		}
-		c := junitCase{Name: fmt.Sprintf("%s (document %d)", r.Object(), r.Document), Classname: r.File, File: r.File, Line: r.Line, Time: "0"}
+		c := junitCase{Name: fmt.Sprintf("%s (document %d)", r.Object(), r.Document), Classname: r.File, Time: "0"}
 		var errs, warns []string
 		for _, f := range r.Findings {
 			file, at := r.File, firstNonZero(f.Line, r.Line)
