@@ -45,12 +45,17 @@ type policyModule struct {
 	severity, category string
 	path               ast.Ref
 	rules              []string // ruleDeny and/or ruleWarn, in that order
+	// text is the module's source text, for the policy's digest.
+	text string
 }
 
 // compiledSet is a policy set that compiled: every module, policies or not.
 type compiledSet struct {
 	compiler *ast.Compiler
 	policies []policyModule // sorted by name
+	// libraries digests the modules that are not policies: a policy may
+	// import any of them, so a change to one changes every policy's digest.
+	libraries string
 }
 
 // compileSources parses each source on its own, so that every error names its
@@ -74,6 +79,7 @@ func compileSources(sources []Source) (*compiledSet, []SourceError) {
 	// Checked in source order, so that of two policies with the same name the
 	// later source is the one in error.
 	var policies []policyModule
+	var libraries []Source
 	owner := map[string]string{}
 	for _, src := range sources {
 		mod, ok := modules[src.Name]
@@ -86,8 +92,10 @@ func compileSources(sources []Source) (*compiledSet, []SourceError) {
 			continue
 		}
 		if !isPolicy {
+			libraries = append(libraries, src)
 			continue
 		}
+		p.text = src.Module
 		if first, dup := owner[p.name]; dup {
 			errs = append(errs, errorAt(src.Name, mod.Package.Location,
 				fmt.Sprintf("policy %q is defined twice: in %s and in %s; policy names must be unique", p.name, first, src.Name)))
@@ -105,7 +113,8 @@ func compileSources(sources []Source) (*compiledSet, []SourceError) {
 		return nil, fromASTErrors(c.Errors)
 	}
 	slices.SortFunc(policies, func(a, b policyModule) int { return strings.Compare(a.name, b.name) })
-	return &compiledSet{compiler: c, policies: policies}, nil
+	slices.SortFunc(libraries, func(a, b Source) int { return strings.Compare(a.Name, b.Name) })
+	return &compiledSet{compiler: c, policies: policies, libraries: digestLibraries(libraries)}, nil
 }
 
 // newCompiler is the compiler for policy sets and for the library's tests.

@@ -32,6 +32,9 @@ type PolicyInfo struct {
 	// Severity and Category are custom.severity and custom.category of the
 	// policy's METADATA, "" when it declares none.
 	Severity, Category string
+	// Digest changes when anything that decides the policy's findings does
+	// (its module, a library module, its mode), and only then.
+	Digest string
 }
 
 // New returns an Engine with an empty policy set: until the first successful
@@ -99,11 +102,4 @@ func (e *Engine) Changed() <-chan struct{} {
 }
 
 // Policies lists the policies of the active set that are evaluated, by name.
-func (e *Engine) Policies() []PolicyInfo {
-	set := e.active.Load()
-	infos := make([]PolicyInfo, len(set.policies))
-	for i, p := range set.policies {
-		infos[i] = PolicyInfo{Name: p.name, Source: p.source, Mode: p.mode, Severity: p.severity, Category: p.category}
-	}
-	return infos
-}
+func (e *Engine) Policies() []PolicyInfo { return e.Active().Policies() }

@@ -21,7 +21,7 @@ var errNoInput = errors.New("no input: the request could not be converted for po
 // of time becomes a finding under Options.FailureMode, and the others still
 // decide. Evaluate never blocks on a Load.
 func (e *Engine) Evaluate(ctx context.Context, in *Input) Decision {
-	return e.evaluate(ctx, e.active.Load(), in)
+	return e.evaluate(ctx, e.active.Load(), in, nil)
 }
 
 // EvaluateRequest converts r and evaluates it, with one policy set for both:
@@ -29,19 +29,11 @@ func (e *Engine) Evaluate(ctx context.Context, in *Input) Decision {
 // unless a policy reads it). A request that cannot be converted is an error
 // for the caller to decide about.
 func (e *Engine) EvaluateRequest(ctx context.Context, r Request) (Decision, error) {
-	if reason, ok := exemption(e.opts.Exempt, r); ok {
-		e.metrics.exempt.Inc()
-		return Decision{Exempt: true, ExemptReason: reason}, nil
-	}
-	set := e.active.Load()
-	in, err := newInput(r, set.readsOldObject)
-	if err != nil {
-		return Decision{}, err
-	}
-	return e.evaluate(ctx, set, in), nil
+	return e.Active().EvaluateRequest(ctx, r, nil)
 }
 
-func (e *Engine) evaluate(ctx context.Context, set *preparedSet, in *Input) Decision {
+// evaluate runs the set's policies that only selects (all when nil) on in.
+func (e *Engine) evaluate(ctx context.Context, set *preparedSet, in *Input, only func(string) bool) Decision {
 	if in != nil {
 		if reason, ok := exemption(e.opts.Exempt, in.req); ok {
 			e.metrics.exempt.Inc()
@@ -51,6 +43,9 @@ func (e *Engine) evaluate(ctx context.Context, set *preparedSet, in *Input) Deci
 	var d Decision
 	for i := range set.policies {
 		p := &set.policies[i]
+		if only != nil && !only(p.name) {
+			continue
+		}
 		start := time.Now()
 		var out outcome
 		if in == nil {

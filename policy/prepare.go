@@ -26,6 +26,7 @@ type preparedPolicy struct {
 	mode   Mode // effective: metadata with Options applied
 	// severity and category from the METADATA, "" when absent.
 	severity, category string
+	digest             string
 	query              rego.PreparedEvalQuery
 	rules              []string
 	meter              policyMeter
@@ -51,10 +52,12 @@ func prepare(ctx context.Context, cs *compiledSet, opts Options, m *metrics) (*p
 		if err != nil {
 			return nil, fmt.Errorf("preparing policy %q from %s: %w", p.name, p.source, err)
 		}
+		mode := opts.effectiveMode(p.name, p.mode)
 		set.policies = append(set.policies, preparedPolicy{
 			name:     p.name,
 			source:   p.source,
-			mode:     opts.effectiveMode(p.name, p.mode),
+			mode:     mode,
+			digest:   policyDigest(p.text, cs.libraries, mode),
 			severity: p.severity, category: p.category,
 			query: q,
 			rules: p.rules,

@@ -16,11 +16,14 @@ import (
 // setupAudit runs the background audit in each leader term: one replica
 // evaluates the stored Deployments and writes the reports, away from the
 // admission path. Its metrics outlive the terms.
-func setupAudit(mgr ctrl.Manager, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, ignored []string) error {
+func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, ignored []string) error {
 	am, err := audit.NewMetrics(metrics.Registry)
 	if err != nil {
 		return err
 	}
+	// Shown in /readyz?verbose on the leader, which writes the reports.
+	status := &audit.Status{}
+	pr.AddReadyzNote("audit", status.Note)
 	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient())}
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
 		r := &audit.Runner{
@@ -29,7 +32,8 @@ func setupAudit(mgr ctrl.Manager, leader *leaderTerms, cfg config.Config, opts *
 				Period: cfg.Audit.Period.Duration, Rate: cfg.Audit.Rate, Format: cfg.Audit.ReportFormat,
 				IgnoredNamespaces: ignored,
 			},
-			Log: ctrl.Log.WithName("audit"),
+			Log:    ctrl.Log.WithName("audit"),
+			Status: status,
 		}
 		if err := lm.Add(r); err != nil {
 			return fmt.Errorf("adding the audit: %w", err)

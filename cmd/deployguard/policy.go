@@ -46,7 +46,7 @@ func newPolicyEngine(ctx context.Context, cfg config.Config, dir string) (*polic
 
 // setupPolicies loads the policies and keeps them in step with the labelled
 // ConfigMaps of the guard's namespace (hot reload, no restart).
-func setupPolicies(ctx context.Context, mgr ctrl.Manager, reg prometheus.Registerer, cfg config.Config, dir, namespace string) (*policy.Engine, error) {
+func setupPolicies(ctx context.Context, mgr ctrl.Manager, pr *probes, reg prometheus.Registerer, cfg config.Config, dir, namespace string) (*policy.Engine, error) {
 	eng, base, err := newPolicyEngine(ctx, cfg, dir)
 	if err != nil {
 		return nil, err
@@ -63,7 +63,7 @@ func setupPolicies(ctx context.Context, mgr ctrl.Manager, reg prometheus.Registe
 	if err := src.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("watching policy ConfigMaps: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("policies", src.Ready); err != nil {
+	if err := pr.AddReadyzCheck("policies", src.Ready); err != nil {
 		return nil, err
 	}
 	return eng, nil

@@ -184,8 +184,9 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
 			Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
 		}),
-		Metrics:                metricsserver.Options{BindAddress: f.metricsAddr},
-		HealthProbeBindAddress: f.probeAddr,
+		Metrics: metricsserver.Options{BindAddress: f.metricsAddr},
+		// Probes are served by probes, which says why a check fails.
+		HealthProbeBindAddress: "0",
 		PprofBindAddress:       f.pprofAddr,
 		// Leader election is per term, in leaderTerms: losing the lease must
 		// not stop the webhooks.
@@ -196,13 +197,14 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 
+	pr := &probes{}
 	guardUser := fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount)
 	opts := cfg.WebhookOptions(guardUser)
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
 		return fmt.Errorf("registering admission metrics: %w", err)
 	}
-	eng, err := setupPolicies(ctx, mgr, metrics.Registry, cfg, f.policyDir, f.namespace)
+	eng, err := setupPolicies(ctx, mgr, pr, metrics.Registry, cfg, f.policyDir, f.namespace)
 	if err != nil {
 		return err
 	}
@@ -216,7 +218,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err := overlaps.Feed(deployments); err != nil {
 		return fmt.Errorf("indexing Deployments for the overlap check: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
+	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
 		if !overlaps.Synced() {
 			return guardwebhook.ErrIndexNotSynced
 		}
@@ -271,7 +273,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return nil
 	})
 	if cfg.Audit.Enabled {
-		if err := setupAudit(mgr, leader, cfg, opts, eng, ropts.IgnoredNamespaces); err != nil {
+		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, ropts.IgnoredNamespaces); err != nil {
 			return err
 		}
 	}
@@ -279,7 +281,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return err
 	}
 
-	if err := setupCerts(ctx, mgr, f, restCfg, scheme); err != nil {
+	if err := setupCerts(ctx, mgr, pr, f, restCfg, scheme); err != nil {
 		return err
 	}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
@@ -289,14 +291,23 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return err
 	}
 
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+	if err := pr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+	if err := pr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("not-stopping", stop.Check); err != nil {
+	if err := pr.AddReadyzCheck("not-stopping", stop.Check); err != nil {
 		return err
+	}
+	if f.probeAddr != "" && f.probeAddr != "0" {
+		srv, err := pr.server(f.probeAddr)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(srv); err != nil {
+			return err
+		}
 	}
 
 	log.Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
@@ -307,7 +318,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 // setupCerts wires where the serving certificate comes from (--cert-mode), the
 // readiness check that it is the one the API server trusts for the guard's
 // webhooks, and its expiry metric and warning.
-func setupCerts(ctx context.Context, mgr ctrl.Manager, f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) error {
+func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) error {
 	// The Secret and cert-manager's Certificate are read directly, never
 	// cached; so are the webhook configurations the self-managed mode writes.
 	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
@@ -345,7 +356,7 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, f *serveFlags, restCfg *r
 		Configurations: mgr.GetClient(), Client: direct, Served: served,
 		MutatingName: f.mutatingName, ValidatingName: f.validatingName, Log: ctrl.Log.WithName("certs"),
 	}
-	if err := mgr.AddReadyzCheck("serving-certificate", check.Check); err != nil {
+	if err := pr.AddReadyzCheck("serving-certificate", check.Check); err != nil {
 		return err
 	}
 	cm, err := certs.NewMetrics(metrics.Registry)

@@ -80,6 +80,8 @@ func run(m *testing.M) int {
 	local, err = harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%d", os.Getpid()), WorkDir: work,
 		Nodes: 2, GuardConfig: guardConfig, Log: logFile,
+		// The audit's report CRDs, as make run and config/ install them.
+		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
 	})
 	cancel()
 	if err != nil {

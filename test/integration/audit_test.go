@@ -248,3 +248,145 @@ func TestAuditWithoutReportCRD(t *testing.T) {
 	require.Eventually(t, func() bool { return passes(t, reg) > before }, waitShort, tick, "the audit stopped passing")
 	assert.Equal(t, int32(1), said.Load(), "the missing CRD is logged once")
 }
+
+// ownerPolicy asks for an owner annotation, in ns only.
+func ownerPolicy(ns, msg string) string {
+	return fmt.Sprintf(`# METADATA
+# custom:
+#   mode: audit
+package deployguard.auditowner
+
+import rego.v1
+
+deny contains {"msg": %q, "field": "metadata.annotations.owner"} if {
+	input.object.metadata.namespace == %q
+	not input.object.metadata.annotations.owner
+}
+`, msg, ns)
+}
+
+// evaluations counts the engine's evaluations of each policy.
+func evaluations(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "deployguard_policy_evaluation_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "policy" {
+					out[l.GetValue()] = m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestAuditRefreshesOnlyChangedPolicies: when a new policy set changes one
+// policy, the audit evaluates that policy again on every Deployment and leaves
+// the results of the others as they were, unevaluated; a removed policy's
+// results leave the report.
+func TestAuditRefreshesOnlyChangedPolicies(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	const n = 12
+	for i := range n {
+		require.NoError(t, k8s.Create(ctx, deployment(ns, fmt.Sprintf("app-%d", i))))
+	}
+	engineReg := prometheus.NewRegistry()
+	for _, c := range engine.Collectors() {
+		require.NoError(t, engineReg.Register(c))
+	}
+	_, reg := startAudit(t, audit.FormatPolicyReport, logr.Discard())
+
+	policies := func(data map[string]string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "audit-refresh-policies", Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
+			Data:       data,
+		}
+	}
+	cm := policies(map[string]string{"team.rego": auditPolicy(ns, "audit"), "owner.rego": ownerPolicy(ns, "name an owner")})
+	require.NoError(t, k8s.Create(ctx, cm))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), cm) })
+
+	var st audit.Stored
+	waitReport := func(msg string, cond func(audit.Stored) bool) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			u, err := report(ctx, ns)
+			if err != nil {
+				return false
+			}
+			st = audit.Parse(u)
+			return cond(st)
+		}, 3*waitShort, tick, "%s; last report: %+v", msg, st)
+	}
+	messages := func(s audit.Stored, policy string) map[string]string {
+		out := map[string]string{}
+		for _, r := range s.Results {
+			if r.Policy == policy && r.Result.Result == audit.ResultFail {
+				out[r.Resource.Name] = r.Message
+			}
+		}
+		return out
+	}
+	waitReport("both policies' violations never reached the report", func(s audit.Stored) bool {
+		return len(failing(s, "deployguard.auditteam")) == n && len(failing(s, "deployguard.auditowner")) == n
+	})
+	teamSince := map[string]time.Time{}
+	for _, r := range st.Results {
+		if r.Policy == "deployguard.auditteam" {
+			teamSince[r.Resource.Name] = r.Since
+		}
+	}
+
+	// Only the owner policy changes: it alone is evaluated again, on every
+	// audited Deployment, and its new message replaces the old.
+	var all appsv1.DeploymentList
+	require.NoError(t, k8s.List(ctx, &all))
+	before := evaluations(t, engineReg)
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm))
+	cm.Data["owner.rego"] = ownerPolicy(ns, "name an owner in metadata.annotations.owner")
+	require.NoError(t, k8s.Update(ctx, cm))
+	waitReport("the changed policy's new message never reached the report", func(s audit.Stored) bool {
+		for _, m := range messages(s, "deployguard.auditowner") {
+			if !strings.Contains(m, "in metadata.annotations.owner") {
+				return false
+			}
+		}
+		return len(messages(s, "deployguard.auditowner")) == n
+	})
+	after := evaluations(t, engineReg)
+	ownerRuns, teamRuns := after["auditowner"]-before["auditowner"], after["auditteam"]-before["auditteam"]
+	t.Logf("after the owner policy changed: owner evaluated %d times, team %d times, %d Deployments in the cluster", ownerRuns, teamRuns, len(all.Items))
+	assert.GreaterOrEqual(t, ownerRuns, uint64(n), "the changed policy was not evaluated again on every Deployment")
+	// Admissions elsewhere in the suite may evaluate the team policy a few
+	// times; a refresh of it would be once per audited Deployment.
+	assert.Less(t, teamRuns, uint64(n), "the unchanged policy was evaluated again on every Deployment")
+	assert.Len(t, failing(st, "deployguard.auditteam"), n, "the unchanged policy's results stand")
+	for _, r := range st.Results {
+		if r.Policy == "deployguard.auditteam" {
+			assert.Equal(t, teamSince[r.Resource.Name], r.Since, "an unchanged result keeps the time it was first seen")
+		}
+	}
+
+	// The owner policy is removed: its results leave the report, the team
+	// policy's stay.
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(cm), cm))
+	delete(cm.Data, "owner.rego")
+	require.NoError(t, k8s.Update(ctx, cm))
+	waitReport("the removed policy's results stayed", func(s audit.Stored) bool {
+		for _, r := range s.Results {
+			if r.Policy == "deployguard.auditowner" {
+				return false
+			}
+		}
+		return true
+	})
+	assert.Len(t, failing(st, "deployguard.auditteam"), n, "the remaining policy's results stand")
+	assert.Positive(t, passes(t, reg))
+}

@@ -77,6 +77,27 @@ type Evaluator struct {
 // whose label deployguard.io/guard=disabled keeps the webhooks away gets none,
 // as it is not guarded.
 func (e *Evaluator) Evaluate(ctx context.Context, d *appsv1.Deployment) []Result {
+	return e.evaluate(ctx, d, e.active(), nil, true)
+}
+
+// EvaluatePolicies judges d with only the policies of set that only selects:
+// after a new policy set is loaded, the results of the policies it left
+// unchanged stand.
+func (e *Evaluator) EvaluatePolicies(ctx context.Context, d *appsv1.Deployment, set *policy.Set, only func(name string) bool) []Result {
+	return e.evaluate(ctx, d, set, only, false)
+}
+
+func (e *Evaluator) active() *policy.Set {
+	if e.Engine == nil {
+		return nil
+	}
+	s := e.Engine.Active()
+	return &s
+}
+
+// evaluate runs the Go checks when checks is set, and the policies of set
+// that only selects.
+func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *policy.Set, only func(string) bool, checks bool) []Result {
 	res := Resource{Namespace: d.Namespace, Name: d.Name, UID: d.UID}
 	var nsLabels map[string]string
 	if e.NamespaceLabels != nil {
@@ -87,19 +108,27 @@ func (e *Evaluator) Evaluate(ctx context.Context, d *appsv1.Deployment) []Result
 	}
 	var out []Result
 	if slices.Contains(e.Options.ExemptNamespaces, d.Namespace) {
-		out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: "namespace " + d.Namespace + " is exempt from deployguard's checks", Resource: res})
+		if checks {
+			out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: "namespace " + d.Namespace + " is exempt from deployguard's checks", Resource: res})
+		}
 		return out
 	}
-	out = append(out, SpecResults(guardwebhook.CheckSpec(d, e.Options), res)...)
-	out = append(out, QuarantineResult(d, e.Options.Quarantine, res))
-	if e.Engine != nil {
+	if checks {
+		out = append(out, SpecResults(guardwebhook.CheckSpec(d, e.Options), res)...)
+		out = append(out, QuarantineResult(d, e.Options.Quarantine, res))
+	}
+	if set != nil {
 		in := policy.Request{
 			Operation: "UPDATE", Namespace: d.Namespace, Name: d.Name, Object: d, OldObject: d,
 			UserInfo: policy.UserInfo{Username: AuditUsername},
 		}
 		in.NamespaceLabels = nsLabels
-		dec, err := e.Engine.EvaluateRequest(ctx, in)
-		out = append(out, RegoResults(e.Engine.Policies(), dec, err, res)...)
+		dec, err := set.EvaluateRequest(ctx, in, only)
+		policies := set.Policies()
+		if only != nil {
+			policies = slices.DeleteFunc(policies, func(p policy.PolicyInfo) bool { return !only(p.Name) })
+		}
+		out = append(out, RegoResults(policies, dec, err, res)...)
 	}
 	return out
 }

@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"policy", "result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "deployguard_audit_pass_duration_seconds",
-			Help:    "Duration of an audit pass, rate limit included; scope is full (every namespace) or partial (namespaces whose Deployments changed).",
+			Help:    "Duration of an audit pass, rate limit included; scope is full (every Deployment, every check), policies (the policies a new policy set changed, on every Deployment) or partial (Deployments that changed).",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
 		}, []string{"scope"}),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
@@ -52,11 +52,7 @@ func (m *Metrics) countWrite() {
 
 // observePass is called by the one audit goroutine only, with every
 // Deployment's last results.
-func (m *Metrics) observePass(d time.Duration, full bool, known map[string]map[string]entry) {
-	scope := "partial"
-	if full {
-		scope = "full"
-	}
+func (m *Metrics) observePass(d time.Duration, scope string, known map[string]map[string]entry) {
 	m.duration.WithLabelValues(scope).Observe(d.Seconds())
 	total := map[[2]string]int{}
 	for _, byName := range known {

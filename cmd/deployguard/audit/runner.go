@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/deployguard/deployguard/policy"
 )
 
 // Options are the audit's settings from the config file.
@@ -47,6 +49,9 @@ type Runner struct {
 	Log       logr.Logger
 	// Now is the clock of report timestamps.
 	Now func() time.Time
+	// Status, when set, is told whether reports are written; it outlives
+	// the runner, which lasts one leader term.
+	Status *Status
 
 	mu    sync.Mutex
 	dirty map[client.ObjectKey]bool // Deployments to audit again; the zero key means all
@@ -54,7 +59,12 @@ type Runner struct {
 	// change re-evaluates one Deployment, not its namespace. Passes are only
 	// counted: a namespace of 10,000 Deployments keeps its failures and counts.
 	known map[string]map[string]entry
-	kick  chan struct{}
+	// judgedWith is the digest, by policy name, of the policies every known
+	// entry was judged with; nil until the first full pass. A new policy set
+	// re-evaluates only the policies whose digest it changed.
+	judgedWith map[string]string
+	policies   bool // a new policy set is waiting to be audited
+	kick       chan struct{}
 
 	missing     atomic.Bool // the report CRD is not installed
 	everMissing atomic.Bool
@@ -72,6 +82,25 @@ func (r *Runner) NeedLeaderElection() bool { return true }
 // ReportsDisabled reports whether the report CRD was found missing.
 func (r *Runner) ReportsDisabled() bool { return r.everMissing.Load() }
 
+// Status is what the audit has to say on /readyz's detail.
+type Status struct {
+	note atomic.Pointer[string]
+}
+
+// Note is "" while reports are written, or why they are not.
+func (s *Status) Note() string {
+	if p := s.note.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (s *Status) set(note string) {
+	if s != nil {
+		s.note.Store(&note)
+	}
+}
+
 // entry is one Deployment's last results: the non-pass ones, and how many
 // results of each policy passed.
 type entry struct {
@@ -81,6 +110,11 @@ type entry struct {
 
 func newEntry(results []Result) entry {
 	e := entry{passes: map[string]int{}}
+	e.add(results)
+	return e
+}
+
+func (e *entry) add(results []Result) {
 	for _, r := range results {
 		if r.Result == ResultPass {
 			e.passes[r.Policy]++
@@ -88,7 +122,24 @@ func newEntry(results []Result) entry {
 			e.results = append(e.results, r)
 		}
 	}
-	return e
+}
+
+// replace drops the results of the policies drop selects (by report policy
+// name, "deployguard.<name>") and adds results in their place.
+func (e entry) replace(drop func(policy string) bool, results []Result) entry {
+	n := entry{passes: map[string]int{}}
+	for p, c := range e.passes {
+		if !drop(p) {
+			n.passes[p] = c
+		}
+	}
+	for _, r := range e.results {
+		if !drop(r.Policy) {
+			n.results = append(n.results, r)
+		}
+	}
+	n.add(results)
+	return n
 }
 
 func (r *Runner) mark(key client.ObjectKey) {
@@ -155,15 +206,20 @@ func (r *Runner) Start(ctx context.Context) error {
 		select {
 		case <-changed:
 			changed = r.Evaluator.Engine.Changed()
-			r.mark(client.ObjectKey{})
+			r.policies = true
 		default:
 		}
 		r.mu.Lock()
 		dirty := r.dirty
 		r.dirty = map[client.ObjectKey]bool{}
 		r.mu.Unlock()
-		if len(dirty) > 0 {
-			if err := r.pass(ctx, limiter, dirty); err != nil && ctx.Err() == nil {
+		policies := r.policies
+		r.policies = false
+		if len(dirty) > 0 || policies {
+			if err := r.pass(ctx, limiter, dirty, policies); err != nil && ctx.Err() == nil {
+				// A failed policy refresh is tried again on the next
+				// trigger; the period's full pass catches up at worst.
+				r.policies = r.policies || policies
 				r.Log.Error(err, "audit pass failed; the next trigger retries", "reason", "AuditFailed")
 			}
 		}
@@ -195,11 +251,13 @@ func equalMeta(a, b *appsv1.Deployment) bool {
 		slices.Equal(a.Finalizers, b.Finalizers) && a.DeletionTimestamp.Equal(b.DeletionTimestamp)
 }
 
-// pass audits the dirty Deployments (the zero key: every one), then writes
+// pass audits the dirty Deployments (the zero key: every one), and after a
+// policy-set change the policies it changed on every Deployment, then writes
 // the reports of the namespaces it touched.
-func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool) error {
+func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool, policies bool) error {
 	start := time.Now()
-	full := dirty[client.ObjectKey{}]
+	full := dirty[client.ObjectKey{}] || (policies && r.judgedWith == nil)
+	scope := "partial"
 	touched := map[string]bool{}
 	evaluate := func(d *appsv1.Deployment) error {
 		if err := limiter.Wait(ctx); err != nil {
@@ -213,7 +271,15 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 		return nil
 	}
 	n := 0
-	if full {
+	switch {
+	case full:
+		scope = "full"
+		// A full pass looks for the report CRD again: it may have been
+		// installed since it was found missing.
+		r.missing.Store(false)
+		// Taken before the list: a set loaded during the pass is newer than
+		// some results, and its change is waiting to refresh them.
+		set := r.Evaluator.active()
 		var list appsv1.DeploymentList
 		if err := r.Client.List(ctx, &list); err != nil {
 			return fmt.Errorf("listing Deployments: %w", err)
@@ -222,15 +288,30 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 			touched[ns] = true // emptied namespaces lose their report
 		}
 		r.known = map[string]map[string]entry{}
+		r.judgedWith = nil
 		for i := range list.Items {
 			if d := &list.Items[i]; !r.ignored(d.Namespace) {
-				if err := evaluate(d); err != nil {
+				if err := limiter.Wait(ctx); err != nil {
 					return err
 				}
+				if r.known[d.Namespace] == nil {
+					r.known[d.Namespace] = map[string]entry{}
+				}
+				r.known[d.Namespace][d.Name] = newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true))
+				touched[d.Namespace] = true
 				n++
 			}
 		}
-	} else {
+		r.judgedWith = digests(set)
+	case policies:
+		scope = "policies"
+		m, err := r.refreshPolicies(ctx, limiter, dirty, touched)
+		n += m
+		if err != nil {
+			return err
+		}
+		fallthrough
+	default:
 		for key := range dirty {
 			if r.ignored(key.Namespace) {
 				continue
@@ -260,8 +341,11 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 			delete(r.known, ns)
 		}
 	}
-	if full && !r.missing.Load() && r.Metrics != nil {
-		r.Metrics.reportsDisabled.Set(0)
+	if full && !r.missing.Load() {
+		if r.Metrics != nil {
+			r.Metrics.reportsDisabled.Set(0)
+		}
+		r.Status.set("")
 	}
 	if full {
 		if err := r.dropStale(ctx); err != nil {
@@ -269,10 +353,80 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 		}
 	}
 	if r.Metrics != nil {
-		r.Metrics.observePass(time.Since(start), full, r.known)
+		r.Metrics.observePass(time.Since(start), scope, r.known)
 	}
-	r.Log.V(1).Info("audit pass", "deployments", n, "namespaces", len(touched), "full", full, "duration", time.Since(start))
+	r.Log.V(1).Info("audit pass", "deployments", n, "namespaces", len(touched), "scope", scope, "duration", time.Since(start))
 	return errors.Join(errs...)
+}
+
+// refreshPolicies re-evaluates, on every Deployment, the policies the active
+// set changed (new module, library or mode, or new policy) and drops the
+// results of the policies it removed; the other results stand. Deployments
+// in dirty are left to the full evaluation that follows, and a Deployment
+// never audited is evaluated whole.
+func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool, touched map[string]bool) (int, error) {
+	set := r.Evaluator.active()
+	now := digests(set)
+	changed := map[string]bool{}
+	drop := map[string]bool{}
+	for name, d := range now {
+		if r.judgedWith[name] != d {
+			changed[name] = true
+			drop["deployguard."+name] = true
+		}
+	}
+	for name := range r.judgedWith {
+		if _, ok := now[name]; !ok {
+			drop["deployguard."+name] = true
+		}
+	}
+	if len(drop) == 0 {
+		return 0, nil
+	}
+	var list appsv1.DeploymentList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("listing Deployments: %w", err)
+	}
+	// Recorded first: should the refresh stop half-way, what it refreshed is
+	// newer, and the rest is audited again by the retry or the next full pass.
+	r.judgedWith = nil
+	n := 0
+	for i := range list.Items {
+		d := &list.Items[i]
+		if r.ignored(d.Namespace) || dirty[client.ObjectKeyFromObject(d)] {
+			continue
+		}
+		if err := limiter.Wait(ctx); err != nil {
+			return n, err
+		}
+		if r.known[d.Namespace] == nil {
+			r.known[d.Namespace] = map[string]entry{}
+		}
+		e, ok := r.known[d.Namespace][d.Name]
+		if ok {
+			e = e.replace(func(p string) bool { return drop[p] },
+				r.Evaluator.EvaluatePolicies(ctx, d, set, func(name string) bool { return changed[name] }))
+		} else {
+			e = newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true))
+		}
+		r.known[d.Namespace][d.Name] = e
+		touched[d.Namespace] = true
+		n++
+	}
+	r.judgedWith = now
+	return n, nil
+}
+
+// digests are the set's policy digests by name; none without policies.
+func digests(set *policy.Set) map[string]string {
+	out := map[string]string{}
+	if set == nil {
+		return out
+	}
+	for _, p := range set.Policies() {
+		out[p.Name] = p.Digest
+	}
+	return out
 }
 
 // content is a namespace's report content from its Deployments' entries.
@@ -388,6 +542,8 @@ func (r *Runner) noCRD(err error) {
 		r.Metrics.reportsDisabled.Set(1)
 	}
 	r.everMissing.Store(true)
+	gvk, _ := GVK(r.Options.Format)
+	r.Status.set(fmt.Sprintf("the %s CRD (%s) is not installed: the audit evaluates and counts (deployguard_audit_results) but writes no reports until it is; apply config/crd/policyreport", gvk.Kind, gvk.GroupVersion()))
 	r.warnedOnce.Do(func() {
 		r.Log.Info("the report CRD is not installed: the audit keeps evaluating and counting, and writes no reports until a full pass finds the CRD",
 			"reason", "NoReportCRD", "format", r.Options.Format, "error", err.Error())
