@@ -60,6 +60,7 @@ func startAudit(t *testing.T, format string, log logr.Logger) (*audit.Runner, *p
 	r := &audit.Runner{
 		Client: cl, Cache: c, Metrics: m, Log: log,
 		Evaluator: &audit.Evaluator{Options: config.Default().WebhookOptions(guardUser), Engine: engine},
+		Status:    &audit.Status{},
 		Options: audit.Options{Period: time.Hour, Rate: 1000, Format: format,
 			IgnoredNamespaces: []string{"kube-system", harness.GuardNamespace}},
 	}
@@ -239,6 +240,7 @@ func TestAuditWithoutReportCRD(t *testing.T) {
 	}, funcr.Options{})
 	r, reg := startAudit(t, audit.FormatOpenReports, log)
 	require.Eventually(t, r.ReportsDisabled, waitShort, tick, "the missing CRD was not noticed")
+	assert.Contains(t, r.Status.Note(), "the Report CRD (openreports.io/v1alpha1) is not installed", "/readyz?verbose says why no report is written")
 
 	ns := newNamespace(t, nil)
 	before := passes(t, reg)

@@ -166,7 +166,10 @@ func TestLostResponseOfARollbackIsNotRolledBackTwice(t *testing.T) {
 
 	got := &appsv1.Deployment{}
 	require.Eventually(t, func() bool {
-		return k8s.Get(ctx, client.ObjectKeyFromObject(d), got) == nil && got.Annotations[vocab.AnnotationRolledBackRevision] == "2"
+		// The API server applies the write before the client hears back:
+		// the rollback can be seen before its response is lost.
+		return k8s.Get(ctx, client.ObjectKeyFromObject(d), got) == nil && got.Annotations[vocab.AnnotationRolledBackRevision] == "2" &&
+			len(losing.lostWrites()) > 0
 	}, 30*time.Second, 20*time.Millisecond, "rolled back")
 	require.Equal(t, []string{"*v1.Deployment " + ns + "/web"}, losing.lostWrites(), "the rollback's response was lost")
 	assert.Equal(t, "nginx:1.27.3", got.Spec.Template.Spec.Containers[0].Image)
@@ -236,7 +239,7 @@ func TestLostResponsesDuringCleanup(t *testing.T) {
 				}
 				t.Fatalf("finalizers left: %v, annotations %v", cur.Finalizers, cur.Annotations)
 			}
-			require.Len(t, losing.lostWrites(), 1, "a response was lost")
+			require.Eventually(t, func() bool { return len(losing.lostWrites()) == 1 }, 10*time.Second, 20*time.Millisecond, "a response was lost")
 
 			var records corev1.ConfigMapList
 			require.NoError(t, k8s.List(ctx, &records, client.InNamespace(ns), client.MatchingLabels{vocab.LabelRecord: "true"}))
