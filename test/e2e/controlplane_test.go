@@ -45,6 +45,17 @@ func ownCluster(t *testing.T, name string) (l *harness.Local, logPath string) {
 	local = l
 	t.Cleanup(func() {
 		local = saved
+		if t.Failed() {
+			// Read before the cluster and its logs are deleted.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for _, c := range []string{"kube-controller-manager", "kube-scheduler", "kwok-controller"} {
+				t.Logf("--- end of the %s log ---\n%s", c, l.Cluster.ComponentLog(ctx, c, 6000))
+			}
+			if out, err := l.Cluster.Kubectl(ctx, l.Cluster.Kubeconfig, "get", "nodes,pods,replicasets,deployments", "-A", "-o", "wide"); err == nil {
+				t.Logf("--- cluster objects ---\n%s", out)
+			}
+		}
 		l.Stop()
 		logFile.Close()
 		if t.Failed() {

@@ -152,6 +152,19 @@ func (c *Cluster) kwokctl(ctx context.Context, args ...string) error {
 	return nil
 }
 
+// ComponentLog is the tail (up to n bytes) of a control-plane component's
+// log: kube-apiserver, kube-controller-manager, kube-scheduler,
+// kwok-controller, etcd. For a failed test's report.
+func (c *Cluster) ComponentLog(ctx context.Context, component string, n int) string {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Tools, "kwokctl"), "--name", c.Name, "logs", component)
+	cmd.Env = append(os.Environ(), "KWOK_WORKDIR="+filepath.Join(c.WorkDir, "kwok"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("kwokctl logs %s: %v\n%s", component, err, tail(string(out), 500))
+	}
+	return tail(string(out), n)
+}
+
 // Kubectl runs the cluster's own kubectl with kubeconfig and returns its
 // combined output.
 func (c *Cluster) Kubectl(ctx context.Context, kubeconfig string, args ...string) (string, error) {

@@ -61,6 +61,7 @@ type Histogram struct {
 	Bounds []float64
 	Counts []uint64 // cumulative, per bound
 	Count  uint64
+	Sum    float64 // of the observations
 }
 
 // Histogram returns the histogram series of a family with labels want.
@@ -79,13 +80,14 @@ func (m Metrics) Histogram(name string, want map[string]string) Histogram {
 			h.Counts = append(h.Counts, b.GetCumulativeCount())
 		}
 		h.Count = s.Histogram.GetSampleCount()
+		h.Sum = s.Histogram.GetSampleSum()
 	}
 	return h
 }
 
 // Minus is the histogram of the observations made between before and h.
 func (h Histogram) Minus(before Histogram) Histogram {
-	out := Histogram{Bounds: slices.Clone(h.Bounds), Counts: slices.Clone(h.Counts), Count: h.Count - before.Count}
+	out := Histogram{Bounds: slices.Clone(h.Bounds), Counts: slices.Clone(h.Counts), Count: h.Count - before.Count, Sum: h.Sum - before.Sum}
 	if len(before.Counts) == len(h.Counts) {
 		for i := range out.Counts {
 			out.Counts[i] -= before.Counts[i]
