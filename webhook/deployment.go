@@ -152,11 +152,18 @@ func Validate(ctx context.Context, d, old *appsv1.Deployment, user authenticatio
 		if old != nil && len(now.Errs) > 0 && len(checkOverlapOf(ctx, old, overlaps).Errs) > 0 {
 			// The overlap predates this update; refusing it would block
 			// unrelated changes such as a rollback.
-			now = Findings{Warnings: []string{"spec.selector: this Deployment's pods overlap with another Deployment's; " + now.Errs[0].Detail}}
+			now = Findings{Warnings: []string{OverlapWarning(now.Errs[0])}}
 		}
 		f.merge(now)
 	}
 	return f
+}
+
+// OverlapWarning is the warning that replaces an overlap refusal when the
+// overlap predates the update; the audit reports a stored Deployment's
+// overlaps with it too.
+func OverlapWarning(e *field.Error) string {
+	return "spec.selector: this Deployment's pods overlap with another Deployment's; " + e.Detail
 }
 
 // checkOverlapOf checks the stored object's overlaps: an overlap that

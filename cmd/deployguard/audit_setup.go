@@ -15,8 +15,10 @@ import (
 
 // setupAudit runs the background audit in each leader term: one replica
 // evaluates the stored Deployments and writes the reports, away from the
-// admission path. Its metrics outlive the terms.
-func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, ignored []string) error {
+// admission path. Its metrics outlive the terms. overlaps is the webhook's
+// overlap index: the audit looks its candidates up there, and marks those of
+// a changed Deployment for a new audit.
+func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, overlaps guardwebhook.OverlapSource, ignored []string) error {
 	am, err := audit.NewMetrics(metrics.Registry)
 	if err != nil {
 		return err
@@ -24,7 +26,7 @@ func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Co
 	// Shown in /readyz?verbose on the leader, which writes the reports.
 	status := &audit.Status{}
 	pr.AddReadyzNote("audit", status.Note)
-	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient())}
+	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()), Overlaps: overlaps}
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
 		r := &audit.Runner{
 			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,

@@ -273,7 +273,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return nil
 	})
 	if cfg.Audit.Enabled {
-		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, ropts.IgnoredNamespaces); err != nil {
+		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, ropts.IgnoredNamespaces); err != nil {
 			return err
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
 // auditPolicy asks for a team label, in the test's namespace only so that the
@@ -54,12 +55,18 @@ func startAudit(t *testing.T, format string, log logr.Logger) (*audit.Runner, *p
 	require.NoError(t, err)
 	cl, err := client.New(cfg, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: c}})
 	require.NoError(t, err)
+	// The overlap index on the audit's cache, as serve feeds the webhook's
+	// from the cache the leader's terms share.
+	overlaps := guardwebhook.NewOverlapIndex(nil)
+	inf, err := c.GetInformer(ctx, &appsv1.Deployment{})
+	require.NoError(t, err)
+	require.NoError(t, overlaps.Feed(inf))
 	reg := prometheus.NewRegistry()
 	m, err := audit.NewMetrics(reg)
 	require.NoError(t, err)
 	r := &audit.Runner{
 		Client: cl, Cache: c, Metrics: m, Log: log,
-		Evaluator: &audit.Evaluator{Options: config.Default().WebhookOptions(guardUser), Engine: engine},
+		Evaluator: &audit.Evaluator{Options: config.Default().WebhookOptions(guardUser), Engine: engine, Overlaps: overlaps},
 		Status:    &audit.Status{},
 		Options: audit.Options{Period: time.Hour, Rate: 1000, Format: format,
 			IgnoredNamespaces: []string{"kube-system", harness.GuardNamespace}},
@@ -391,4 +398,88 @@ func TestAuditRefreshesOnlyChangedPolicies(t *testing.T) {
 	})
 	assert.Len(t, failing(st, "deployguard.auditteam"), n, "the remaining policy's results stand")
 	assert.Positive(t, passes(t, reg))
+}
+
+// overlapWarnings lists, by Deployment, the overlap warnings in the report.
+func overlapWarnings(s audit.Stored) map[string][]string {
+	out := map[string][]string{}
+	for _, r := range s.Results {
+		if r.Policy == audit.PolicySpec && r.Rule == audit.RuleOverlap {
+			out[r.Resource.Name] = append(out[r.Resource.Name], r.Result.Result+": "+r.Message)
+		}
+	}
+	return out
+}
+
+// TestAuditReportsOverlappingSelectors: two stored Deployments whose
+// selectors select each other's pods both warn in the namespace's report,
+// each naming the other, and each side's result follows a change of the
+// other within seconds: a template label change, a deletion.
+func TestAuditReportsOverlappingSelectors(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	// api's selector (tier=backend) selects shop's pods; shop's (app=shop)
+	// does not select api's.
+	shop := deployment(ns, "shop", func(d *appsv1.Deployment) {
+		d.Spec.Selector.MatchLabels = map[string]string{"app": "shop"}
+		d.Spec.Template.Labels = map[string]string{"app": "shop", "tier": "backend"}
+	})
+	require.NoError(t, k8s.Create(ctx, shop))
+	_, reg := startAudit(t, audit.FormatPolicyReport, logr.Discard())
+	require.Eventually(t, func() bool { return passes(t, reg) > 0 }, waitShort, tick, "no audit pass")
+
+	// The webhook refuses an overlap on CREATE, but not to the guard itself
+	// (its rollbacks must go through): how an overlap comes to be stored,
+	// like one that predates the guard.
+	asGuard, _ := clientAs(t, guardUser)
+	api := deployment(ns, "api", func(d *appsv1.Deployment) {
+		d.Spec.Selector.MatchLabels = map[string]string{"tier": "backend"}
+		d.Spec.Template.Labels = map[string]string{"app": "api", "tier": "backend"}
+	})
+	require.NoError(t, asGuard.Create(ctx, api))
+
+	var st audit.Stored
+	waitOverlaps := func(msg string, want map[string][]string) {
+		t.Helper()
+		// Well within the hour of the audit's period: the change of one
+		// side refreshes the other.
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			u, err := report(ctx, ns)
+			require.NoError(c, err)
+			st = audit.Parse(u)
+			assert.Equal(c, want, overlapWarnings(st), "overlap results by Deployment")
+		}, waitShort, tick, msg)
+	}
+	const fix = "add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector"
+	both := map[string][]string{
+		"api":  {`warn: spec.selector: this Deployment's pods overlap with another Deployment's; this selector also selects the pods of Deployment "shop" (labels app=shop,tier=backend): ` + fix},
+		"shop": {`warn: spec.selector: this Deployment's pods overlap with another Deployment's; these pods would be selected by Deployment "api" (selector tier=backend) too: ` + fix},
+	}
+	waitOverlaps("the overlap was not reported on both sides", both)
+	for _, r := range st.Results {
+		if r.Rule == audit.RuleOverlap {
+			assert.Equal(t, "spec.selector", r.Field)
+		}
+	}
+
+	// shop's pods leave api's selector: both pass, api's result turned by
+	// shop's change alone.
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(shop), shop))
+	shop.Spec.Template.Labels["tier"] = "frontend"
+	require.NoError(t, k8s.Update(ctx, shop))
+	waitOverlaps("the overlap outlived shop's new labels", map[string][]string{})
+
+	// And back (as the guard: admission refuses a new overlap on UPDATE).
+	require.NoError(t, asGuard.Get(ctx, client.ObjectKeyFromObject(shop), shop))
+	shop.Spec.Template.Labels["tier"] = "backend"
+	require.NoError(t, asGuard.Update(ctx, shop))
+	waitOverlaps("the overlap shop's labels made again was not reported on both sides", both)
+
+	// api deleted: shop's result turns to pass.
+	require.NoError(t, k8s.Delete(ctx, api))
+	waitOverlaps("shop still overlaps the deleted api", map[string][]string{})
+	for _, r := range st.Results {
+		assert.NotEqual(t, "api", r.Resource.Name, "no result of the deleted Deployment is left")
+	}
+	assert.Positive(t, st.Summary.Pass)
 }

@@ -38,8 +38,10 @@ const (
 // audit from admission by input.userInfo.username == "deployguard:audit".
 const AuditUsername = "deployguard:audit"
 
-// specRules are the Go spec checks' rules, named by the field they judge, so
-// that each has a pass result when nothing is wrong.
+// specRules are the rules of webhook.CheckSpec, named by the field they judge,
+// so that each has a pass result when nothing is wrong. The overlap check is
+// not among them: its findings carry the selector's and the template labels'
+// paths, so OverlapResults names its rule, RuleOverlap, and gives it its pass.
 var specRules = []struct{ rule, prefix string }{
 	{"selector", "spec.selector"},
 	{"selector", "spec.template.metadata.labels"},
@@ -47,6 +49,9 @@ var specRules = []struct{ rule, prefix string }{
 	{"revision-history", "spec.revisionHistoryLimit"},
 	{"progress-deadline", "spec.progressDeadlineSeconds"},
 }
+
+// RuleOverlap is the rule of the overlap check, under PolicySpec.
+const RuleOverlap = "overlap"
 
 // Resource names the Deployment a result is about.
 type Resource struct {
@@ -70,6 +75,11 @@ type Evaluator struct {
 	Engine  *policy.Engine
 	// NamespaceLabels, when set, gives policies the namespace's labels.
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
+	// Overlaps, when set, finds the Deployments a stored one may overlap:
+	// the webhook's index, fed by the shared informer, so that a lookup costs
+	// its few candidates, never a list of the namespace. Without it overlaps
+	// are not audited.
+	Overlaps guardwebhook.OverlapSource
 }
 
 // Evaluate judges d as stored: an UPDATE whose oldObject equals object, run
@@ -115,6 +125,10 @@ func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *pol
 	}
 	if checks {
 		out = append(out, SpecResults(guardwebhook.CheckSpec(d, e.Options), res)...)
+		if e.Overlaps != nil {
+			others, err := e.Overlaps.OverlapCandidates(ctx, d)
+			out = append(out, OverlapResults(d, others, err, res)...)
+		}
 		out = append(out, QuarantineResult(d, e.Options.Quarantine, res))
 	}
 	if set != nil {
@@ -156,6 +170,36 @@ func SpecResults(f guardwebhook.Findings, res Resource) []Result {
 		}
 		seen[s.rule] = true
 		out = append(out, Result{Policy: PolicySpec, Rule: s.rule, Result: ResultPass, Resource: res})
+	}
+	return out
+}
+
+// OverlapResults judges d's overlaps with the candidates others (err: the
+// lookup failed) with the webhook's overlap check: one warn result per
+// Deployment it overlaps, naming it, or one pass. A warn, not a fail: seen as
+// the UPDATE the audit evaluates, a stored Deployment's overlap predates the
+// update, and admission then only warns (webhook.Validate), lest it block
+// unrelated changes such as a rollback; it refuses the overlap on CREATE.
+// Both sides of an overlap warn, each naming the other.
+func OverlapResults(d *appsv1.Deployment, others []guardwebhook.Selection, err error, res Resource) []Result {
+	r := Result{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultPass, Resource: res}
+	if err != nil {
+		r.Result, r.Field = ResultError, "spec.selector"
+		r.Message = "spec.selector: could not look up the namespace's Deployments to check for overlapping selectors: " + err.Error() +
+			"; the audit checks again when this Deployment changes and at the next full pass"
+		return []Result{r}
+	}
+	f := guardwebhook.CheckOverlap(d, others)
+	if len(f.Errs) == 0 {
+		return []Result{r}
+	}
+	// CheckOverlap goes through others in name order: the results, like
+	// their messages, do not depend on the index.
+	out := make([]Result, 0, len(f.Errs))
+	for _, e := range f.Errs {
+		w := r
+		w.Result, w.Field, w.Message = ResultWarn, "spec.selector", guardwebhook.OverlapWarning(e)
+		out = append(out, w)
 	}
 	return out
 }

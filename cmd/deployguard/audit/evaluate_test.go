@@ -123,3 +123,71 @@ func TestEvaluateSkipsUnguardedNamespaces(t *testing.T) {
 	assert.Empty(t, e.Evaluate(context.Background(), sound(func(d *appsv1.Deployment) { d.Namespace = "off" })))
 	assert.NotEmpty(t, e.Evaluate(context.Background(), sound()))
 }
+
+// selecting is a Deployment of the namespace "shop" whose selector is sel
+// and whose pods are labelled pods.
+func selecting(name string, sel *metav1.LabelSelector, pods map[string]string) *appsv1.Deployment {
+	return sound(func(d *appsv1.Deployment) {
+		d.Name, d.UID = name, typesUID("uid-"+name)
+		d.Spec.Selector, d.Spec.Template.Labels = sel, pods
+	})
+}
+
+// TestEvaluateOverlaps: a stored Deployment whose selector and another's
+// select each other's pods warns, naming the other, as admission warns on an
+// update of either; a lookup the index cannot answer is an error, never a pass.
+func TestEvaluateOverlaps(t *testing.T) {
+	web := sound() // selector app=web, pods app=web
+	api := selecting("api", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}, map[string]string{"app": "api"})
+	canary := selecting("web-canary", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web", "track": "canary"}},
+		map[string]string{"app": "web", "track": "canary"})
+	either := selecting("web-or-web2", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"web", "web2"}}}}, map[string]string{"app": "web2"})
+	leaving := selecting("web-old", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, map[string]string{"app": "web"})
+	leaving.DeletionTimestamp = &metav1.Time{}
+	res := Resource{Namespace: "shop", Name: "web", UID: "uid-web"}
+	tests := []struct {
+		name   string
+		synced bool
+		stored []*appsv1.Deployment
+		want   []Result
+	}{
+		{"no overlap", true, []*appsv1.Deployment{web, api}, []Result{
+			{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultPass, Resource: res}}},
+		{"its selector selects another's pods, and another's selector its pods", true, []*appsv1.Deployment{web, api, either, canary}, []Result{
+			{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultWarn, Field: "spec.selector", Resource: res,
+				Message: `spec.selector: this Deployment's pods overlap with another Deployment's; this selector also selects the pods of Deployment "web-canary" (labels app=web,track=canary): ` +
+					"add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector"},
+			{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultWarn, Field: "spec.selector", Resource: res,
+				Message: `spec.selector: this Deployment's pods overlap with another Deployment's; these pods would be selected by Deployment "web-or-web2" (selector app in (web,web2)) too: ` +
+					"add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector"},
+		}},
+		{"the other is being deleted", true, []*appsv1.Deployment{web, leaving}, []Result{
+			{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultPass, Resource: res}}},
+		{"the index has not synced", false, []*appsv1.Deployment{web, canary}, []Result{
+			{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultError, Field: "spec.selector", Resource: res,
+				Message: "spec.selector: could not look up the namespace's Deployments to check for overlapping selectors: the guard has not yet seen every Deployment; " +
+					"the audit checks again when this Deployment changes and at the next full pass"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			idx := guardwebhook.NewOverlapIndex(func() bool { return tt.synced })
+			for _, d := range tt.stored {
+				idx.Set(d)
+			}
+			e := &Evaluator{Options: &guardwebhook.Options{Quarantine: guardwebhook.QuarantineEnforce}, Overlaps: idx}
+			var got []Result
+			for _, r := range e.Evaluate(context.Background(), web) {
+				if r.Rule == RuleOverlap {
+					got = append(got, r)
+				}
+			}
+			assert.Equal(t, tt.want, got)
+		})
+	}
+	t.Run("without an overlap source, no overlap result", func(t *testing.T) {
+		for _, r := range (&Evaluator{Options: &guardwebhook.Options{}}).Evaluate(context.Background(), web) {
+			assert.NotEqual(t, RuleOverlap, r.Rule)
+		}
+	})
+}

@@ -16,12 +16,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/deployguard/deployguard/policy"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
 // Options are the audit's settings from the config file.
@@ -142,14 +144,59 @@ func (e entry) replace(drop func(policy string) bool, results []Result) entry {
 	return n
 }
 
-func (r *Runner) mark(key client.ObjectKey) {
+func (r *Runner) mark(keys ...client.ObjectKey) {
 	r.mu.Lock()
-	r.dirty[key] = true
+	for _, key := range keys {
+		r.dirty[key] = true
+	}
 	r.mu.Unlock()
 	select {
 	case r.kick <- struct{}{}:
 	default:
 	}
+}
+
+// maxOverlapMarks bounds the Deployments one change marks for their overlap
+// results: a Deployment overlapping more is a namespace already in a mess,
+// and the period's full pass refreshes the rest.
+const maxOverlapMarks = 100
+
+// overlapping returns the Deployments d overlaps as the index knows them now:
+// those whose overlap result a change of d (created, new template labels,
+// deleted) may turn. It costs d's candidates, never the namespace; nothing
+// without an overlap source, or while the index has not synced (the first
+// full pass, which waits for it, is yet to come).
+func (r *Runner) overlapping(ctx context.Context, d *appsv1.Deployment) []client.ObjectKey {
+	if r.Evaluator.Overlaps == nil {
+		return nil
+	}
+	mine, ok := guardwebhook.SelectionOf(d)
+	if !ok {
+		return nil
+	}
+	others, err := r.Evaluator.Overlaps.OverlapCandidates(ctx, d)
+	if err != nil {
+		return nil
+	}
+	var keys []client.ObjectKey
+	for _, o := range others {
+		// CheckOverlap's test without its messages. A Deployment being
+		// deleted is marked too: its own result may name d.
+		if mine.Selector.Matches(o.TemplateLabels) || o.Selector.Matches(mine.TemplateLabels) {
+			keys = append(keys, client.ObjectKey{Namespace: d.Namespace, Name: o.Name})
+			if len(keys) == maxOverlapMarks {
+				break
+			}
+		}
+	}
+	return keys
+}
+
+// overlapMayChange: the update may have turned d's overlaps (the selector is
+// immutable; a Deployment being deleted overlaps nothing).
+func overlapMayChange(old, d *appsv1.Deployment) bool {
+	return !maps.Equal(old.Spec.Template.Labels, d.Spec.Template.Labels) ||
+		(old.DeletionTimestamp == nil) != (d.DeletionTimestamp == nil)
 }
 
 // Start runs until ctx ends.
@@ -163,30 +210,50 @@ func (r *Runner) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: getting the Deployment informer: %w", err)
 	}
-	nsOf := func(obj any) {
-		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
+	// touch marks d and, when its overlaps may have changed, the
+	// Deployments it overlaps (overlapped, for the old state of an update or
+	// the last of a deletion): their results name d, and would otherwise
+	// stay stale until the period's full pass. The handlers only read the
+	// index and mark; the pass, a batch window later, does the work.
+	touch := func(d *appsv1.Deployment, overlaps ...*appsv1.Deployment) {
+		keys := []client.ObjectKey{client.ObjectKeyFromObject(d)}
+		for _, o := range overlaps {
+			keys = append(keys, r.overlapping(ctx, o)...)
 		}
-		if d, ok := obj.(*appsv1.Deployment); ok {
-			r.mark(client.ObjectKeyFromObject(d))
-		}
+		r.mark(keys...)
 	}
 	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(o any, initial bool) {
-			if !initial { // the first pass covers what was there
-				nsOf(o)
+			// The first pass covers what was there.
+			if d, ok := o.(*appsv1.Deployment); ok && !initial {
+				touch(d, d)
 			}
 		},
 		UpdateFunc: func(old, o any) {
 			od, ok1 := old.(*appsv1.Deployment)
 			nd, ok2 := o.(*appsv1.Deployment)
-			// Status-only updates change nothing the checks read.
-			if ok1 && ok2 && od.Generation == nd.Generation && equalMeta(od, nd) {
+			if !ok2 {
 				return
 			}
-			nsOf(o)
+			switch {
+			case !ok1:
+				touch(nd, nd)
+			// Status-only updates change nothing the checks read.
+			case od.Generation == nd.Generation && equalMeta(od, nd):
+			case overlapMayChange(od, nd):
+				touch(nd, od, nd)
+			default:
+				touch(nd)
+			}
 		},
-		DeleteFunc: nsOf,
+		DeleteFunc: func(o any) {
+			if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if d, ok := o.(*appsv1.Deployment); ok {
+				touch(d, d)
+			}
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("audit: watching Deployments: %w", err)
@@ -194,6 +261,14 @@ func (r *Runner) Start(ctx context.Context) error {
 	defer func() { _ = inf.RemoveEventHandler(reg) }()
 	if !r.Cache.WaitForCacheSync(ctx) {
 		return nil
+	}
+	// The overlap index is fed by a handler of its own on the same informer,
+	// which may deliver the existing Deployments a moment later: audited
+	// before, every overlap result would be an error until the next full pass.
+	if s, ok := r.Evaluator.Overlaps.(interface{ Synced() bool }); ok {
+		if wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) { return s.Synced(), nil }) != nil {
+			return nil
+		}
 	}
 	limiter := rate.NewLimiter(rate.Limit(r.Options.Rate), max(1, int(r.Options.Rate)))
 	period := time.NewTicker(r.Options.Period)

@@ -1,9 +1,17 @@
 package audit
 
 import (
+	"context"
+	"fmt"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
 // TestEntryReplace: refreshing some policies of a Deployment's entry keeps
@@ -22,4 +30,61 @@ func TestEntryReplace(t *testing.T) {
 	assert.Equal(t, map[string]int{PolicySpec: 1, "deployguard.team": 1}, got.passes, "the removed policy's pass is gone, the refreshed one counted")
 	assert.Equal(t, []Result{{Policy: "deployguard.probes", Rule: "warn", Result: ResultWarn, Message: "no readiness probe"}}, got.results)
 	assert.Len(t, e.results, 2, "the old entry is left alone")
+}
+
+// TestOverlapping: a change of a Deployment marks for a new audit the
+// Deployments it overlaps, and only those: their results name it.
+func TestOverlapping(t *testing.T) {
+	web := sound()
+	canary := selecting("web-canary", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web", "track": "canary"}},
+		map[string]string{"app": "web", "track": "canary"})
+	api := selecting("api", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}, map[string]string{"app": "api"})
+	synced := true
+	idx := guardwebhook.NewOverlapIndex(func() bool { return synced })
+	for _, d := range []*appsv1.Deployment{web, canary, api} {
+		idx.Set(d)
+	}
+	r := &Runner{Evaluator: &Evaluator{Overlaps: idx}}
+	ctx := context.Background()
+
+	assert.Equal(t, []client.ObjectKey{{Namespace: "shop", Name: "web-canary"}}, r.overlapping(ctx, web))
+	assert.Equal(t, []client.ObjectKey{{Namespace: "shop", Name: "web"}}, r.overlapping(ctx, canary))
+	assert.Empty(t, r.overlapping(ctx, api))
+	// Deleted from the index already, as when the index's handler ran first:
+	// its own state still finds whom it overlapped.
+	idx.Delete("shop", "web-canary")
+	assert.Equal(t, []client.ObjectKey{{Namespace: "shop", Name: "web"}}, r.overlapping(ctx, canary))
+
+	for i := range maxOverlapMarks + 10 {
+		idx.Set(selecting(fmt.Sprintf("web-%d", i), &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web", "n": strconv.Itoa(i)}},
+			map[string]string{"app": "web", "n": strconv.Itoa(i)}))
+	}
+	assert.Len(t, r.overlapping(ctx, web), maxOverlapMarks, "bounded")
+
+	synced = false
+	assert.Empty(t, r.overlapping(ctx, web), "nothing before the index has synced")
+	assert.Empty(t, (&Runner{Evaluator: &Evaluator{}}).overlapping(ctx, web), "nothing without an index")
+}
+
+// TestOverlapMayChange: only new pod labels or a deletion can turn an
+// overlap (the selector is immutable).
+func TestOverlapMayChange(t *testing.T) {
+	tests := []struct {
+		name string
+		mut  func(*appsv1.Deployment)
+		want bool
+	}{
+		{"new image", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "web:2.0" }, false},
+		{"new replicas", func(d *appsv1.Deployment) { d.Spec.Replicas = nil }, false},
+		{"new pod label", func(d *appsv1.Deployment) { d.Spec.Template.Labels["track"] = "stable" }, true},
+		{"being deleted", func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{} }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := sound()
+			d := old.DeepCopy()
+			tt.mut(d)
+			assert.Equal(t, tt.want, overlapMayChange(old, d))
+		})
+	}
 }
