@@ -112,6 +112,25 @@ func report(ctx context.Context, ns string) (*unstructured.Unstructured, error) 
 	return u, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: audit.ReportName}, u)
 }
 
+// waitForReport waits until ns's report meets cond and returns it; on time-out
+// it fails with msg and the last report read.
+func waitForReport(t *testing.T, ns, msg string, cond func(audit.Stored) bool) audit.Stored {
+	t.Helper()
+	var last atomic.Pointer[audit.Stored]
+	if !assert.Eventually(t, func() bool {
+		u, err := report(context.Background(), ns)
+		if err != nil {
+			return false
+		}
+		st := audit.Parse(u)
+		last.Store(&st)
+		return cond(st)
+	}, 3*waitShort, tick) {
+		t.Fatalf("%s; last report: %+v", msg, last.Load())
+	}
+	return *last.Load()
+}
+
 // failing lists the names of the Deployments the policy fails in the report.
 func failing(s audit.Stored, policy string) []string {
 	var names []string
@@ -152,14 +171,7 @@ func TestAuditReportsExistingDeployments(t *testing.T) {
 	var st audit.Stored
 	waitReport := func(msg string, cond func(audit.Stored) bool) {
 		t.Helper()
-		require.Eventually(t, func() bool {
-			u, err := report(ctx, ns)
-			if err != nil {
-				return false
-			}
-			st = audit.Parse(u)
-			return cond(st)
-		}, 3*waitShort, tick, "%s; last report: %+v", msg, st)
+		st = waitForReport(t, ns, msg, cond)
 	}
 	waitReport("the three violations never reached the report", func(s audit.Stored) bool {
 		return len(failing(s, policyName)) == 3
@@ -325,14 +337,7 @@ func TestAuditRefreshesOnlyChangedPolicies(t *testing.T) {
 	var st audit.Stored
 	waitReport := func(msg string, cond func(audit.Stored) bool) {
 		t.Helper()
-		require.Eventually(t, func() bool {
-			u, err := report(ctx, ns)
-			if err != nil {
-				return false
-			}
-			st = audit.Parse(u)
-			return cond(st)
-		}, 3*waitShort, tick, "%s; last report: %+v", msg, st)
+		st = waitForReport(t, ns, msg, cond)
 	}
 	messages := func(s audit.Stored, policy string) map[string]string {
 		out := map[string]string{}
