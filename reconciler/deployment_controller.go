@@ -147,6 +147,7 @@ func IndexFields(ctx context.Context, fi client.FieldIndexer) error {
 }
 
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=apps,resources=deployments/status,verbs=get;patch
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;create;update;delete
@@ -263,6 +264,10 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	again, err := r.reconcileFailFast(ctx, d, allRSs)
 	if err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while judging its rollout; requeued")
+	}
+	// After every phase that may roll back: it tells the deploying tools.
+	if err := r.reconcileVerdict(ctx, d, allRSs); err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while reporting its rollback; requeued")
 	}
 	return ctrl.Result{RequeueAfter: again}, nil
 }

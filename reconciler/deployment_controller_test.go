@@ -40,6 +40,10 @@ type env struct {
 	patches []recordedPatch
 	// writes holds every create, update and delete, as "verb kind name".
 	writes []string
+	// statusPatches holds every patch of a status subresource.
+	statusPatches []recordedPatch
+	// sequence is every patch in order: "Deployment" or "Deployment/status".
+	sequence []string
 	// beforePatch, when set, runs before a write reaches the API server.
 	beforePatch func(ctx context.Context, c client.WithWatch, obj client.Object)
 }
@@ -67,10 +71,21 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 				var body map[string]any
 				require.NoError(t, json.Unmarshal(data, &body))
 				e.patches = append(e.patches, recordedPatch{kind: kindOf(obj), body: body})
+				e.sequence = append(e.sequence, kindOf(obj))
 				if e.beforePatch != nil {
 					e.beforePatch(ctx, c, obj)
 				}
 				return c.Patch(ctx, obj, patch, opts...)
+			},
+			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+				data, err := patch.Data(obj)
+				require.NoError(t, err)
+				require.NotContains(t, string(data), cachedTemplateHash, "what the cache holds in place of templates is never written")
+				var body map[string]any
+				require.NoError(t, json.Unmarshal(data, &body))
+				e.statusPatches = append(e.statusPatches, recordedPatch{kind: kindOf(obj) + "/" + sub, body: body})
+				e.sequence = append(e.sequence, kindOf(obj)+"/"+sub)
+				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
 			},
 			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				e.writes = append(e.writes, "create "+kindOf(obj)+" "+obj.GetName())

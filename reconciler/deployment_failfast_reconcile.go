@@ -173,11 +173,17 @@ func (r *DeploymentReconciler) setFailingSince(ctx context.Context, d *appsv1.De
 	return nil
 }
 
-// failRevision acts on a revision fail-fast found failing: it rolls back to
-// the newest known-good revision, in the same single conditional write as on
-// a deadline (same target, quarantine, exactly once), or, without a target or
-// with automatic rollback off, reports the failure once. The decision is
-// taken again on the Deployment as the API server has it.
+// failRevision acts on a revision fail-fast found failing. With a
+// known-good revision to go to, it declares the revision failed in
+// upstream's words (declareFailed), so that every client watching the
+// rollout fails on it as it would at the deadline, and then rolls back
+// through the deadline's own path (reconcileRollback: same target,
+// quarantine, exactly once). A restart or a conflict between the two writes
+// leaves the declaration, which the deadline's path picks up. Without a
+// target, or with automatic rollback off, it reports the failure once and
+// declares nothing: the Deployment then fails at its deadline as upstream's
+// does. The decision is taken again on the Deployment as the API server has
+// it.
 func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, newRS *appsv1.ReplicaSet, v FailFastVerdict, o FailFastOptions) error {
 	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "reason", v.Evidence[0].Reason)
 	fresh := &appsv1.Deployment{}
@@ -193,39 +199,25 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 	}
 	failedRevision, _ := Revision(newRS)
 	summary := FailFastSummary(v, now)
-	var target *appsv1.ReplicaSet
-	if r.Options.AutoRollback && !autoRollbackOptedOut(d) {
-		if t := KnownGoodTarget(d, rss); t != nil {
-			target = &appsv1.ReplicaSet{}
-			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(t), target); err != nil {
-				return fmt.Errorf("reading the known-good ReplicaSet %s: %w", t.Name, err)
-			}
-			if target.UID != t.UID || !IsKnownGood(target) {
-				return apierrors.NewConflict(appsv1.Resource("replicasets"), target.Name, fmt.Errorf("changed since it was read"))
-			}
+	rollBack := r.Options.AutoRollback && !autoRollbackOptedOut(d)
+
+	if rollBack && KnownGoodTarget(d, rss) != nil {
+		if err := r.declareFailed(ctx, d, newRS, summary, now); err != nil {
+			return err
 		}
+		r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, resultRolledBack).Inc()
+		r.Metrics.failFastReaction.Observe(now.Sub(since).Seconds())
+		log.Info("Declared a failing rollout failed; rolling back to its known-good revision", "failedRevision", failedRevision, "evidence", summary)
+		return r.reconcileRollback(ctx, d, rss)
 	}
 
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	var message, result string
-	targetRevision := int64(0)
-	switch {
-	case target != nil:
-		targetRevision, _ = Revision(target)
-		message = fmt.Sprintf("Rolled back from revision %d (ReplicaSet %s): %s, to known-good revision %d (ReplicaSet %s).",
-			failedRevision, newRS.Name, summary, targetRevision, target.Name)
-		failedHash := vocab.TemplateHash(&d.Spec.Template)
-		d.Spec.Template = *RollbackTemplate(target)
-		d.Annotations = RollbackAnnotations(d, target)
-		d.Annotations[vocab.AnnotationRolledBackRevision] = formatRevision(failedRevision)
-		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
-			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
-		result = resultRolledBack
-	case r.Options.AutoRollback && !autoRollbackOptedOut(d):
+	if rollBack {
 		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; no known-good revision to roll back to, so it is left as it is.",
 			failedRevision, newRS.Name, summary)
 		result = resultNoKnownGood
-	default:
+	} else {
 		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; automatic rollback is off for this Deployment.",
 			failedRevision, newRS.Name, summary)
 		result = resultReported
@@ -250,26 +242,34 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		}
 	}
 	if err != nil {
-		if target != nil {
-			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
-			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from failing revision %d to known-good revision %d failed: %v", failedRevision, targetRevision, err))
-		}
 		return fmt.Errorf("recording the fail-fast decision about revision %d: %w", failedRevision, err)
 	}
 	r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, result).Inc()
-	switch result {
-	case resultRolledBack:
-		r.Metrics.rollbacks.WithLabelValues(resultRolledBack).Inc()
-		r.Metrics.failFastReaction.Observe(now.Sub(since).Seconds())
-		log.Info("Rolled back a failing rollout to its known-good revision", "failedRevision", failedRevision, "targetRevision", targetRevision, "evidence", summary)
-		r.emitRollbackNormalEvent(d, target, message)
-	case resultNoKnownGood:
+	if result == resultNoKnownGood {
 		r.Metrics.rollbacks.WithLabelValues(resultNoKnownGood).Inc()
 		log.Info("Rollout failing and no known-good revision", "failedRevision", failedRevision, "evidence", summary)
 		r.emitRollbackWarningEvent(d, vocab.ReasonNoKnownGoodRevision, message)
-	default:
-		log.Info("Rollout failing; automatic rollback off", "failedRevision", failedRevision, "evidence", summary)
-		r.emitRollbackWarningEvent(d, vocab.ReasonRolloutFailing, message)
+		return nil
+	}
+	log.Info("Rollout failing; automatic rollback off", "failedRevision", failedRevision, "evidence", summary)
+	r.emitRollbackWarningEvent(d, vocab.ReasonRolloutFailing, message)
+	return nil
+}
+
+// declareFailed sets the Deployment's Progressing condition to False, reason
+// ProgressDeadlineExceeded, with the evidence in the message
+// (DeclaredFailureMessage): the failure language every deploying tool
+// already reads (kubectl rollout status, kstatus, Argo CD). It is a status
+// write conditional on the resourceVersion read, so it never replaces a
+// condition the Deployment controller wrote since; d takes the result.
+func (r *DeploymentReconciler) declareFailed(ctx context.Context, d *appsv1.Deployment, newRS *appsv1.ReplicaSet, evidence string, now time.Time) error {
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	setCondition(&d.Status, appsv1.DeploymentCondition{
+		Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded,
+		Message: DeclaredFailureMessage(newRS.Name, evidence),
+	}, now)
+	if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
+		return fmt.Errorf("declaring revision %s failed: %w", newRS.Annotations[vocab.RevisionAnnotation], err)
 	}
 	return nil
 }

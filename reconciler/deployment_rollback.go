@@ -65,6 +65,9 @@ type Decision struct {
 	// TargetRevision its revision.
 	Target         *appsv1.ReplicaSet
 	TargetRevision int64
+	// Evidence is set when fail-fast declared the failure before the
+	// deadline (see DeclaredFailureMessage): what the new pods showed.
+	Evidence string
 }
 
 // ShouldRollBack decides what to do about a Deployment whose rollout may have
@@ -94,6 +97,7 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		return Decision{Action: ActionNone, Reason: ReasonRolloutNotFailed}
 	}
 	dec := Decision{Action: ActionNone, Deadline: cond}
+	_, dec.Evidence, _ = declaredFailure(cond.Message)
 
 	if !opts.AutoRollback || autoRollbackOptedOut(d) {
 		dec.Reason = ReasonAutoRollbackDisabled
@@ -127,7 +131,7 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		dec.Reason = ReasonAlreadyRolledBack
 		return dec
 	}
-	if name, ok := timedOutReplicaSetName(cond.Message); ok && name != newRS.Name {
+	if name, ok := failedReplicaSetName(cond.Message); ok && name != newRS.Name {
 		dec.Reason = ReasonStaleCondition
 		return dec
 	}
@@ -140,27 +144,40 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		// shows the deadline. Record it as decided: after the resume the guard acts
 		// only on a new deadline, counted from DeploymentResumed.
 		dec.Reason = ReasonPaused
-		dec.Message = fmt.Sprintf("Revision %d exceeded its progress deadline while the Deployment was being paused; the guard does not roll back a paused Deployment and will act only on a new deadline after it is resumed.", failedRevision)
+		dec.Message = fmt.Sprintf("Revision %d %s while the Deployment was being paused; the guard does not roll back a paused Deployment and will act only on a new deadline after it is resumed.", failedRevision, dec.failedHow())
 	case IsKnownGood(newRS) && d.Annotations[vocab.AnnotationRolledBackRevision] != "":
 		dec.Reason = ReasonRollbackLoop
-		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but it is the known-good revision the guard rolled back to; stopped to avoid a rollback loop. The failure is likely outside the template.", failedRevision, newRS.Name)
+		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s, but it is the known-good revision the guard rolled back to; stopped to avoid a rollback loop. The failure is likely outside the template.", failedRevision, newRS.Name, dec.failedHow())
 	case IsKnownGood(newRS):
 		dec.Reason = ReasonRollbackLoop
-		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but it completed before and is known-good; not rolling back from one known-good revision to another. The failure is likely outside the template.", failedRevision, newRS.Name)
+		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s, but it completed before and is known-good; not rolling back from one known-good revision to another. The failure is likely outside the template.", failedRevision, newRS.Name, dec.failedHow())
 	default:
 		target := KnownGoodTarget(d, rss)
 		if target == nil {
 			dec.Reason = ReasonNoKnownGoodRevision
-			dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline; no known-good revision to roll back to, so it is left as it is.", failedRevision, newRS.Name)
+			dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s; no known-good revision to roll back to, so it is left as it is.", failedRevision, newRS.Name, dec.failedHow())
 			return dec
 		}
 		targetRevision, _ := Revision(target) // KnownGoodTarget skips unparsable revisions.
 		dec.Action = ActionRollBack
 		dec.Reason = ReasonAutoRollback
 		dec.Target, dec.TargetRevision = target, targetRevision
-		dec.Message = fmt.Sprintf("Rolled back from revision %d (ReplicaSet %s), which exceeded its progress deadline, to known-good revision %d (ReplicaSet %s).", failedRevision, newRS.Name, targetRevision, target.Name)
+		if dec.Evidence != "" {
+			// Fail-fast's words, as before it declared the failure first.
+			dec.Message = fmt.Sprintf("Rolled back from revision %d (ReplicaSet %s): %s, to known-good revision %d (ReplicaSet %s).", failedRevision, newRS.Name, dec.Evidence, targetRevision, target.Name)
+		} else {
+			dec.Message = fmt.Sprintf("Rolled back from revision %d (ReplicaSet %s), which exceeded its progress deadline, to known-good revision %d (ReplicaSet %s).", failedRevision, newRS.Name, targetRevision, target.Name)
+		}
 	}
 	return dec
+}
+
+// failedHow says how the revision failed, for the decision's message.
+func (d Decision) failedHow() string {
+	if d.Evidence != "" {
+		return "is failing: " + d.Evidence
+	}
+	return "exceeded its progress deadline"
 }
 
 // RollbackTemplate is the template `kubectl rollout undo` restores from a
@@ -253,8 +270,13 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		d.Spec.Template = *RollbackTemplate(dec.Target)
 		d.Annotations = RollbackAnnotations(d, dec.Target)
 		d.Annotations[vocab.AnnotationRolledBackRevision] = formatRevision(dec.FailedRevision)
+		d.Annotations[vocab.AnnotationRolledBackTo] = dec.Target.Name
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
 			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
+		if dec.Evidence != "" {
+			d.Annotations[vocab.AnnotationFailFastRevision] = formatRevision(dec.FailedRevision)
+		}
+		delete(d.Annotations, vocab.AnnotationFailingSince)
 	case ActionHold:
 		if d.Annotations == nil {
 			d.Annotations = map[string]string{}
@@ -388,14 +410,18 @@ func handledDeadline(d *appsv1.Deployment) (time.Time, bool) {
 	return t, err == nil
 }
 
-// timedOutReplicaSetName returns the ReplicaSet named by the message upstream's
-// syncRolloutStatus writes with ProgressDeadlineExceeded:
+// failedReplicaSetName returns the ReplicaSet named by a
+// ProgressDeadlineExceeded message: upstream's (syncRolloutStatus)
 //
 //	ReplicaSet "web-5d8f7c9b4" has timed out progressing.
 //
-// An unrecognised message (another format, or the "Deployment %q" variant used
-// when there was no newRS) gives false, and the check is skipped.
-func timedOutReplicaSetName(msg string) (string, bool) {
+// or the guard's own (DeclaredFailureMessage). An unrecognised message
+// (another format, or the "Deployment %q" variant used when there was no
+// newRS) gives false, and the check is skipped.
+func failedReplicaSetName(msg string) (string, bool) {
+	if name, _, ok := declaredFailure(msg); ok {
+		return name, true
+	}
 	rest, ok := strings.CutPrefix(msg, "ReplicaSet ")
 	if !ok {
 		return "", false
@@ -409,4 +435,35 @@ func timedOutReplicaSetName(msg string) (string, bool) {
 		return "", false
 	}
 	return name, true
+}
+
+// declaredFailureVerb is what tells the guard's ProgressDeadlineExceeded
+// message from upstream's "has timed out progressing.".
+const declaredFailureVerb = " has failed progressing: "
+
+// DeclaredFailureMessage is the message of the Progressing=False condition,
+// reason ProgressDeadlineExceeded, with which fail-fast declares the newRS
+// failed before its deadline, in upstream's form:
+//
+//	ReplicaSet "web-5d8f7c9b4" has failed progressing: 2/2 new pods ImagePullBackOff for 1m0s (container web, image shop:1.4-typo).
+func DeclaredFailureMessage(rs, evidence string) string {
+	return "ReplicaSet " + strconv.Quote(rs) + declaredFailureVerb + evidence + "."
+}
+
+// declaredFailure parses DeclaredFailureMessage.
+func declaredFailure(msg string) (rs, evidence string, ok bool) {
+	rest, ok := strings.CutPrefix(msg, "ReplicaSet ")
+	if !ok {
+		return "", "", false
+	}
+	quoted, evidence, ok := strings.Cut(rest, declaredFailureVerb)
+	if !ok {
+		return "", "", false
+	}
+	rs, err := strconv.Unquote(quoted)
+	evidence = strings.TrimSuffix(evidence, ".")
+	if err != nil || evidence == "" {
+		return "", "", false
+	}
+	return rs, evidence, true
 }

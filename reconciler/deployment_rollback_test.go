@@ -258,7 +258,7 @@ func TestRollbackAnnotations(t *testing.T) {
 	}, got)
 }
 
-func TestTimedOutReplicaSetName(t *testing.T) {
+func TestFailedReplicaSetName(t *testing.T) {
 	tests := []struct {
 		msg    string
 		want   string
@@ -268,10 +268,12 @@ func TestTimedOutReplicaSetName(t *testing.T) {
 		{msg: `Deployment "web" has timed out progressing.`, wantOK: false},
 		{msg: `ReplicaSet "web-7d4b9c" is progressing.`, wantOK: false},
 		{msg: "", wantOK: false},
+		{msg: `ReplicaSet "web-7d4b9c" has failed progressing: 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3).`, want: "web-7d4b9c", wantOK: true},
+		{msg: `ReplicaSet "web-7d4b9c" has failed progressing: .`, wantOK: false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.msg, func(t *testing.T) {
-			got, ok := timedOutReplicaSetName(tt.msg)
+			got, ok := failedReplicaSetName(tt.msg)
 			assert.Equal(t, tt.wantOK, ok)
 			assert.Equal(t, tt.want, got)
 		})

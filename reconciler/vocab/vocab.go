@@ -194,6 +194,17 @@ const (
 	// no newer than this is old news: it is never acted on twice, and a deadline
 	// that predates a pause is not acted on after the resume.
 	AnnotationHandledDeadline = Domain + "/handled-deadline"
+	// AnnotationRolledBackTo is the name of the known-good ReplicaSet the
+	// guard's last rollback restored. While it is the Deployment's newRS, the
+	// rollback stands reported to deploying tools (ConditionStalled); a new
+	// template, or AnnotationAcceptRollback, ends that, and the annotation
+	// goes with it.
+	AnnotationRolledBackTo = Domain + "/rolled-back-to"
+	// AnnotationAcceptRollback set to the failed revision (the value of
+	// AnnotationRolledBackRevision) says a person accepts the guard's rollback
+	// of it: the Deployment no longer reads as failed. The revision, not
+	// "true", so that a value kept in a manifest never hides the next failure.
+	AnnotationAcceptRollback = Domain + "/accept-rollback"
 )
 
 // Annotations on ReplicaSets.
@@ -249,6 +260,14 @@ const (
 	// RevisionAnnotation is the revision of a ReplicaSet and its Deployment.
 	RevisionAnnotation = "deployment.kubernetes.io/revision"
 )
+
+// ConditionStalled is the condition type kstatus (sigs.k8s.io/cli-utils, and
+// Flux's and Helm 4's copies of it) reads, on any kind, before the kind's own
+// rules: Stalled=True is Failed. The Deployment controller copies conditions
+// it does not own from one sync to the next (calculateStatus), so the guard's
+// verdict on a rollback it made survives the rollout it starts. Its reason is
+// ReasonAutoRollback.
+const ConditionStalled = "Stalled"
 
 // Event reasons the guard emits.
 const (

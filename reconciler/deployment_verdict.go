@@ -1,0 +1,157 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// A rollback restores a template that runs, so afterwards every deploying
+// tool reads the Deployment as healthy: a failed deploy would read as a
+// success. The verdict phase keeps the guard's word on the Deployment
+// instead, as a Stalled condition (vocab.ConditionStalled), for as long as
+// the Deployment runs the revision the guard restored and nobody accepted
+// the rollback.
+
+// Verdict is what the Deployment's status should say about the guard's last
+// rollback.
+type Verdict struct {
+	// Stalled: the rollback stands, and the Deployment reads as failed.
+	Stalled bool
+	// Message is the Stalled condition's message (Stalled only).
+	Message string
+	// Clear: the rollback no longer stands (a new template, or accepted);
+	// vocab.AnnotationRolledBackTo goes, so that coming back to the restored
+	// template later does not bring the verdict back.
+	Clear bool
+	// Why says, for the log, why the verdict is what it is.
+	Why string
+}
+
+// DecideVerdict decides whether the Deployment still reads as failed after
+// the guard's rollback. The rollback stands while the ReplicaSet it restored
+// (vocab.AnnotationRolledBackTo) is the newRS, that is until a new template
+// is applied, and until a person accepts it (vocab.AnnotationAcceptRollback
+// naming the failed revision). An identical template applied again, as a
+// GitOps tool does after a revert, changes nothing: the guard cannot tell it
+// from no write at all, so the acceptance is explicit.
+func DecideVerdict(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) Verdict {
+	to := d.Annotations[vocab.AnnotationRolledBackTo]
+	if to == "" {
+		return Verdict{Why: "no rollback"}
+	}
+	failed := d.Annotations[vocab.AnnotationRolledBackRevision]
+	if failed != "" && d.Annotations[vocab.AnnotationAcceptRollback] == failed {
+		return Verdict{Clear: true, Why: "accepted"}
+	}
+	var restored *appsv1.ReplicaSet
+	for _, rs := range rss {
+		if rs.Name == to {
+			restored = rs
+		}
+	}
+	if restored == nil || !sameTemplate(d, restored) {
+		// A new template (or the restored ReplicaSet is gone, which the
+		// Deployment controller does only once it is an old one).
+		return Verdict{Clear: true, Why: "new template"}
+	}
+	return Verdict{Stalled: true, Message: stalledMessage(d, failed), Why: "rolled back"}
+}
+
+// stalledMessage is the decision of the rollback, and how to end it.
+func stalledMessage(d *appsv1.Deployment, failed string) string {
+	msg := d.Annotations[vocab.AnnotationRollbackStatus]
+	if msg == "" {
+		msg = fmt.Sprintf("The guard rolled back revision %s.", failed)
+	}
+	return fmt.Sprintf("%s Revision %s is not running. Apply a fixed template, or accept the rollback: kubectl annotate deployment -n %s %s %s=%s",
+		msg, failed, d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)
+}
+
+// guardStalled returns the guard's Stalled condition on the Deployment, or
+// nil. A Stalled condition of another reason is another controller's, and
+// left alone.
+func guardStalled(s *appsv1.DeploymentStatus) *appsv1.DeploymentCondition {
+	for i := range s.Conditions {
+		c := &s.Conditions[i]
+		if c.Type == vocab.ConditionStalled && c.Reason == vocab.ReasonAutoRollback {
+			return c
+		}
+	}
+	return nil
+}
+
+// reconcileVerdict brings the Stalled condition in line with DecideVerdict.
+// Both writes are conditional on the resourceVersion read; the condition is
+// written before the annotation is removed, so that a restart between them
+// decides the same again.
+func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
+	v := DecideVerdict(d, rss)
+	cur := guardStalled(&d.Status)
+	log := ctrl.LoggerFrom(ctx)
+
+	switch {
+	case v.Stalled && (cur == nil || cur.Status != corev1.ConditionTrue || cur.Message != v.Message):
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		setCondition(&d.Status, appsv1.DeploymentCondition{
+			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback, Message: v.Message,
+		}, r.Clock.Now())
+		if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
+			return fmt.Errorf("reporting the rollback on the Deployment's status: %w", err)
+		}
+		log.Info("Rollback reported on the Deployment's status", "condition", vocab.ConditionStalled, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
+	case !v.Stalled && cur != nil:
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		removeCondition(&d.Status, vocab.ConditionStalled)
+		if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
+			return fmt.Errorf("clearing the rollback from the Deployment's status: %w", err)
+		}
+		log.Info("Rollback no longer reported", "why", v.Why)
+	}
+	if v.Clear {
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		delete(d.Annotations, vocab.AnnotationRolledBackTo)
+		if err := r.Client.Patch(ctx, d, patch); err != nil {
+			return fmt.Errorf("forgetting the rollback: %w", err)
+		}
+	}
+	return nil
+}
+
+// setCondition sets the condition of c.Type, as upstream's
+// SetDeploymentCondition does: lastUpdateTime is now, and lastTransitionTime
+// moves only when the status changes.
+func setCondition(s *appsv1.DeploymentStatus, c appsv1.DeploymentCondition, now time.Time) {
+	c.LastUpdateTime = metav1.NewTime(now)
+	c.LastTransitionTime = c.LastUpdateTime
+	for i := range s.Conditions {
+		if s.Conditions[i].Type != c.Type {
+			continue
+		}
+		if s.Conditions[i].Status == c.Status {
+			c.LastTransitionTime = s.Conditions[i].LastTransitionTime
+		}
+		s.Conditions[i] = c
+		return
+	}
+	s.Conditions = append(s.Conditions, c)
+}
+
+// removeCondition removes the condition of type t.
+func removeCondition(s *appsv1.DeploymentStatus, t appsv1.DeploymentConditionType) {
+	out := s.Conditions[:0]
+	for _, c := range s.Conditions {
+		if c.Type != t {
+			out = append(out, c)
+		}
+	}
+	s.Conditions = out
+}

@@ -1,0 +1,232 @@
+package reconciler
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// rolledBack gives d the state the guard's rollback from revision 3 to the
+// ReplicaSet of revision 2 leaves: its template, and the annotations of the
+// rollback write.
+func rolledBack(d *appsv1.Deployment) {
+	d.Spec.Template = podTemplate("web:v2")
+	d.Annotations[vocab.AnnotationRolledBackRevision] = "3"
+	d.Annotations[vocab.AnnotationRolledBackTo] = "web-h2"
+	d.Annotations[vocab.AnnotationRollbackStatus] = "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2)."
+}
+
+func TestDecideVerdict(t *testing.T) {
+	tests := []struct {
+		name        string
+		d           *appsv1.Deployment
+		wantStalled bool
+		wantClear   bool
+	}{
+		{name: "never rolled back", d: deployment()},
+		{name: "rolled back, running the restored revision", d: deployment(rolledBack), wantStalled: true},
+		{name: "rolled back, paused", d: deployment(rolledBack, paused), wantStalled: true},
+		{name: "accepted", d: deployment(rolledBack, annotate(vocab.AnnotationAcceptRollback, "3")), wantClear: true},
+		{name: "an earlier rollback accepted, not this one", d: deployment(rolledBack, annotate(vocab.AnnotationAcceptRollback, "1")), wantStalled: true},
+		{name: "a new template applied", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v4") }), wantClear: true},
+		{name: "the failed template applied again (quarantine let it through)", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v3") }), wantClear: true},
+		{name: "the restored ReplicaSet is gone", d: deployment(rolledBack, annotate(vocab.AnnotationRolledBackTo, "web-gone")), wantClear: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rs1, rs2, rs3 := history(tt.d)
+			got := DecideVerdict(tt.d, []*appsv1.ReplicaSet{rs1, rs2, rs3})
+			assert.Equal(t, tt.wantStalled, got.Stalled)
+			assert.Equal(t, tt.wantClear, got.Clear)
+			if tt.wantStalled {
+				assert.Contains(t, got.Message, "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff")
+				assert.Contains(t, got.Message, "Revision 3 is not running.")
+				assert.Contains(t, got.Message, "kubectl annotate deployment -n shop web deployguard.io/accept-rollback=3", "the message says how to end it")
+			}
+		})
+	}
+}
+
+// stalled returns the guard's Stalled condition of the stored Deployment.
+func (e *env) stalled() *appsv1.DeploymentCondition {
+	e.t.Helper()
+	d := e.deployment()
+	return guardStalled(&d.Status)
+}
+
+func progressing(d *appsv1.Deployment) *appsv1.DeploymentCondition { return progressingCondition(d) }
+
+// Fail-fast declares the revision failed in upstream's words before it rolls
+// back, so that a client watching the rollout sees the failure first; after
+// the rollback the Deployment keeps reading as failed.
+func TestFailFastDeclaresThenRollsBackThenReports(t *testing.T) {
+	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Add(19*time.Minute).Format(time.RFC3339)+" web-h3"))
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3,
+		newRSPod(rs3, "web-h3-a", "ImagePullBackOff"), newRSPod(rs3, "web-h3-b", "ImagePullBackOff"))
+
+	e.reconcileResult()
+	require.Equal(t, []string{"Deployment/status", "Deployment", "Deployment/status"}, e.sequence,
+		"declared failed, then rolled back, then reported")
+
+	declared := e.statusPatches[0].body["status"].(map[string]any)["conditions"].([]any)
+	var cond map[string]any
+	for _, c := range declared {
+		if c.(map[string]any)["type"] == "Progressing" {
+			cond = c.(map[string]any)
+		}
+	}
+	require.NotNil(t, cond)
+	assert.Equal(t, "False", cond["status"])
+	assert.Equal(t, vocab.ProgressDeadlineExceeded, cond["reason"], "the failure language kubectl, kstatus and Argo CD read")
+	assert.Equal(t, `ReplicaSet "web-h3" has failed progressing: 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3).`, cond["message"])
+	assert.NotEmpty(t, e.statusPatches[0].body["metadata"].(map[string]any)["resourceVersion"], "conditional on the version read")
+
+	got := e.deployment()
+	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Equal(t, "3", got.Annotations[vocab.AnnotationFailFastRevision], "told as fail-fast's decision")
+	assert.Equal(t, "web-h2", got.Annotations[vocab.AnnotationRolledBackTo])
+	assert.NotContains(t, got.Annotations, vocab.AnnotationFailingSince)
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
+	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
+
+	st := guardStalled(&got.Status)
+	require.NotNil(t, st, "the Deployment reads as failed after the rollback")
+	assert.Equal(t, corev1.ConditionTrue, st.Status)
+	assert.Equal(t, vocab.ReasonAutoRollback, st.Reason)
+	assert.Contains(t, st.Message, "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff")
+	assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
+	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.failFastDecisions.WithLabelValues("ImagePullBackOff", resultRolledBack)))
+
+	// Nothing more to do: no write, no event.
+	e.clock.Step(time.Minute)
+	e.sequence = nil
+	e.reconcileResult()
+	assert.Empty(t, e.sequence)
+	assert.Empty(t, e.events())
+}
+
+// The guard stopped (or lost a race) between its declaration and the
+// rollback: the deadline's path finds the declaration and rolls back once,
+// in fail-fast's words.
+func TestDeclaredFailureRolledBackAfterARestart(t *testing.T) {
+	d := deployment(inProgress)
+	setProgressing(d, appsv1.DeploymentCondition{Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded,
+		Message: DeclaredFailureMessage("web-h3", "2/2 new pods ErrImagePull for 1m0s (container web, image web:v3)"), LastTransitionTime: metav1.NewTime(t0.Add(20 * time.Minute))})
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+	e.reconcileResult()
+	got := e.deployment()
+	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Equal(t, "3", got.Annotations[vocab.AnnotationFailFastRevision])
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
+	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ErrImagePull for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
+	require.NotNil(t, guardStalled(&got.Status))
+
+	e.reconcileResult()
+	assert.Empty(t, e.events(), "once")
+}
+
+// A rollback on the deadline itself is reported the same way.
+func TestDeadlineRollbackIsReported(t *testing.T) {
+	d := deployment(failed)
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+	require.NoError(t, e.reconcile())
+	st := e.stalled()
+	require.NotNil(t, st)
+	assert.Contains(t, st.Message, "Rolled back from revision 3 (ReplicaSet web-h3), which exceeded its progress deadline, to known-good revision 2 (ReplicaSet web-h2).")
+}
+
+func TestVerdictEnds(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(d *appsv1.Deployment)
+	}{
+		{name: "a fixed template is applied", change: func(d *appsv1.Deployment) {
+			d.Generation++
+			d.Spec.Template.Spec.Containers[0].Image = "web:v4"
+		}},
+		{name: "a person accepts the rollback", change: func(d *appsv1.Deployment) {
+			d.Annotations[vocab.AnnotationAcceptRollback] = "3"
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := deployment(failed)
+			rs1, rs2, rs3 := history(d)
+			e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+			require.NoError(t, e.reconcile())
+			require.NotNil(t, e.stalled())
+
+			got := e.deployment()
+			tt.change(got)
+			require.NoError(t, e.client.Update(context.Background(), got))
+			require.NoError(t, e.reconcile())
+			assert.Nil(t, e.stalled(), "the Deployment no longer reads as failed")
+			assert.NotContains(t, e.deployment().Annotations, vocab.AnnotationRolledBackTo)
+
+			// Coming back to the restored template later does not bring
+			// the old verdict back.
+			got = e.deployment()
+			got.Spec.Template = podTemplate("web:v2")
+			require.NoError(t, e.client.Update(context.Background(), got))
+			require.NoError(t, e.reconcile())
+			assert.Nil(t, e.stalled())
+		})
+	}
+}
+
+// Upstream's status is left as upstream's wherever the guard does not roll
+// back: paused, opted out, no known-good revision.
+func TestNoVerdictWithoutARollback(t *testing.T) {
+	tests := []struct {
+		name string
+		d    *appsv1.Deployment
+		rss  func(d *appsv1.Deployment) []client.Object
+	}{
+		{name: "fail-fast, no known-good revision", d: deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Format(time.RFC3339)+" web-h3")),
+			rss: func(d *appsv1.Deployment) []client.Object {
+				rs3 := replicaSet(d, 3, "web:v3")
+				return []client.Object{rs3, newRSPod(rs3, "a", "ImagePullBackOff")}
+			}},
+		{name: "fail-fast, automatic rollback off", d: deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Format(time.RFC3339)+" web-h3", vocab.AnnotationAutoRollback, "false")),
+			rss: func(d *appsv1.Deployment) []client.Object {
+				rs1, rs2, rs3 := history(d)
+				return []client.Object{rs1, rs2, rs3, newRSPod(rs3, "a", "ImagePullBackOff")}
+			}},
+		{name: "deadline, automatic rollback off", d: deployment(failed, annotate(vocab.AnnotationAutoRollback, "false")),
+			rss: func(d *appsv1.Deployment) []client.Object {
+				rs1, rs2, rs3 := history(d)
+				return []client.Object{rs1, rs2, rs3}
+			}},
+		{name: "deadline, paused", d: deployment(failed, paused),
+			rss: func(d *appsv1.Deployment) []client.Object {
+				rs1, rs2, rs3 := history(d)
+				return []client.Object{rs1, rs2, rs3}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, append([]client.Object{namespace(nil), tt.d}, tt.rss(tt.d)...)...)
+			e.reconcileResult()
+			e.clock.Step(time.Minute)
+			e.reconcileResult()
+			assert.Empty(t, e.statusPatches, "the Deployment's status is upstream's alone")
+			want, got := progressing(tt.d), progressing(e.deployment())
+			assert.Equal(t, []string{string(want.Status), want.Reason, want.Message}, []string{string(got.Status), got.Reason, got.Message})
+		})
+	}
+}
