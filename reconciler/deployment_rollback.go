@@ -260,6 +260,18 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		return nil
 	}
 	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
+	if dec.Action == ActionRollBack {
+		// Told before it is done: once the template is restored the
+		// Deployment controller reports the rollout complete within
+		// seconds, and no deploying tool may read that as the failed
+		// revision's success (reconcileVerdict).
+		if _, err := r.reportRollback(ctx, d, stalledMessage(d, dec.Message, formatRevision(dec.FailedRevision))); err != nil {
+			if apierrors.IsConflict(err) {
+				r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
+			}
+			return err
+		}
+	}
 
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	switch dec.Action {

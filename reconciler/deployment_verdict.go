@@ -63,17 +63,16 @@ func DecideVerdict(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) Verdict {
 		// Deployment controller does only once it is an old one).
 		return Verdict{Clear: true, Why: "new template"}
 	}
-	return Verdict{Stalled: true, Message: stalledMessage(d, failed), Why: "rolled back"}
+	return Verdict{Stalled: true, Message: stalledMessage(d, d.Annotations[vocab.AnnotationRollbackStatus], failed), Why: "rolled back"}
 }
 
-// stalledMessage is the decision of the rollback, and how to end it.
-func stalledMessage(d *appsv1.Deployment, failed string) string {
-	msg := d.Annotations[vocab.AnnotationRollbackStatus]
-	if msg == "" {
-		msg = fmt.Sprintf("The guard rolled back revision %s.", failed)
+// stalledMessage is the rollback's decision, and how to end it.
+func stalledMessage(d *appsv1.Deployment, decision, failed string) string {
+	if decision == "" {
+		decision = fmt.Sprintf("The guard rolled back revision %s.", failed)
 	}
 	return fmt.Sprintf("%s Revision %s is not running. Apply a fixed template, or accept the rollback: kubectl annotate deployment -n %s %s %s=%s",
-		msg, failed, d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)
+		decision, failed, d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)
 }
 
 // guardStalled returns the guard's Stalled condition on the Deployment, or
@@ -99,16 +98,15 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 	log := ctrl.LoggerFrom(ctx)
 
 	switch {
-	case v.Stalled && (cur == nil || cur.Status != corev1.ConditionTrue || cur.Message != v.Message):
-		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		setCondition(&d.Status, appsv1.DeploymentCondition{
-			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback, Message: v.Message,
-		}, r.Clock.Now())
-		if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
-			return fmt.Errorf("reporting the rollback on the Deployment's status: %w", err)
+	case v.Stalled:
+		reported, err := r.reportRollback(ctx, d, v.Message)
+		if err != nil {
+			return err
 		}
-		log.Info("Rollback reported on the Deployment's status", "condition", vocab.ConditionStalled, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
-	case !v.Stalled && cur != nil:
+		if reported {
+			log.Info("Rollback reported on the Deployment's status", "condition", vocab.ConditionStalled, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
+		}
+	case cur != nil:
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		removeCondition(&d.Status, vocab.ConditionStalled)
 		if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
@@ -124,6 +122,25 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 		}
 	}
 	return nil
+}
+
+// reportRollback sets the guard's Stalled condition with message, unless it
+// is already so, with a status write conditional on the resourceVersion read.
+// The rollback writes it before its own write, so that no client can read
+// the Deployment between the rollback and its report; the verdict phase
+// keeps it afterwards.
+func (r *DeploymentReconciler) reportRollback(ctx context.Context, d *appsv1.Deployment, message string) (bool, error) {
+	if cur := guardStalled(&d.Status); cur != nil && cur.Status == corev1.ConditionTrue && cur.Message == message {
+		return false, nil
+	}
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	setCondition(&d.Status, appsv1.DeploymentCondition{
+		Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback, Message: message,
+	}, r.Clock.Now())
+	if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
+		return false, fmt.Errorf("reporting the rollback on the Deployment's status: %w", err)
+	}
+	return true, nil
 }
 
 // setCondition sets the condition of c.Type, as upstream's

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -75,8 +76,10 @@ func TestFailFastDeclaresThenRollsBackThenReports(t *testing.T) {
 		newRSPod(rs3, "web-h3-a", "ImagePullBackOff"), newRSPod(rs3, "web-h3-b", "ImagePullBackOff"))
 
 	e.reconcileResult()
-	require.Equal(t, []string{"Deployment/status", "Deployment", "Deployment/status"}, e.sequence,
-		"declared failed, then rolled back, then reported")
+	require.Equal(t, []string{"Deployment/status", "Deployment/status", "Deployment"}, e.sequence,
+		"declared failed, then the rollback reported, then the rollback: no client can read the restored template without the report")
+	reported := e.statusPatches[1].body["status"].(map[string]any)["conditions"].([]any)
+	assert.Contains(t, fmt.Sprint(reported), "Stalled")
 
 	declared := e.statusPatches[0].body["status"].(map[string]any)["conditions"].([]any)
 	var cond map[string]any
@@ -145,6 +148,7 @@ func TestDeadlineRollbackIsReported(t *testing.T) {
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
 	require.NoError(t, e.reconcile())
+	assert.Equal(t, []string{"Deployment/status", "Deployment"}, e.sequence, "reported, then rolled back, and nothing more")
 	st := e.stalled()
 	require.NotNil(t, st)
 	assert.Contains(t, st.Message, "Rolled back from revision 3 (ReplicaSet web-h3), which exceeded its progress deadline, to known-good revision 2 (ReplicaSet web-h2).")
