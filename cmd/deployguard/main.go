@@ -2,7 +2,8 @@
 // webhooks and the rollout reconciler, `check` runs the same admission pipeline
 // on manifests offline, `restore` recreates a deleted Deployment from its record,
 // `uninstall` takes the guard out of the cluster's way, `status` tells a
-// Deployment's revisions, rollout and cleanup, `version` prints the build.
+// Deployment's revisions, rollout and cleanup, `rollout status` waits for a
+// rollout and fails when the guard rolled it back, `version` prints the build.
 // Named kubectl-deployguard, it is the kubectl plugin `kubectl deployguard`.
 package main
 
@@ -55,6 +56,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return restore(args[1:], stdout, stderr)
 	case "status":
 		return status(args[1:], stdout, stderr)
+	case "rollout":
+		return rollout(args[1:], stdout, stderr)
 	case "audit":
 		return auditCmd(args[1:], stdout, stderr)
 	case "uninstall":
@@ -80,6 +83,7 @@ Usage:
   deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
   deployguard test DIR…         run the Rego tests of policies, with the guard's own OPA (CI)
   deployguard status NS/NAME     revisions, known-good and failed ones, quarantine, rollout and cleanup of a Deployment
+  deployguard rollout status deploy/NAME   wait for a rollout like kubectl, and fail when the guard rolled it back (CI/CD)
   deployguard audit [-n NS]      what the background audit found in existing Deployments, by policy then namespace
   deployguard restore NS/NAME    recreate a deleted Deployment from the guard's record of it
   deployguard uninstall          remove the webhooks, then the guard's finalizers from every Deployment

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler"
+)
+
+// Exit codes of `deployguard rollout status`.
+const (
+	rolloutExitComplete = 0
+	// rolloutExitFailed: the rollout failed (rolled back, found failing,
+	// past its deadline) or did not finish within --timeout.
+	rolloutExitFailed = 1
+	rolloutExitUsage  = 2
+	// rolloutExitUnknown: the Deployment could not be read.
+	rolloutExitUnknown = 3
+)
+
+// rolloutPollInterval is how often the rollout is read again. The guard's
+// verdict stays on the Deployment after a rollback, so a poll misses
+// nothing that a watch would see.
+const rolloutPollInterval = time.Second
+
+// rolloutReport is the JSON of `rollout status -o json`.
+type rolloutReport struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	reconciler.RolloutState
+	TimedOut bool `json:"timedOut,omitempty"`
+}
+
+// rollout is `deployguard rollout status` (`kubectl deployguard rollout
+// status`), a drop-in for `kubectl rollout status` that also fails when the
+// guard rolled the revision back or found it failing.
+func rollout(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "status" {
+		fmt.Fprintln(stderr, "Usage: deployguard rollout status [flags] [deployment/]NAME")
+		return rolloutExitUsage
+	}
+	fs := flag.NewFlagSet("deployguard rollout status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: deployguard rollout status [flags] [deployment/]NAME
+
+Waits for the rollout of a Deployment to finish, as kubectl rollout status
+does, and fails (exit 1) when it did not succeed, in deployguard's words:
+the guard rolled the revision back, or found it failing and left it, or it
+exceeded its progress deadline. After a rollback upstream's status reads as
+a success; this command still fails until a new template is applied or the
+rollback is accepted.
+
+Exit codes: 0 rolled out, 1 failed or timed out, 2 usage, 3 could not read
+the Deployment.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	var namespace string
+	fs.StringVar(&namespace, "n", "", "namespace (default: the kubeconfig context's)")
+	fs.StringVar(&namespace, "namespace", "", "namespace (default: the kubeconfig context's)")
+	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; $KUBECONFIG, ~/.kube/config or in-cluster when empty")
+	kubeContext := fs.String("context", "", "kubeconfig context (default: the current one)")
+	timeout := fs.Duration("timeout", 0, "how long to wait before giving up (exit 1); 0 waits for ever")
+	output := fs.String("o", "text", "output format: text, or json (one object at the end)")
+	positional, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return rolloutExitUsage
+	}
+	name, ok := deploymentName(positional)
+	if !ok || (*output != "text" && *output != "json") {
+		fmt.Fprintln(stderr, "deployguard rollout status: give exactly one deployment/NAME (or NAME), and -o text or -o json")
+		fs.Usage()
+		return rolloutExitUsage
+	}
+	c, ns, err := newNamespacedClient(*kubeconfig, *kubeContext, namespace)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard rollout status: %v\n", err)
+		return rolloutExitUnknown
+	}
+	ctx := context.Background()
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	rep, err := waitForRollout(ctx, c, ns, name, func(st reconciler.RolloutState) {
+		if *output == "text" {
+			fmt.Fprintln(stdout, st.Message)
+		}
+	})
+	switch {
+	case err != nil && !rep.TimedOut:
+		fmt.Fprintf(stderr, "deployguard rollout status: %v\n", err)
+		return rolloutExitUnknown
+	case *output == "json":
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(rep)
+	case rep.TimedOut:
+		fmt.Fprintf(stderr, "error: timed out waiting for deployment %q: %s\n", name, rep.Message)
+	case rep.Phase == reconciler.RolloutFailed:
+		fmt.Fprintf(stderr, "error: deployment %q rollout failed (%s): %s\n", name, rep.Reason, rep.Message)
+	}
+	if rep.Phase == reconciler.RolloutComplete {
+		return rolloutExitComplete
+	}
+	return rolloutExitFailed
+}
+
+// waitForRollout reads the rollout until it completes or fails, or ctx ends
+// (TimedOut). progress is told each new waiting message, and the last one.
+// A read that fails for a passing reason is tried again; a Deployment not
+// found is an error.
+func waitForRollout(ctx context.Context, c client.Reader, ns, name string, progress func(reconciler.RolloutState)) (rolloutReport, error) {
+	rep := rolloutReport{Namespace: ns, Name: name}
+	last := ""
+	var lastErr error
+	for {
+		st, err := readRollout(ctx, c, ns, name)
+		switch {
+		case apierrors.IsNotFound(err):
+			return rep, fmt.Errorf("deployment %q not found in namespace %q", name, ns)
+		case err != nil:
+			lastErr = err
+		default:
+			lastErr = nil
+			rep.RolloutState = st
+			if st.Message != last {
+				progress(st)
+				last = st.Message
+			}
+			if st.Phase != reconciler.RolloutProgressing {
+				return rep, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			rep.TimedOut = true
+			if lastErr != nil {
+				return rep, lastErr
+			}
+			return rep, ctx.Err()
+		case <-time.After(rolloutPollInterval):
+		}
+	}
+}
+
+// readRollout reads the Deployment and the ReplicaSets it controls, and
+// decides its rollout's state.
+func readRollout(ctx context.Context, c client.Reader, ns, name string) (reconciler.RolloutState, error) {
+	d := &appsv1.Deployment{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+		return reconciler.RolloutState{}, err
+	}
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return reconciler.RolloutState{}, fmt.Errorf("deployment %q: selector: %w", name, err)
+	}
+	var list appsv1.ReplicaSetList
+	if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return reconciler.RolloutState{}, fmt.Errorf("listing the ReplicaSets of deployment %q: %w", name, err)
+	}
+	var rss []*appsv1.ReplicaSet
+	for i := range list.Items {
+		if metav1.IsControlledBy(&list.Items[i], d) {
+			rss = append(rss, &list.Items[i])
+		}
+	}
+	return reconciler.ReadRollout(d, rss), nil
+}
+
+// deploymentName parses kubectl's forms of the one argument: NAME,
+// deployment/NAME, deploy/NAME, deployments/NAME, deployment.apps/NAME.
+func deploymentName(args []string) (string, bool) {
+	if len(args) != 1 {
+		return "", false
+	}
+	kind, name, ok := strings.Cut(args[0], "/")
+	if !ok {
+		return args[0], args[0] != ""
+	}
+	switch strings.ToLower(kind) {
+	case "deployment", "deployments", "deploy", "deployment.apps", "deployments.apps":
+		return name, name != "" && !strings.Contains(name, "/")
+	}
+	return "", false
+}
+
+// newNamespacedClient is a client and a namespace as kubectl finds them: the
+// namespace given, else the kubeconfig context's, else "default".
+func newNamespacedClient(kubeconfig, kubeContext, namespace string) (client.Client, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the cluster configuration: %w", err)
+	}
+	cfg.UserAgent = "deployguard/" + version
+	cfg.Timeout = 30 * time.Second
+	if namespace == "" {
+		if namespace, _, err = cc.Namespace(); err != nil {
+			return nil, "", fmt.Errorf("reading the namespace of the kubeconfig context: %w", err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", fmt.Errorf("creating a client: %w", err)
+	}
+	return c, namespace, nil
+}
