@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy xmllint all build tools upstream-e2e run test test-unit test-integration test-e2e test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -29,7 +29,7 @@ build: ## build bin/deployguard, and bin/kubectl-deployguard (the kubectl plugin
 
 tools: $(TOOLS_DIR)/.complete ## build the local control plane from the Go module proxy (cached)
 
-$(TOOLS_DIR)/.complete: test/tools/build.sh test/tools/kube/go.mod test/tools/etcd/go.mod
+$(TOOLS_DIR)/.complete: test/tools/build.sh test/tools/kube/go.mod test/tools/etcd/go.mod test/tools/helm/go.mod test/tools/helm4/go.mod
 	bash test/tools/build.sh $(TOOLS_DIR)
 	touch $@
 
@@ -47,7 +47,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-e2e test-tls test-upstream test-faults test-install ## every tier
+test: test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install ## every tier
 
 test-unit: xmllint ## unit tests, Rego tests and the fuzz seed corpora (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT)
@@ -57,6 +57,9 @@ test-integration: tools build ## webhooks and policies through a real kube-apise
 
 test-e2e: tools build ## end-to-end tests on a full local cluster (kube-controller-manager, kwok nodes)
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 40m -p 1 ./test/e2e/...
+
+test-clients: tools build ## the tools that deploy (kubectl, the pipeline step, helm v3 and v4, Flux, Argo CD's health) on a good deploy and on one the guard rolls back
+	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 30m -p 1 -v ./test/clients/...
 
 test-install: tools build ## the Helm chart (lint, drift from config/, server-side dry-run) and the dashboard's and alerts' metrics in a running guard
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 15m -p 1 ./test/install/...

@@ -47,6 +47,16 @@ if need helm; then
 		-o "$out/helm" helm.sh/helm/v3/cmd/helm)
 fi
 
+# helm v4 deploys in the clients tier (test/clients): its --wait judges
+# resources with kstatus. Stamped with its version, as above.
+if need helm4; then
+	helm4_version="$(cd "$here/helm4" && go list -m -f '{{.Version}}' helm.sh/helm/v4)"
+	echo ">> building helm ${helm4_version}"
+	(cd "$here/helm4" && go build -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=${helm4_version}" \
+		-o "$out/helm4" helm.sh/helm/v4/cmd/helm)
+fi
+
 # kwokctl applies no stages of its own once the Stage CRD is enabled (the
 # harness enables it to add stages of its own, test/harness/stages), so the
 # harness applies kwok's defaults itself: these exact files, which kwokctl

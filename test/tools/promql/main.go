@@ -8,7 +8,13 @@
 // It is a module of its own because Prometheus's dependencies are heavy and
 // only this check needs them.
 //
+// With -fire ALERT it evaluates one alert instead, with Prometheus's rule
+// engine, on scrapes of a running guard's /metrics, and prints whether it
+// fires (test/clients: an alert fires for a rollback).
+//
 // usage: promql -rules FILE[,FILE] -dashboards FILE[,FILE]
+//
+//	promql -rules FILE -fire ALERT -scrapes FILE,FILE[,…] [-step 30s]
 package main
 
 import (
@@ -22,6 +28,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
@@ -47,7 +54,19 @@ type Selector struct {
 func main() {
 	rules := flag.String("rules", "", "comma-separated PrometheusRule manifests")
 	dashboards := flag.String("dashboards", "", "comma-separated Grafana dashboard JSON files")
+	alert := flag.String("fire", "", "evaluate this alert of -rules on -scrapes instead, and print whether it fires")
+	scrapes := flag.String("scrapes", "", "with -fire: comma-separated /metrics texts, scraped -step apart")
+	step := flag.Duration("step", 30*time.Second, "with -fire: the time between two scrapes")
 	flag.Parse()
+	if *alert != "" {
+		f, err := fire(split(*rules), *alert, split(*scrapes), *step)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(f)
+		return
+	}
 	qs, err := check(split(*rules), split(*dashboards))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -89,6 +108,30 @@ func check(rules, dashboards []string) ([]Query, error) {
 // checkRules loads a PrometheusRule's spec (its groups) as Prometheus loads a
 // rule file.
 func checkRules(path string) ([]Query, error) {
+	groups, err := loadGroups(path)
+	if err != nil {
+		return nil, err
+	}
+	var qs []Query
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			name := r.Alert
+			if name == "" {
+				name = r.Record
+			}
+			q, err := query(fmt.Sprintf("%s: %s/%s", path, g.Name, name), r.Expr)
+			if err != nil {
+				return qs, err
+			}
+			qs = append(qs, q)
+		}
+	}
+	return qs, nil
+}
+
+// loadGroups reads the rule groups of a PrometheusRule manifest with
+// Prometheus's own rule file loader.
+func loadGroups(path string) (*rulefmt.RuleGroups, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -111,21 +154,7 @@ func checkRules(path string) ([]Query, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%s: %w", path, errors.Join(errs...))
 	}
-	var qs []Query
-	for _, g := range groups.Groups {
-		for _, r := range g.Rules {
-			name := r.Alert
-			if name == "" {
-				name = r.Record
-			}
-			q, err := query(fmt.Sprintf("%s: %s/%s", path, g.Name, name), r.Expr)
-			if err != nil {
-				return qs, err
-			}
-			qs = append(qs, q)
-		}
-	}
-	return qs, nil
+	return groups, nil
 }
 
 type panel struct {

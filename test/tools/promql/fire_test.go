@@ -1,0 +1,36 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The rollback alert fires on two scrapes of a guard whose rollback counter
+// went up, and not when it stayed.
+func TestFireAutoRollback(t *testing.T) {
+	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
+	scrape := func(n int) string {
+		p := filepath.Join(t.TempDir(), "metrics")
+		text := "# HELP deployguard_rollbacks_total Decisions.\n# TYPE deployguard_rollbacks_total counter\n" +
+			"deployguard_rollbacks_total{result=\"rolled_back\"} " + string(rune('0'+n)) + "\n" +
+			"deployguard_rollbacks_total{result=\"failed\"} 0\n" +
+			"# HELP deployguard_rollback_reaction_seconds R.\n# TYPE deployguard_rollback_reaction_seconds histogram\n" +
+			"deployguard_rollback_reaction_seconds_bucket{le=\"1\"} 0\ndeployguard_rollback_reaction_seconds_bucket{le=\"+Inf\"} 0\n" +
+			"deployguard_rollback_reaction_seconds_sum 0\ndeployguard_rollback_reaction_seconds_count 0\n"
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+		return p
+	}
+	f, err := fire([]string{rules}, "DeployGuardAutoRollback", []string{scrape(0), scrape(1)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "firing", f.State)
+	assert.Contains(t, f.Annotations["summary"], "rolled back a failing rollout")
+
+	f, err = fire([]string{rules}, "DeployGuardAutoRollback", []string{scrape(1), scrape(1)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "inactive", f.State)
+}
