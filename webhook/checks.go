@@ -265,7 +265,7 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 }
 
 // CheckQuarantine refuses (or warns about) an update that brings back a pod
-// template whose rollout failed its progress deadline. The quarantine list is
+// template whose rollout failed (its deadline, or fail-fast). The quarantine list is
 // read from the stored object, which the requesting user cannot rewrite in the
 // same request.
 func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
@@ -283,7 +283,7 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 		return f
 	}
 	msg := fmt.Sprintf(
-		"this pod template (hash %s) failed its progress deadline before and deployguard rolled it back; change the template to fix the failure, "+
+		"this pod template (hash %s) failed its rollout before and deployguard rolled it back; change the template to fix the failure, "+
 			"or to bring this exact template back deliberately set the annotation %s=%s", hash, vocab.AnnotationAllowTemplate, hash)
 	if mode == QuarantineWarn {
 		f.Warnings = append(f.Warnings, "spec.template: "+msg)

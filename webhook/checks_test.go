@@ -347,7 +347,7 @@ func TestValidate(t *testing.T) {
 			old:        quarantinedOld,
 			user:       alice,
 			wantReason: reasonQuarantine,
-			wantErrs:   []string{"spec.template: Forbidden", "failed its progress deadline", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
+			wantErrs:   []string{"spec.template: Forbidden", "failed its rollout before", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
 		},
 		{
 			name: "the override lets the quarantined template back with a warning",
@@ -365,7 +365,7 @@ func TestValidate(t *testing.T) {
 			old:          quarantinedOld,
 			user:         alice,
 			opts:         func(o *Options) { o.Quarantine = QuarantineWarn },
-			wantWarnings: []string{"failed its progress deadline"},
+			wantWarnings: []string{"failed its rollout before"},
 		},
 		{
 			name: "removing the quarantine record in the same update does not help",

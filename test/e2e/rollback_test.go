@@ -169,7 +169,7 @@ func TestQuarantinedTemplateIsRefusedUntilOverridden(t *testing.T) {
 	quarantined := vocab.QuarantinedTemplates(get(ctx, t, ns, "gitops"))
 	require.Len(t, quarantined, 1)
 	hash := quarantined[0]
-	assert.Contains(t, err.Error(), "failed its progress deadline before")
+	assert.Contains(t, err.Error(), "failed its rollout before and deployguard rolled it back")
 	assert.Contains(t, err.Error(), vocab.AnnotationAllowTemplate+"="+hash, "the message names the override")
 
 	// The override, named in the message, lets it back deliberately.

@@ -237,7 +237,7 @@ func QuarantineResult(d *appsv1.Deployment, mode string, res Resource) Result {
 	if mode == guardwebhook.QuarantineWarn {
 		r.Result = ResultWarn
 	}
-	r.Message = "spec.template: this pod template (hash " + hash + ") failed its progress deadline before and deployguard rolled it back; change the template to fix the failure, " +
+	r.Message = "spec.template: this pod template (hash " + hash + ") failed its rollout before and deployguard rolled it back; change the template to fix the failure, " +
 		"or to keep this exact template deliberately set the annotation " + vocab.AnnotationAllowTemplate + "=" + hash
 	return r
 }
