@@ -40,11 +40,15 @@ type deploymentStatus struct {
 	AutoRollback      bool   `json:"autoRollback"`
 	// LastDecision is the guard's last decision about a failed rollout, in
 	// words (annotation deployguard.io/rollback-status).
-	LastDecision string              `json:"lastDecision,omitempty"`
-	Revisions    []revisionStatus    `json:"revisions"`
-	Quarantined  []quarantinedStatus `json:"quarantined"`
-	Rollout      rolloutStatus       `json:"rollout"`
-	Cleanup      *cleanupStatus      `json:"cleanup,omitempty"`
+	LastDecision string `json:"lastDecision,omitempty"`
+	// Verdict is set while a rollback by the guard stands: the Deployment
+	// reads as failed to deploying tools (condition Stalled) until a new
+	// template is applied or the rollback is accepted.
+	Verdict     *verdictStatus      `json:"verdict,omitempty"`
+	Revisions   []revisionStatus    `json:"revisions"`
+	Quarantined []quarantinedStatus `json:"quarantined"`
+	Rollout     rolloutStatus       `json:"rollout"`
+	Cleanup     *cleanupStatus      `json:"cleanup,omitempty"`
 	// Events are the guard's events about the Deployment, oldest first.
 	Events []guardEvent `json:"events"`
 	// EventsUnavailable says why the events could not be read (RBAC); the
@@ -80,6 +84,14 @@ type revisionFailure struct {
 	Reason  string `json:"reason"` // the guard's event reason
 	Message string `json:"message"`
 	At      string `json:"at,omitempty"`
+}
+
+// verdictStatus is the guard's standing word on a rolled-back Deployment.
+type verdictStatus struct {
+	FailedRevision string `json:"failedRevision"`
+	Message        string `json:"message"`
+	// Accept is the command that accepts the rollback.
+	Accept string `json:"accept"`
 }
 
 // quarantinedStatus is a pod template the webhook refuses until overridden.
@@ -209,6 +221,17 @@ func buildStatus(in statusInput) deploymentStatus {
 		})
 	}
 	st.Rollout = rolloutOf(d)
+	rss := make([]*appsv1.ReplicaSet, 0, len(in.ReplicaSets))
+	for i := range in.ReplicaSets {
+		if metav1.IsControlledBy(&in.ReplicaSets[i], d) {
+			rss = append(rss, &in.ReplicaSets[i])
+		}
+	}
+	if v := reconciler.DecideVerdict(d, rss); v.Stalled {
+		failed := d.Annotations[vocab.AnnotationRolledBackRevision]
+		st.Verdict = &verdictStatus{FailedRevision: failed, Message: v.Message,
+			Accept: fmt.Sprintf("kubectl annotate deployment -n %s %s %s=%s", d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)}
+	}
 	st.Cleanup = cleanupOf(d)
 	for _, e := range events {
 		st.Events = append(st.Events, guardEvent{Time: eventTime(e).UTC().Format(time.RFC3339), Type: e.Type, Reason: e.Reason, Message: e.Note})
@@ -387,6 +410,9 @@ func printStatus(w io.Writer, st deploymentStatus) {
 	}
 	if st.LastDecision != "" {
 		fmt.Fprintf(w, "Last decision: %s\n", st.LastDecision)
+	}
+	if v := st.Verdict; v != nil {
+		fmt.Fprintf(w, "Reads as failed (Stalled): revision %s was rolled back and is not running. Apply a fixed template, or accept the rollback: %s\n", v.FailedRevision, v.Accept)
 	}
 
 	fmt.Fprintln(w)

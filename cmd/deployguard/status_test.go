@@ -102,6 +102,7 @@ func TestBuildStatus(t *testing.T) {
 					vocab.RevisionAnnotation:             "3",
 					vocab.AnnotationKnownGoodRevision:    "3",
 					vocab.AnnotationRolledBackRevision:   "2",
+					vocab.AnnotationRolledBackTo:         "web-a",
 					vocab.AnnotationFailFastRevision:     "2",
 					vocab.AnnotationQuarantinedTemplates: h,
 					vocab.AnnotationRollbackStatus:       "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 30s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a).",
@@ -124,6 +125,10 @@ func TestBuildStatus(t *testing.T) {
 			},
 			check: func(t *testing.T, st deploymentStatus, text string) {
 				require.Len(t, st.Revisions, 2, "only this Deployment's ReplicaSets, by owner")
+				require.NotNil(t, st.Verdict, "the rollback stands: the Deployment reads as failed")
+				assert.Equal(t, "2", st.Verdict.FailedRevision)
+				assert.Equal(t, "kubectl annotate deployment -n shop web deployguard.io/accept-rollback=2", st.Verdict.Accept)
+				assert.Contains(t, text, "Reads as failed (Stalled): revision 2 was rolled back and is not running.")
 				assert.Equal(t, int64(3), st.Revision)
 				assert.Equal(t, "3", st.KnownGoodRevision)
 				b, a := st.Revisions[0], st.Revisions[1]
