@@ -285,6 +285,12 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 	msg := fmt.Sprintf(
 		"this pod template (hash %s) failed its rollout before and deployguard rolled it back; change the template to fix the failure, "+
 			"or to bring this exact template back deliberately set the annotation %s=%s", hash, vocab.AnnotationAllowTemplate, hash)
+	if q := vocab.QuarantinedTemplates(old); q[len(q)-1] == hash && old.Annotations[vocab.AnnotationRolledBackTo] != "" &&
+		old.Annotations[vocab.AnnotationRollbackStatus] != "" {
+		// The rollback of this very template still stands: say why it
+		// failed, for a GitOps tool that shows only this message.
+		msg += " (deployguard: " + old.Annotations[vocab.AnnotationRollbackStatus] + ")"
+	}
 	if mode == QuarantineWarn {
 		f.Warnings = append(f.Warnings, "spec.template: "+msg)
 		return f

@@ -350,6 +350,19 @@ func TestValidate(t *testing.T) {
 			wantErrs:   []string{"spec.template: Forbidden", "failed its rollout before", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
 		},
 		{
+			name: "while its rollback stands, the refusal says why the template failed",
+			d:    guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			old: func() *appsv1.Deployment {
+				o := quarantinedOld.DeepCopy()
+				o.Annotations[vocab.AnnotationRolledBackTo] = "web-a"
+				o.Annotations[vocab.AnnotationRollbackStatus] = "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 15s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a)."
+				return o
+			}(),
+			user:       alice,
+			wantReason: reasonQuarantine,
+			wantErrs:   []string{"failed its rollout before", "(deployguard: Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff"},
+		},
+		{
 			name: "the override lets the quarantined template back with a warning",
 			d: guarded(func(d *appsv1.Deployment) {
 				d.Spec.Template = *failedTemplate.DeepCopy()
