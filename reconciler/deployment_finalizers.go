@@ -39,7 +39,7 @@ func AlignFinalizers(d *appsv1.Deployment, clusterDefault []string) ([]string, b
 // Removing is always right.
 func (r *DeploymentReconciler) reconcileFinalizers(ctx context.Context, d *appsv1.Deployment, _ []*appsv1.ReplicaSet) error {
 	next, changed := AlignFinalizers(d, r.Options.CleanupFinalizers)
-	if !changed {
+	if !changed || !specObserved(d) {
 		return nil
 	}
 	if adds := len(vocab.GuardFinalizers(next)) > len(vocab.GuardFinalizers(d.Finalizers)); adds && r.Installed != nil {

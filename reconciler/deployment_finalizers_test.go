@@ -68,6 +68,17 @@ func TestReconcileAlignsFinalizers(t *testing.T) {
 		require.NoError(t, e.reconcile())
 		assert.Equal(t, vocab.CanonicalFinalizers(), e.deployment().Finalizers)
 	})
+	t.Run("asked, spec not yet observed: waits for the Deployment controller", func(t *testing.T) {
+		d := deployment(annotate(vocab.AnnotationCleanup, "record,drain"), func(d *appsv1.Deployment) { d.Status.ObservedGeneration = 0 })
+		e := newEnv(t, namespace(nil), d)
+		require.NoError(t, e.reconcile())
+		assert.Empty(t, e.deployment().Finalizers, "no write while the controller may be creating the newRS")
+		got := e.deployment()
+		got.Status.ObservedGeneration = got.Generation
+		require.NoError(t, e.client.Status().Update(context.Background(), got))
+		require.NoError(t, e.reconcile())
+		assert.Equal(t, vocab.CanonicalFinalizers(), e.deployment().Finalizers)
+	})
 	t.Run("opted-out namespace: left alone", func(t *testing.T) {
 		d := deployment(func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} })
 		e := newEnv(t, namespace(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}), d)

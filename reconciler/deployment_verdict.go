@@ -93,6 +93,9 @@ func guardStalled(s *appsv1.DeploymentStatus) *appsv1.DeploymentCondition {
 // written before the annotation is removed, so that a restart between them
 // decides the same again.
 func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
+	if !specObserved(d) {
+		return nil
+	}
 	v := DecideVerdict(d, rss)
 	cur := guardStalled(&d.Status)
 	log := ctrl.LoggerFrom(ctx)
@@ -142,6 +145,16 @@ func (r *DeploymentReconciler) reportRollback(ctx context.Context, d *appsv1.Dep
 	}
 	return true, nil
 }
+
+// specObserved reports whether the Deployment controller has seen the
+// Deployment's spec. Until it has, it may be creating the newRS, and it
+// records that (Progressing, reason NewReplicaSetCreated) in one status
+// update; any write to the Deployment in between makes that update
+// conflict, the next sync finds the ReplicaSet there already and never
+// records it, and the new rollout then never times out (DeploymentTimedOut
+// reads the old NewReplicaSetAvailable). Writes that can wait, wait: the
+// controller's own status update brings the Deployment back.
+func specObserved(d *appsv1.Deployment) bool { return d.Status.ObservedGeneration == d.Generation }
 
 // setCondition sets the condition of c.Type, as upstream's
 // SetDeploymentCondition does: lastUpdateTime is now, and lastTransitionTime

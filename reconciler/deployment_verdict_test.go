@@ -178,6 +178,14 @@ func TestVerdictEnds(t *testing.T) {
 			got := e.deployment()
 			tt.change(got)
 			require.NoError(t, e.client.Update(context.Background(), got))
+			if got.Generation != got.Status.ObservedGeneration {
+				e.sequence = nil
+				require.NoError(t, e.reconcile())
+				assert.Empty(t, e.sequence, "no write before the Deployment controller has seen the new spec (it may be creating the newRS)")
+				got = e.deployment()
+				got.Status.ObservedGeneration = got.Generation
+				require.NoError(t, e.client.Status().Update(context.Background(), got))
+			}
 			require.NoError(t, e.reconcile())
 			assert.Nil(t, e.stalled(), "the Deployment no longer reads as failed")
 			assert.NotContains(t, e.deployment().Annotations, vocab.AnnotationRolledBackTo)
