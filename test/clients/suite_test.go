@@ -1,0 +1,306 @@
+// Package clients deploys through the tools that really deploy (kubectl,
+// `kubectl deployguard rollout status`, helm v3 and v4, Flux's
+// kustomize-controller, Argo CD's health assessment) on a full local cluster
+// with the guard, and asserts what each of them reports for a good deploy and
+// for a bad one that the guard rolls back: a rolled-back revision must never
+// read as deployed.
+package clients
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// guardConfig shortens fail-fast's window so that a bad deploy is rolled
+// back within seconds; everything else is the default install.
+const guardConfig = `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+rollback:
+  failFast: {window: 15s}
+`
+
+// Images: the local cluster's kwok stages put pods of a "no-such" tag in
+// ImagePullBackOff (test/harness/stages/image-pull-backoff.yaml) and run
+// every other.
+const (
+	goodImage  = "nginx:1.27"
+	fixedImage = "nginx:1.28"
+	badImage   = "nginx:no-such-tag"
+)
+
+var (
+	local *harness.Local
+	// tools is the control plane's folder (kubectl, helm, helm4); bin holds
+	// deployguard and its kubectl plugin name.
+	tools, bin string
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	var err error
+	if tools, err = harness.ToolsDir("kube-apiserver", "kubectl", "kwokctl", "helm", "helm4"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	guard, err := harness.GuardBinary()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	bin = filepath.Dir(guard)
+	if _, err := os.Stat(filepath.Join(bin, "kubectl-deployguard")); err != nil {
+		fmt.Fprintf(os.Stderr, "the kubectl plugin is missing beside %s: run `make build`\n", guard)
+		return 1
+	}
+	work, err := os.MkdirTemp("", "deployguard-clients-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	logPath := filepath.Join(work, "clients.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	local, err = harness.StartLocal(ctx, harness.LocalOptions{
+		Tools: tools, Guard: guard, Name: fmt.Sprintf("dg-clients-%d", os.Getpid()), WorkDir: work,
+		Nodes: 2, GuardConfig: guardConfig, Log: logFile,
+	})
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
+		return 1
+	}
+	code := m.Run()
+	local.Stop()
+	logFile.Close()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
+	} else {
+		os.RemoveAll(work)
+	}
+	return code
+}
+
+func tailFile(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err.Error()
+	}
+	const n = 12000
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// result is how a command ended.
+type result struct {
+	Code   int
+	Stdout string
+	Stderr string
+	// Ended is when it exited.
+	Ended time.Time
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout ---\n%s--- stderr ---\n%s", r.Code, r.Stdout, r.Stderr)
+}
+
+// command runs a client as a user's shell would: the admin kubeconfig in
+// $KUBECONFIG and the guard's binaries (the kubectl plugin among them) first
+// on $PATH.
+func command(ctx context.Context, name string, args ...string) result {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(),
+		"KUBECONFIG="+local.Cluster.Kubeconfig,
+		"PATH="+bin+string(os.PathListSeparator)+tools+string(os.PathListSeparator)+os.Getenv("PATH"),
+		// helm keeps its caches and repositories out of the user's home.
+		"HELM_CACHE_HOME="+filepath.Join(local.Opts.WorkDir, "helm", "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(local.Opts.WorkDir, "helm", "config"),
+		"HELM_DATA_HOME="+filepath.Join(local.Opts.WorkDir, "helm", "data"),
+	)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{Stdout: stdout.String(), Stderr: stderr.String(), Ended: time.Now()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.Code = ee.ExitCode()
+	case err != nil:
+		r.Code, r.Stderr = -1, r.Stderr+err.Error()
+	}
+	return r
+}
+
+func kubectl(ctx context.Context, args ...string) result {
+	return command(ctx, filepath.Join(tools, "kubectl"), args...)
+}
+
+// start runs command in the background; the channel gets its result.
+func start(ctx context.Context, name string, args ...string) <-chan result {
+	ch := make(chan result, 1)
+	go func() { ch <- command(ctx, name, args...) }()
+	return ch
+}
+
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name())[:min(16, len(t.Name()))] + "-"}}
+	require.NoError(t, local.Client.Create(context.Background(), ns))
+	return ns.Name
+}
+
+// webManifest is a Deployment as a team writes it for kubectl apply.
+func webManifest(ns, name, image string) string {
+	return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: %[2]s
+  namespace: %[1]s
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app.kubernetes.io/name: %[2]s}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: %[2]s}
+    spec:
+      containers:
+        - name: web
+          image: %[3]s
+          ports: [{containerPort: 80}]
+          readinessProbe: {httpGet: {path: /, port: 80}}
+          resources: {requests: {cpu: 10m, memory: 16Mi}}
+`, ns, name, image)
+}
+
+// writeFile writes content to a file of the test's own.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+	return p
+}
+
+func get(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d))
+	return d
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		ok, state, err := cond(ctx)
+		last = state
+		return ok, err
+	})
+	if err != nil {
+		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
+	}
+}
+
+// waitKnownGood waits until the guard has recorded the Deployment's current
+// revision as known-good: a later bad deploy then has somewhere to go back.
+func waitKnownGood(t *testing.T, ns, name string) {
+	t.Helper()
+	waitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, name)
+		return d.Annotations[vocab.AnnotationKnownGoodRevision] != "" &&
+			d.Annotations[vocab.AnnotationKnownGoodRevision] == d.Annotations[vocab.RevisionAnnotation], describe(d), nil
+	})
+}
+
+// decisionWatch records, from the outside, when the guard decided that the
+// Deployment's rollout failed: the first time its status shows the guard's
+// declaration or its Stalled verdict.
+func decisionWatch(ctx context.Context, t *testing.T, ns, name string) <-chan time.Time {
+	t.Helper()
+	ch := make(chan time.Time, 1)
+	go func() {
+		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			d := &appsv1.Deployment{}
+			if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+				return false, nil
+			}
+			for _, c := range d.Status.Conditions {
+				if (c.Type == vocab.ConditionStalled && c.Status == corev1.ConditionTrue) ||
+					(c.Type == appsv1.DeploymentProgressing && c.Reason == vocab.ProgressDeadlineExceeded) {
+					ch <- time.Now()
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+	}()
+	return ch
+}
+
+func describe(d *appsv1.Deployment) string {
+	var cs []string
+	for _, c := range d.Status.Conditions {
+		cs = append(cs, fmt.Sprintf("%s=%s/%s %q", c.Type, c.Status, c.Reason, c.Message))
+	}
+	return fmt.Sprintf("generation %d observed %d, replicas %d updated %d available %d, conditions %v",
+		d.Generation, d.Status.ObservedGeneration, d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.AvailableReplicas, cs)
+}
+
+func stalled(d *appsv1.Deployment) *appsv1.DeploymentCondition {
+	for i := range d.Status.Conditions {
+		if d.Status.Conditions[i].Type == vocab.ConditionStalled {
+			return &d.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// guardEvents are the guard's events about a Deployment, as "Reason: note".
+func guardEvents(ctx context.Context, t *testing.T, ns, name string) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, local.Client.List(ctx, &list, client.InNamespace(ns)))
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "Deployment" && e.Regarding.Name == name && strings.Contains(e.ReportingController, "deployguard") {
+			out = append(out, e.Reason+": "+e.Note)
+		}
+	}
+	return out
+}
+
+// measured collects, for the note, how long each tool took to fail after the
+// guard's decision.
+func logMeasured(t *testing.T, tool string, decided, ended time.Time) {
+	t.Helper()
+	t.Logf("MEASURED %s: failed %.1fs after the guard's decision", tool, ended.Sub(decided).Seconds())
+}
