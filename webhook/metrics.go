@@ -53,7 +53,7 @@ func (m *Metrics) observe(webhook, operation, result, reason string, d time.Dura
 
 // Refusal reasons: the reason label of deployguard_admission_requests_total
 // and the reason key of the refusal's log line. The set is fixed, so that the
-// label's cardinality is; README.md ("Metrics and logs") lists it too.
+// label's cardinality is; webhook/README.md ("Metrics and logs") lists it too.
 const (
 	// reasonNone: the request was allowed or patched.
 	reasonNone = "none"
