@@ -113,9 +113,3 @@ func templateHash(m *metav1.ObjectMeta, t *corev1.PodTemplateSpec) string {
 	}
 	return vocab.TemplateHash(t)
 }
-
-// sameTemplate is upstream's EqualIgnoreHash for a Deployment and one of its
-// ReplicaSets, cached or not.
-func sameTemplate(d *appsv1.Deployment, rs *appsv1.ReplicaSet) bool {
-	return templateHash(&d.ObjectMeta, &d.Spec.Template) == templateHash(&rs.ObjectMeta, &rs.Spec.Template)
-}

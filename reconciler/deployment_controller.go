@@ -146,13 +146,8 @@ func IndexFields(ctx context.Context, fi client.FieldIndexer) error {
 	return nil
 }
 
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=apps,resources=deployments/status,verbs=get;patch
-// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=list
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;create;update;delete
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// The rights it needs are config/rbac/role.yaml's (the chart's are tested
+// against it); no markers generate them.
 
 // SetupWithManager fills in the fields left nil (Client, APIReader, Recorder
 // named "deployguard", a real Clock, unregistered Metrics) and registers the

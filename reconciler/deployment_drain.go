@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -134,12 +133,7 @@ func DecideDrain(s DrainState) DrainDecision {
 
 // drainStarted returns the time in the drain-started annotation.
 func drainStarted(d *appsv1.Deployment) (time.Time, bool) {
-	v, ok := d.Annotations[vocab.AnnotationDrainStarted]
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339, v)
-	return t, err == nil
+	return timeAnnotation(d.Annotations, vocab.AnnotationDrainStarted)
 }
 
 // drainReplicas returns the replica count recorded before the drain.
@@ -314,19 +308,6 @@ func (r *DeploymentReconciler) controlledReplicaSets(ctx context.Context, d *app
 		}
 	}
 	return out, nil
-}
-
-// selectorOf parses the Deployment's selector; a Deployment without one
-// selects everything, as upstream's pod listing does.
-func selectorOf(d *appsv1.Deployment) (labels.Selector, error) {
-	if d.Spec.Selector == nil {
-		return labels.Everything(), nil
-	}
-	s, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the selector of Deployment %s: %w", d.Name, err)
-	}
-	return s, nil
 }
 
 // scaledDown reports whether every ReplicaSet is at zero (or being deleted).

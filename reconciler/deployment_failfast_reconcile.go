@@ -76,10 +76,7 @@ func failingSince(d *appsv1.Deployment, rs string) time.Time {
 	if !ok || name != rs {
 		return time.Time{}
 	}
-	t, err := time.Parse(time.RFC3339, at)
-	if err != nil {
-		return time.Time{}
-	}
+	t, _ := parseTime(at)
 	return t
 }
 

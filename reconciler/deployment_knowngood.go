@@ -3,7 +3,6 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -52,11 +51,7 @@ func ReplicaSetToMark(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.Re
 // a ReplicaSet that never completed. Such a copy names another ReplicaSet's
 // pod-template-hash and is not a mark.
 func IsKnownGood(rs *appsv1.ReplicaSet) bool {
-	at, ok := rs.Annotations[vocab.AnnotationKnownGood]
-	if !ok {
-		return false
-	}
-	if _, err := time.Parse(time.RFC3339, at); err != nil {
+	if _, ok := timeAnnotation(rs.Annotations, vocab.AnnotationKnownGood); !ok {
 		return false
 	}
 	hash, ok := rs.Annotations[vocab.AnnotationKnownGoodHash]
@@ -145,36 +140,4 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 		r.emitKnownGoodEvent(d, newRS, fmt.Sprintf("Revision %s (ReplicaSet %s) completed its rollout; recorded as known-good", revision, newRS.Name))
 	}
 	return nil
-}
-
-// progressingCondition returns the Deployment's Progressing condition, or nil.
-func progressingCondition(d *appsv1.Deployment) *appsv1.DeploymentCondition {
-	for i := range d.Status.Conditions {
-		if d.Status.Conditions[i].Type == appsv1.DeploymentProgressing {
-			return &d.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-// desiredReplicas is spec.replicas, defaulted to 1 as the API server does.
-func desiredReplicas(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
-}
-
-// setOrDelete sets m[k] = v, or deletes k when v is empty.
-func setOrDelete(m map[string]string, k, v string) {
-	if v == "" {
-		delete(m, k)
-		return
-	}
-	m[k] = v
-}
-
-// formatRevision renders a revision as the annotation does.
-func formatRevision(v int64) string {
-	return strconv.FormatInt(v, 10)
 }

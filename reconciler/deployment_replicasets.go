@@ -3,15 +3,11 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 // replicaSetControllerKey indexes ReplicaSets by the name of the Deployment that
@@ -48,43 +44,4 @@ func (r *DeploymentReconciler) listReplicaSets(ctx context.Context, d *appsv1.De
 		}
 	}
 	return allRSs, nil
-}
-
-// FindNewReplicaSet returns the Deployment's newRS: the ReplicaSet whose template
-// equals the Deployment's, ignoring the hash label (upstream's EqualIgnoreHash,
-// by template hash: see sameTemplate). When several do (possible
-// after cluster upgrades, kubernetes#40415) the oldest wins, as upstream. It
-// returns nil when the Deployment controller has not created it yet. rss is not
-// reordered.
-func FindNewReplicaSet(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	sorted := slices.Clone(rss)
-	slices.SortStableFunc(sorted, compareByCreationTimestamp)
-	for _, rs := range sorted {
-		if sameTemplate(d, rs) {
-			return rs
-		}
-	}
-	return nil
-}
-
-// compareByCreationTimestamp orders ReplicaSets oldest first, then by name, as
-// upstream's controller.ReplicaSetsByCreationTimestamp.
-func compareByCreationTimestamp(a, b *appsv1.ReplicaSet) int {
-	if a.CreationTimestamp.Equal(&b.CreationTimestamp) {
-		return strings.Compare(a.Name, b.Name)
-	}
-	if a.CreationTimestamp.Before(&b.CreationTimestamp) {
-		return -1
-	}
-	return 1
-}
-
-// Revision returns the object's revision annotation. A missing annotation is
-// revision 0, as upstream.
-func Revision(obj metav1.Object) (int64, error) {
-	v, ok := obj.GetAnnotations()[vocab.RevisionAnnotation]
-	if !ok {
-		return 0, nil
-	}
-	return strconv.ParseInt(v, 10, 64)
 }

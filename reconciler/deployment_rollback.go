@@ -414,12 +414,7 @@ func autoRollbackOptedOut(d *appsv1.Deployment) bool {
 
 // handledDeadline returns the time recorded in the handled-deadline annotation.
 func handledDeadline(d *appsv1.Deployment) (time.Time, bool) {
-	v, ok := d.Annotations[vocab.AnnotationHandledDeadline]
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339, v)
-	return t, err == nil
+	return timeAnnotation(d.Annotations, vocab.AnnotationHandledDeadline)
 }
 
 // failedReplicaSetName returns the ReplicaSet named by a

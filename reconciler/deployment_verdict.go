@@ -3,11 +3,9 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -144,44 +142,4 @@ func (r *DeploymentReconciler) reportRollback(ctx context.Context, d *appsv1.Dep
 		return false, fmt.Errorf("reporting the rollback on the Deployment's status: %w", err)
 	}
 	return true, nil
-}
-
-// specObserved reports whether the Deployment controller has seen the
-// Deployment's spec. Until it has, it may be creating the newRS, and it
-// records that (Progressing, reason NewReplicaSetCreated) in one status
-// update; any write to the Deployment in between makes that update
-// conflict, the next sync finds the ReplicaSet there already and never
-// records it, and the new rollout then never times out (DeploymentTimedOut
-// reads the old NewReplicaSetAvailable). Writes that can wait, wait: the
-// controller's own status update brings the Deployment back.
-func specObserved(d *appsv1.Deployment) bool { return d.Status.ObservedGeneration == d.Generation }
-
-// setCondition sets the condition of c.Type, as upstream's
-// SetDeploymentCondition does: lastUpdateTime is now, and lastTransitionTime
-// moves only when the status changes.
-func setCondition(s *appsv1.DeploymentStatus, c appsv1.DeploymentCondition, now time.Time) {
-	c.LastUpdateTime = metav1.NewTime(now)
-	c.LastTransitionTime = c.LastUpdateTime
-	for i := range s.Conditions {
-		if s.Conditions[i].Type != c.Type {
-			continue
-		}
-		if s.Conditions[i].Status == c.Status {
-			c.LastTransitionTime = s.Conditions[i].LastTransitionTime
-		}
-		s.Conditions[i] = c
-		return
-	}
-	s.Conditions = append(s.Conditions, c)
-}
-
-// removeCondition removes the condition of type t.
-func removeCondition(s *appsv1.DeploymentStatus, t appsv1.DeploymentConditionType) {
-	out := s.Conditions[:0]
-	for _, c := range s.Conditions {
-		if c.Type != t {
-			out = append(out, c)
-		}
-	}
-	s.Conditions = out
 }

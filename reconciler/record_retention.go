@@ -27,12 +27,7 @@ const minSweepWait = time.Second
 // without a readable one never expires: the guard deletes nothing it is unsure
 // of.
 func RecordExpiry(cm *corev1.ConfigMap) (time.Time, bool) {
-	v, ok := cm.Annotations[vocab.AnnotationRecordExpires]
-	if !ok {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339, v)
-	return t, err == nil
+	return timeAnnotation(cm.Annotations, vocab.AnnotationRecordExpires)
 }
 
 // RecordExpired reports whether the ConfigMap is a record of the guard whose
