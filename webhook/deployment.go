@@ -7,7 +7,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -52,42 +51,6 @@ type Deployment struct {
 	Policy PolicyEvaluator
 	// NamespaceLabels, when set, gives policies the namespace's labels.
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
-}
-
-var _ admission.Validator[*appsv1.Deployment] = &Deployment{}
-
-// ValidateCreate runs every check on a new Deployment.
-func (w *Deployment) ValidateCreate(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
-	req, err := admission.RequestFromContext(ctx)
-	if err != nil {
-		return nil, apierrors.NewBadRequest("no admission request in context")
-	}
-	return w.validate(ctx, req, d, nil).verdict(d.Name)
-}
-
-// ValidateUpdate runs every check on a changed Deployment.
-func (w *Deployment) ValidateUpdate(ctx context.Context, old, d *appsv1.Deployment) (admission.Warnings, error) {
-	req, err := admission.RequestFromContext(ctx)
-	if err != nil {
-		return nil, apierrors.NewBadRequest("no admission request in context")
-	}
-	return w.validate(ctx, req, d, old).verdict(d.Name)
-}
-
-// ValidateDelete refuses the deletion of a protected Deployment, but not by
-// the namespace controller.
-func (w *Deployment) ValidateDelete(ctx context.Context, d *appsv1.Deployment) (admission.Warnings, error) {
-	req, _ := admission.RequestFromContext(ctx)
-	return w.validateDelete(req, d).verdict(d.Name)
-}
-
-// verdict is f as an admission.Validator returns it: the warnings, and the
-// problems as one Invalid error that lists them all.
-func (f Findings) verdict(name string) (admission.Warnings, error) {
-	if len(f.Errs) > 0 {
-		return f.Warnings, apierrors.NewInvalid(deploymentGK, name, f.Errs)
-	}
-	return f.Warnings, nil
 }
 
 // validateDelete refuses the deletion of a protected Deployment. The namespace

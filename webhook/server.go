@@ -29,12 +29,17 @@ func (w *Deployment) Handlers(m *Metrics) (mutating, validating *admission.Webho
 	return mutating, validating
 }
 
-// SetupWithManager registers both webhooks on the manager's webhook server.
-func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics) {
+// SetupWithManager registers both webhooks on the manager's webhook server,
+// each through wrap when it is set (serve's closes kept-alive connections
+// while it stops). serve and the integration tier both set them up here.
+func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(http.Handler) http.Handler) {
 	mutating, validating := w.Handlers(m)
+	if wrap == nil {
+		wrap = func(h http.Handler) http.Handler { return h }
+	}
 	srv := mgr.GetWebhookServer()
-	srv.Register(MutatePath, mutating)
-	srv.Register(ValidatePath, validating)
+	srv.Register(MutatePath, wrap(mutating))
+	srv.Register(ValidatePath, wrap(validating))
 }
 
 var deploymentGVK = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}

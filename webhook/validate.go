@@ -15,13 +15,11 @@ import (
 	kjson "sigs.k8s.io/json"
 )
 
-// validator serves the validating webhook. It runs what the
-// admission.Validator methods of Deployment run, as controller-runtime's
-// validator handler would, but for two things: the object is decoded straight
-// into an apps/v1 Deployment (the request's kind is checked before), without
-// the scheme's decoder, which first reads the whole object once more to find
-// its kind; and it keeps the findings, whose first problem is the refusal's
-// reason (refusalReason).
+// validator serves the validating webhook. It is not an admission.Validator:
+// the object is decoded straight into an apps/v1 Deployment (the request's
+// kind is checked before), without the scheme's decoder, which first reads
+// the whole object once more to find its kind; and it keeps the findings,
+// whose first problem is the refusal's reason (refusalReason).
 type validator struct{ w *Deployment }
 
 func (v validator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {

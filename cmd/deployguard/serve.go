@@ -235,10 +235,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	// Registered through CloseConnections: once stopping, every answer
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
-	mutating, validating := hooks.Handlers(wm)
-	srv := mgr.GetWebhookServer()
-	srv.Register(guardwebhook.MutatePath, stop.CloseConnections(mutating))
-	srv.Register(guardwebhook.ValidatePath, stop.CloseConnections(validating))
+	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
 
 	rm, err := reconciler.NewMetrics(metrics.Registry)
 	if err != nil {

@@ -186,7 +186,7 @@ func startGuard(ctx context.Context) (func(), error) {
 		Overlaps:        overlaps,
 		Policy:          guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
-	}).SetupWithManager(mgr, m)
+	}).SetupWithManager(mgr, m, nil)
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
