@@ -38,6 +38,7 @@ import (
 
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
@@ -163,8 +164,8 @@ func serve(args []string, stderr io.Writer) int {
 	return 0
 }
 
+// runServer wires the guard in named steps, then runs it until ctx ends.
 func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *gracefulStop) error {
-	log := ctrl.Log.WithName("setup")
 	restCfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err
@@ -172,7 +173,48 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(cmapi.AddToScheme(scheme)) // read on the cert-manager path, never cached
+	mgr, err := newManager(f, restCfg, scheme)
+	if err != nil {
+		return err
+	}
+	pr := &probes{}
+	opts := cfg.WebhookOptions(fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount))
+	eng, overlaps, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
+	if err != nil {
+		return err
+	}
+	leader, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme)
+	if err != nil {
+		return err
+	}
+	if cfg.Audit.Enabled {
+		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, ignored); err != nil {
+			return err
+		}
+	}
+	if err := mgr.Add(leader); err != nil {
+		return err
+	}
+	if err := setupCerts(ctx, mgr, pr, f, restCfg, scheme); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		checkMutatingScope(ctx, mgr, f.mutatingName, cfg)
+		return nil
+	})); err != nil {
+		return err
+	}
+	if err := setupProbes(mgr, pr, f, stop); err != nil {
+		return err
+	}
+	ctrl.Log.WithName("setup").Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
+		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
+	return mgr.Start(ctx)
+}
 
+// newManager is the manager every part runs in: the webhook server, the
+// metrics, and one cache of the stripped Deployments and ReplicaSets.
+func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) (ctrl.Manager, error) {
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
 		c.MinVersion = tls.VersionTLS12
 		if !f.http2 {
@@ -194,29 +236,32 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		Cache:          cacheOptions(f.namespace),
 	})
 	if err != nil {
-		return fmt.Errorf("creating the manager: %w", err)
+		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
+	return mgr, nil
+}
 
-	pr := &probes{}
-	guardUser := fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount)
-	opts := cfg.WebhookOptions(guardUser)
+// setupWebhooks wires admission: the policies (with their hot reload), the
+// overlap index and its readiness, and both webhooks, registered through the
+// graceful stop's connection closing.
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*policy.Engine, *guardwebhook.OverlapIndex, error) {
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
-		return fmt.Errorf("registering admission metrics: %w", err)
+		return nil, nil, fmt.Errorf("registering admission metrics: %w", err)
 	}
 	eng, err := setupPolicies(ctx, mgr, pr, metrics.Registry, cfg, f.policyDir, f.namespace)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	// The overlap check's index, fed by the Deployment informer the reconciler
 	// uses too: one watch, and no list of the namespace per request.
 	overlaps := guardwebhook.NewOverlapIndex(nil)
 	deployments, err := mgr.GetCache().GetInformer(ctx, &appsv1.Deployment{})
 	if err != nil {
-		return fmt.Errorf("getting the Deployment informer: %w", err)
+		return nil, nil, fmt.Errorf("getting the Deployment informer: %w", err)
 	}
 	if err := overlaps.Feed(deployments); err != nil {
-		return fmt.Errorf("indexing Deployments for the overlap check: %w", err)
+		return nil, nil, fmt.Errorf("indexing Deployments for the overlap check: %w", err)
 	}
 	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
 		if !overlaps.Synced() {
@@ -224,7 +269,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		}
 		return nil
 	}); err != nil {
-		return err
+		return nil, nil, err
 	}
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
@@ -236,10 +281,16 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
+	return eng, overlaps, nil
+}
 
+// setupReconcilers wires the rollout reconciler into the leader's terms: it
+// runs only on the replica that holds the lease, over the process's cache. It
+// returns the terms and the namespaces the reconciler ignores.
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg config.Config, restCfg *rest.Config, scheme *runtime.Scheme) (*leaderTerms, []string, error) {
 	rm, err := reconciler.NewMetrics(metrics.Registry)
 	if err != nil {
-		return fmt.Errorf("registering reconciler metrics: %w", err)
+		return nil, nil, fmt.Errorf("registering reconciler metrics: %w", err)
 	}
 	ropts := reconciler.DefaultOptions()
 	ropts.AutoRollback = cfg.Rollback.AutoRollback
@@ -249,7 +300,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
 	if err := reconciler.IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
-		return err
+		return nil, nil, err
 	}
 	leader := &leaderTerms{
 		restCfg: restCfg, scheme: scheme, cache: mgr.GetCache(),
@@ -269,25 +320,12 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		}
 		return nil
 	})
-	if cfg.Audit.Enabled {
-		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, ropts.IgnoredNamespaces); err != nil {
-			return err
-		}
-	}
-	if err := mgr.Add(leader); err != nil {
-		return err
-	}
+	return leader, ropts.IgnoredNamespaces, nil
+}
 
-	if err := setupCerts(ctx, mgr, pr, f, restCfg, scheme); err != nil {
-		return err
-	}
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		checkMutatingScope(ctx, mgr, f.mutatingName, cfg)
-		return nil
-	})); err != nil {
-		return err
-	}
-
+// setupProbes adds the liveness and readiness checks every part shares and
+// serves them (probes says which check fails, and why).
+func setupProbes(mgr ctrl.Manager, pr *probes, f *serveFlags, stop *gracefulStop) error {
 	if err := pr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -297,19 +335,14 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err := pr.AddReadyzCheck("not-stopping", stop.Check); err != nil {
 		return err
 	}
-	if f.probeAddr != "" && f.probeAddr != "0" {
-		srv, err := pr.server(f.probeAddr)
-		if err != nil {
-			return err
-		}
-		if err := mgr.Add(srv); err != nil {
-			return err
-		}
+	if f.probeAddr == "" || f.probeAddr == "0" {
+		return nil
 	}
-
-	log.Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
-		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
-	return mgr.Start(ctx)
+	srv, err := pr.server(f.probeAddr)
+	if err != nil {
+		return err
+	}
+	return mgr.Add(srv)
 }
 
 // setupCerts wires where the serving certificate comes from (--cert-mode), the
