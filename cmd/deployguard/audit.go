@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/cmd/deployguard/audit"
+	"github.com/deployguard/deployguard/webhook/audit"
 )
 
 // auditCmd is `deployguard audit [-n NS] [-o text|json]`: what the audit's

@@ -48,7 +48,9 @@ type buildError struct {
 	err error
 }
 
-func (e *buildError) Error() string { return "building test/tools/promql: " + e.err.Error() + "\n" + e.out }
+func (e *buildError) Error() string {
+	return "building test/tools/promql: " + e.err.Error() + "\n" + e.out
+}
 
 // assertAlertFires evaluates the alert of config/monitoring with
 // Prometheus's own rule engine on two scrapes of the guard, taken before and

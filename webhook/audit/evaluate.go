@@ -1,8 +1,9 @@
-// Package audit evaluates the Deployments already stored in the cluster with
-// the validating webhook's pipeline (the Go spec checks, every Rego policy in
-// every mode, the quarantine) and writes what it finds as one PolicyReport per
-// namespace. It lives under cmd/deployguard because it combines webhook/ and
-// policy/ with the API client, which only cmd/ and test/ may import together.
+// Package audit is the background audit: a leader-only controller that
+// evaluates the Deployments already stored in the cluster with the validating
+// webhook's pipeline (the Go spec checks, every Rego policy in every mode, the
+// quarantine) and writes what it finds as one PolicyReport per namespace. It
+// is admission applied to what is stored, so it lives with the webhook, as
+// Kyverno's background controller lives with its admission code.
 package audit
 
 import (
