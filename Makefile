@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy xmllint all build tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -101,6 +101,16 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 60s); crashes land in 
 BENCH_SIZES ?= 100,1000,5000,10000
 bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)
 	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -sizes $(BENCH_SIZES)
+
+# golangci-lint, built from its module (test/tools/golangci-lint) and kept with
+# the other tools; rebuilt when that module changes. .ci/run runs `make lint`.
+GOLANGCI_LINT := $(CURDIR)/bin/tools/golangci-lint/golangci-lint
+
+lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml) on every package
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT): test/tools/golangci-lint/go.mod test/tools/golangci-lint/go.sum
+	cd test/tools/golangci-lint && GOWORK=off go build -trimpath -ldflags "-s -w" -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 kustomize: tools ## render config/default (checks the manifests build)
 	$(TOOLS_DIR)/kubectl kustomize config/default >/dev/null

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -135,7 +136,8 @@ func parseSource(src Source) (*ast.Module, []SourceError) {
 		ProcessAnnotation: true,
 	})
 	if err != nil {
-		if astErrs, ok := err.(ast.Errors); ok {
+		var astErrs ast.Errors
+		if errors.As(err, &astErrs) {
 			return nil, fromASTErrors(astErrs)
 		}
 		return nil, []SourceError{{Source: src.Name, Message: err.Error()}}

@@ -23,7 +23,7 @@ import (
 // guard changed, which is also what the defaulted annotation lists.
 type mutator struct{ w *Deployment }
 
-func (m mutator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
+func (m mutator) handle(_ context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed(""), reasonNone
 	}
@@ -32,7 +32,6 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 		return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
 	}
 	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
-	ctx = admission.NewContextWithRequest(ctx, req)
 	var old *appsv1.Deployment
 	if req.Operation == admissionv1.Update {
 		if old, err = decodeDeployment(req.OldObject); err != nil {

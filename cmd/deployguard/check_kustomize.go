@@ -111,9 +111,6 @@ func (f originFS) ReadFile(path string) ([]byte, error) {
 	return yaml.Marshal(raw)
 }
 
-// originAnnotation is kustomize's annotation naming where a resource came from.
-const originAnnotation = "config.kubernetes.io/origin"
-
 // buildKustomization builds the kustomization in dir in-process, as
 // `kustomize build` (and `kubectl kustomize`) would, and returns the rendered
 // objects as documents. Each one points at the file it came from when that is

@@ -19,13 +19,14 @@ func TestCloseConnectionsOnceStopping(t *testing.T) {
 	})))
 	defer srv.Close()
 
-	get := func() *http.Response {
+	// get answers the status and whether the client was told to close.
+	get := func() (int, bool) {
 		t.Helper()
 		resp, err := srv.Client().Get(srv.URL)
 		require.NoError(t, err)
+		defer resp.Body.Close()
 		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp
+		return resp.StatusCode, resp.Close
 	}
 	for _, tc := range []struct {
 		stopping  bool
@@ -35,8 +36,8 @@ func TestCloseConnectionsOnceStopping(t *testing.T) {
 		{stopping: true, wantClose: true},
 	} {
 		g.stopping.Store(tc.stopping)
-		resp := get()
-		assert.Equal(t, http.StatusOK, resp.StatusCode)
-		assert.Equal(t, tc.wantClose, resp.Close, "stopping=%v: the client is told to close the connection", tc.stopping)
+		code, closed := get()
+		assert.Equal(t, http.StatusOK, code)
+		assert.Equal(t, tc.wantClose, closed, "stopping=%v: the client is told to close the connection", tc.stopping)
 	}
 }

@@ -197,7 +197,7 @@ func withCleanup(d *appsv1.Deployment) *appsv1.Deployment {
 func toldToStop(events []timelineEvent) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, e := range events {
-		if e.kind != "Pod" || !(e.deleting || e.typ == watch.Deleted) {
+		if e.kind != "Pod" || (!e.deleting && e.typ != watch.Deleted) {
 			continue
 		}
 		if _, ok := out[e.name]; !ok {

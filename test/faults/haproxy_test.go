@@ -109,7 +109,7 @@ func startHAProxy(dir string, n int, log io.Writer) (*haproxy, error) {
 	}
 	check := exec.Command(bin, "-c", "-f", cfg)
 	if out, err := check.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("haproxy refuses its configuration: %v\n%s", err, out)
+		return nil, fmt.Errorf("haproxy refuses its configuration: %w\n%s", err, out)
 	}
 	h.cmd = exec.Command(bin, "-db", "-f", cfg)
 	h.cmd.Stdout, h.cmd.Stderr = log, log

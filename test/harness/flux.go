@@ -58,8 +58,11 @@ func fluxModuleDir(ctx context.Context, module string) (string, error) {
 		return "", fmt.Errorf("downloading %s: %w", module, err)
 	}
 	var m struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &m); err != nil || m.Dir == "" {
-		return "", fmt.Errorf("finding %s in the module cache: %v %s", module, err, m.Error)
+	if err := json.Unmarshal(out, &m); err != nil {
+		return "", fmt.Errorf("finding %s in the module cache: %w", module, err)
+	}
+	if m.Dir == "" {
+		return "", fmt.Errorf("finding %s in the module cache: %s", module, m.Error)
 	}
 	return m.Dir, nil
 }
@@ -277,7 +280,7 @@ func (f *Flux) WaitReady(ctx context.Context, timeout time.Duration) error {
 			if c.p.Exited() {
 				err := <-c.p.done
 				c.p.done <- err
-				return fmt.Errorf("%s exited: %v", c.name, err)
+				return fmt.Errorf("%s exited: %w", c.name, err)
 			}
 			resp, err := hc.Get("http://" + c.addr + "/readyz")
 			if err == nil {
@@ -446,8 +449,11 @@ func fluxTarball(dir string) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	if fi, err := os.Stat(abs); err != nil || !fi.IsDir() {
-		return nil, "", fmt.Errorf("not a folder: %s (%v)", abs, err)
+	switch fi, err := os.Stat(abs); {
+	case err != nil:
+		return nil, "", fmt.Errorf("not a folder: %w", err)
+	case !fi.IsDir():
+		return nil, "", fmt.Errorf("not a folder: %s", abs)
 	}
 	var gz bytes.Buffer
 	raw := sha256.New()

@@ -158,7 +158,7 @@ func (g *Guard) WaitReady(ctx context.Context, timeout time.Duration) error {
 		select {
 		case err := <-g.done:
 			g.done <- err
-			return false, fmt.Errorf("deployguard exited before it was ready: %v", err)
+			return false, fmt.Errorf("deployguard exited before it was ready: %w", err)
 		default:
 		}
 		resp, err := hc.Get("http://" + g.ProbeAddr + "/readyz")

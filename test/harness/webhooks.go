@@ -156,7 +156,10 @@ func WaitForWebhooks(ctx context.Context, c client.Client, namespace string, tim
 		return last == nil && d.Spec.Selector != nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("the API server does not reach the guard's webhooks (last error: %v): %w", last, err)
+		if last != nil {
+			return fmt.Errorf("the API server does not reach the guard's webhooks: %w (last error: %w)", err, last)
+		}
+		return fmt.Errorf("the API server does not reach the guard's webhooks: %w (the mutating webhook set no selector)", err)
 	}
 	return nil
 }

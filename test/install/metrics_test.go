@@ -196,8 +196,11 @@ func ptr[T any](v T) *T { return &v }
 // scrape reads the guard's /metrics and kube-apiserver's.
 func scrape(ctx context.Context) (map[string]*dto.MetricFamily, error) {
 	code, guard, err := local.Guard.Get(local.Guard.Metrics, "/metrics")
-	if err != nil || code != 200 {
-		return nil, fmt.Errorf("the guard's /metrics: %d %v", code, err)
+	if err != nil {
+		return nil, fmt.Errorf("the guard's /metrics: %w", err)
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("the guard's /metrics: HTTP %d", code)
 	}
 	apiserver, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "get", "--raw", "/metrics")
 	if err != nil {

@@ -132,8 +132,11 @@ func moduleDir(ctx context.Context, modVersion string) (string, error) {
 		return "", fmt.Errorf("go mod download %s: %w", modVersion, err)
 	}
 	var mod struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
-		return "", fmt.Errorf("go mod download %s: no folder (%v%s)", modVersion, err, mod.Error)
+	if err := json.Unmarshal(out, &mod); err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", modVersion, err)
+	}
+	if mod.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: no folder (%s)", modVersion, mod.Error)
 	}
 	return mod.Dir, nil
 }
