@@ -12,6 +12,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -90,6 +91,20 @@ func desiredReplicas(d *appsv1.Deployment) int32 {
 // reads the old NewReplicaSetAvailable). Writes that can wait, wait: the
 // controller's own status update brings the Deployment back.
 func specObserved(d *appsv1.Deployment) bool { return d.Status.ObservedGeneration == d.Generation }
+
+// newReplicaSetRecorded reports whether the Deployment controller has
+// recorded the newRS of the Deployment's spec in its Progressing condition
+// ("Created new replica set %q", "Found new replica set %q", "ReplicaSet %q
+// is progressing."). It does so before it records the observed generation,
+// in an update of its own: from then on a write of ours loses it nothing,
+// and one that ends the rollback verdict lands before any client can read
+// the new generation as observed with the old verdict still on it.
+func newReplicaSetRecorded(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
+	newRS := FindNewReplicaSet(d, rss)
+	c := progressingCondition(d)
+	return newRS != nil && c != nil && c.Status == corev1.ConditionTrue && c.Reason != vocab.NewReplicaSetAvailable &&
+		strings.Contains(c.Message, strconv.Quote(newRS.Name))
+}
 
 // setCondition sets the condition of c.Type, as upstream's
 // SetDeploymentCondition does: lastUpdateTime is now, and lastTransitionTime

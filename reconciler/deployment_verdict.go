@@ -91,7 +91,7 @@ func guardStalled(s *appsv1.DeploymentStatus) *appsv1.DeploymentCondition {
 // written before the annotation is removed, so that a restart between them
 // decides the same again.
 func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
-	if !specObserved(d) {
+	if !specObserved(d) && !newReplicaSetRecorded(d, rss) {
 		return nil
 	}
 	v := DecideVerdict(d, rss)

@@ -181,13 +181,17 @@ func TestVerdictEnds(t *testing.T) {
 			if got.Generation != got.Status.ObservedGeneration {
 				e.sequence = nil
 				require.NoError(t, e.reconcile())
-				assert.Empty(t, e.sequence, "no write before the Deployment controller has seen the new spec (it may be creating the newRS)")
+				assert.Empty(t, e.sequence, "no write before the Deployment controller has recorded the newRS it may be creating")
+				// The controller creates the newRS and records it, before it
+				// records the generation as observed.
+				require.NoError(t, e.client.Create(context.Background(), replicaSet(got, 4, "web:v4")))
 				got = e.deployment()
-				got.Status.ObservedGeneration = got.Generation
+				setProgressing(got, appsv1.DeploymentCondition{Status: corev1.ConditionTrue, Reason: "NewReplicaSetCreated",
+					Message: `Created new replica set "web-h4"`, LastTransitionTime: metav1.NewTime(t0.Add(30 * time.Minute))})
 				require.NoError(t, e.client.Status().Update(context.Background(), got))
 			}
 			require.NoError(t, e.reconcile())
-			assert.Nil(t, e.stalled(), "the Deployment no longer reads as failed")
+			assert.Nil(t, e.stalled(), "the Deployment no longer reads as failed, before a client can read its new generation as observed")
 			assert.NotContains(t, e.deployment().Annotations, vocab.AnnotationRolledBackTo)
 
 			// Coming back to the restored template later does not bring

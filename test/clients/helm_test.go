@@ -74,4 +74,10 @@ func TestHelm4(t *testing.T) {
 	}
 	r = command(ctx, helm, "status", "shop", "-n", ns)
 	assert.Contains(t, r.Stdout, "STATUS: failed", "%s", r)
+
+	// The fix, deployed the same way, reads as deployed: the verdict on the
+	// rolled-back revision ends before kstatus can read the new generation
+	// as observed.
+	r = command(ctx, helm, "upgrade", "shop", chart, "-n", ns, "--set", "image.tag=1.28", "--wait", "--timeout", "2m")
+	assert.Zero(t, r.Code, "fixed deploy after a rollback: helm v4 --wait: %s", r)
 }
