@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/webhook/audit"
 )
 
@@ -47,7 +48,7 @@ Flags:
 		fs.Usage()
 		return 2
 	}
-	c, err := newClient(*kubeconfig)
+	c, err := cli.NewClient(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
 		return 1

@@ -13,12 +13,20 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/check"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/restore"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/rollout"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/status"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/uninstall"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
 func main() {
+	cli.Version = version
 	args := os.Args[1:]
 	// kubectl runs its plugin with the words after "deployguard", so the
 	// commands are the same; only the help names the plugin.
@@ -49,19 +57,19 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "serve":
 		return serve(args[1:], stderr)
 	case "check":
-		return check(args[1:], stdin, stdout, stderr)
+		return check.Run(args[1:], stdin, stdout, stderr)
 	case "test":
 		return testPolicies(args[1:], stdout, stderr)
 	case "restore":
-		return restore(args[1:], stdout, stderr)
+		return restore.Run(args[1:], stdout, stderr)
 	case "status":
-		return status(args[1:], stdout, stderr)
+		return status.Run(args[1:], stdout, stderr)
 	case "rollout":
-		return rollout(args[1:], stdout, stderr)
+		return rollout.Run(args[1:], stdout, stderr)
 	case "audit":
 		return auditCmd(args[1:], stdout, stderr)
 	case "uninstall":
-		return uninstall(args[1:], stdout, stderr)
+		return uninstall.Run(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "deployguard %s\n", version)
 		return 0

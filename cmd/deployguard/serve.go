@@ -23,7 +23,6 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +36,7 @@ import (
 	cmapi "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 
 	"github.com/deployguard/deployguard/certs"
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
@@ -118,7 +118,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	if f.certMode != "files" && f.certMode != "self-managed" {
 		return nil, nil, fmt.Errorf("--cert-mode must be files or self-managed, not %q", f.certMode)
 	}
-	for _, x := range splitList(f.ipAddresses) {
+	for _, x := range cli.SplitList(f.ipAddresses) {
 		ip := net.ParseIP(x)
 		if ip == nil {
 			return nil, nil, fmt.Errorf("--cert-ip-addresses: %q is not an IP address", x)
@@ -166,7 +166,7 @@ func serve(args []string, stderr io.Writer) int {
 
 // runServer wires the guard in named steps, then runs it until ctx ends.
 func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *gracefulStop) error {
-	restCfg, err := restConfig(f.kubeconfig)
+	restCfg, err := cli.RestConfig(f.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -360,7 +360,7 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags
 			Client:         direct,
 			Namespace:      f.namespace,
 			SecretName:     f.certSecret,
-			DNSNames:       splitList(f.dnsNames),
+			DNSNames:       cli.SplitList(f.dnsNames),
 			IPAddresses:    f.ips,
 			CertDir:        f.certDir,
 			MutatingName:   f.mutatingName,
@@ -453,37 +453,9 @@ func webhookInstalled(r client.Reader, name string) func(context.Context) (bool,
 	}
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	var (
-		c   *rest.Config
-		err error
-	)
-	if kubeconfig != "" {
-		c, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		c, err = ctrl.GetConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("loading the cluster configuration: %w", err)
-	}
-	c.UserAgent = "deployguard/" + version
-	c.Timeout = 30 * time.Second
-	return c, nil
-}
-
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
 	}
 	return def
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, x := range strings.Split(s, ",") {
-		if x = strings.TrimSpace(x); x != "" {
-			out = append(out, x)
-		}
-	}
-	return out
 }

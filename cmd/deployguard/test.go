@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/policy"
 )
 
@@ -21,25 +22,25 @@ func testPolicies(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		return exitUsage
+		return cli.ExitUsage
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "usage: deployguard test [-v] DIR… (policies and their *_test.rego files)")
-		return exitUsage
+		return cli.ExitUsage
 	}
 	var sources []policy.Source
 	for _, dir := range fs.Args() {
 		s, err := policy.FromDirWithTests(dir)
 		if err != nil {
 			fmt.Fprintf(stderr, "deployguard test: %v\n", err)
-			return exitUsage
+			return cli.ExitUsage
 		}
 		sources = append(sources, s...)
 	}
 	results, err := policy.RunTests(context.Background(), sources)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard test: %v\n", err)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	passed, failed := 0, 0
 	for _, r := range results {
@@ -55,7 +56,7 @@ func testPolicies(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%d passed, %d failed\n", passed, failed)
 	if failed > 0 {
-		return exitDenied
+		return cli.ExitFailed
 	}
-	return exitAdmitted
+	return cli.ExitOK
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const teamRego = `package deployguard.team
@@ -53,4 +55,12 @@ test_wrong_expectation if count(deny) == 0 with input as {"object": {"metadata":
 			assert.Contains(t, stderr.String(), tt.wantErr)
 		})
 	}
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
 }

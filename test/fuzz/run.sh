@@ -18,7 +18,7 @@ targets=(
 	"./policy FuzzLoad"
 	"./policy FuzzJSONValue"
 	"./cmd/deployguard/config FuzzParse"
-	"./cmd/deployguard FuzzReadDocuments"
+	"./cmd/deployguard/commands/check FuzzReadDocuments"
 	"./certs FuzzPEM"
 )
 out="bin/fuzz"

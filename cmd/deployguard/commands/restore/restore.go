@@ -1,4 +1,4 @@
-package main
+package restore
 
 import (
 	"context"
@@ -6,27 +6,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// cliTimeout bounds the cluster subcommands (restore, uninstall).
-const cliTimeout = 5 * time.Minute
-
-// restore is `deployguard restore NAMESPACE/NAME`: it recreates a deleted
+// Run is `deployguard restore NAMESPACE/NAME`: it recreates a deleted
 // Deployment from the record the guard saved when it was deleted.
-func restore(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("deployguard restore", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -42,25 +35,25 @@ Flags:
 	}
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	knownGood := fs.Bool("known-good", false, "restore the pod template of the last revision that completed its rollout, instead of the template the Deployment had when it was deleted")
-	positional, err := parseInterspersed(fs, args)
+	positional, err := cli.ParseInterspersed(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	ns, name, ok := splitNamespacedName(positional)
+	ns, name, ok := cli.SplitNamespacedName(positional)
 	if !ok {
 		fmt.Fprintln(stderr, "deployguard restore: give exactly one NAMESPACE/NAME")
 		fs.Usage()
 		return 2
 	}
-	c, err := newClient(*kubeconfig)
+	c, err := cli.NewClient(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard restore: %v\n", err)
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
 	defer cancel()
 	if err := restoreDeployment(ctx, c, ns, name, *knownGood, stdout); err != nil {
 		fmt.Fprintf(stderr, "deployguard restore: %v\n", err)
@@ -128,49 +121,4 @@ func replicasOf(d *appsv1.Deployment) int32 {
 		return 1
 	}
 	return *d.Spec.Replicas
-}
-
-// parseInterspersed parses flags placed before or after the positional
-// arguments (`restore shop/web --kubeconfig k`, as with kubectl), and returns
-// the positional ones.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return positional, nil
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
-// splitNamespacedName parses the one NAMESPACE/NAME argument.
-func splitNamespacedName(args []string) (string, string, bool) {
-	if len(args) != 1 {
-		return "", "", false
-	}
-	ns, name, ok := strings.Cut(args[0], "/")
-	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return "", "", false
-	}
-	return ns, name, true
-}
-
-// newClient is a client for the cluster subcommands, from kubeconfig (or the
-// in-cluster configuration or $KUBECONFIG when empty).
-func newClient(kubeconfig string) (client.Client, error) {
-	cfg, err := restConfig(kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("creating a client: %w", err)
-	}
-	return c, nil
 }

@@ -1,4 +1,4 @@
-package main
+package rollout
 
 import (
 	"context"
@@ -13,12 +13,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
 )
 
@@ -46,10 +43,10 @@ type rolloutReport struct {
 	TimedOut bool `json:"timedOut,omitempty"`
 }
 
-// rollout is `deployguard rollout status` (`kubectl deployguard rollout
+// Run is `deployguard rollout status` (`kubectl deployguard rollout
 // status`), a drop-in for `kubectl rollout status` that also fails when the
 // guard rolled the revision back or found it failing.
-func rollout(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "status" {
 		fmt.Fprintln(stderr, "Usage: deployguard rollout status [flags] [deployment/]NAME")
 		return rolloutExitUsage
@@ -80,7 +77,7 @@ Flags:
 	kubeContext := fs.String("context", "", "kubeconfig context (default: the current one)")
 	timeout := fs.Duration("timeout", 0, "how long to wait before giving up (exit 1); 0 waits for ever")
 	output := fs.String("o", "text", "output format: text, or json (one object at the end)")
-	positional, err := parseInterspersed(fs, args[1:])
+	positional, err := cli.ParseInterspersed(fs, args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -93,7 +90,7 @@ Flags:
 		fs.Usage()
 		return rolloutExitUsage
 	}
-	c, ns, err := newNamespacedClient(*kubeconfig, *kubeContext, namespace)
+	c, ns, err := cli.NewNamespacedClient(*kubeconfig, *kubeContext, namespace)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard rollout status: %v\n", err)
 		return rolloutExitUnknown
@@ -206,30 +203,4 @@ func deploymentName(args []string) (string, bool) {
 		return name, name != "" && !strings.Contains(name, "/")
 	}
 	return "", false
-}
-
-// newNamespacedClient is a client and a namespace as kubectl finds them: the
-// namespace given, else the kubeconfig context's, else "default".
-func newNamespacedClient(kubeconfig, kubeContext, namespace string) (client.Client, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
-	cfg, err := cc.ClientConfig()
-	if err != nil {
-		return nil, "", fmt.Errorf("loading the cluster configuration: %w", err)
-	}
-	cfg.UserAgent = "deployguard/" + version
-	cfg.Timeout = 30 * time.Second
-	if namespace == "" {
-		if namespace, _, err = cc.Namespace(); err != nil {
-			return nil, "", fmt.Errorf("reading the namespace of the kubeconfig context: %w", err)
-		}
-	}
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, "", fmt.Errorf("creating a client: %w", err)
-	}
-	return c, namespace, nil
 }

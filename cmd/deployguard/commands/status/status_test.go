@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"bytes"
@@ -286,15 +286,9 @@ func TestStatusDeletedWithRecord(t *testing.T) {
 func TestStatusUsage(t *testing.T) {
 	for _, args := range [][]string{nil, {"shop"}, {"shop/web", "-o", "yaml"}, {"a/b", "c/d"}} {
 		var stdout, stderr bytes.Buffer
-		assert.Equal(t, 2, run(append([]string{"status"}, args...), nil, &stdout, &stderr), "%v", args)
+		assert.Equal(t, 2, Run(args, &stdout, &stderr), "%v", args)
 		assert.Contains(t, stderr.String(), "NAMESPACE/NAME")
 	}
-}
-
-func TestKubectlPluginName(t *testing.T) {
-	assert.True(t, kubectlPlugin("/usr/local/bin/kubectl-deployguard"))
-	assert.True(t, kubectlPlugin("kubectl-deployguard.exe"))
-	assert.False(t, kubectlPlugin("/usr/local/bin/deployguard"))
 }
 
 // fetchStatus against a client: the events a user may not read only leave

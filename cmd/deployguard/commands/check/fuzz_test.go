@@ -1,4 +1,4 @@
-package main
+package check
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
@@ -26,7 +27,7 @@ func FuzzReadDocuments(f *testing.F) {
 	f.Add([]byte("\t- x\n: y"))
 	f.Add([]byte{})
 	cfg := config.Default()
-	eng, _, err := newPolicyEngine(context.Background(), cfg, "")
+	eng, _, err := cli.NewPolicyEngine(context.Background(), cfg, "")
 	require.NoError(f, err)
 	user := authenticationv1.UserInfo{Username: "ci"}
 	f.Fuzz(func(t *testing.T, manifests []byte) {

@@ -1,4 +1,4 @@
-package main
+package check
 
 import (
 	"bytes"
@@ -125,7 +125,7 @@ func TestCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(append([]string{"check"}, tt.args...), strings.NewReader(tt.stdin), &stdout, &stderr)
+			code := Run(tt.args, strings.NewReader(tt.stdin), &stdout, &stderr)
 			assert.Equal(t, tt.wantCode, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 			for _, w := range tt.wantOut {
 				assert.Contains(t, stdout.String(), w)
@@ -140,7 +140,7 @@ func TestCheck(t *testing.T) {
 func TestCheckJSONIsMachineReadable(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cfg := writeFile(t, t.TempDir(), "enforce.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  modes: {images: enforce}\n")
-	code := run([]string{"check", "-f", "-", "-o", "json", "--config", cfg}, strings.NewReader(goodManifest+"---\n"+latestManifest), &stdout, &stderr)
+	code := Run([]string{"-f", "-", "-o", "json", "--config", cfg}, strings.NewReader(goodManifest+"---\n"+latestManifest), &stdout, &stderr)
 	require.Equal(t, 1, code, stderr.String())
 	var results []checkResult
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &results))

@@ -1,4 +1,4 @@
-package main
+package check
 
 import (
 	"bytes"
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/kustomize/api/konfig"
 	"sigs.k8s.io/yaml"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/cmd/deployguard/report"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -127,7 +128,7 @@ func ruleID(policy, path string) string {
 	return "check/" + indexRE.ReplaceAllString(path, "")
 }
 
-func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	f := checkFlags{}
 	fs := flag.NewFlagSet("deployguard check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -155,13 +156,13 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 		return exitUsage
 	}
-	eng, _, err := newPolicyEngine(context.Background(), cfg, f.policyDir)
+	eng, _, err := cli.NewPolicyEngine(context.Background(), cfg, f.policyDir)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 		return exitUsage
 	}
 	pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
-	user := authenticationv1.UserInfo{Username: f.username, Groups: splitList(f.groups)}
+	user := authenticationv1.UserInfo{Username: f.username, Groups: cli.SplitList(f.groups)}
 
 	var results []checkResult
 	for _, path := range f.files {
@@ -191,7 +192,7 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			code = exitDenied
 		}
 	}
-	tool := report.Tool{Name: "deployguard", Version: version, InformationURI: "https://github.com/deployguard/deployguard"}
+	tool := report.Tool{Name: "deployguard", Version: cli.Version, InformationURI: "https://github.com/deployguard/deployguard"}
 	switch f.output {
 	case "sarif":
 		if err := report.WriteSARIF(stdout, tool, reportResults(results)); err != nil {

@@ -1,9 +1,8 @@
-package main
+package restore
 
 import (
 	"bytes"
 	"context"
-	"flag"
 	"testing"
 	"time"
 
@@ -106,74 +105,6 @@ func TestRestoreRefuses(t *testing.T) {
 			if err := c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "web"}, d); err == nil {
 				assert.Equal(t, "web:v5", d.Spec.Template.Spec.Containers[0].Image, "the existing Deployment is untouched")
 			}
-		})
-	}
-}
-
-func TestSplitNamespacedName(t *testing.T) {
-	tests := []struct {
-		args     []string
-		ns, name string
-		ok       bool
-	}{
-		{args: []string{"shop/web"}, ns: "shop", name: "web", ok: true},
-		{args: []string{"web"}},
-		{args: []string{"shop/"}},
-		{args: []string{"/web"}},
-		{args: []string{"a/b/c"}},
-		{args: []string{"shop/web", "extra"}},
-		{args: nil},
-	}
-	for _, tt := range tests {
-		ns, name, ok := splitNamespacedName(tt.args)
-		assert.Equal(t, tt.ok, ok, "%v", tt.args)
-		assert.Equal(t, tt.ns, ns, "%v", tt.args)
-		assert.Equal(t, tt.name, name, "%v", tt.args)
-	}
-}
-
-func TestParseInterspersed(t *testing.T) {
-	tests := []struct {
-		args       []string
-		positional []string
-		kubeconfig string
-		knownGood  bool
-	}{
-		{args: []string{"shop/web"}, positional: []string{"shop/web"}},
-		{args: []string{"--kubeconfig", "k", "shop/web"}, positional: []string{"shop/web"}, kubeconfig: "k"},
-		{args: []string{"shop/web", "--kubeconfig", "k", "--known-good"}, positional: []string{"shop/web"}, kubeconfig: "k", knownGood: true},
-		{args: []string{"a", "-known-good", "b"}, positional: []string{"a", "b"}, knownGood: true},
-	}
-	for _, tt := range tests {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		kubeconfig := fs.String("kubeconfig", "", "")
-		knownGood := fs.Bool("known-good", false, "")
-		got, err := parseInterspersed(fs, tt.args)
-		require.NoError(t, err)
-		assert.Equal(t, tt.positional, got, "%v", tt.args)
-		assert.Equal(t, tt.kubeconfig, *kubeconfig, "%v", tt.args)
-		assert.Equal(t, tt.knownGood, *knownGood, "%v", tt.args)
-	}
-}
-
-func TestClusterCommandsUsage(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		code int
-		want string
-	}{
-		{name: "restore without an argument", args: []string{"restore"}, code: 2, want: "give exactly one NAMESPACE/NAME"},
-		{name: "restore with a bare name", args: []string{"restore", "web"}, code: 2, want: "give exactly one NAMESPACE/NAME"},
-		{name: "restore help", args: []string{"restore", "-h"}, code: 0, want: "Usage: deployguard restore"},
-		{name: "uninstall with an argument", args: []string{"uninstall", "now"}, code: 2, want: "unexpected arguments"},
-		{name: "uninstall help", args: []string{"uninstall", "-h"}, code: 0, want: "-dry-run"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			assert.Equal(t, tt.code, run(tt.args, nil, &stdout, &stderr))
-			assert.Contains(t, stderr.String(), tt.want)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -509,9 +510,9 @@ func orNone(s string) string {
 	return s
 }
 
-// status is `deployguard status NAMESPACE/NAME` (and `kubectl deployguard
+// Run is `deployguard status NAMESPACE/NAME` (and `kubectl deployguard
 // status`).
-func status(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("deployguard status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -528,20 +529,20 @@ Flags:
 	}
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	output := fs.String("o", "text", "output format: text or json")
-	positional, err := parseInterspersed(fs, args)
+	positional, err := cli.ParseInterspersed(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	ns, name, ok := splitNamespacedName(positional)
+	ns, name, ok := cli.SplitNamespacedName(positional)
 	if !ok || (*output != "text" && *output != "json") {
 		fmt.Fprintln(stderr, "deployguard status: give exactly one NAMESPACE/NAME, and -o text or -o json")
 		fs.Usage()
 		return 2
 	}
-	c, err := newClient(*kubeconfig)
+	c, err := cli.NewClient(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
 		return 1

@@ -1,4 +1,4 @@
-package main
+package uninstall
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -25,9 +26,9 @@ type uninstallOptions struct {
 	dryRun         bool
 }
 
-// uninstall is `deployguard uninstall`: it takes the guard out of the cluster's
+// Run is `deployguard uninstall`: it takes the guard out of the cluster's
 // way, so that every Deployment can be deleted without it.
-func uninstall(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	o := uninstallOptions{}
 	fs := flag.NewFlagSet("deployguard uninstall", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -57,12 +58,12 @@ Flags:
 		fmt.Fprintf(stderr, "deployguard uninstall: unexpected arguments %v\n", fs.Args())
 		return 2
 	}
-	c, err := newClient(*kubeconfig)
+	c, err := cli.NewClient(*kubeconfig)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard uninstall: %v\n", err)
 		return 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cliTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
 	defer cancel()
 	if err := uninstallGuard(ctx, c, o, stdout); err != nil {
 		fmt.Fprintf(stderr, "deployguard uninstall: %v\n", err)

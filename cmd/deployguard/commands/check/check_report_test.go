@@ -1,4 +1,4 @@
-package main
+package check
 
 import (
 	"bytes"
@@ -64,7 +64,7 @@ items:
 func runCheck(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(append([]string{"check"}, args...), strings.NewReader(""), &stdout, &stderr)
+	code := Run(args, strings.NewReader(""), &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 

@@ -1,0 +1,166 @@
+// Package cli holds what the deployguard commands share: the cluster client
+// and its namespace as kubectl finds them, flag and argument helpers, and the
+// policy engine built from the config file, so that serve, check and test
+// apply the same policies.
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/policy"
+)
+
+// Exit codes the commands share: 0 passed, 1 failed (refused, denied, a
+// rollout that failed), 2 the command line was wrong.
+const (
+	ExitOK     = 0
+	ExitFailed = 1
+	ExitUsage  = 2
+)
+
+// Version is the build's version, which main sets from its -ldflags value;
+// clients send it in their user agent.
+var Version = "dev"
+
+// Timeout bounds the cluster subcommands (restore, uninstall).
+const Timeout = 5 * time.Minute
+
+// ParseInterspersed parses flags placed before or after the positional
+// arguments (`restore shop/web --kubeconfig k`, as with kubectl), and returns
+// the positional ones.
+func ParseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// SplitNamespacedName parses the one NAMESPACE/NAME argument.
+func SplitNamespacedName(args []string) (string, string, bool) {
+	if len(args) != 1 {
+		return "", "", false
+	}
+	ns, name, ok := strings.Cut(args[0], "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", false
+	}
+	return ns, name, true
+}
+
+// NewClient is a client for the cluster subcommands, from kubeconfig (or the
+// in-cluster configuration or $KUBECONFIG when empty).
+func NewClient(kubeconfig string) (client.Client, error) {
+	cfg, err := RestConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating a client: %w", err)
+	}
+	return c, nil
+}
+
+func RestConfig(kubeconfig string) (*rest.Config, error) {
+	var (
+		c   *rest.Config
+		err error
+	)
+	if kubeconfig != "" {
+		c, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		c, err = ctrl.GetConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the cluster configuration: %w", err)
+	}
+	c.UserAgent = "deployguard/" + Version
+	c.Timeout = 30 * time.Second
+	return c, nil
+}
+
+func SplitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// NewNamespacedClient is a client and a namespace as kubectl finds them: the
+// namespace given, else the kubeconfig context's, else "default".
+func NewNamespacedClient(kubeconfig, kubeContext, namespace string) (client.Client, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the cluster configuration: %w", err)
+	}
+	cfg.UserAgent = "deployguard/" + Version
+	cfg.Timeout = 30 * time.Second
+	if namespace == "" {
+		if namespace, _, err = cc.Namespace(); err != nil {
+			return nil, "", fmt.Errorf("reading the namespace of the kubeconfig context: %w", err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", fmt.Errorf("creating a client: %w", err)
+	}
+	return c, namespace, nil
+}
+
+// NewPolicyEngine builds the engine from the config file and loads the
+// built-in library (less what the file switches off) and the policy directory.
+// serve and check share it, so that both apply the same policies.
+func NewPolicyEngine(ctx context.Context, cfg config.Config, dir string) (*policy.Engine, []policy.Source, error) {
+	opts, err := cfg.PolicyOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	eng, err := policy.New(opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	base := policy.Builtins()
+	if dir != "" {
+		fromDir, err := policy.FromDir(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading policies from %s: %w", dir, err)
+		}
+		base = append(base, fromDir...)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := eng.Load(lctx, base); err != nil {
+		return nil, nil, fmt.Errorf("loading policies: %w", err)
+	}
+	return eng, base, nil
+}
