@@ -297,7 +297,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	d.Annotations[vocab.AnnotationRollbackStatus] = dec.Message
 	d.Annotations[vocab.AnnotationHandledDeadline] = dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
 
-	if err = r.Client.Patch(ctx, d, patch); err != nil {
+	if err = r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
 		if apierrors.IsConflict(err) {
 			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 			log.V(2).Info("Deployment changed since it was read; deciding again")
@@ -321,6 +321,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 
 	switch dec.Reason {
 	case ReasonAutoRollback:
+		r.releaseTemplate(ctx, d)
 		r.Metrics.rollbacks.WithLabelValues(resultRolledBack).Inc()
 		if reaction := r.Clock.Since(dec.Deadline.LastTransitionTime.Time); reaction >= 0 {
 			r.Metrics.rollbackReaction.Observe(reaction.Seconds())
