@@ -13,10 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -28,26 +28,6 @@ func fakeClient(t *testing.T, objs ...client.Object) client.WithWatch {
 	return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
 }
 
-// guarded is a Deployment shop/web as the guard's drain leaves it: scaled to
-// zero, its replica count before the drain in an annotation.
-func guarded(name, image string) *appsv1.Deployment {
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: "shop", Name: name, UID: "uid-web",
-			Annotations: map[string]string{vocab.AnnotationDrainReplicas: "3", vocab.RevisionAnnotation: "4"},
-			Finalizers:  vocab.CanonicalFinalizers(),
-		},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](0),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: image}}},
-			},
-		},
-	}
-}
-
 func record(t *testing.T, d *appsv1.Deployment) *corev1.ConfigMap {
 	t.Helper()
 	cm, err := reconciler.BuildRecord(d, nil, time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC))
@@ -56,7 +36,7 @@ func record(t *testing.T, d *appsv1.Deployment) *corev1.ConfigMap {
 }
 
 func TestRestoreDeployment(t *testing.T) {
-	deleted := guarded("web", "web:v4")
+	deleted := fixtures.Drained("web", "web:v4")
 	c := fakeClient(t, record(t, deleted))
 	var out bytes.Buffer
 
@@ -73,9 +53,9 @@ func TestRestoreDeployment(t *testing.T) {
 }
 
 func TestRestoreRefuses(t *testing.T) {
-	live := guarded("web", "web:v5")
+	live := fixtures.Drained("web", "web:v5")
 	live.Finalizers = nil
-	beingDeleted := guarded("web", "web:v5")
+	beingDeleted := fixtures.Drained("web", "web:v5")
 	beingDeleted.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 	tests := []struct {
 		name      string
@@ -84,11 +64,11 @@ func TestRestoreRefuses(t *testing.T) {
 		want      string
 	}{
 		{name: "no record", want: "no record of Deployment shop/web (no ConfigMap deployguard-record-web in namespace shop)"},
-		{name: "the Deployment exists", objs: []client.Object{record(t, guarded("web", "web:v4")), live},
+		{name: "the Deployment exists", objs: []client.Object{record(t, fixtures.Drained("web", "web:v4")), live},
 			want: "deployment shop/web exists; restore never overwrites a Deployment"},
-		{name: "the Deployment is still being deleted", objs: []client.Object{record(t, guarded("web", "web:v4")), beingDeleted},
+		{name: "the Deployment is still being deleted", objs: []client.Object{record(t, fixtures.Drained("web", "web:v4")), beingDeleted},
 			want: "still being deleted"},
-		{name: "no known-good template", objs: []client.Object{record(t, guarded("web", "web:v4"))}, knownGood: true,
+		{name: "no known-good template", objs: []client.Object{record(t, fixtures.Drained("web", "web:v4"))}, knownGood: true,
 			want: "no known-good template"},
 		{name: "not a record", objs: []client.Object{&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-web"}}},
 			want: "not a deployguard record"},

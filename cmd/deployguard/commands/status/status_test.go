@@ -16,56 +16,17 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-var statusNow = time.Date(2026, 11, 23, 7, 0, 0, 0, time.UTC)
-
-func statusDeployment(image string, annotations map[string]string) *appsv1.Deployment {
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: types.UID("d-uid"), Generation: 4, Annotations: annotations},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(int32(2)),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: image}}},
-			},
-		},
-		Status: appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 2, UpdatedReplicas: 2, ReadyReplicas: 2, AvailableReplicas: 2},
-	}
-	return d
-}
-
-// statusReplicaSet is a ReplicaSet of d with image, at revision; knownGood
-// marks it as the reconciler does.
-func statusReplicaSet(d *appsv1.Deployment, name, hash, image string, revision string, knownGood bool, replicas int32) appsv1.ReplicaSet {
-	t := *d.Spec.Template.DeepCopy()
-	t.Spec.Containers[0].Image = image
-	t.Labels = map[string]string{"app": "web", appsv1.DefaultDeploymentUniqueLabelKey: hash}
-	rs := appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: d.Namespace, Name: name,
-			Labels:      map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: hash},
-			Annotations: map[string]string{vocab.RevisionAnnotation: revision},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID,
-				Controller: ptr.To(true)}},
-		},
-		Spec:   appsv1.ReplicaSetSpec{Template: t},
-		Status: appsv1.ReplicaSetStatus{Replicas: replicas, ReadyReplicas: replicas},
-	}
-	if knownGood {
-		rs.Annotations[vocab.AnnotationKnownGood] = statusNow.Add(-time.Hour).Format(time.RFC3339)
-		rs.Annotations[vocab.AnnotationKnownGoodHash] = hash
-	}
-	return rs
-}
+var statusNow = fixtures.Now
 
 func withAnnotation(rs appsv1.ReplicaSet, k, v string) appsv1.ReplicaSet {
 	rs.Annotations[k] = v
@@ -96,7 +57,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "after a fail-fast rollback: known-good, failed and quarantined revisions, the override",
 			input: func() statusInput {
-				d := statusDeployment("web:1", nil)
+				d := fixtures.Deployment("web:1", nil)
 				h := failedTemplate(d)
 				d.Annotations = map[string]string{
 					vocab.RevisionAnnotation:             "3",
@@ -107,14 +68,14 @@ func TestBuildStatus(t *testing.T) {
 					vocab.AnnotationQuarantinedTemplates: h,
 					vocab.AnnotationRollbackStatus:       "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 30s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a).",
 				}
-				other := statusDeployment("x:1", nil)
+				other := fixtures.Deployment("x:1", nil)
 				other.Name, other.UID = "other", "other-uid"
 				return statusInput{
 					Deployment: d,
 					ReplicaSets: []appsv1.ReplicaSet{
-						statusReplicaSet(d, "web-b", "b", "web:2", "2", false, 0),
-						withAnnotation(statusReplicaSet(d, "web-a", "a", "web:1", "3", true, 2), "deployment.kubernetes.io/revision-history", "1"),
-						statusReplicaSet(other, "other-x", "x", "x:1", "1", true, 1),
+						fixtures.ReplicaSet(d, "web-b", "b", "web:2", "2", false, 0),
+						withAnnotation(fixtures.ReplicaSet(d, "web-a", "a", "web:1", "3", true, 2), "deployment.kubernetes.io/revision-history", "1"),
+						fixtures.ReplicaSet(other, "other-x", "x", "x:1", "1", true, 1),
 					},
 					Events: []eventsv1.Event{
 						statusEvent(d, statusNow.Add(-2*time.Minute), corev1.EventTypeNormal, vocab.ReasonKnownGood, "Revision 1 (ReplicaSet web-a) completed its rollout; recorded as known-good"),
@@ -157,7 +118,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "a deadline's decision, known from the annotation alone once events expired",
 			input: func() statusInput {
-				d := statusDeployment("web:1", map[string]string{
+				d := fixtures.Deployment("web:1", map[string]string{
 					vocab.RevisionAnnotation:       "2",
 					vocab.AnnotationRollbackStatus: "Revision 2 (ReplicaSet web-b) exceeded its progress deadline; no known-good revision to roll back to, so it is left as it is.",
 				})
@@ -165,8 +126,8 @@ func TestBuildStatus(t *testing.T) {
 				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2,
 					Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded, Message: `ReplicaSet "web-b" has timed out progressing.`}}}
 				return statusInput{Deployment: d, ReplicaSets: []appsv1.ReplicaSet{
-					statusReplicaSet(d, "web-a", "a", "web:1", "1", false, 2),
-					statusReplicaSet(d, "web-b", "b", "web:2", "2", false, 1),
+					fixtures.ReplicaSet(d, "web-a", "a", "web:1", "1", false, 2),
+					fixtures.ReplicaSet(d, "web-b", "b", "web:2", "2", false, 1),
 				}}
 			},
 			check: func(t *testing.T, st deploymentStatus, text string) {
@@ -182,7 +143,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "a rollout in progress with fail-fast's window open",
 			input: func() statusInput {
-				d := statusDeployment("web:2", map[string]string{vocab.RevisionAnnotation: "2", vocab.AnnotationFailingSince: "2026-11-23T06:59:00Z web-b"})
+				d := fixtures.Deployment("web:2", map[string]string{vocab.RevisionAnnotation: "2", vocab.AnnotationFailingSince: "2026-11-23T06:59:00Z web-b"})
 				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2}
 				return statusInput{Deployment: d}
 			},
@@ -196,7 +157,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "a spec the controller has not seen yet is progressing, not complete",
 			input: func() statusInput {
-				d := statusDeployment("web:2", nil)
+				d := fixtures.Deployment("web:2", nil)
 				d.Generation = 5
 				return statusInput{Deployment: d}
 			},
@@ -205,7 +166,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "paused, automatic rollback off",
 			input: func() statusInput {
-				d := statusDeployment("web:2", map[string]string{vocab.AnnotationAutoRollback: "false"})
+				d := fixtures.Deployment("web:2", map[string]string{vocab.AnnotationAutoRollback: "false"})
 				d.Spec.Paused = true
 				return statusInput{Deployment: d}
 			},
@@ -218,7 +179,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "being deleted: the steps left, the drain, other controllers' finalizers",
 			input: func() statusInput {
-				d := statusDeployment("web:1", map[string]string{vocab.AnnotationDrainStarted: "2026-11-23T06:58:00Z", vocab.AnnotationDrainReplicas: "2"})
+				d := fixtures.Deployment("web:1", map[string]string{vocab.AnnotationDrainStarted: "2026-11-23T06:58:00Z", vocab.AnnotationDrainReplicas: "2"})
 				d.DeletionTimestamp = ptr.To(metav1.NewTime(statusNow.Add(-2 * time.Minute)))
 				d.Finalizers = []string{vocab.FinalizerDrain, "example.com/keep"}
 				d.Status.Replicas = 1
@@ -242,7 +203,7 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "cleanup asked for, not deleting",
 			input: func() statusInput {
-				d := statusDeployment("web:1", nil)
+				d := fixtures.Deployment("web:1", nil)
 				d.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain}
 				return statusInput{Deployment: d}
 			},
@@ -294,8 +255,8 @@ func TestStatusUsage(t *testing.T) {
 // fetchStatus against a client: the events a user may not read only leave
 // them out; a Deployment that is gone tells whether its record was kept.
 func TestFetchStatus(t *testing.T) {
-	d := statusDeployment("web:1", map[string]string{vocab.RevisionAnnotation: "1"})
-	rs := statusReplicaSet(d, "web-a", "a", "web:1", "1", true, 2)
+	d := fixtures.Deployment("web:1", map[string]string{vocab.RevisionAnnotation: "1"})
+	rs := fixtures.ReplicaSet(d, "web-a", "a", "web:1", "1", true, 2)
 	record := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-old", Labels: map[string]string{vocab.LabelRecord: "true"}}}
 	c := fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(d, &rs, record).WithInterceptorFuncs(interceptor.Funcs{
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {

@@ -10,23 +10,22 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 const otherFinalizer = "example.com/keep"
 
 func withFinalizers(name string, deleting bool, finalizers ...string) *appsv1.Deployment {
-	d := guarded(name, "app:1")
+	d := fixtures.Drained(name, "app:1")
 	d.Finalizers = finalizers
 	if deleting {
 		d.DeletionTimestamp = &metav1.Time{Time: time.Now()}
@@ -152,24 +151,4 @@ func TestUninstallRetriesOnConflict(t *testing.T) {
 	assert.Equal(t, []string{"delete m", "delete v", "patch guarded", "patch guarded"}, *ops, "retried once")
 	f, _ := finalizersOf(t, c, "guarded")
 	assert.Equal(t, []string{otherFinalizer}, f)
-}
-
-// guarded is a Deployment shop/web as the guard's drain leaves it: scaled to
-// zero, its replica count before the drain in an annotation.
-func guarded(name, image string) *appsv1.Deployment {
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: "shop", Name: name, UID: "uid-web",
-			Annotations: map[string]string{vocab.AnnotationDrainReplicas: "3", vocab.RevisionAnnotation: "4"},
-			Finalizers:  vocab.CanonicalFinalizers(),
-		},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](0),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: image}}},
-			},
-		},
-	}
 }
