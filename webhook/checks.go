@@ -15,19 +15,6 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// Findings is what the safety checks say about one request: problems that refuse
-// it and warnings that kubectl prints. Each problem names the check that found
-// it in its Origin (a reason constant), which the admission metrics count by.
-type Findings struct {
-	Errs     field.ErrorList
-	Warnings []string
-}
-
-func (f *Findings) merge(o Findings) {
-	f.Errs = append(f.Errs, o.Errs...)
-	f.Warnings = append(f.Warnings, o.Warnings...)
-}
-
 var (
 	specPath     = field.NewPath("spec")
 	strategyPath = specPath.Child("strategy")
@@ -38,12 +25,10 @@ var (
 // A missing readiness probe is the built-in probes policy's to report, so that
 // one problem gives one warning.
 func CheckSpec(d *appsv1.Deployment, o *Options) Findings {
-	var f Findings
-	f.merge(checkSelector(d))
-	f.merge(checkStrategy(d))
-	f.merge(checkRevisionHistory(d, o))
-	f.merge(checkProgressDeadline(d, o))
-	return f
+	f := checkSelector(d)
+	f = append(f, checkStrategy(d)...)
+	f = append(f, checkRevisionHistory(d, o)...)
+	return append(f, checkProgressDeadline(d, o)...)
 }
 
 // checkSelector refuses an empty selector (the API server does too, but the
@@ -52,20 +37,20 @@ func CheckSpec(d *appsv1.Deployment, o *Options) Findings {
 func checkSelector(d *appsv1.Deployment) Findings {
 	p := specPath.Child("selector")
 	if emptySelector(d.Spec.Selector) {
-		return Findings{Errs: field.ErrorList{field.Required(p,
-			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name").
-			WithOrigin(reasonSelector)}}
+		return Findings{refuse(field.Required(p,
+			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name"),
+			reasonSelector)}
 	}
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil {
-		return Findings{Errs: field.ErrorList{field.Invalid(p, d.Spec.Selector, err.Error()).WithOrigin(reasonSelector)}}
+		return Findings{refuse(field.Invalid(p, d.Spec.Selector, err.Error()), reasonSelector)}
 	}
 	if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
-		return Findings{Errs: field.ErrorList{field.Invalid(specPath.Child("template", "metadata", "labels"), d.Spec.Template.Labels,
-			fmt.Sprintf("the selector %q does not select the template's labels: add the selector's labels to spec.template.metadata.labels", sel.String())).
-			WithOrigin(reasonSelector)}}
+		return Findings{refuse(field.Invalid(specPath.Child("template", "metadata", "labels"), d.Spec.Template.Labels,
+			fmt.Sprintf("the selector %q does not select the template's labels: add the selector's labels to spec.template.metadata.labels", sel.String())),
+			reasonSelector)}
 	}
-	return Findings{}
+	return nil
 }
 
 // CheckOverlap refuses a Deployment whose selector selects the pods of another
@@ -87,13 +72,13 @@ func CheckOverlap(d *appsv1.Deployment, others []Selection) Findings {
 		}
 		switch {
 		case mine.Selector.Matches(o.TemplateLabels):
-			f.Errs = append(f.Errs, field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
+			f = append(f, refuse(field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
 				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.TemplateLabels.String())).WithOrigin(reasonOverlap))
+				o.Name, o.TemplateLabels.String())), reasonOverlap))
 		case o.Selector.Matches(mine.TemplateLabels):
-			f.Errs = append(f.Errs, field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
+			f = append(f, refuse(field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
 				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.Selector.String())).WithOrigin(reasonOverlap))
+				o.Name, o.Selector.String())), reasonOverlap))
 		}
 	}
 	return f
@@ -107,8 +92,8 @@ func checkStrategy(d *appsv1.Deployment) Findings {
 	switch d.Spec.Strategy.Type {
 	case appsv1.RecreateDeploymentStrategyType:
 		if replicas > 1 {
-			f.Warnings = append(f.Warnings, fmt.Sprintf(
-				"spec.strategy.type: Recreate stops all %d replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once", replicas))
+			f = append(f, warn(reasonStrategy, strategyPath.Child("type"), fmt.Sprintf(
+				"Recreate stops all %d replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once", replicas)))
 		}
 	case appsv1.RollingUpdateDeploymentStrategyType, "":
 		ru := d.Spec.Strategy.RollingUpdate
@@ -117,9 +102,9 @@ func checkStrategy(d *appsv1.Deployment) Findings {
 		}
 		_, unavailable := resolveFenceposts(ru.MaxSurge, ru.MaxUnavailable, replicas)
 		if unavailable >= replicas {
-			f.Errs = append(f.Errs, field.Invalid(strategyPath.Child("rollingUpdate", "maxUnavailable"), ru.MaxUnavailable.String(), fmt.Sprintf(
+			f = append(f, refuse(field.Invalid(strategyPath.Child("rollingUpdate", "maxUnavailable"), ru.MaxUnavailable.String(), fmt.Sprintf(
 				"resolves to %d of %d replicas, so a rollout may take every replica down at once: set it below %d (for example 25%%), or to 0 with maxSurge of at least 1",
-				unavailable, replicas, replicas)).WithOrigin(reasonStrategy))
+				unavailable, replicas, replicas)), reasonStrategy))
 		}
 	}
 	return f
@@ -167,10 +152,10 @@ func replicasOf(d *appsv1.Deployment) int32 {
 // otherwise.
 func outOfBounds(f *Findings, reason string, p *field.Path, v int32, detail string, o *Options) {
 	if o.BoundsEnforce {
-		f.Errs = append(f.Errs, field.Invalid(p, v, detail).WithOrigin(reason))
+		*f = append(*f, refuse(field.Invalid(p, v, detail), reason))
 		return
 	}
-	f.Warnings = append(f.Warnings, fmt.Sprintf("%s: %d is outside this cluster's bounds: %s", p, v, detail))
+	*f = append(*f, warn(reason, p, fmt.Sprintf("%d is outside this cluster's bounds: %s", v, detail)))
 }
 
 func checkRevisionHistory(d *appsv1.Deployment, o *Options) Findings {
@@ -202,14 +187,14 @@ func checkProgressDeadline(d *appsv1.Deployment, o *Options) Findings {
 	}
 	v := *d.Spec.ProgressDeadlineSeconds
 	if v == math.MaxInt32 {
-		f.Warnings = append(f.Warnings, "spec.progressDeadlineSeconds: the maximum value means the deadline never passes, so a stuck rollout is never detected nor rolled back")
+		f = append(f, warn(reasonProgressDeadline, p, "the maximum value means the deadline never passes, so a stuck rollout is never detected nor rolled back"))
 		return f
 	}
 	// The API server refuses a deadline not above minReadySeconds too; the
 	// offline check sees the manifest first.
 	if v <= d.Spec.MinReadySeconds {
-		f.Errs = append(f.Errs, field.Invalid(p, v, fmt.Sprintf(
-			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)).WithOrigin(reasonProgressDeadline))
+		f = append(f, refuse(field.Invalid(p, v, fmt.Sprintf(
+			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)), reasonProgressDeadline))
 		return f
 	}
 	b := o.ProgressDeadlineBounds
@@ -241,13 +226,13 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 	}
 	for i, x := range d.Finalizers {
 		if vocab.IsGuardFinalizer(x) && !slices.Contains(canonical, x) && !slices.Contains(had, x) {
-			f.Errs = append(f.Errs, field.NotSupported(p.Index(i), x, canonical).WithOrigin(reasonFinalizers))
+			f = append(f, refuse(field.NotSupported(p.Index(i), x, canonical), reasonFinalizers))
 		}
 	}
 	if v, ok := d.Annotations[vocab.AnnotationCleanup]; ok && (old == nil || old.Annotations[vocab.AnnotationCleanup] != v) {
 		if _, err := vocab.ParseCleanupSteps(v); err != nil {
-			f.Errs = append(f.Errs, field.Invalid(field.NewPath("metadata", "annotations").Key(vocab.AnnotationCleanup), v,
-				err.Error()+`; for example "record,drain"`).WithOrigin(reasonFinalizers))
+			f = append(f, refuse(field.Invalid(field.NewPath("metadata", "annotations").Key(vocab.AnnotationCleanup), v,
+				err.Error()+`; for example "record,drain"`), reasonFinalizers))
 		}
 	}
 	if old == nil || privileged || old.DeletionTimestamp == nil {
@@ -257,11 +242,10 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 	if slices.Equal(before, after) {
 		return f
 	}
-	f.Errs = append(f.Errs, field.Forbidden(p, fmt.Sprintf(
+	return append(f, refuse(field.Forbidden(p, fmt.Sprintf(
 		"the Deployment is being deleted and the guard's cleanup steps %v (now %v) have not all run; deployguard removes each finalizer when its step is done. "+
 			"To skip them, set the annotation %s=true on the Deployment, or ask a member of a break-glass group",
-		before, after, vocab.AnnotationSkipCleanup)).WithOrigin(reasonFinalizers))
-	return f
+		before, after, vocab.AnnotationSkipCleanup)), reasonFinalizers))
 }
 
 // CheckQuarantine refuses (or warns about) an update that brings back a pod
@@ -269,42 +253,56 @@ func CheckFinalizers(d, old *appsv1.Deployment, privileged bool) Findings {
 // read from the stored object, which the requesting user cannot rewrite in the
 // same request.
 func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
-	var f Findings
 	if old == nil || mode == QuarantineOff {
-		return f
+		return nil
 	}
 	hash := vocab.TemplateHash(&d.Spec.Template)
 	if hash == vocab.TemplateHash(&old.Spec.Template) || !slices.Contains(vocab.QuarantinedTemplates(old), hash) {
-		return f
+		return nil
 	}
 	if d.Annotations[vocab.AnnotationAllowTemplate] == hash {
-		f.Warnings = append(f.Warnings, fmt.Sprintf(
-			"spec.template: bringing back quarantined pod template %s deliberately (annotation %s)", hash, vocab.AnnotationAllowTemplate))
-		return f
+		return Findings{warn(reasonQuarantine, specPath.Child("template"), fmt.Sprintf(
+			"bringing back quarantined pod template %s deliberately (annotation %s)", hash, vocab.AnnotationAllowTemplate))}
 	}
-	msg := fmt.Sprintf(
-		"this pod template (hash %s) failed its rollout before and deployguard rolled it back; change the template to fix the failure, "+
-			"or to bring this exact template back deliberately set the annotation %s=%s", hash, vocab.AnnotationAllowTemplate, hash)
+	msg := quarantined(hash, "bring this exact template back")
 	if q := vocab.QuarantinedTemplates(old); q[len(q)-1] == hash && old.Annotations[vocab.AnnotationRolledBackTo] != "" &&
 		old.Annotations[vocab.AnnotationRollbackStatus] != "" {
 		// The rollback of this very template still stands: say why it
 		// failed, for a GitOps tool that shows only this message.
 		msg += " (deployguard: " + old.Annotations[vocab.AnnotationRollbackStatus] + ")"
 	}
-	if mode == QuarantineWarn {
-		f.Warnings = append(f.Warnings, "spec.template: "+msg)
-		return f
+	return quarantineFinding(msg, mode)
+}
+
+// checkStoredQuarantine judges a stored Deployment: its current pod template
+// is on its own quarantine list, so it runs a template whose rollout failed
+// before and that the webhook would refuse to bring back.
+func checkStoredQuarantine(d *appsv1.Deployment, mode string) Findings {
+	hash := vocab.TemplateHash(&d.Spec.Template)
+	if mode == QuarantineOff || !slices.Contains(vocab.QuarantinedTemplates(d), hash) || d.Annotations[vocab.AnnotationAllowTemplate] == hash {
+		return nil
 	}
-	f.Errs = append(f.Errs, field.Forbidden(specPath.Child("template"), msg).WithOrigin(reasonQuarantine))
-	return f
+	return quarantineFinding(quarantined(hash, "keep this exact template"), mode)
+}
+
+func quarantined(hash, deliberately string) string {
+	return fmt.Sprintf("this pod template (hash %s) failed its rollout before and deployguard rolled it back; change the template to fix the failure, "+
+		"or to %s deliberately set the annotation %s=%s", hash, deliberately, vocab.AnnotationAllowTemplate, hash)
+}
+
+func quarantineFinding(msg, mode string) Findings {
+	if mode == QuarantineWarn {
+		return Findings{warn(reasonQuarantine, specPath.Child("template"), msg)}
+	}
+	return Findings{refuse(field.Forbidden(specPath.Child("template"), msg), reasonQuarantine)}
 }
 
 // CheckDelete refuses the deletion of a protected Deployment.
 func CheckDelete(d *appsv1.Deployment) Findings {
 	if d.Annotations[vocab.AnnotationProtected] != "true" {
-		return Findings{}
+		return nil
 	}
-	return Findings{Errs: field.ErrorList{field.Forbidden(field.NewPath("metadata", "annotations").Key(vocab.AnnotationProtected), fmt.Sprintf(
+	return Findings{refuse(field.Forbidden(field.NewPath("metadata", "annotations").Key(vocab.AnnotationProtected), fmt.Sprintf(
 		"Deployment %s/%s is protected from deletion; to delete it, first lift the protection with: kubectl annotate deployment %s -n %s %s-",
-		d.Namespace, d.Name, d.Name, d.Namespace, vocab.AnnotationProtected)).WithOrigin(reasonProtected)}}
+		d.Namespace, d.Name, d.Name, d.Namespace, vocab.AnnotationProtected)), reasonProtected)}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -398,12 +399,12 @@ func TestValidate(t *testing.T) {
 			if tt.opts != nil {
 				tt.opts(o)
 			}
-			f := Validate(context.Background(), tt.d, tt.old, tt.user, o, tt.lister)
-			all := f.Errs.ToAggregate()
+			f := checkRequest(context.Background(), tt.d, tt.old, tt.user, o, tt.lister)
+			all := f.Refusals().ToAggregate()
 			if tt.wantReason == "" {
 				tt.wantReason = reasonNone
 			}
-			assert.Equal(t, tt.wantReason, refusalReason(f.Errs))
+			assert.Equal(t, tt.wantReason, refusalReason(f.Refusals()))
 			if len(tt.wantErrs) == 0 {
 				assert.NoError(t, all)
 			} else {
@@ -412,9 +413,9 @@ func TestValidate(t *testing.T) {
 					assert.Contains(t, all.Error(), w)
 				}
 			}
-			joined := strings.Join(f.Warnings, "\n")
+			joined := strings.Join(f.Warnings(), "\n")
 			if len(tt.wantWarnings) == 0 {
-				assert.Empty(t, f.Warnings)
+				assert.Empty(t, f.Warnings())
 			}
 			for _, w := range tt.wantWarnings {
 				assert.Contains(t, joined, w)
@@ -425,9 +426,9 @@ func TestValidate(t *testing.T) {
 
 func TestCheckDelete(t *testing.T) {
 	d := guarded()
-	assert.Empty(t, CheckDelete(d).Errs)
+	assert.Empty(t, CheckDelete(d).Refusals())
 	d.Annotations[vocab.AnnotationProtected] = "true"
-	errs := CheckDelete(d).Errs
+	errs := CheckDelete(d).Refusals()
 	require.Len(t, errs, 1)
 	assert.Contains(t, errs[0].Error(), "kubectl annotate deployment web -n shop deployguard.io/protected-")
 }
@@ -451,4 +452,15 @@ func TestResolveFenceposts(t *testing.T) {
 			assert.Equal(t, tt.wantU, u)
 		})
 	}
+}
+
+// checkRequest runs the validating webhook's Go checks on a CREATE (old nil)
+// or an UPDATE.
+func checkRequest(ctx context.Context, d, old *appsv1.Deployment, user authenticationv1.UserInfo, o *Options, overlaps OverlapSource) Findings {
+	op := admissionv1.Create
+	if old != nil {
+		op = admissionv1.Update
+	}
+	w := &Deployment{Options: o, Overlaps: overlaps}
+	return w.Review(ctx, Request{Operation: op, Object: d, OldObject: old, UserInfo: user}, Stage{Checks: true}).Findings
 }

@@ -37,9 +37,9 @@ func servers(t testing.TB) (mutating, validating http.Handler) {
 	return serversWith(t, nil)
 }
 
-func serversWith(t testing.TB, p PolicyEvaluator) (mutating, validating http.Handler) {
+func serversWith(t testing.TB, p Policies) (mutating, validating http.Handler) {
 	t.Helper()
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policy: p}
+	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
 	m, v := w.Handlers(nil)
 	no := false
 	m.RecoverPanic, v.RecoverPanic = &no, &no
@@ -260,7 +260,7 @@ func BenchmarkAdmission(b *testing.B) {
 	b.Run("with-builtin-policies", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}) })
 }
 
-func benchmarkAdmission(b *testing.B, p PolicyEvaluator) {
+func benchmarkAdmission(b *testing.B, p Policies) {
 	mutating, validating := serversWith(b, p)
 	d := realistic()
 	create := review(b, admissionv1.Create, d, nil)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -52,9 +53,11 @@ func TestRefusalReason(t *testing.T) {
 	}
 }
 
-type policyFunc func(in PolicyInput) PolicyVerdict
+type policyFunc func(in policy.Request) policy.Decision
 
-func (f policyFunc) EvaluateDeployment(_ context.Context, in PolicyInput) PolicyVerdict { return f(in) }
+func (f policyFunc) Evaluate(_ context.Context, in policy.Request) (policy.Decision, error) {
+	return f(in), nil
+}
 
 // Every admission is counted once, with the reason of its refusal, whichever
 // way it was refused: before decoding, by a Go check, by a policy, or by the
@@ -71,11 +74,11 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 		}),
 		// A policy that refuses at spec.selector, where the selector check
 		// reports too.
-		Policy: policyFunc(func(in PolicyInput) PolicyVerdict {
-			if in.Object.Annotations["example.com/deny"] != "true" {
-				return PolicyVerdict{}
+		Policies: policyFunc(func(in policy.Request) policy.Decision {
+			if !bytes.Contains(in.Object.([]byte), []byte(`"example.com/deny":"true"`)) {
+				return policy.Decision{}
 			}
-			return PolicyVerdict{Denials: field.ErrorList{field.Forbidden(field.NewPath("spec", "selector"), "[policy no-selectors] no")}}
+			return policy.Decision{Denied: []policy.Finding{{Policy: "no-selectors", Field: "spec.selector", Message: "no", Rule: "deny", Mode: policy.ModeEnforce}}}
 		}),
 	}
 	reg := prometheus.NewRegistry()

@@ -23,43 +23,38 @@ import (
 // guard changed, which is also what the defaulted annotation lists.
 type mutator struct{ w *Deployment }
 
-func (m mutator) handle(_ context.Context, req admission.Request) (admission.Response, string) {
+func (m mutator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed(""), reasonNone
 	}
-	d, err := decodeDeployment(req.Object)
-	if err != nil {
-		return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
+	r, name, resp, reason := decodeRequest(req)
+	if r.Object == nil {
+		return resp, reason
 	}
+	d := r.Object
 	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
-	var old *appsv1.Deployment
-	if req.Operation == admissionv1.Update {
-		if old, err = decodeDeployment(req.OldObject); err != nil {
-			return malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
-		}
+	rev := m.w.Review(ctx, r, Mutating)
+	if errs := rev.Findings.Refusals(); len(errs) > 0 {
+		return invalid(name, errs, nil)
 	}
-	changed, errs := Default(d, old, m.w.Options, m.w.Options.mayManageFinalizers(req.UserInfo))
-	if len(errs) > 0 {
-		return invalid(d.Name, errs, nil)
-	}
-	if len(changed) == 0 {
+	if len(rev.Defaulted) == 0 {
 		return admission.Allowed(""), reasonNone
 	}
-	resp := admission.Patched("", patchFor(d, changed, had)...)
-	resp.Warnings = DefaultingWarnings(d, changed)
+	resp = admission.Patched("", patchFor(d, rev.Defaulted, had)...)
+	resp.Warnings = rev.Findings.Warnings()
 	return resp, reasonNone
 }
 
-// DefaultingWarnings are the warnings about what Default changed that the user
+// defaultingWarnings are the warnings about what Default changed that the user
 // should know: where the stored object differs from the manifest in a way
-// that matters to them. The webhook and the offline check give the same.
-func DefaultingWarnings(d *appsv1.Deployment, changed []string) []string {
+// that matters to them.
+func defaultingWarnings(d *appsv1.Deployment, changed []string) Findings {
 	if !slices.Contains(changed, defaultedSelector) {
 		return nil
 	}
-	return []string{fmt.Sprintf(
-		"spec.selector: the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
-		metav1.FormatLabelSelector(d.Spec.Selector))}
+	return Findings{warn(reasonSelector, specPath.Child("selector"), fmt.Sprintf(
+		"the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
+		metav1.FormatLabelSelector(d.Spec.Selector)))}
 }
 
 // presence says which parents of the patched fields the request's object had.

@@ -64,16 +64,21 @@ type Options struct {
 // Range is an inclusive [Min, Max].
 type Range struct{ Min, Max int32 }
 
-func (o *Options) exempt(namespace string, user authenticationv1.UserInfo) bool {
-	if slices.Contains(o.ExemptNamespaces, namespace) || slices.Contains(o.ExemptUsernames, user.Username) {
-		return true
+// exemption says why the spec checks and policies skip a request in
+// namespace from user, or "" when they do not.
+func (o *Options) exemption(namespace string, user authenticationv1.UserInfo) string {
+	if slices.Contains(o.ExemptNamespaces, namespace) {
+		return "namespace " + namespace + " is exempt from deployguard's checks"
+	}
+	if slices.Contains(o.ExemptUsernames, user.Username) {
+		return "user " + user.Username + " is exempt from deployguard's checks"
 	}
 	for _, g := range user.Groups {
 		if slices.Contains(o.ExemptGroups, g) {
-			return true
+			return "group " + g + " of user " + user.Username + " is exempt from deployguard's checks"
 		}
 	}
-	return false
+	return ""
 }
 
 // isGuard reports whether the request comes from the guard itself.

@@ -69,11 +69,11 @@ func TestOverlapThroughTheIndex(t *testing.T) {
 			require.NoError(t, err)
 			f := CheckOverlap(tt.d, got)
 			if tt.want == "" {
-				assert.Empty(t, f.Errs)
+				assert.Empty(t, f.Refusals())
 				return
 			}
-			require.Len(t, f.Errs, 1)
-			assert.Contains(t, f.Errs[0].Error(), tt.want)
+			require.Len(t, f.Refusals(), 1)
+			assert.Contains(t, f.Refusals()[0].Error(), tt.want)
 			assert.Equal(t, CheckOverlap(tt.d, everyOther([]*appsv1.Deployment{web})), f, "the same as comparing with every Deployment")
 		})
 	}
@@ -86,7 +86,7 @@ func TestOverlapThroughTheIndex(t *testing.T) {
 		d := selecting("all", matchLabels("app", "web"), map[string]string{"app": "web"})
 		got, err := x.OverlapCandidates(context.Background(), d)
 		require.NoError(t, err)
-		assert.Empty(t, CheckOverlap(d, got).Errs)
+		assert.Empty(t, CheckOverlap(d, got).Refusals())
 	})
 	t.Run("refiled when its pod labels change, forgotten when deleted", func(t *testing.T) {
 		x := NewOverlapIndex(nil)
@@ -97,10 +97,10 @@ func TestOverlapThroughTheIndex(t *testing.T) {
 		moved.Spec.Selector = matchLabels("app", "web-v2")
 		x.Set(moved)
 		got, _ := x.OverlapCandidates(context.Background(), d)
-		assert.Empty(t, CheckOverlap(d, got).Errs)
+		assert.Empty(t, CheckOverlap(d, got).Refusals())
 		x.Set(web)
 		got, _ = x.OverlapCandidates(context.Background(), d)
-		assert.NotEmpty(t, CheckOverlap(d, got).Errs)
+		assert.NotEmpty(t, CheckOverlap(d, got).Refusals())
 		x.Delete("shop", "web")
 		got, _ = x.OverlapCandidates(context.Background(), d)
 		assert.Empty(t, got)
@@ -163,7 +163,7 @@ func TestOverlapIndexAgreesWithBruteForce(t *testing.T) {
 		got, err := x.OverlapCandidates(context.Background(), d)
 		require.NoError(t, err)
 		require.Equal(t, want, CheckOverlap(d, got), "Deployment %s selector %v labels %v", d.Name, d.Spec.Selector, d.Spec.Template.Labels)
-		overlaps += len(want.Errs)
+		overlaps += len(want.Refusals())
 	}
 	assert.Greater(t, overlaps, 100, "the random corpus exercises overlaps")
 }
@@ -186,9 +186,9 @@ func TestOverlapCostIsFlatInTheNamespace(t *testing.T) {
 		d.Spec.Template.Labels["team"] = "checkout"
 		o := testOptions()
 		return testing.AllocsPerRun(50, func() {
-			f := Validate(context.Background(), d, nil, alice, o, x)
-			if len(f.Errs) > 0 {
-				t.Fatal(f.Errs)
+			f := checkRequest(context.Background(), d, nil, alice, o, x)
+			if len(f.Refusals()) > 0 {
+				t.Fatal(f.Refusals())
 			}
 		})
 	}

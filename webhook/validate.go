@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	kjson "sigs.k8s.io/json"
 )
@@ -23,41 +24,60 @@ import (
 type validator struct{ w *Deployment }
 
 func (v validator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
-	ctx = admission.NewContextWithRequest(ctx, req)
-	var (
-		f    Findings
-		name string
-	)
-	switch req.Operation {
-	case admissionv1.Create:
-		d, err := decodeDeployment(req.Object)
-		if err != nil {
-			return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
-		}
-		f, name = v.w.validate(ctx, req, d, nil), d.Name
-	case admissionv1.Update:
-		d, err := decodeDeployment(req.Object)
-		if err != nil {
-			return malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
-		}
-		old, err := decodeDeployment(req.OldObject)
-		if err != nil {
-			return malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
-		}
-		f, name = v.w.validate(ctx, req, d, old), d.Name
-	case admissionv1.Delete:
-		old, err := decodeDeployment(req.OldObject)
-		if err != nil {
-			return malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
-		}
-		f, name = v.w.validateDelete(req, old), old.Name
-	default:
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update && req.Operation != admissionv1.Delete {
 		return admission.Allowed(""), reasonNone
 	}
-	if len(f.Errs) > 0 {
-		return invalid(name, f.Errs, f.Warnings)
+	ctx = admission.NewContextWithRequest(ctx, req)
+	r, name, resp, reason := decodeRequest(req)
+	if r.Object == nil && r.OldObject == nil {
+		return resp, reason
 	}
-	return admission.Allowed("").WithWarnings(f.Warnings...), reasonNone
+	rev := v.w.Review(ctx, r, Validating)
+	if audited := auditedLines(rev.Findings); len(audited) > 0 {
+		ctrl.LoggerFrom(ctx).Info("audit-mode policy findings", "reason", "PolicyAudit",
+			"namespace", req.Namespace, "name", name, "findings", audited)
+	}
+	if errs := rev.Findings.Refusals(); len(errs) > 0 {
+		return invalid(name, errs, rev.Findings.Warnings())
+	}
+	return admission.Allowed("").WithWarnings(rev.Findings.Warnings()...), reasonNone
+}
+
+// auditedLines are the findings of audit-mode policies, which are only logged.
+func auditedLines(f Findings) []string {
+	var out []string
+	for _, x := range f {
+		if x.Severity == SeverityInfo {
+			out = append(out, x.Line())
+		}
+	}
+	return out
+}
+
+// decodeRequest reads an admission request for a review: the object on
+// CREATE and UPDATE, the stored object on UPDATE and DELETE. A request that
+// cannot be read gets no objects, and the response that answers it.
+func decodeRequest(req admission.Request) (r Request, name string, resp admission.Response, reason string) {
+	r = Request{Operation: req.Operation, UserInfo: req.UserInfo, DryRun: req.DryRun != nil && *req.DryRun}
+	var err error
+	if req.Operation != admissionv1.Delete {
+		if r.Object, err = decodeDeployment(req.Object); err != nil {
+			resp, reason = malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
+			return Request{}, "", resp, reason
+		}
+		r.ObjectRaw, name = req.Object.Raw, r.Object.Name
+	}
+	if req.Operation != admissionv1.Create {
+		if r.OldObject, err = decodeDeployment(req.OldObject); err != nil {
+			resp, reason = malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
+			return Request{}, "", resp, reason
+		}
+		r.OldObjectRaw = req.OldObject.Raw
+		if name == "" {
+			name = r.OldObject.Name
+		}
+	}
+	return r, name, resp, reason
 }
 
 // invalid refuses a Deployment for errs, all of them in one Invalid status as

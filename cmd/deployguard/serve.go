@@ -274,7 +274,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
 		Overlaps:        overlaps,
-		Policy:          guardwebhook.RegoPolicies{Engine: eng},
+		Policies:        guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}
 	// Registered through CloseConnections: once stopping, every answer

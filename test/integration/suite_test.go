@@ -184,7 +184,7 @@ func startGuard(ctx context.Context) (func(), error) {
 	(&guardwebhook.Deployment{
 		Options:         cfg.WebhookOptions(guardUser),
 		Overlaps:        overlaps,
-		Policy:          guardwebhook.RegoPolicies{Engine: engine},
+		Policies:        guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}).SetupWithManager(mgr, m, nil)
 

@@ -9,9 +9,10 @@ package audit
 import (
 	"context"
 	"slices"
-	"strings"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -38,18 +39,6 @@ const (
 // AuditUsername is the user an audit evaluation runs as: a policy tells an
 // audit from admission by input.userInfo.username == "deployguard:audit".
 const AuditUsername = "deployguard:audit"
-
-// specRules are the rules of webhook.CheckSpec, named by the field they judge,
-// so that each has a pass result when nothing is wrong. The overlap check is
-// not among them: its findings carry the selector's and the template labels'
-// paths, so OverlapResults names its rule, RuleOverlap, and gives it its pass.
-var specRules = []struct{ rule, prefix string }{
-	{"selector", "spec.selector"},
-	{"selector", "spec.template.metadata.labels"},
-	{"strategy", "spec.strategy"},
-	{"revision-history", "spec.revisionHistoryLimit"},
-	{"progress-deadline", "spec.progressDeadlineSeconds"},
-}
 
 // RuleOverlap is the rule of the overlap check, under PolicySpec.
 const RuleOverlap = "overlap"
@@ -106,166 +95,133 @@ func (e *Evaluator) active() *policy.Set {
 	return &s
 }
 
-// evaluate runs the Go checks when checks is set, and the policies of set
-// that only selects.
+// evaluate judges d as stored with the webhook's review (its Audit stage):
+// the Go checks when checks is set, and the policies of set that only
+// selects. It only translates the review's findings into results.
 func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *policy.Set, only func(string) bool, checks bool) []Result {
-	res := Resource{Namespace: d.Namespace, Name: d.Name, UID: d.UID}
-	var nsLabels map[string]string
 	if e.NamespaceLabels != nil {
-		nsLabels, _ = e.NamespaceLabels(ctx, d.Namespace)
-		if nsLabels[vocab.LabelGuard] == "disabled" {
+		if ns, _ := e.NamespaceLabels(ctx, d.Namespace); ns[vocab.LabelGuard] == "disabled" {
 			return nil
 		}
 	}
-	var out []Result
-	if slices.Contains(e.Options.ExemptNamespaces, d.Namespace) {
-		if checks {
-			out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: "namespace " + d.Namespace + " is exempt from deployguard's checks", Resource: res})
-		}
-		return out
-	}
-	if checks {
-		out = append(out, SpecResults(guardwebhook.CheckSpec(d, e.Options), res)...)
-		if e.Overlaps != nil {
-			others, err := e.Overlaps.OverlapCandidates(ctx, d)
-			out = append(out, OverlapResults(d, others, err, res)...)
-		}
-		out = append(out, QuarantineResult(d, e.Options.Quarantine, res))
-	}
+	stage := guardwebhook.Audit
+	stage.Checks = checks
+	var policies []policy.PolicyInfo
 	if set != nil {
-		in := policy.Request{
-			Operation: "UPDATE", Namespace: d.Namespace, Name: d.Name, Object: d, OldObject: d,
-			UserInfo: policy.UserInfo{Username: AuditUsername},
-		}
-		in.NamespaceLabels = nsLabels
-		dec, err := set.EvaluateRequest(ctx, in, only)
-		policies := set.Policies()
+		stage.With = setPolicies{set: set, only: only}
+		policies = set.Policies()
 		if only != nil {
 			policies = slices.DeleteFunc(policies, func(p policy.PolicyInfo) bool { return !only(p.Name) })
 		}
-		out = append(out, RegoResults(policies, dec, err, res)...)
+	} else {
+		stage.Policies = false
+	}
+	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, NamespaceLabels: e.NamespaceLabels}
+	rev := w.Review(ctx, guardwebhook.Request{
+		Operation: admissionv1.Update, Object: d, OldObject: d,
+		UserInfo: authenticationv1.UserInfo{Username: AuditUsername},
+	}, stage)
+	res := Resource{Namespace: d.Namespace, Name: d.Name, UID: d.UID}
+	var out []Result
+	if checks {
+		out = append(out, checkResults(rev, res)...)
+	}
+	if set != nil {
+		out = append(out, policyResults(policies, rev, res)...)
 	}
 	return out
 }
 
-// SpecResults turns the Go spec checks' findings into one result per rule:
-// fail for an error, warn for a warning, pass for a rule that said nothing.
-func SpecResults(f guardwebhook.Findings, res Resource) []Result {
+// setPolicies evaluates a given set's policies that only selects.
+type setPolicies struct {
+	set  *policy.Set
+	only func(string) bool
+}
+
+func (p setPolicies) Evaluate(ctx context.Context, r policy.Request) (policy.Decision, error) {
+	return p.set.EvaluateRequest(ctx, r, p.only)
+}
+
+// checkResults gives every Go check that ran its results: fail for a
+// refusal, warn for a warning, error for a lookup that failed, pass for a
+// check that found nothing. A namespace the guard exempts gets one skip.
+func checkResults(rev guardwebhook.Review, res Resource) []Result {
 	var out []Result
+	if rev.Exempt != "" {
+		out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: rev.Exempt, Resource: res})
+	}
 	said := map[string]bool{}
-	for _, e := range f.Errs {
-		r := specRule(e.Field)
-		said[r] = true
-		out = append(out, Result{Policy: PolicySpec, Rule: r, Result: ResultFail, Field: e.Field, Message: errorLine(e), Resource: res})
-	}
-	for _, w := range f.Warnings {
-		path, _, _ := strings.Cut(w, ":")
-		r := specRule(path)
-		said[r] = true
-		out = append(out, Result{Policy: PolicySpec, Rule: r, Result: ResultWarn, Field: path, Message: w, Resource: res})
-	}
-	seen := map[string]bool{}
-	for _, s := range specRules {
-		if said[s.rule] || seen[s.rule] {
+	for _, f := range rev.Findings {
+		if f.Origin == guardwebhook.OriginPolicy {
 			continue
 		}
-		seen[s.rule] = true
-		out = append(out, Result{Policy: PolicySpec, Rule: s.rule, Result: ResultPass, Resource: res})
-	}
-	return out
-}
-
-// OverlapResults judges d's overlaps with the candidates others (err: the
-// lookup failed) with the webhook's overlap check: one warn result per
-// Deployment it overlaps, naming it, or one pass. A warn, not a fail: seen as
-// the UPDATE the audit evaluates, a stored Deployment's overlap predates the
-// update, and admission then only warns (webhook.Validate), lest it block
-// unrelated changes such as a rollback; it refuses the overlap on CREATE.
-// Both sides of an overlap warn, each naming the other.
-func OverlapResults(d *appsv1.Deployment, others []guardwebhook.Selection, err error, res Resource) []Result {
-	r := Result{Policy: PolicySpec, Rule: RuleOverlap, Result: ResultPass, Resource: res}
-	if err != nil {
-		r.Result, r.Field = ResultError, "spec.selector"
-		r.Message = "spec.selector: could not look up the namespace's Deployments to check for overlapping selectors: " + err.Error() +
-			"; the audit checks again when this Deployment changes and at the next full pass"
-		return []Result{r}
-	}
-	f := guardwebhook.CheckOverlap(d, others)
-	if len(f.Errs) == 0 {
-		return []Result{r}
-	}
-	// CheckOverlap goes through others in name order: the results, like
-	// their messages, do not depend on the index.
-	out := make([]Result, 0, len(f.Errs))
-	for _, e := range f.Errs {
-		w := r
-		w.Result, w.Field, w.Message = ResultWarn, "spec.selector", guardwebhook.OverlapWarning(e)
-		out = append(out, w)
-	}
-	return out
-}
-
-// errorLine prints a field error as the API server prints the webhook's
-// refusal: "spec.strategy.rollingUpdate: Invalid value: …: detail".
-func errorLine(e *field.Error) string {
-	return e.Error()
-}
-
-func specRule(path string) string {
-	for _, s := range specRules {
-		if strings.HasPrefix(path, s.prefix) {
-			return s.rule
+		said[f.Origin] = true
+		r := Result{Policy: PolicySpec, Rule: f.Origin, Result: ResultWarn, Field: f.Field, Message: f.Line(), Resource: res}
+		switch {
+		case f.Err != nil && f.Err.Type == field.ErrorTypeInternal:
+			r.Result = ResultError
+			r.Message = f.Field + ": " + f.Message + "; the audit checks again when this Deployment changes and at the next full pass"
+		case f.Severity == guardwebhook.SeverityError:
+			r.Result = ResultFail
 		}
+		if f.Origin == guardwebhook.OriginQuarantine {
+			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
+		}
+		out = append(out, r)
 	}
-	return "spec"
+	quarantine := false
+	for _, c := range rev.Checked {
+		quarantine = quarantine || c == guardwebhook.OriginQuarantine
+		if said[c] {
+			continue
+		}
+		r := Result{Policy: PolicySpec, Rule: c, Result: ResultPass, Resource: res}
+		if c == guardwebhook.OriginQuarantine {
+			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
+		}
+		out = append(out, r)
+	}
+	if !quarantine {
+		out = append(out, Result{Policy: PolicyQuarantine, Rule: RuleQuarantinedTemplate, Result: ResultSkip, Message: "the quarantine is off", Resource: res})
+	}
+	return out
 }
 
-// QuarantineResult fails a Deployment whose current pod template is on its
-// own quarantine list: it runs a template that failed its deadline before and
-// that the webhook would refuse to bring back.
-func QuarantineResult(d *appsv1.Deployment, mode string, res Resource) Result {
-	r := Result{Policy: PolicyQuarantine, Rule: "quarantined-template", Result: ResultPass, Resource: res}
-	if mode == guardwebhook.QuarantineOff {
-		r.Result = ResultSkip
-		r.Message = "the quarantine is off"
-		return r
-	}
-	hash := vocab.TemplateHash(&d.Spec.Template)
-	if !slices.Contains(vocab.QuarantinedTemplates(d), hash) || d.Annotations[vocab.AnnotationAllowTemplate] == hash {
-		return r
-	}
-	r.Result, r.Field = ResultFail, "spec.template"
-	if mode == guardwebhook.QuarantineWarn {
-		r.Result = ResultWarn
-	}
-	r.Message = "spec.template: this pod template (hash " + hash + ") failed its rollout before and deployguard rolled it back; change the template to fix the failure, " +
-		"or to keep this exact template deliberately set the annotation " + vocab.AnnotationAllowTemplate + "=" + hash
-	return r
-}
+// RuleQuarantinedTemplate is the quarantine's rule.
+const RuleQuarantinedTemplate = "quarantined-template"
 
-// RegoResults gives every policy of the set its results: a deny finding
+// policyResults gives every policy of the set its results: a deny finding
 // fails and a warn finding warns whatever the policy's mode (the mode decides
 // what admission does, not what is wrong), an evaluation failure is an error,
 // and a policy that found nothing passes. An exempt request skips them all.
-func RegoResults(policies []policy.PolicyInfo, dec policy.Decision, err error, res Resource) []Result {
+func policyResults(policies []policy.PolicyInfo, rev guardwebhook.Review, res Resource) []Result {
 	var out []Result
-	findings := map[string][]policy.Finding{}
-	for _, fs := range [][]policy.Finding{dec.Denied, dec.Warnings, dec.Audited} {
-		for _, f := range fs {
+	findings := map[string][]guardwebhook.Finding{}
+	var unreadable *guardwebhook.Finding
+	for i, f := range rev.Findings {
+		switch {
+		case f.Origin != guardwebhook.OriginPolicy:
+		case f.Policy == "":
+			unreadable = &rev.Findings[i]
+		default:
 			findings[f.Policy] = append(findings[f.Policy], f)
 		}
+	}
+	skip := rev.PoliciesExempt
+	if !rev.PoliciesRan {
+		skip = rev.Exempt
 	}
 	for _, p := range policies {
 		base := Result{Policy: "deployguard." + p.Name, Severity: p.Severity, Category: p.Category, Resource: res}
 		switch {
-		case err != nil:
+		case unreadable != nil:
 			r := base
-			r.Rule, r.Result, r.Message = "evaluation", ResultError, "the policies could not read this Deployment: "+err.Error()
+			r.Rule, r.Result, r.Message = "evaluation", ResultError, unreadable.Err.Detail
 			out = append(out, r)
 			continue
-		case dec.Exempt:
+		case skip != "":
 			r := base
-			r.Rule, r.Result, r.Message = "exempt", ResultSkip, dec.ExemptReason
+			r.Rule, r.Result, r.Message = "exempt", ResultSkip, skip
 			out = append(out, r)
 			continue
 		}
@@ -278,11 +234,11 @@ func RegoResults(policies []policy.PolicyInfo, dec policy.Decision, err error, r
 		}
 		for _, f := range fs {
 			r := base
-			r.Rule, r.Field, r.Message = f.Rule, f.Field, f.String()
-			switch {
-			case f.EvalFailed:
-				r.Rule, r.Result = "evaluation", ResultError
-			case f.Rule == "warn":
+			r.Rule, r.Field, r.Message = f.Rule, f.Field, f.Line()
+			switch f.Rule {
+			case "evaluation":
+				r.Result = ResultError
+			case "warn":
 				r.Result = ResultWarn
 			default:
 				r.Result = ResultFail

@@ -16,9 +16,9 @@ import (
 	"strconv"
 	"strings"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/kustomize/api/konfig"
 	"sigs.k8s.io/yaml"
 
@@ -88,19 +88,21 @@ type checkFinding struct {
 	Message string `json:"message"`
 }
 
-// findingsOf gives every problem and warning of a verdict its rule and line.
-func findingsOf(doc document, problems []checkProblem, warnings []string) []checkFinding {
+// findingsOf gives every refusal and warning of a review its rule and line:
+// refusals first, then warnings, each in the order the checks ran.
+func findingsOf(doc document, fs guardwebhook.Findings) []checkFinding {
 	var out []checkFinding
-	for _, p := range problems {
-		policy := ""
-		if m := policyRE.FindStringSubmatch(p.Message); m != nil {
-			policy = m[1]
+	for _, level := range []guardwebhook.Severity{guardwebhook.SeverityError, guardwebhook.SeverityWarning} {
+		for _, f := range fs {
+			if f.Severity != level {
+				continue
+			}
+			cf := checkFinding{Level: string(level), Rule: ruleID(f.Policy, f.Field), Field: f.Field, Message: f.Line()}
+			if f.Err != nil {
+				cf.Field, cf.Message = f.Err.Field, f.Err.ErrorBody()
+			}
+			out = append(out, locate(doc, cf))
 		}
-		out = append(out, locate(doc, checkFinding{Level: "error", Rule: ruleID(policy, p.Field), Field: p.Field, Message: p.Message}))
-	}
-	for _, w := range warnings {
-		policy, path := splitWarning(w)
-		out = append(out, locate(doc, checkFinding{Level: "warning", Rule: ruleID(policy, path), Field: path, Message: w}))
 	}
 	return out
 }
@@ -458,11 +460,10 @@ func stripComments(b []byte) []byte {
 }
 
 // pipeline is the admission pipeline of the cluster, run offline: the API
-// server's built-in defaults, the mutating webhook's defaults, the validating
-// webhook's Go checks, then the Rego policies.
+// server's built-in defaults, then the webhooks' review (defaults, Go checks,
+// policies) as a CREATE.
 type pipeline struct {
-	opts   *guardwebhook.Options
-	policy guardwebhook.PolicyEvaluator
+	review *guardwebhook.Deployment
 	// seen indexes the Deployments admitted so far, as the webhook's index
 	// does the cluster's, so that a later manifest that overlaps an earlier
 	// one is refused as the cluster would refuse it.
@@ -525,66 +526,36 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 	if err := dec.Decode(d); err != nil {
 		res.Verdict = "denied"
 		res.Problems = []checkProblem{{Field: "<document>", Message: "cannot be read as an apps/v1 Deployment: " + err.Error()}}
-		res.Findings = findingsOf(doc, res.Problems, nil)
+		res.Findings = []checkFinding{locate(doc, checkFinding{Level: "error", Rule: ruleID("", res.Problems[0].Field),
+			Field: res.Problems[0].Field, Message: res.Problems[0].Message})}
 		return []checkResult{res}
 	}
 	if d.Namespace == "" {
 		d.Namespace = defaultNS
 	}
 	res.Namespace = d.Namespace
-	v := p.admit(ctx, d, user)
-	res.Verdict, res.Problems, res.Warnings, res.Defaulted = v.verdict, v.problems, v.warnings, v.defaulted
-	res.Findings = findingsOf(doc, v.problems, v.warnings)
-	if v.verdict == "admitted" {
+	guardwebhook.APIServerDefaults(d)
+	rev := p.review.Review(ctx, guardwebhook.Request{Operation: admissionv1.Create, Object: d, UserInfo: user}, guardwebhook.Offline)
+	res.Verdict, res.Warnings, res.Defaulted = "admitted", rev.Findings.Warnings(), rev.Defaulted
+	if errs := rev.Findings.Refusals(); len(errs) > 0 {
+		res.Verdict = "denied"
+		for _, e := range errs {
+			res.Problems = append(res.Problems, checkProblem{Field: e.Field, Message: e.ErrorBody()})
+		}
+	}
+	res.Findings = findingsOf(doc, rev.Findings)
+	if res.Verdict == "admitted" {
 		p.seen.Set(d)
 	}
 	return []checkResult{res}
 }
 
-type verdict struct {
-	verdict   string
-	problems  []checkProblem
-	warnings  []string
-	defaulted []string
-}
-
-// admit runs one Deployment through the pipeline, as a CREATE.
-func (p *pipeline) admit(ctx context.Context, d *appsv1.Deployment, user authenticationv1.UserInfo) verdict {
-	guardwebhook.APIServerDefaults(d)
-	defaulted, errs := guardwebhook.Default(d, nil, p.opts, false)
-	if len(errs) > 0 {
-		return verdict{verdict: "denied", problems: problemsOf(errs)}
-	}
-	f := guardwebhook.Validate(ctx, d, nil, user, p.opts, p.seen)
-	f.Warnings = append(guardwebhook.DefaultingWarnings(d, defaulted), f.Warnings...)
-	if p.policy != nil {
-		pv := p.policy.EvaluateDeployment(ctx, guardwebhook.PolicyInput{
-			Operation: "CREATE", Object: d, Namespace: d.Namespace, UserInfo: user,
-		})
-		f.Errs = append(f.Errs, pv.Denials...)
-		f.Warnings = append(f.Warnings, pv.Warnings...)
-	}
-	v := verdict{verdict: "admitted", warnings: f.Warnings, defaulted: defaulted}
-	if len(f.Errs) > 0 {
-		v.verdict, v.problems = "denied", problemsOf(f.Errs)
-	}
-	return v
-}
-
-func problemsOf(errs field.ErrorList) []checkProblem {
-	out := make([]checkProblem, 0, len(errs))
-	for _, e := range errs {
-		out = append(out, checkProblem{Field: e.Field, Message: e.ErrorBody()})
-	}
-	return out
-}
-
 // newPipeline builds the offline pipeline from the same config file and policy
 // sources as serve.
-func newPipeline(cfg config.Config, policy guardwebhook.PolicyEvaluator) *pipeline {
+func newPipeline(cfg config.Config, policies guardwebhook.Policies) *pipeline {
+	seen := guardwebhook.NewOverlapIndex(nil)
 	return &pipeline{
-		opts:   cfg.WebhookOptions(""),
-		policy: policy,
-		seen:   guardwebhook.NewOverlapIndex(nil),
+		review: &guardwebhook.Deployment{Options: cfg.WebhookOptions(""), Overlaps: seen, Policies: policies},
+		seen:   seen,
 	}
 }

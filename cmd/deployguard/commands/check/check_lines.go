@@ -2,7 +2,6 @@ package check
 
 import (
 	"encoding/json"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,23 +154,4 @@ func splitFieldPath(p string) []string {
 		}
 	}
 	return out
-}
-
-// warningPathRE finds the field path a warning starts with, after the policy
-// that raised it: "[policy images] spec.template.spec.containers[0].image: …"
-// or "spec.selector: …".
-var warningPathRE = regexp.MustCompile(`^(?:\[policy ([^\]]+)\] )?([A-Za-z][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+|\[[^\]]*\])*): `)
-
-// policyRE finds the policy named in a denial's message.
-var policyRE = regexp.MustCompile(`\[policy ([^\]]+)\]`)
-
-// splitWarning returns the policy and field path a warning names, if any.
-func splitWarning(w string) (policy, path string) {
-	if m := warningPathRE.FindStringSubmatch(w); m != nil {
-		return m[1], m[2]
-	}
-	if m := policyRE.FindStringSubmatch(w); m != nil {
-		return m[1], ""
-	}
-	return "", ""
 }
