@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -66,7 +65,7 @@ func startAudit(t *testing.T, format string, log logr.Logger) (*audit.Runner, *p
 	require.NoError(t, err)
 	r := &audit.Runner{
 		Client: cl, Cache: c, Metrics: m, Log: log,
-		Evaluator: &audit.Evaluator{Options: config.Default().WebhookOptions(guardUser), Engine: engine, Overlaps: overlaps},
+		Evaluator: &audit.Evaluator{Options: guardConfig().WebhookOptions(guardUser), Engine: engine, Overlaps: overlaps},
 		Status:    &audit.Status{},
 		Options: audit.Options{Period: time.Hour, Rate: 1000, Format: format,
 			IgnoredNamespaces: []string{"kube-system", harness.GuardNamespace}},

@@ -16,12 +16,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/test/harness"
+	"github.com/deployguard/deployguard/webhook/audit"
 )
 
 // verdict is what a user sees of one Deployment's admission.
@@ -31,22 +35,81 @@ type verdict struct {
 	Warnings []string // sorted
 }
 
-// The webhooks (through a real kube-apiserver) and `deployguard check` (the
-// built binary, offline) give the same verdict and the same messages on every
-// Deployment of one corpus.
-func TestCheckAndWebhookAgree(t *testing.T) {
+// The webhooks (through a real kube-apiserver), `deployguard check` (the
+// built binary, offline, with the guard's config file) and the audit (its
+// evaluator, on the object the API server would store) give the same verdict
+// in the same words on every Deployment of one corpus: for an ordinary user,
+// an exempt user, a member of an exempt group, and in an exempt namespace.
+func TestAdmissionCheckAndAuditAgree(t *testing.T) {
 	bin, err := harness.GuardBinary()
 	require.NoError(t, err)
 	corpus := filepath.Join("testdata", "parity", "corpus.yaml")
-	ns := newNamespace(t, nil)
+	deployments := readCorpus(t, corpus)
+	configFile := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte(guardConfigYAML), 0o600))
+	ordinary := newNamespace(t, nil)
+	err = k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: exemptNamespace}})
+	require.True(t, err == nil || apierrors.IsAlreadyExists(err), "%v", err)
 
-	out, err := exec.Command(bin, "check", "-o", "json", "--namespace", ns, "-f", corpus).Output()
+	cases := []struct {
+		name, namespace, user string
+		groups                []string
+		exempt                bool
+	}{
+		{"an ordinary user", ordinary, "parity-user", nil, false},
+		{"an exempt user", ordinary, exemptUser, nil, true},
+		{"a member of an exempt group", ordinary, "parity-user", []string{exemptGroup}, true},
+		{"in an exempt namespace", exemptNamespace, "parity-user", nil, true},
+	}
+	deniedOrdinary := 0
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			offline := checkVerdicts(t, bin, configFile, corpus, tc.namespace, tc.user, tc.groups)
+			require.Len(t, offline, len(deployments))
+			c, warnings := clientAsGroups(t, tc.user, append([]string{"system:masters"}, tc.groups...)...)
+			denied, audited := 0, 0
+			for _, d := range deployments {
+				d := d.DeepCopy()
+				d.Namespace = tc.namespace
+				online := admit(t, c, warnings, d)
+				if !online.Admitted {
+					denied++
+				}
+				assert.Equal(t, offline[d.Name], online, "%s: check and the webhooks disagree", d.Name)
+				if s := storedForm(t, d); !tc.exempt && s != nil {
+					assert.Equal(t, admissionLines(online), auditLines(t, s), "%s: the audit and admission disagree", d.Name)
+					audited++
+				} else if s == nil {
+					// Nothing the audit could ever see: only a selector the
+					// guard cannot repair is refused even when exempt.
+					assert.False(t, online.Admitted, "%s has no stored form, yet was admitted", d.Name)
+				}
+				if s := storedForm(t, d); tc.namespace == exemptNamespace && s != nil {
+					assertAuditSkips(t, s)
+				}
+			}
+			if tc.exempt {
+				assert.Less(t, denied, deniedOrdinary, "an exemption lets through what the checks and policies refuse")
+			} else {
+				deniedOrdinary = denied
+				assert.Positive(t, denied, "the corpus exercises refusals")
+				assert.Greater(t, audited, len(deployments)/2, "most of the corpus is compared with the audit")
+			}
+		})
+	}
+}
+
+// checkVerdicts runs `deployguard check -o json` on the corpus as user in
+// namespace, with the guard's config file.
+func checkVerdicts(t *testing.T, bin, configFile, corpus, namespace, user string, groups []string) map[string]verdict {
+	t.Helper()
+	out, err := exec.Command(bin, "check", "-o", "json", "--config", configFile, "--namespace", namespace,
+		"--as", user, "--as-group", strings.Join(groups, ","), "-f", corpus).Output()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
 		require.Equal(t, 1, exit.ExitCode(), "exit 1: something in the corpus is denied; stderr: %s", exit.Stderr)
 	} else {
 		require.NoError(t, err)
-		t.Fatal("check admitted a corpus that holds denied Deployments")
 	}
 	var results []struct {
 		Kind     string `json:"kind"`
@@ -72,25 +135,91 @@ func TestCheckAndWebhookAgree(t *testing.T) {
 		v.Problems = sorted(v.Problems)
 		offline[r.Name] = v
 	}
+	return offline
+}
 
-	deployments := readCorpus(t, corpus)
-	require.Len(t, offline, len(deployments))
-	c, warnings := clientAs(t, "")
-	denied := 0
-	for _, d := range deployments {
-		t.Run(d.Name, func(t *testing.T) {
-			d.Namespace = ns
-			before := len(warnings.all())
-			err := c.Create(context.Background(), d, client.DryRunAll)
-			online := verdict{Admitted: err == nil, Warnings: sorted(warnings.all()[before:])}
-			if err != nil {
-				denied++
-				online.Problems = sorted(causes(t, err))
-			}
-			assert.Equal(t, offline[d.Name], online, "check and the webhooks disagree")
-		})
+// admit creates d, dry-run, and returns what its user sees.
+func admit(t *testing.T, c client.Client, warnings *warningRecorder, d *appsv1.Deployment) verdict {
+	t.Helper()
+	before := len(warnings.all())
+	err := c.Create(context.Background(), d, client.DryRunAll)
+	v := verdict{Admitted: err == nil, Warnings: sorted(warnings.all()[before:])}
+	if err != nil {
+		v.Problems = sorted(causes(t, err))
 	}
-	assert.Positive(t, denied, "the corpus exercises refusals")
+	return v
+}
+
+// storedForm is d as the API server would store it, its defaults and the
+// guard's included: a dry-run create as a user the checks exempt. Nil when
+// even that is refused (a selector the guard cannot repair).
+func storedForm(t *testing.T, d *appsv1.Deployment) *appsv1.Deployment {
+	t.Helper()
+	c, _ := clientAsGroups(t, exemptUser, "system:masters")
+	s := d.DeepCopy()
+	if err := c.Create(context.Background(), s, client.DryRunAll); err != nil {
+		return nil
+	}
+	return s
+}
+
+// admissionLines are admission's problems and warnings as the audit words
+// them, less what only a create says: the defaulting of an empty selector.
+// A policy's refusal "field: Forbidden: [policy p] message" is the audit's
+// "[policy p] field: message".
+func admissionLines(v verdict) []string {
+	var out []string
+	for _, p := range v.Problems {
+		if field, msg, ok := strings.Cut(p, ": Forbidden: [policy "); ok {
+			name, rest, _ := strings.Cut(msg, "] ")
+			p = "[policy " + name + "] " + field + ": " + rest
+		}
+		out = append(out, p)
+	}
+	for _, w := range v.Warnings {
+		if !strings.HasPrefix(w, "spec.selector: the selector was empty") {
+			out = append(out, w)
+		}
+	}
+	return sorted(out)
+}
+
+// auditLines are the audit's fail and warn results for s, less those of
+// audit-mode policies, which admission only logs. Nil for no stored form.
+func auditLines(t *testing.T, s *appsv1.Deployment) []string {
+	t.Helper()
+	auditMode := map[string]bool{}
+	for _, p := range engine.Policies() {
+		auditMode["deployguard."+p.Name] = p.Mode == policy.ModeAudit
+	}
+	e := &audit.Evaluator{Options: guardConfig().WebhookOptions(guardUser), Engine: engine}
+	var out []string
+	for _, r := range e.Evaluate(context.Background(), s) {
+		if (r.Result != audit.ResultFail && r.Result != audit.ResultWarn) || auditMode[r.Policy] {
+			continue
+		}
+		msg := r.Message
+		if strings.HasPrefix(r.Policy, "deployguard.") && r.Field == "" {
+			// Admission refuses a policy finding without a field at spec.
+			name := strings.TrimPrefix(r.Policy, "deployguard.")
+			msg = "[policy " + name + "] spec: " + strings.TrimPrefix(msg, "[policy "+name+"] ")
+		}
+		out = append(out, msg)
+	}
+	return sorted(out)
+}
+
+// assertAuditSkips: in an exempt namespace the audit finds nothing and says
+// the namespace is exempt.
+func assertAuditSkips(t *testing.T, s *appsv1.Deployment) {
+	t.Helper()
+	e := &audit.Evaluator{Options: guardConfig().WebhookOptions(guardUser), Engine: engine}
+	exempt := false
+	for _, r := range e.Evaluate(context.Background(), s) {
+		assert.NotContains(t, []string{audit.ResultFail, audit.ResultWarn}, r.Result, "%s/%s in an exempt namespace: %s", r.Policy, r.Rule, r.Message)
+		exempt = exempt || (r.Result == audit.ResultSkip && r.Rule == "exempt")
+	}
+	assert.True(t, exempt, "the audit says the namespace is exempt")
 }
 
 func readCorpus(t *testing.T, path string) []*appsv1.Deployment {

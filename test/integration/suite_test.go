@@ -128,6 +128,33 @@ func zapLevel() int8 {
 	return 2 // errors only: the tests assert on what users see
 }
 
+// Exemptions of the suite's guard: the parity test's, kept out of every
+// other test's way.
+const (
+	exemptNamespace = "parity-exempt"
+	exemptUser      = "parity-exempt-user"
+	exemptGroup     = "parity-exempt-group"
+)
+
+// guardConfigYAML is the suite's guard configuration: the defaults, plus who
+// may break glass and who is exempt, the settings a platform team would add.
+// `deployguard check --config` reads the same file.
+const guardConfigYAML = `finalizers:
+  breakGlassGroups: [` + breakGlassGroup + `]
+exemptions:
+  namespaces: [` + exemptNamespace + `]
+  usernames: [` + exemptUser + `]
+  groups: [` + exemptGroup + `]
+`
+
+func guardConfig() config.Config {
+	c, err := config.Parse([]byte(guardConfigYAML))
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
 // startGuard serves the guard's real handlers on envtest's webhook address.
 func startGuard(ctx context.Context) (func(), error) {
 	o := &testEnv.WebhookInstallOptions
@@ -152,9 +179,7 @@ func startGuard(ctx context.Context) (func(), error) {
 	}
 	// The guard as `serve` builds it from the default configuration: the same
 	// options, the built-in policies, and hot reload from ConfigMaps.
-	cfg := config.Default()
-	// The one setting a platform team would add: who may break glass.
-	cfg.Finalizers.BreakGlassGroups = []string{breakGlassGroup}
+	cfg := guardConfig()
 	popts, err := cfg.PolicyOptions()
 	if err != nil {
 		return nil, err
