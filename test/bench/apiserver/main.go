@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/deployguard/deployguard/test/bench/load"
 	"github.com/deployguard/deployguard/test/harness"
@@ -62,6 +64,9 @@ func main() {
 	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
 	flag.BoolVar(&o.pprof, "pprof", true, "take a CPU profile of the guard under load (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
+	// The harness logs through controller-runtime; the bench reports only
+	// its table.
+	ctrllog.SetLogger(logr.Discard())
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-apiserver:", err)
 		os.Exit(1)
