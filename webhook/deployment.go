@@ -2,8 +2,11 @@ package webhook
 
 import (
 	"context"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 var deploymentGK = appsv1.SchemeGroupVersion.WithKind("Deployment").GroupKind()
@@ -20,6 +23,16 @@ type Deployment struct {
 	Policies Policies
 	// NamespaceLabels, when set, gives policies the namespace's labels.
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
+	// Exceptions, when set, finds the PolicyExceptions that cover a
+	// Deployment: what they exempt only warns, naming them.
+	Exceptions Exceptions
+	// Now is the clock exceptions expire by; nil is time.Now.
+	Now func() time.Time
+}
+
+// Exceptions finds the PolicyExceptions active at now that cover d.
+type Exceptions interface {
+	Covering(d *appsv1.Deployment, now time.Time) []*exception.Exception
 }
 
 const namespaceControllerUser = "system:serviceaccount:kube-system:namespace-controller"

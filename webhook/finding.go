@@ -4,6 +4,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // Severity says what a finding does to an admission request.
@@ -40,12 +41,22 @@ type Finding struct {
 	// Err is the refusal as the API server lists it in its Invalid status;
 	// set when Severity is SeverityError.
 	Err *field.Error
+	// Exception, when set, is the active PolicyException that covers the
+	// finding: a refusal it covers only warns, naming it.
+	Exception *exception.Exception
 }
 
 // Line renders f as one line for a user: the API server's rendering of a
 // refusal, "[policy p] field: message" for a policy, "field: message" for a
 // warning.
 func (f Finding) Line() string {
+	if f.Exception != nil {
+		return f.line() + " [excepted by " + f.Exception.String() + "]"
+	}
+	return f.line()
+}
+
+func (f Finding) line() string {
 	switch {
 	case f.Policy != "":
 		return policy.Finding{Policy: f.Policy, Field: f.Field, Message: f.Message}.String()

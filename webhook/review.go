@@ -3,6 +3,8 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -11,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // Request is what a review knows about one admission request.
@@ -133,7 +136,42 @@ func (w *Deployment) Review(ctx context.Context, req Request, stage Stage) Revie
 		fs, why := w.evaluatePolicies(ctx, p, req)
 		r.Findings, r.PoliciesExempt = append(r.Findings, fs...), why
 	}
+	w.except(d, r.Findings)
 	return r
+}
+
+// except applies the active PolicyExceptions that cover d to its findings: a
+// covered refusal becomes a warning, and every covered finding names the
+// exception. The index is asked only when a finding could be covered, so a
+// request with nothing to exempt costs no lookup.
+func (w *Deployment) except(d *appsv1.Deployment, fs Findings) {
+	if w.Exceptions == nil {
+		return
+	}
+	var covering []*exception.Exception
+	looked := false
+	for i := range fs {
+		f := &fs[i]
+		if f.Origin == reasonPolicy && f.Policy == "" || f.Origin != reasonPolicy && !slices.Contains(exception.Checks, f.Origin) {
+			continue
+		}
+		if !looked {
+			now := time.Now
+			if w.Now != nil {
+				now = w.Now
+			}
+			covering, looked = w.Exceptions.Covering(d, now()), true
+		}
+		for _, e := range covering {
+			if e.Exempts(f.Policy, f.Origin) {
+				f.Exception = e
+				if f.Severity == SeverityError {
+					f.Severity, f.Err = SeverityWarning, nil
+				}
+				break
+			}
+		}
+	}
 }
 
 // check runs the Go checks on a CREATE (old nil) or an UPDATE.

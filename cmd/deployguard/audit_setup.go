@@ -11,6 +11,7 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/audit"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // setupAudit runs the background audit in each leader term: one replica
@@ -18,7 +19,7 @@ import (
 // admission path. Its metrics outlive the terms. overlaps is the webhook's
 // overlap index: the audit looks its candidates up there, and marks those of
 // a changed Deployment for a new audit.
-func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, overlaps guardwebhook.OverlapSource, ignored []string) error {
+func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, overlaps guardwebhook.OverlapSource, exceptions *exception.Index, ignored []string) error {
 	am, err := audit.NewMetrics(metrics.Registry)
 	if err != nil {
 		return err
@@ -27,6 +28,9 @@ func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Co
 	status := &audit.Status{}
 	pr.AddReadyzNote("audit", status.Note)
 	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()), Overlaps: overlaps}
+	if exceptions != nil {
+		ev.Exceptions = exceptions
+	}
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
 		r := &audit.Runner{
 			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,

@@ -41,6 +41,7 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // serveFlags are the process-level settings; the guard's policy knobs live in
@@ -173,13 +174,14 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(cmapi.AddToScheme(scheme)) // read on the cert-manager path, never cached
-	mgr, err := newManager(f, restCfg, scheme)
+	utilruntime.Must(exception.AddToScheme(scheme))
+	mgr, err := newManager(f, restCfg, scheme, cfg.ExceptionsNamespace(f.namespace))
 	if err != nil {
 		return err
 	}
 	pr := &probes{}
 	opts := cfg.WebhookOptions(fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount))
-	eng, overlaps, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
+	eng, overlaps, exceptions, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
 	if err != nil {
 		return err
 	}
@@ -188,7 +190,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return err
 	}
 	if cfg.Audit.Enabled {
-		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, ignored); err != nil {
+		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, exceptions, ignored); err != nil {
 			return err
 		}
 	}
@@ -214,7 +216,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 
 // newManager is the manager every part runs in: the webhook server, the
 // metrics, and one cache of the stripped Deployments and ReplicaSets.
-func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) (ctrl.Manager, error) {
+func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exceptions string) (ctrl.Manager, error) {
 	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
 		c.MinVersion = tls.VersionTLS12
 		if !f.http2 {
@@ -233,7 +235,7 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) (ct
 		// Leader election is per term, in leaderTerms: losing the lease must
 		// not stop the webhooks.
 		LeaderElection: false,
-		Cache:          cacheOptions(f.namespace),
+		Cache:          cacheOptions(f.namespace, exceptions),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
@@ -244,24 +246,28 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) (ct
 // setupWebhooks wires admission: the policies (with their hot reload), the
 // overlap index and its readiness, and both webhooks, registered through the
 // graceful stop's connection closing.
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*policy.Engine, *guardwebhook.OverlapIndex, error) {
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*policy.Engine, *guardwebhook.OverlapIndex, *exception.Index, error) {
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
-		return nil, nil, fmt.Errorf("registering admission metrics: %w", err)
+		return nil, nil, nil, fmt.Errorf("registering admission metrics: %w", err)
 	}
 	eng, err := setupPolicies(ctx, mgr, pr, metrics.Registry, cfg, f.policyDir, f.namespace)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	exceptions, err := setupExceptions(ctx, mgr, cfg, f.namespace, eng, stop)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	// The overlap check's index, fed by the Deployment informer the reconciler
 	// uses too: one watch, and no list of the namespace per request.
 	overlaps := guardwebhook.NewOverlapIndex(nil)
 	deployments, err := mgr.GetCache().GetInformer(ctx, &appsv1.Deployment{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("getting the Deployment informer: %w", err)
+		return nil, nil, nil, fmt.Errorf("getting the Deployment informer: %w", err)
 	}
 	if err := overlaps.Feed(deployments); err != nil {
-		return nil, nil, fmt.Errorf("indexing Deployments for the overlap check: %w", err)
+		return nil, nil, nil, fmt.Errorf("indexing Deployments for the overlap check: %w", err)
 	}
 	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
 		if !overlaps.Synced() {
@@ -269,7 +275,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 		}
 		return nil
 	}); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
@@ -277,11 +283,14 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 		Policies:        guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}
+	if exceptions != nil {
+		hooks.Exceptions = exceptions
+	}
 	// Registered through CloseConnections: once stopping, every answer
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
-	return eng, overlaps, nil
+	return eng, overlaps, exceptions, nil
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it
@@ -404,9 +413,11 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags
 // ReplicaSets without their pod templates (reconciler.CacheOptions), nothing
 // without managedFields, and ConfigMaps of the guard's own namespace only
 // (they are policies; the cluster's are never cached). Pods are never cached.
-func cacheOptions(namespace string) cache.Options {
+func cacheOptions(namespace, exceptions string) cache.Options {
 	byObject := reconciler.CacheOptions()
 	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
+	// Exceptions are honoured in one namespace: the guard watches no other.
+	byObject[&exception.PolicyException{}] = cache.ByObject{Namespaces: map[string]cache.Config{exceptions: {}}}
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 

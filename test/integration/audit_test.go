@@ -65,7 +65,7 @@ func startAudit(t *testing.T, format string, log logr.Logger) (*audit.Runner, *p
 	require.NoError(t, err)
 	r := &audit.Runner{
 		Client: cl, Cache: c, Metrics: m, Log: log,
-		Evaluator: &audit.Evaluator{Options: guardConfig().WebhookOptions(guardUser), Engine: engine, Overlaps: overlaps},
+		Evaluator: &audit.Evaluator{Options: guardConfig().WebhookOptions(guardUser), Engine: engine, Overlaps: overlaps, Exceptions: exceptions},
 		Status:    &audit.Status{},
 		Options: audit.Options{Period: time.Hour, Rate: 1000, Format: format,
 			IgnoredNamespaces: []string{"kube-system", harness.GuardNamespace}},

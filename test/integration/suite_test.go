@@ -44,6 +44,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 const (
@@ -59,6 +60,9 @@ var (
 	testEnv *envtest.Environment
 	// engine is the guard's policy engine, which the audit test shares.
 	engine *policy.Engine
+	// exceptions is the guard's index of PolicyExceptions, which the audit
+	// test shares as serve shares it.
+	exceptions *exception.Index
 )
 
 func TestMain(m *testing.M) {
@@ -72,6 +76,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(exception.AddToScheme(scheme))
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.Level(zapLevel()))))
 
 	testEnv = &envtest.Environment{
@@ -82,7 +87,8 @@ func run(m *testing.M) int {
 		// Only the PolicyReport CRD: the audit test proves that the guard keeps
 		// working when the configured report kind (openreports.io) is absent.
 		CRDInstallOptions: envtest.CRDInstallOptions{
-			Paths:              []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport", "wgpolicyk8s.io_policyreports.yaml")},
+			Paths: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport", "wgpolicyk8s.io_policyreports.yaml"),
+				filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
 			ErrorIfPathMissing: true,
 		},
 	}
@@ -166,8 +172,9 @@ func startGuard(ctx context.Context) (func(), error) {
 		}),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.ConfigMap{}:  {Namespaces: map[string]cache.Config{harness.GuardNamespace: {}}},
-			&appsv1.Deployment{}: {Transform: reconciler.StripForCache},
+			&corev1.ConfigMap{}:          {Namespaces: map[string]cache.Config{harness.GuardNamespace: {}}},
+			&appsv1.Deployment{}:         {Transform: reconciler.StripForCache},
+			&exception.PolicyException{}: {Namespaces: map[string]cache.Config{harness.GuardNamespace: {}}},
 		}},
 	})
 	if err != nil {
@@ -206,11 +213,19 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err := overlaps.Feed(deployments); err != nil {
 		return nil, err
 	}
+	exceptions, err = exception.SetupWithManager(ctx, mgr, cfg.ExceptionsNamespace(harness.GuardNamespace),
+		func() exception.Limits {
+			return cfg.ExceptionLimits(harness.GuardNamespace, config.PolicyNames(engine))
+		}, nil)
+	if err != nil {
+		return nil, err
+	}
 	(&guardwebhook.Deployment{
 		Options:         cfg.WebhookOptions(guardUser),
 		Overlaps:        overlaps,
 		Policies:        guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
+		Exceptions:      exceptions,
 	}).SetupWithManager(mgr, m, nil)
 
 	ctx, cancel := context.WithCancel(ctx)

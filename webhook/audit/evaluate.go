@@ -9,6 +9,7 @@ package audit
 import (
 	"context"
 	"slices"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -70,6 +71,11 @@ type Evaluator struct {
 	// its few candidates, never a list of the namespace. Without it overlaps
 	// are not audited.
 	Overlaps guardwebhook.OverlapSource
+	// Exceptions, when set, are the PolicyExceptions admission applies:
+	// what they cover is reported as skip, naming them.
+	Exceptions guardwebhook.Exceptions
+	// Now is the clock exceptions expire by; nil is time.Now.
+	Now func() time.Time
 }
 
 // Evaluate judges d as stored: an UPDATE whose oldObject equals object, run
@@ -116,7 +122,7 @@ func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *pol
 	} else {
 		stage.Policies = false
 	}
-	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, NamespaceLabels: e.NamespaceLabels}
+	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
 	rev := w.Review(ctx, guardwebhook.Request{
 		Operation: admissionv1.Update, Object: d, OldObject: d,
 		UserInfo: authenticationv1.UserInfo{Username: AuditUsername},
@@ -166,6 +172,10 @@ func checkResults(rev guardwebhook.Review, res Resource) []Result {
 		}
 		if f.Origin == guardwebhook.OriginQuarantine {
 			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
+		}
+		if f.Exception != nil {
+			// Covered by a PolicyException: skip, naming it (f.Line does).
+			r.Result = ResultSkip
 		}
 		out = append(out, r)
 	}
@@ -235,10 +245,12 @@ func policyResults(policies []policy.PolicyInfo, rev guardwebhook.Review, res Re
 		for _, f := range fs {
 			r := base
 			r.Rule, r.Field, r.Message = f.Rule, f.Field, f.Line()
-			switch f.Rule {
-			case "evaluation":
+			switch {
+			case f.Exception != nil:
+				r.Result = ResultSkip
+			case f.Rule == "evaluation":
 				r.Result = ResultError
-			case "warn":
+			case f.Rule == "warn":
 				r.Result = ResultWarn
 			default:
 				r.Result = ResultFail

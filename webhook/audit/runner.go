@@ -24,6 +24,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // Options are the audit's settings from the config file.
@@ -199,6 +200,33 @@ func overlapMayChange(old, d *appsv1.Deployment) bool {
 		(old.DeletionTimestamp == nil) != (d.DeletionTimestamp == nil)
 }
 
+// covered returns the Deployments e covers, from the cache: those it names,
+// or those of its namespace it selects.
+func (r *Runner) covered(ctx context.Context, e *exception.Exception) []client.ObjectKey {
+	if e == nil || r.ignored(e.Namespace) {
+		return nil
+	}
+	var keys []client.ObjectKey
+	if len(e.Names) > 0 {
+		for _, n := range e.Names {
+			keys = append(keys, client.ObjectKey{Namespace: e.Namespace, Name: n})
+		}
+		return keys
+	}
+	var list appsv1.DeploymentList
+	if err := r.Client.List(ctx, &list, client.InNamespace(e.Namespace)); err != nil {
+		// The period's full pass catches up.
+		r.Log.Error(err, "listing the Deployments an exception covers", "exception", e.Name)
+		return nil
+	}
+	for i := range list.Items {
+		if e.Covers(&list.Items[i]) {
+			keys = append(keys, client.ObjectKeyFromObject(&list.Items[i]))
+		}
+	}
+	return keys
+}
+
 // Start runs until ctx ends.
 func (r *Runner) Start(ctx context.Context) error {
 	if r.Now == nil {
@@ -259,6 +287,14 @@ func (r *Runner) Start(ctx context.Context) error {
 		return fmt.Errorf("audit: watching Deployments: %w", err)
 	}
 	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	if x, ok := r.Evaluator.Exceptions.(*exception.Index); ok {
+		// An exception added, changed, removed or expired re-judges what it
+		// covered and covers: the report follows within a batch window, not
+		// at the next full pass.
+		defer x.Watch(func(old, now *exception.Exception) {
+			r.mark(append(r.covered(ctx, old), r.covered(ctx, now)...)...)
+		})()
+	}
 	if !r.Cache.WaitForCacheSync(ctx) {
 		return nil
 	}

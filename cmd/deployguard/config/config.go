@@ -39,7 +39,21 @@ type Config struct {
 	Cleanup    Cleanup    `yaml:"cleanup"`
 	Policy     Policy     `yaml:"policy"`
 	Exemptions Exemptions `yaml:"exemptions"`
+	Exceptions Exceptions `yaml:"exceptions"`
 	Audit      Audit      `yaml:"audit"`
+}
+
+// Exceptions configures PolicyExceptions, the grants a platform team makes
+// per Deployment and rule, each with an expiry.
+type Exceptions struct {
+	// Namespace is the one namespace exceptions are honoured in; empty means
+	// the guard's own, where only the platform team may write.
+	Namespace string `yaml:"namespace"`
+	// MaxDuration is how far ahead an exception's expiresAt may be.
+	MaxDuration Duration `yaml:"maxDuration"`
+	// ExpiryWarning is how long before its expiry an exception is reported
+	// as expiring (an Event, a metric, an alert).
+	ExpiryWarning Duration `yaml:"expiryWarning"`
 }
 
 // Audit is the background audit of stored Deployments into PolicyReports.
@@ -210,8 +224,9 @@ func Default() Config {
 			DrainTimeout:    Duration{2 * time.Minute},
 			RecordRetention: Duration{7 * 24 * time.Hour},
 		},
-		Policy: Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
-		Audit:  Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
+		Policy:     Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
+		Exceptions: Exceptions{MaxDuration: Duration{90 * 24 * time.Hour}, ExpiryWarning: Duration{7 * 24 * time.Hour}},
+		Audit:      Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
 	}
 }
 
@@ -305,6 +320,13 @@ func (c *Config) Validate() field.ErrorList {
 	if s, u := c.Defaults.Strategy.IntOrString(); isZero(s) && isZero(u) {
 		errs = append(errs, field.Invalid(d.Child("strategy", "maxUnavailable"), c.Defaults.Strategy.MaxUnavailable,
 			"maxSurge and maxUnavailable cannot both be 0: a rollout could never make progress"))
+	}
+
+	if c.Exceptions.MaxDuration.Duration <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("exceptions", "maxDuration"), c.Exceptions.MaxDuration.String(), "must be positive, e.g. 2160h (90 days)"))
+	}
+	if c.Exceptions.ExpiryWarning.Duration < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("exceptions", "expiryWarning"), c.Exceptions.ExpiryWarning.String(), "must not be negative"))
 	}
 
 	b := field.NewPath("bounds")

@@ -4,6 +4,7 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // WebhookOptions are the admission knobs of this configuration; guardUser is the
@@ -69,4 +70,29 @@ func (c Config) FailFastOptions() reconciler.FailFastOptions {
 	o.UnschedulableAfter = ff.UnschedulableAfter.Duration
 	o.MinFailingPods = ff.MinFailingPods
 	return o
+}
+
+// ExceptionsNamespace is the namespace PolicyExceptions are honoured in:
+// exceptions.namespace, or the guard's own.
+func (c Config) ExceptionsNamespace(guardNamespace string) string {
+	if c.Exceptions.Namespace != "" {
+		return c.Exceptions.Namespace
+	}
+	return guardNamespace
+}
+
+// ExceptionLimits are the limits of PolicyExceptions of this configuration;
+// policies are the names an exception may name.
+func (c Config) ExceptionLimits(guardNamespace string, policies []string) exception.Limits {
+	return exception.Limits{MaxDuration: c.Exceptions.MaxDuration.Duration, Namespace: c.ExceptionsNamespace(guardNamespace), Policies: policies}
+}
+
+// PolicyNames are the names of the loaded policies, which an exception may
+// name.
+func PolicyNames(eng *policy.Engine) []string {
+	names := []string{}
+	for _, p := range eng.Policies() {
+		names = append(names, p.Name)
+	}
+	return names
 }

@@ -42,6 +42,7 @@ type checkFlags struct {
 	strict     bool
 	configFile string
 	policyDir  string
+	exceptions string
 	namespace  string
 	username   string
 	groups     string
@@ -140,6 +141,7 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.strict, "strict", false, "fail on warnings too")
 	fs.StringVar(&f.configFile, "config", "", "the guard's config file, as given to serve")
 	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies to apply besides the built-in library")
+	fs.StringVar(&f.exceptions, "exceptions", "", "a file or directory of PolicyExceptions to apply, as the cluster applies them (those in exceptions.namespace)")
 	fs.StringVar(&f.namespace, "namespace", "default", "namespace of objects that name none")
 	fs.StringVar(&f.username, "as", "", "username the policies see in input.userInfo")
 	fs.StringVar(&f.groups, "as-group", "", "comma-separated groups the policies see in input.userInfo")
@@ -164,6 +166,14 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
+	if f.exceptions != "" {
+		idx, _, err := readExceptions(f.exceptions, cfg, config.PolicyNames(eng))
+		if err != nil {
+			fmt.Fprintf(stderr, "deployguard check: --exceptions %s: %v\n", f.exceptions, err)
+			return exitUsage
+		}
+		pipe.review.Exceptions = idx
+	}
 	user := authenticationv1.UserInfo{Username: f.username, Groups: cli.SplitList(f.groups)}
 
 	var results []checkResult
