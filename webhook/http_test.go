@@ -27,6 +27,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // servers returns the two webhooks as HTTP handlers, with panics left to
@@ -258,11 +259,53 @@ func BenchmarkAdmission(b *testing.B) {
 	require.NoError(b, err)
 	require.NoError(b, eng.Load(context.Background(), policy.Builtins()))
 	b.Run("with-builtin-policies", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}) })
+	// A Deployment a policy warns about makes the review look up the
+	// exceptions that cover it: in a cluster of 1,000 exceptions, the cost
+	// must be that of none (an index by namespace and name, not a scan).
+	latest := func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].Image = "registry.example.com/shop/c0:latest"
+	}
+	b.Run("policy-finding-no-exceptions", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest) })
+	b.Run("policy-finding-1000-exceptions", func(b *testing.B) {
+		benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest, func(w *Deployment) { w.Exceptions = thousandExceptions(b) })
+	})
 }
 
-func benchmarkAdmission(b *testing.B, p Policies) {
-	mutating, validating := serversWith(b, p)
+// thousandExceptions is an index of 1,000 exceptions: 990 in 99 other
+// namespaces, and 10 in the benchmark's, naming other Deployments.
+func thousandExceptions(b *testing.B) *exception.Index {
+	x := exception.NewIndex("deployguard-system")
+	for i := range 1000 {
+		ns := fmt.Sprintf("team-%02d", i%99)
+		if i%100 == 0 {
+			ns = "shop"
+		}
+		x.Set(&exception.PolicyException{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: fmt.Sprintf("ex-%d", i)},
+			Spec: exception.Spec{Match: exception.Match{Namespace: ns, Names: []string{fmt.Sprintf("app-%d", i)}}, Policies: []string{"images"},
+				ExpiresAt: metav1.NewTime(time.Now().Add(time.Hour)), Owner: "o", Reason: "r"},
+		})
+	}
+	if len(x.List()) != 1000 {
+		b.Fatal("the index holds 1,000 exceptions")
+	}
+	return x
+}
+
+func benchmarkAdmission(b *testing.B, p Policies, muts ...any) {
+	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
 	d := realistic()
+	for _, m := range muts {
+		switch m := m.(type) {
+		case func(*appsv1.Deployment):
+			m(d)
+		case func(*Deployment):
+			m(w)
+		}
+	}
+	mutating, validating := w.Handlers(nil)
+	no := false
+	mutating.RecoverPanic, validating.RecoverPanic = &no, &no
 	create := review(b, admissionv1.Create, d, nil)
 	b.Logf("request size: %d bytes (object %d bytes)", len(create), len(mustJSON(b, d)))
 	guardedD := d.DeepCopy()

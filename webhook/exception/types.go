@@ -69,7 +69,7 @@ func (e *PolicyException) DeepCopy() *PolicyException {
 		return nil
 	}
 	out := *e
-	e.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	e.DeepCopyInto(&out.ObjectMeta)
 	out.Spec.Match.Names = append([]string(nil), e.Spec.Match.Names...)
 	out.Spec.Match.Selector = e.Spec.Match.Selector.DeepCopy()
 	out.Spec.Policies = append([]string(nil), e.Spec.Policies...)
@@ -87,7 +87,7 @@ func (l *PolicyExceptionList) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	out := *l
-	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	l.DeepCopyInto(&out.ListMeta)
 	out.Items = make([]PolicyException, len(l.Items))
 	for i := range l.Items {
 		out.Items[i] = *l.Items[i].DeepCopy()
