@@ -175,7 +175,13 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(cmapi.AddToScheme(scheme)) // read on the cert-manager path, never cached
 	utilruntime.Must(exception.AddToScheme(scheme))
-	mgr, err := newManager(f, restCfg, scheme, cfg.ExceptionsNamespace(f.namespace))
+	// The cache is told where PolicyExceptions live only when their API is
+	// served: naming a kind the API server does not know fails the manager.
+	exceptionsNS := ""
+	if exception.Served(restCfg) {
+		exceptionsNS = cfg.ExceptionsNamespace(f.namespace)
+	}
+	mgr, err := newManager(f, restCfg, scheme, exceptionsNS)
 	if err != nil {
 		return err
 	}
@@ -417,7 +423,9 @@ func cacheOptions(namespace, exceptions string) cache.Options {
 	byObject := reconciler.CacheOptions()
 	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
 	// Exceptions are honoured in one namespace: the guard watches no other.
-	byObject[&exception.PolicyException{}] = cache.ByObject{Namespaces: map[string]cache.Config{exceptions: {}}}
+	if exceptions != "" {
+		byObject[&exception.PolicyException{}] = cache.ByObject{Namespaces: map[string]cache.Config{exceptions: {}}}
+	}
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 

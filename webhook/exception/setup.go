@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"net/http"
 
-	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -23,12 +24,10 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, namespace string, l
 	mgr.GetWebhookServer().Register(WebhookPath, h)
 	gk := GroupVersion.WithKind(Kind).GroupKind()
 	if _, err := mgr.GetRESTMapper().RESTMapping(gk, GroupVersion.Version); err != nil {
-		if meta.IsNoMatchError(err) {
-			ctrl.Log.WithName("setup").Info("the PolicyException CRD is not installed: no exceptions apply until it is and the guard restarts",
-				"reason", "ExceptionsUnavailable")
-			return nil, nil
-		}
-		return nil, fmt.Errorf("looking up the PolicyException API: %w", err)
+		// Never a reason not to guard Deployments.
+		ctrl.Log.WithName("setup").Info("the PolicyException API is not served: no exceptions apply until the CRD is installed and the guard restarts",
+			"reason", "ExceptionsUnavailable", "error", err.Error())
+		return nil, nil
 	}
 	idx := NewIndex(namespace)
 	inf, err := mgr.GetCache().GetInformer(ctx, &PolicyException{})
@@ -39,4 +38,24 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, namespace string, l
 		return nil, fmt.Errorf("indexing PolicyExceptions: %w", err)
 	}
 	return idx, nil
+}
+
+// Served reports whether the API server serves PolicyExceptions: the
+// guard runs without exceptions otherwise, and with them after a restart
+// once the CRD is installed.
+func Served(cfg *rest.Config) bool {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false
+	}
+	list, err := dc.ServerResourcesForGroupVersion(GroupVersion.String())
+	if err != nil {
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "policyexceptions" {
+			return true
+		}
+	}
+	return false
 }
