@@ -167,7 +167,7 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
 	if f.exceptions != "" {
-		idx, _, err := readExceptions(f.exceptions, cfg, config.PolicyNames(eng))
+		idx, err := readExceptions(f.exceptions, cfg, config.PolicyNames(eng))
 		if err != nil {
 			fmt.Fprintf(stderr, "deployguard check: --exceptions %s: %v\n", f.exceptions, err)
 			return exitUsage

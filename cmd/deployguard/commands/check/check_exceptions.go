@@ -15,15 +15,14 @@ import (
 // informer would: CI then applies the exceptions the cluster applies, with
 // the same clock. A malformed exception is an error, as the guard's webhook
 // would refuse it; an expired one is kept, and applies to nothing.
-func readExceptions(path string, cfg config.Config, policies []string) (*exception.Index, int, error) {
+func readExceptions(path string, cfg config.Config, policies []string) (*exception.Index, error) {
 	docs, err := readDocuments(path, nil)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	limits := cfg.ExceptionLimits(defaultGuardNamespace, policies)
 	limits.AllowExpired = true
 	idx := exception.NewIndex(limits.Namespace)
-	n := 0
 	var problems []string
 	for _, d := range docs {
 		var head struct {
@@ -42,12 +41,11 @@ func readExceptions(path string, cfg config.Config, policies []string) (*excepti
 			continue
 		}
 		idx.Set(pe)
-		n++
 	}
 	if len(problems) > 0 {
-		return nil, 0, fmt.Errorf("the guard would refuse these exceptions:\n  %s", strings.Join(problems, "\n  "))
+		return nil, fmt.Errorf("the guard would refuse these exceptions:\n  %s", strings.Join(problems, "\n  "))
 	}
-	return idx, n, nil
+	return idx, nil
 }
 
 // defaultGuardNamespace is the guard's namespace of a default install, where
