@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -92,22 +93,38 @@ func withoutTemplate(raw []byte) ([]byte, bool, bool) {
 
 // releaseTemplate hands the template fields the rollback wrote back to
 // their earlier owners (WithoutTemplateOwnership), with a write of the
-// managed fields alone, conditional on the version read. It is best effort:
-// if it fails, a later server-side apply of the template needs
-// --force-conflicts, which the log says.
+// managed fields alone, conditional on the version read. The Deployment
+// controller writes the status right after a rollback, so the version read
+// is often already old: on a conflict it reads the Deployment again from the
+// API server and retries, with backoff. It is best effort: if it still
+// fails, a later server-side apply of the template needs --force-conflicts,
+// which the log says.
 func (r *DeploymentReconciler) releaseTemplate(ctx context.Context, d *appsv1.Deployment) {
-	fields, changed := WithoutTemplateOwnership(d.ManagedFields, FieldManager)
-	if !changed {
-		return
-	}
-	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	d.ManagedFields = fields
-	if len(fields) == 0 {
-		// An empty list leaves managedFields as they are; one empty entry
-		// clears them (the API server's rule).
-		d.ManagedFields = []metav1.ManagedFieldsEntry{{}}
-	}
-	if err := r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
+	cur := d
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		if cur == nil {
+			cur = &appsv1.Deployment{}
+			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), cur); err != nil {
+				return err
+			}
+		}
+		fields, changed := WithoutTemplateOwnership(cur.ManagedFields, FieldManager)
+		if !changed {
+			return nil
+		}
+		patch := client.MergeFromWithOptions(cur.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		next := cur.DeepCopy()
+		next.ManagedFields = fields
+		if len(fields) == 0 {
+			// An empty list leaves managedFields as they are; one empty entry
+			// clears them (the API server's rule).
+			next.ManagedFields = []metav1.ManagedFieldsEntry{{}}
+		}
+		err := r.Client.Patch(ctx, next, patch, client.FieldOwner(FieldManager))
+		cur = nil // read again before a retry
+		return err
+	})
+	if err != nil {
 		ctrl.LoggerFrom(ctx).Info("Could not hand the rolled-back template's fields back to their owners; a server-side apply of the next template needs --force-conflicts",
 			"reason", "OwnershipKept", "error", fmt.Sprint(err))
 	}
