@@ -14,6 +14,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/webhook/audit"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // auditCmd is `deployguard audit [-n NS] [-o text|json]`: what the audit's
@@ -26,7 +27,9 @@ func auditCmd(args []string, stdout, stderr io.Writer) int {
 
 Prints what the guard's audit reports say about the Deployments already in
 the cluster, by policy then namespace: which would be refused if the policy
-were enforced, which warn, which could not be evaluated.
+were enforced, which warn, which could not be evaluated. Then the
+PolicyExceptions: which are active, when each expires, who owns it, and the
+Deployments it covers now.
 
 Flags:
 `)
@@ -36,6 +39,8 @@ Flags:
 	namespace := fs.String("n", "", "only this namespace's report; every namespace when empty")
 	output := fs.String("o", "text", "output format: text or json")
 	format := fs.String("format", audit.FormatPolicyReport, "the report kind the guard writes (its config's audit.reportFormat)")
+	exceptionsNS := fs.String("exceptions-namespace", "deployguard-system", "where the guard honours PolicyExceptions (its config's exceptions.namespace)")
+	expiryWarning := fs.Duration("expiry-warning", 7*24*time.Hour, "an exception this close to its expiry is listed as expiring (the config's exceptions.expiryWarning)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -71,7 +76,15 @@ Flags:
 			reports = append(reports, audit.Parse(&list.Items[i]))
 		}
 	}
-	o := audit.OverviewOf(reports)
+	o := auditOutput{Overview: audit.OverviewOf(reports)}
+	covered, served, err := exceptionCoverage(ctx, c, *exceptionsNS, *namespace, *expiryWarning)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
+		return 1
+	}
+	if served {
+		o.Exceptions = &covered
+	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -80,5 +93,16 @@ Flags:
 		return 0
 	}
 	o.WriteText(stdout)
+	if served {
+		fmt.Fprintln(stdout)
+		exception.WriteCoverage(stdout, covered, time.Now())
+	}
 	return 0
+}
+
+// auditOutput is the reports' overview and, where the API is served, the
+// PolicyExceptions with what they cover.
+type auditOutput struct {
+	audit.Overview
+	Exceptions *[]exception.Covered `json:"exceptions,omitempty"`
 }

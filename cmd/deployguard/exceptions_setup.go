@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/policy"
@@ -15,4 +17,21 @@ import (
 func setupExceptions(ctx context.Context, mgr ctrl.Manager, cfg config.Config, guardNamespace string, eng *policy.Engine, stop *gracefulStop) (*exception.Index, error) {
 	return exception.SetupWithManager(ctx, mgr, cfg.ExceptionsNamespace(guardNamespace),
 		func() exception.Limits { return cfg.ExceptionLimits(guardNamespace, config.PolicyNames(eng)) }, stop.CloseConnections)
+}
+
+// setupExceptionExpiry counts the exceptions by state on every replica and,
+// on the leader, puts an Event on each as it nears its expiry and at it.
+func setupExceptionExpiry(leader *leaderTerms, cfg config.Config, idx *exception.Index) error {
+	if idx == nil {
+		return nil
+	}
+	warning := cfg.Exceptions.ExpiryWarning.Duration
+	if err := metrics.Registry.Register(&exception.Collector{Index: idx, Warning: warning}); err != nil {
+		return fmt.Errorf("registering the exception metrics: %w", err)
+	}
+	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+		return lm.Add(&exception.Notifier{Index: idx, Warning: warning,
+			Recorder: lm.GetEventRecorder("deployguard"), Log: ctrl.Log.WithName("exceptions")})
+	})
+	return nil
 }

@@ -195,6 +195,9 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err != nil {
 		return err
 	}
+	if err := setupExceptionExpiry(leader, cfg, exceptions); err != nil {
+		return err
+	}
 	if cfg.Audit.Enabled {
 		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, exceptions, ignored); err != nil {
 			return err

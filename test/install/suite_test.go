@@ -76,6 +76,7 @@ func run(m *testing.M) int {
 	local, err = harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-install-%d", os.Getpid()), WorkDir: work,
 		Nodes: 1, GuardConfig: guardConfig, Log: logFile,
+		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
 	})
 	if err == nil {
 		err = installCRDs(ctx)

@@ -158,6 +158,19 @@ func TestExceptionLetsThroughUntilItExpires(t *testing.T) {
 		}
 	}
 
+	// deployguard audit lists the exception and the Deployment it covers.
+	bin, err := harness.GuardBinary()
+	require.NoError(t, err)
+	listed, err := exec.Command(bin, "audit", "--kubeconfig", adminKubeconfig(t), "-n", ns,
+		"--exceptions-namespace", harness.GuardNamespace).CombinedOutput()
+	require.NoError(t, err, "%s", listed)
+	for _, want := range []string{"PolicyExceptions: 0 active, 1 expiring, 0 expired", // 20 s left: inside the 7-day warning
+
+		harness.GuardNamespace + "/web-team-label: until " + expires.UTC().Format(time.RFC3339), "expiring soon", "owner team-shop", "SHOP-123",
+		"exempts policy exceptteam for Deployments web in " + ns, "covers 1: " + ns + "/web"} {
+		assert.Contains(t, string(listed), want)
+	}
+
 	// check, with the same exception, agrees.
 	dir := t.TempDir()
 	manifest := writeYAML(t, dir, "web.yaml", web)
@@ -229,7 +242,11 @@ func writeConfig(t *testing.T, dir string) string {
 	return p
 }
 
-// The same decision in admission, check and the audit, on a table of scopes.
+// The same decision in admission, check (with the exceptions from files and
+// read from the cluster) and the audit, on a table of scopes and of rules: an
+// enforced policy (covered: admitted with a warning, else refused) and a spec
+// check that warns (covered: the warning names the exception and the audit
+// says skip, else it warns).
 func TestExceptionScopesAgree(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
@@ -237,20 +254,37 @@ func TestExceptionScopesAgree(t *testing.T) {
 	policyDir := loadExceptTeam(t, ns, other)
 	soon := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
 	later := time.Now().Add(time.Hour)
+	// longHistory passes the policy (it has a team) and keeps more revisions
+	// than bounds.revisionHistoryLimit allows: the revision-history check warns.
+	longHistory := func(d *appsv1.Deployment) {
+		d.Labels = map[string]string{"team": "shop"}
+		d.Spec.RevisionHistoryLimit = ptr(int32(500))
+	}
+	checks := func(ex *exception.PolicyException, rules ...string) *exception.PolicyException {
+		ex.Spec.Policies, ex.Spec.Checks = nil, rules
+		return ex
+	}
 	cases := []struct {
 		scope   string
 		d       *appsv1.Deployment
 		ex      *exception.PolicyException
+		check   string // the spec check the row is about; "" for the policy
 		covered bool
 	}{
-		{"by name", deployment(ns, "by-name"), newException("by-name", exception.Match{Namespace: ns, Names: []string{"by-name"}}, later, "exceptteam"), true},
-		{"by selector", deployment(ns, "by-selector", func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "legacy"} }),
-			newException("by-selector", exception.Match{Namespace: ns, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "legacy"}}}, later, "exceptteam"), true},
-		{"by namespace", deployment(other, "by-namespace"), newException("by-namespace", exception.Match{Namespace: other}, later, "exceptteam"), true},
-		{"in the wrong namespace", deployment(ns, "wrong-namespace"), newException("wrong-namespace", exception.Match{Namespace: "elsewhere", Names: []string{"wrong-namespace"}}, later, "exceptteam"), false},
-		{"another rule", deployment(ns, "other-rule"), newException("other-rule", exception.Match{Namespace: ns, Names: []string{"other-rule"}}, later, "images"), false},
-		{"expired", deployment(ns, "expired"), newException("expired", exception.Match{Namespace: ns, Names: []string{"expired"}}, soon, "exceptteam"), false},
-		{"expiring in the future", deployment(ns, "future"), newException("future", exception.Match{Namespace: ns, Names: []string{"future"}}, later, "exceptteam"), true},
+		{scope: "by name", d: deployment(ns, "by-name"), ex: newException("by-name", exception.Match{Namespace: ns, Names: []string{"by-name"}}, later, "exceptteam"), covered: true},
+		{scope: "by selector", d: deployment(ns, "by-selector", func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "legacy"} }),
+			ex: newException("by-selector", exception.Match{Namespace: ns, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "legacy"}}}, later, "exceptteam"), covered: true},
+		{scope: "by namespace", d: deployment(other, "by-namespace"), ex: newException("by-namespace", exception.Match{Namespace: other}, later, "exceptteam"), covered: true},
+		{scope: "in the wrong namespace", d: deployment(ns, "wrong-namespace"), ex: newException("wrong-namespace", exception.Match{Namespace: "elsewhere", Names: []string{"wrong-namespace"}}, later, "exceptteam")},
+		{scope: "another rule", d: deployment(ns, "other-rule"), ex: newException("other-rule", exception.Match{Namespace: ns, Names: []string{"other-rule"}}, later, "images")},
+		{scope: "expired", d: deployment(ns, "expired"), ex: newException("expired", exception.Match{Namespace: ns, Names: []string{"expired"}}, soon, "exceptteam")},
+		{scope: "expiring in the future", d: deployment(ns, "future"), ex: newException("future", exception.Match{Namespace: ns, Names: []string{"future"}}, later, "exceptteam"), covered: true},
+		{scope: "a spec check by rule", d: deployment(ns, "history", longHistory), check: "revision-history", covered: true,
+			ex: checks(newException("history", exception.Match{Namespace: ns, Names: []string{"history"}}, later), "revision-history")},
+		{scope: "another spec check", d: deployment(ns, "deadline", longHistory), check: "revision-history",
+			ex: checks(newException("deadline", exception.Match{Namespace: ns, Names: []string{"deadline"}}, later), "progress-deadline")},
+		{scope: "a spec check, expired", d: deployment(ns, "history-expired", longHistory), check: "revision-history",
+			ex: checks(newException("history-expired", exception.Match{Namespace: ns, Names: []string{"history-expired"}}, soon), "revision-history")},
 	}
 	dir := t.TempDir()
 	exDir := filepath.Join(dir, "exceptions")
@@ -262,53 +296,73 @@ func TestExceptionScopesAgree(t *testing.T) {
 		writeYAML(t, exDir, tc.ex.Name+".yaml", tc.ex)
 		manifests = append(manifests, tc.d)
 	}
-	waitUntil(t, soon.Add(waitShort), "the short exception expires", func() bool { return time.Now().After(soon) })
-	code, out := runCheck(t, "-o", "json", "--config", writeConfig(t, dir), "--policy-dir", policyDir, "--exceptions", exDir,
-		"-f", writeYAML(t, dir, "all.yaml", manifests...))
-	require.Equal(t, 1, code, "some are refused: %s", out)
-	c, _ := clientAs(t, "")
+	waitUntil(t, soon.Add(waitShort), "the short exceptions expire", func() bool { return time.Now().After(soon) })
+	common := []string{"-o", "json", "--config", writeConfig(t, dir), "--policy-dir", policyDir, "-f", writeYAML(t, dir, "all.yaml", manifests...)}
+	code, fromFiles := runCheck(t, append(common, "--exceptions", exDir)...)
+	require.Equal(t, 1, code, "some are refused: %s", fromFiles)
+	code, fromCluster := runCheck(t, append(common, "--cluster-exceptions", "--kubeconfig", adminKubeconfig(t))...)
+	require.Equal(t, 1, code, "some are refused: %s", fromCluster)
 	ev := &audit.Evaluator{Options: guardConfig().WebhookOptions(guardUser), Engine: engine, Exceptions: exceptions}
 	for _, tc := range cases {
 		t.Run(tc.scope, func(t *testing.T) {
-			var admitted bool
+			c, warnings := clientAs(t, "")
+			excepted := "excepted by PolicyException " + harness.GuardNamespace + "/" + tc.ex.Name
 			// Through the API server: as soon as the watch has delivered the
 			// exception, the decision is final.
 			require.Eventually(t, func() bool {
+				warnings.reset()
 				err := c.Create(ctx, tc.d.DeepCopy(), client.DryRunAll)
-				admitted = err == nil
-				return admitted == tc.covered
+				if tc.check == "" {
+					return (err == nil) == tc.covered
+				}
+				return err == nil && containsLine(warnings.all(), excepted) == tc.covered
 			}, waitShort, tick, "admission")
-			assert.Equal(t, tc.covered, checkAdmitted(t, out, tc.d.Name), "check")
-			stored := tc.d.DeepCopy()
-			got := ""
-			for _, r := range ev.Evaluate(ctx, stored) {
-				if r.Policy == "deployguard.exceptteam" {
-					got = r.Result
+			for name, out := range map[string]string{"check --exceptions": fromFiles, "check --cluster-exceptions": fromCluster} {
+				r := checkResultOf(t, out, tc.d.Name)
+				if tc.check == "" {
+					assert.Equal(t, tc.covered, r.Verdict == "admitted", name)
+				} else {
+					assert.Equal(t, "admitted", r.Verdict, name)
+					assert.Equal(t, tc.covered, containsLine(r.Warnings, excepted), "%s: %q", name, r.Warnings)
 				}
 			}
+			policy, rule := "deployguard.exceptteam", ""
 			want := audit.ResultFail
+			if tc.check != "" {
+				policy, rule, want = audit.PolicySpec, tc.check, audit.ResultWarn
+			}
 			if tc.covered {
 				want = audit.ResultSkip
+			}
+			got := ""
+			for _, r := range ev.Evaluate(ctx, tc.d.DeepCopy()) {
+				if r.Policy == policy && (rule == "" || r.Rule == rule) {
+					got = r.Result
+				}
 			}
 			assert.Equal(t, want, got, "audit")
 		})
 	}
 }
 
-// checkAdmitted reads check -o json's verdict on the Deployment name.
-func checkAdmitted(t *testing.T, out, name string) bool {
+// checkResultOf reads check -o json's result for the Deployment name.
+func checkResultOf(t *testing.T, out, name string) (r struct {
+	Name, Verdict string
+	Warnings      []string
+}) {
 	t.Helper()
 	var results []struct {
 		Name, Verdict string
+		Warnings      []string
 	}
 	require.NoError(t, yaml.Unmarshal([]byte(out), &results))
 	for _, r := range results {
 		if r.Name == name {
-			return r.Verdict == "admitted"
+			return r
 		}
 	}
 	t.Fatalf("check said nothing of %s", name)
-	return false
+	return r
 }
 
 // Who may grant an exception is RBAC on the CRD: a service account without

@@ -293,6 +293,13 @@ func (w *warningRecorder) HandleWarningHeader(code int, agent, text string) {
 	w.msgs = append(w.msgs, text)
 }
 
+// reset forgets the warnings so far, before a request whose own are wanted.
+func (w *warningRecorder) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = nil
+}
+
 func (w *warningRecorder) all() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -337,6 +344,21 @@ func kubectl(t *testing.T, obj any, args ...string) (string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	path := adminKubeconfig(t)
+	in, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// adminKubeconfig writes a kubeconfig of the test API server's admin, for
+// the commands that run as a cluster's users run them.
+func adminKubeconfig(t *testing.T) string {
+	t.Helper()
 	user, err := testEnv.ControlPlane.AddUser(envtest.User{Name: "kubectl-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -349,14 +371,7 @@ func kubectl(t *testing.T, obj any, args ...string) (string, error) {
 	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	in, err := json.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
-	cmd.Stdin = bytes.NewReader(in)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return path
 }
 
 // deployment is a plain manifest as a user would write it.

@@ -18,6 +18,7 @@ import (
 type Exception struct {
 	// Name is the object's namespace/name.
 	Name      types.NamespacedName
+	UID       types.UID
 	Namespace string   // of the Deployments it covers
 	Names     []string // empty: every Deployment the selector selects, or the namespace
 	Selector  labels.Selector
@@ -63,6 +64,7 @@ func (e *Exception) String() string {
 func From(pe *PolicyException) (*Exception, error) {
 	e := &Exception{
 		Name:      types.NamespacedName{Namespace: pe.Namespace, Name: pe.Name},
+		UID:       pe.UID,
 		Namespace: pe.Spec.Match.Namespace, Names: pe.Spec.Match.Names,
 		Policies: pe.Spec.Policies, Checks: pe.Spec.Checks,
 		ExpiresAt: pe.Spec.ExpiresAt.Time, Owner: pe.Spec.Owner, Reason: pe.Spec.Reason,

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"net/http"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -58,4 +62,18 @@ func Served(cfg *rest.Config) bool {
 		}
 	}
 	return false
+}
+
+// ListOnce reads the PolicyExceptions of namespace once, for the commands
+// that run outside the guard (audit, check). served is false when the API
+// server does not serve PolicyExceptions: then there are none to apply.
+func ListOnce(ctx context.Context, c client.Reader, namespace string) (items []PolicyException, served bool, err error) {
+	var list PolicyExceptionList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+			return nil, false, nil
+		}
+		return nil, true, fmt.Errorf("listing the PolicyExceptions of %s: %w", namespace, err)
+	}
+	return list.Items, true, nil
 }

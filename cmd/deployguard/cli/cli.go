@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deployguard/deployguard/webhook/exception"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -76,6 +78,7 @@ func NewClient(kubeconfig string) (client.Client, error) {
 	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(exception.AddToScheme(scheme))
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("creating a client: %w", err)
@@ -130,6 +133,7 @@ func NewNamespacedClient(kubeconfig, kubeContext, namespace string) (client.Clie
 	}
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(exception.AddToScheme(scheme))
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, "", fmt.Errorf("creating a client: %w", err)

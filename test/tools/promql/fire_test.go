@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -31,6 +32,29 @@ func TestFireAutoRollback(t *testing.T) {
 	assert.Contains(t, f.Annotations["summary"], "rolled back a failing rollout")
 
 	f, err = fire([]string{rules}, "DeployGuardAutoRollback", []string{scrape(1), scrape(1)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "inactive", f.State)
+}
+
+// The exception alert fires while an exception is inside its warning window,
+// and not when all are active or only expired ones remain.
+func TestFireExceptionExpiringSoon(t *testing.T) {
+	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
+	scrape := func(active, expiring, expired int) string {
+		p := filepath.Join(t.TempDir(), "metrics")
+		text := "# HELP deployguard_policy_exceptions By state.\n# TYPE deployguard_policy_exceptions gauge\n" +
+			fmt.Sprintf("deployguard_policy_exceptions{state=\"active\"} %d\n", active) +
+			fmt.Sprintf("deployguard_policy_exceptions{state=\"expiring\"} %d\n", expiring) +
+			fmt.Sprintf("deployguard_policy_exceptions{state=\"expired\"} %d\n", expired)
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+		return p
+	}
+	f, err := fire([]string{rules}, "DeployGuardExceptionExpiringSoon", []string{scrape(3, 0, 0), scrape(2, 1, 0)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "firing", f.State)
+	assert.Contains(t, f.Annotations["summary"], "1 PolicyException(s) expire soon")
+
+	f, err = fire([]string{rules}, "DeployGuardExceptionExpiringSoon", []string{scrape(3, 0, 1), scrape(3, 0, 1)}, 30*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "inactive", f.State)
 }

@@ -43,6 +43,10 @@ type checkFlags struct {
 	configFile string
 	policyDir  string
 	exceptions string
+	// clusterExceptions: read the cluster's PolicyExceptions once, through
+	// kubeconfig.
+	clusterExceptions bool
+	kubeconfig        string
 	namespace  string
 	username   string
 	groups     string
@@ -142,6 +146,8 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.configFile, "config", "", "the guard's config file, as given to serve")
 	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies to apply besides the built-in library")
 	fs.StringVar(&f.exceptions, "exceptions", "", "a file or directory of PolicyExceptions to apply, as the cluster applies them (those in exceptions.namespace)")
+	fs.BoolVar(&f.clusterExceptions, "cluster-exceptions", false, "apply the PolicyExceptions the cluster holds now (read once, from exceptions.namespace), as its guard does")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "with --cluster-exceptions: a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	fs.StringVar(&f.namespace, "namespace", "default", "namespace of objects that name none")
 	fs.StringVar(&f.username, "as", "", "username the policies see in input.userInfo")
 	fs.StringVar(&f.groups, "as-group", "", "comma-separated groups the policies see in input.userInfo")
@@ -166,10 +172,10 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
-	if f.exceptions != "" {
-		idx, err := readExceptions(f.exceptions, cfg, config.PolicyNames(eng))
+	if f.exceptions != "" || f.clusterExceptions {
+		idx, err := exceptionIndex(f, cfg, config.PolicyNames(eng))
 		if err != nil {
-			fmt.Fprintf(stderr, "deployguard check: --exceptions %s: %v\n", f.exceptions, err)
+			fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 			return exitUsage
 		}
 		pipe.review.Exceptions = idx

@@ -38,7 +38,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 Removes the guard's webhook configurations first (so nothing adds or defends the
 guard's finalizers any more), then removes the guard's finalizers, and only
 those, from every Deployment in the cluster. Run it before deleting the guard
-itself. Record ConfigMaps of deleted Deployments are kept.
+itself. Record ConfigMaps of deleted Deployments are kept, and so are the
+CRDs with their objects (PolicyExceptions, reports): deleting a CRD deletes
+every object of its kind, so that is left to kubectl delete crd.
 
 Flags:
 `)
