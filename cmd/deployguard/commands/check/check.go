@@ -47,9 +47,9 @@ type checkFlags struct {
 	// kubeconfig.
 	clusterExceptions bool
 	kubeconfig        string
-	namespace  string
-	username   string
-	groups     string
+	namespace         string
+	username          string
+	groups            string
 }
 
 type multiFlag []string
