@@ -1,7 +1,9 @@
 // Command apiserver is `make bench-apiserver`: the same dry-run CREATE load
 // through a real kube-apiserver on the local cluster, without an admission
 // guard, with a ValidatingAdmissionPolicy of four CEL rules (the bar to
-// beat), and with deployguard's two webhooks, in one run. It reports
+// beat), and with deployguard's two webhooks, in one run; then, with the
+// guard, a Deployment its policies warn about, without and with 1,000
+// PolicyExceptions in the cluster (their lookup must not grow with them). It reports
 // requests/s, latency and the CPU each request costs kube-apiserver and the
 // guard, read from /proc.
 package main
@@ -21,6 +23,7 @@ import (
 
 	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -32,6 +35,7 @@ import (
 
 	"github.com/deployguard/deployguard/test/bench/load"
 	"github.com/deployguard/deployguard/test/harness"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 type options struct {
@@ -40,6 +44,7 @@ type options struct {
 	warmup, duration           time.Duration
 	pprof                      bool
 	webhooks                   string
+	exceptions                 int
 }
 
 // phase is one configuration's measurement.
@@ -62,6 +67,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 5*time.Second, "load before each measurement, not counted")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "measured load per configuration")
 	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
+	flag.IntVar(&o.exceptions, "exceptions", 1000, "PolicyExceptions in the cluster for the last phase (0: no exception phases)")
 	flag.BoolVar(&o.pprof, "pprof", true, "take a CPU profile of the guard under load (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	// The harness logs through controller-runtime; the bench reports only
@@ -109,6 +115,7 @@ func run(o options) error {
 	cfg.QPS, cfg.Burst = 10000, 10000
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(exception.AddToScheme(scheme))
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return err
@@ -125,11 +132,14 @@ func run(o options) error {
 		fmt.Printf("Load: dry-run CREATE of a %.1f KB Deployment, %d clients, %s per configuration (after %s of warm-up)\n\n",
 			float64(len(b))/1024, o.clients, o.duration, o.warmup)
 	}
-	create := func(ctx context.Context, w, i int) error {
-		d := template.DeepCopy()
-		d.Name = fmt.Sprintf("bench-%d-%d", w, i)
-		return c.Create(ctx, d, client.DryRunAll)
+	creating := func(template *appsv1.Deployment) func(ctx context.Context, w, i int) error {
+		return func(ctx context.Context, w, i int) error {
+			d := template.DeepCopy()
+			d.Name = fmt.Sprintf("bench-%d-%d", w, i)
+			return c.Create(ctx, d, client.DryRunAll)
+		}
 	}
+	create := creating(template)
 	measure := func(name string, guardPid int) (phase, error) {
 		load.Run(ctx, o.clients, 0, o.warmup, create)
 		a0, err := load.CPU(apiserver)
@@ -183,6 +193,18 @@ func run(o options) error {
 		return err
 	}
 
+	if o.exceptions > 0 {
+		// Before the guard starts: it indexes exceptions only when the API
+		// is served at its start.
+		dir := filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")
+		if _, err := cluster.Kubectl(ctx, cluster.Kubeconfig, "apply", "-k", dir); err != nil {
+			return err
+		}
+		if _, err := cluster.Kubectl(ctx, cluster.Kubeconfig, "wait", "--for=condition=Established", "crd/policyexceptions.deployguard.io", "--timeout=1m"); err != nil {
+			return err
+		}
+	}
+
 	pprofPort, err := harness.FreePort()
 	if err != nil {
 		return err
@@ -218,6 +240,28 @@ func run(o options) error {
 		fmt.Printf("  CPU profile of the guard under load: %s\n", filepath.Join(work, "guard-cpu.pprof"))
 	}
 
+	if o.exceptions > 0 {
+		// A finding to except: the images policy warns about :latest, so each
+		// request looks its Deployment's exceptions up.
+		latest := template.DeepCopy()
+		latest.Spec.Template.Spec.Containers[0].Image = "registry.example.com/bench/c0:latest"
+		create = creating(latest)
+		p, err = measure("deployguard, a policy finding, no exceptions", g.Pid)
+		if err != nil {
+			return err
+		}
+		phases = append(phases, p)
+		fmt.Printf("  creating %d PolicyExceptions …\n", o.exceptions)
+		if err := createExceptions(ctx, c, g, o.exceptions); err != nil {
+			return err
+		}
+		p, err = measure(fmt.Sprintf("deployguard, a policy finding, %d exceptions", o.exceptions), g.Pid)
+		if err != nil {
+			return err
+		}
+		phases = append(phases, p)
+	}
+
 	printTable(os.Stdout, phases)
 	b, err := json.MarshalIndent(map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "clients": o.clients, "phases": phases}, "", "  ")
 	if err != nil {
@@ -237,11 +281,47 @@ func printTable(w io.Writer, phases []phase) {
 		fmt.Fprintf(w, "| %s | %.0f | %s | %s | %s | %s | %d |\n", p.Name, p.Load.PerSec, load.Millis(p.Load.P50), load.Millis(p.Load.P99),
 			guard, load.Millis(p.APIServerCPUPerRequest), p.Load.Failed)
 	}
-	none, guard := phases[0], phases[len(phases)-1]
+	none, guard := phases[0], phases[2]
 	if none.Load.PerSec > 0 {
 		fmt.Fprintf(w, "\nWith the guard: %.0f%% of the requests/s without it; %s of kube-apiserver CPU added per request by the two webhook calls.\n",
 			100*guard.Load.PerSec/none.Load.PerSec, load.Millis(guard.APIServerCPUPerRequest-none.APIServerCPUPerRequest))
 	}
+	if len(phases) == 5 && phases[3].Load.PerSec > 0 {
+		without, with := phases[3], phases[4]
+		fmt.Fprintf(w, "With the exceptions: %.0f%% of the requests/s without them; guard CPU per request %s → %s.\n",
+			100*with.Load.PerSec/without.Load.PerSec, load.Millis(without.GuardCPUPerRequest), load.Millis(with.GuardCPUPerRequest))
+	}
+}
+
+// createExceptions creates n PolicyExceptions through the guard's webhook,
+// spread as a large cluster would have them: most cover other namespaces,
+// one in ten covers other Deployments of the load's namespace by name, and
+// ten select by labels there (matching none of the load's). It returns once
+// the guard counts them all.
+func createExceptions(ctx context.Context, c client.Client, g *harness.Guard, n int) error {
+	expires := metav1.NewTime(time.Now().Add(30 * 24 * time.Hour)) // outside the 7-day warning: active
+	for i := range n {
+		m := exception.Match{Namespace: fmt.Sprintf("team-%d", i), Names: []string{fmt.Sprintf("app-%d", i)}}
+		switch {
+		case i < 10:
+			m = exception.Match{Namespace: "bench", Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": fmt.Sprintf("legacy-%d", i)}}}
+		case i%10 == 0:
+			m = exception.Match{Namespace: "bench", Names: []string{fmt.Sprintf("legacy-%d", i)}}
+		}
+		pe := &exception.PolicyException{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i), Namespace: harness.GuardNamespace},
+			Spec: exception.Spec{Match: m, Policies: []string{"images"}, ExpiresAt: expires,
+				Owner: "bench", Reason: "make bench-apiserver"},
+		}
+		if err := c.Create(ctx, pe); err != nil {
+			return fmt.Errorf("creating PolicyException %d: %w", i, err)
+		}
+	}
+	want := fmt.Sprintf(`deployguard_policy_exceptions{state="active"} %d`, n)
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, body, err := g.Get(g.Metrics, "/metrics")
+		return err == nil && strings.Contains(body, want), nil
+	})
 }
 
 // installPolicy installs a ValidatingAdmissionPolicy with four CEL rules like
