@@ -19,6 +19,11 @@ type FailFastOptions struct {
 	// Window is how long the evidence must hold, uninterrupted, before the
 	// revision is failing.
 	Window time.Duration
+	// TransientWindow replaces Window when every piece of evidence is a
+	// transient failure (a registry unreachable or overloaded): long enough
+	// for the kubelet's pull back-off (at most 5 min between attempts) to
+	// try again after a blip.
+	TransientWindow time.Duration
 	// Reasons are the container waiting reasons that are evidence.
 	Reasons []string
 	// RestartThreshold: a container restarted this many times is evidence
@@ -38,6 +43,7 @@ type FailFastOptions struct {
 // Defaults of fail-fast, the same as the config file's.
 const (
 	DefaultFailFastWindow             = 60 * time.Second
+	DefaultFailFastTransientWindow    = 5 * time.Minute
 	DefaultFailFastRestartThreshold   = 3
 	DefaultFailFastOOMKills           = 2
 	DefaultFailFastUnschedulableAfter = 5 * time.Minute
@@ -49,7 +55,7 @@ const (
 // states (ContainerCreating, PodInitializing, a pull in progress) are not
 // among them.
 func DefaultFailFastReasons() []string {
-	return []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+	return []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "RegistryUnavailable", "SignatureValidationFailed",
 		"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff"}
 }
 
@@ -57,7 +63,7 @@ func DefaultFailFastReasons() []string {
 // runs it.
 func DefaultFailFastOptions() FailFastOptions {
 	return FailFastOptions{
-		Enabled: true, Window: DefaultFailFastWindow, Reasons: DefaultFailFastReasons(),
+		Enabled: true, Window: DefaultFailFastWindow, TransientWindow: DefaultFailFastTransientWindow, Reasons: DefaultFailFastReasons(),
 		RestartThreshold: DefaultFailFastRestartThreshold, OOMKills: DefaultFailFastOOMKills,
 		UnschedulableAfter: DefaultFailFastUnschedulableAfter,
 	}
@@ -73,6 +79,10 @@ type PodFailure struct {
 	Reason   string `json:"reason"`
 	Restarts int32  `json:"restarts,omitempty"`
 	Message  string `json:"message,omitempty"`
+	// Class is ClassPermanent, ClassTransient or "" (ClassifyFailure), and
+	// Cause the words of the message that decided it.
+	Class string `json:"class,omitempty"`
+	Cause string `json:"cause,omitempty"`
 }
 
 // PodState is what fail-fast reads of one pod of the newRS.
@@ -123,6 +133,7 @@ func containerFailure(pod string, cs *corev1.ContainerStatus, images map[string]
 	f := &PodFailure{Pod: pod, Container: cs.Name, Image: image, Restarts: cs.RestartCount}
 	if w := cs.State.Waiting; w != nil && slices.Contains(o.Reasons, w.Reason) {
 		f.Reason, f.Message = w.Reason, w.Message
+		f.Class, f.Cause = ClassifyFailure(w.Reason, w.Message)
 		return f
 	}
 	if t := cs.LastTerminationState.Terminated; t != nil && !cs.Ready {
@@ -164,6 +175,9 @@ type FailFastInput struct {
 	Pods         []PodState
 	FailingSince time.Time
 	Window       time.Duration
+	// TransientWindow is the window when all the evidence is transient
+	// (never shorter than Window).
+	TransientWindow time.Duration
 	// MinFailingPods as in FailFastOptions.
 	MinFailingPods int
 }
@@ -182,6 +196,10 @@ type FailFastVerdict struct {
 	Pods int
 	// RequeueAfter is when the window ends (Failing, not yet Failed).
 	RequeueAfter time.Duration
+	// Class is the evidence's (EvidenceClass), and Window the one that
+	// applied to it.
+	Class  string
+	Window time.Duration
 }
 
 // DecideFailFast decides whether a rollout in progress is failing.
@@ -219,12 +237,19 @@ func DecideFailFast(in FailFastInput) FailFastVerdict {
 	if v.Since.IsZero() || v.Since.After(in.Now) {
 		v.Since = in.Now
 	}
+	// The window runs from the first evidence whatever its class: a blip
+	// that turns into "manifest unknown" is judged on the ordinary window
+	// from the start.
+	v.Class, v.Window = EvidenceClass(v.Evidence), in.Window
+	if v.Class == ClassTransient {
+		v.Window = max(in.Window, in.TransientWindow)
+	}
 	held := in.Now.Sub(v.Since)
-	if held >= in.Window {
+	if held >= v.Window {
 		v.Failed = true
 		return v
 	}
-	v.RequeueAfter = in.Window - held
+	v.RequeueAfter = v.Window - held
 	return v
 }
 
@@ -263,5 +288,26 @@ func FailFastSummary(v FailFastVerdict, now time.Time) string {
 	if len(order) == 1 {
 		reason = order[0]
 	}
-	return fmt.Sprintf("%d/%d new pods %s for %s%s", len(v.Evidence), v.Pods, reason, now.Sub(v.Since).Round(time.Second), where)
+	return fmt.Sprintf("%d/%d new pods %s for %s%s%s", len(v.Evidence), v.Pods, reason, now.Sub(v.Since).Round(time.Second), where, classPhrase(v))
+}
+
+// classPhrase says in the summary which kind of failure it was, and so
+// which window applied: "; a permanent failure (manifest unknown)" or "; a
+// transient failure (i/o timeout) for the whole transient window of 5m0s".
+func classPhrase(v FailFastVerdict) string {
+	causes := map[string]bool{}
+	var list []string
+	for _, e := range v.Evidence {
+		if e.Class == v.Class && e.Cause != "" && !causes[e.Cause] {
+			causes[e.Cause] = true
+			list = append(list, e.Cause)
+		}
+	}
+	switch v.Class {
+	case ClassPermanent:
+		return fmt.Sprintf("; a permanent failure (%s)", strings.Join(list, ", "))
+	case ClassTransient:
+		return fmt.Sprintf("; a transient failure (%s) for the whole transient window of %s", strings.Join(list, ", "), v.Window)
+	}
+	return ""
 }

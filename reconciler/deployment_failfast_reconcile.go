@@ -106,7 +106,8 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 	for i := range pods {
 		states = append(states, PodStateOf(&pods[i], now, o))
 	}
-	v := DecideFailFast(FailFastInput{Now: now, Pods: states, FailingSince: failingSince(d, newRS.Name), Window: o.Window, MinFailingPods: o.MinFailingPods})
+	v := DecideFailFast(FailFastInput{Now: now, Pods: states, FailingSince: failingSince(d, newRS.Name), Window: o.Window,
+		TransientWindow: o.TransientWindow, MinFailingPods: o.MinFailingPods})
 	switch {
 	case !v.Failing:
 		return FailFastPollInterval, r.setFailingSince(ctx, d, "")
@@ -116,11 +117,11 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 				return 0, err
 			}
 			ctrl.LoggerFrom(ctx).Info("New pods show failure evidence; fail-fast window started", "replicaSet", klog.KObj(newRS),
-				"reason", v.Evidence[0].Reason, "window", o.Window.String(), "evidence", FailFastSummary(v, now))
+				"reason", v.Evidence[0].Reason, "class", v.Class, "window", v.Window.String(), "evidence", FailFastSummary(v, now))
 		}
 		return min(v.RequeueAfter, FailFastPollInterval), nil
 	}
-	return 0, r.failRevision(ctx, d, rss, newRS, v, o)
+	return 0, r.failRevision(ctx, d, rss, newRS, v)
 }
 
 // newPods lists, from the API server, the pods of the newRS that are not
@@ -181,7 +182,7 @@ func (r *DeploymentReconciler) setFailingSince(ctx context.Context, d *appsv1.De
 // declares nothing: the Deployment then fails at its deadline as upstream's
 // does. The decision is taken again on the Deployment as the API server has
 // it.
-func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, newRS *appsv1.ReplicaSet, v FailFastVerdict, o FailFastOptions) error {
+func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, newRS *appsv1.ReplicaSet, v FailFastVerdict) error {
 	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "reason", v.Evidence[0].Reason)
 	fresh := &appsv1.Deployment{}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), fresh); err != nil {
@@ -190,7 +191,7 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 	*d = *fresh
 	now := r.Clock.Now()
 	since := failingSince(d, newRS.Name)
-	if RolloutInProgress(d, rss) != newRS || since.IsZero() || now.Sub(since) < o.Window {
+	if RolloutInProgress(d, rss) != newRS || since.IsZero() || now.Sub(since) < v.Window {
 		// Changed since the cache saw it; the watch event brings it back.
 		return nil
 	}

@@ -24,8 +24,12 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// failFastWindow is rollback.failFast.window in the suite's guard config.
-const failFastWindow = 15 * time.Second
+// failFastWindow is rollback.failFast.window in the suite's guard config,
+// and transientWindow its rollback.failFast.transientWindow.
+const (
+	failFastWindow  = 15 * time.Second
+	transientWindow = 2 * time.Minute
+)
 
 // slowDeployment is deployment() with upstream's default progress deadline of
 // ten minutes: a rollback within the tests' time is fail-fast's, never the
@@ -73,12 +77,16 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 	tests := []struct {
 		name, reason string
 		breakIt      func(*appsv1.Deployment)
+		// class is the phrase the Event ends with, for a classified failure.
+		class string
 	}{
-		{name: "an image that cannot be pulled", reason: "ImagePullBackOff",
+		{name: "an image that cannot be pulled", reason: "ImagePullBackOff", class: "; a permanent failure (not found)",
 			breakIt: func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }},
+		{name: "a manifest the registry does not know", reason: "ImagePullBackOff", class: "; a permanent failure (manifest unknown)",
+			breakIt: func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:manifest-unknown" }},
 		{name: "a crash-looping container", reason: "CrashLoopBackOff",
 			breakIt: func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2-crashloop" }},
-		{name: "a missing ConfigMap", reason: "CreateContainerConfigError",
+		{name: "a missing ConfigMap", reason: "CreateContainerConfigError", class: "; a permanent failure (not found)",
 			breakIt: func(d *appsv1.Deployment) {
 				d.Spec.Template.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{
 					LocalObjectReference: corev1.LocalObjectReference{Name: "missing-settings"}}}}
@@ -105,8 +113,40 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 			assert.Contains(t, msg, "new pods "+tt.reason)
 			assert.Contains(t, msg, "(container app, image ")
 			assert.Contains(t, msg, "to known-good revision 1")
+			if tt.class != "" {
+				assert.Contains(t, msg, tt.class)
+			}
 		})
 	}
+}
+
+// A registry blip is not a broken release: new pods that cannot reach the
+// registry (a dial i/o timeout, transient) for 90 s, six times the ordinary
+// window, then pull and run, are waited for on the transient window, and
+// the rollout completes on the new revision.
+func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t, nil)
+	rolledOutOnce(t, slowDeployment(ns, "blip", "app:1"))
+	changed := time.Now()
+	clears := changed.Add(90 * time.Second).UTC().Format(time.RFC3339)
+	require.NoError(t, update(t, ns, "blip", func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].Image = "app:2"
+		d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/pull-fails-until": clears}
+	}))
+	// Fail-fast sees the evidence (its window starts) …
+	waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "blip")
+		return d.Annotations[vocab.AnnotationFailingSince] != "", describe(d), nil
+	})
+	// … and waits past its ordinary window until the pull succeeds.
+	d := waitAvailable(t, ns, "blip", transientWindow+30*time.Second)
+	t.Logf("the blip cleared and the rollout completed %s after the change", time.Since(changed).Round(time.Second))
+	assert.Greater(t, time.Since(changed), 90*time.Second, "the pods were failing for 90 s")
+	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
+	assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision)
+	assert.NotContains(t, d.Annotations, vocab.AnnotationFailFastRevision)
+	waitKnownGood(t, ns, "blip", 2)
 }
 
 // Slow is not failing: pods that become Ready only after 45 s are waited

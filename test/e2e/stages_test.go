@@ -312,3 +312,37 @@ func TestStageReadyAfter(t *testing.T) {
 	waitAvailable(t, ns, "slow", 30*time.Second)
 	assertSettled(t, &pods[0], 2*time.Second)
 }
+
+// pull-blip.yaml: a pod annotated stages.deployguard.io/pull-fails-until
+// cannot reach the registry (ImagePullBackOff, a dial i/o timeout) until that
+// time, then runs and is Ready; a permanent pull failure's stage
+// (image-pull-backoff.yaml) says "manifest unknown" for such an image.
+func TestStagePullBlip(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t, nil)
+	ctx := context.Background()
+	clears := time.Now().Add(12 * time.Second)
+	d := stageDeployment(ns, "blip", "app:1")
+	d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/pull-fails-until": clears.UTC().Format(time.RFC3339)}
+	require.NoError(t, local.Client.Create(ctx, d))
+	unknown := stageDeployment(ns, "unknown", "app:manifest-unknown")
+	require.NoError(t, local.Client.Create(ctx, unknown))
+
+	pods := waitPods(t, d, 10*time.Second, "pods not failing to pull", false, func(p *corev1.Pod) (bool, string) {
+		c := containerStatus(p, "app")
+		return p.Status.Phase == corev1.PodPending && c != nil && c.State.Waiting != nil && c.State.Waiting.Reason == "ImagePullBackOff", podState(p)
+	})
+	assert.Contains(t, containerStatus(&pods[0], "app").State.Waiting.Message, "dial tcp 203.0.113.10:443: i/o timeout")
+	pods = waitPods(t, d, time.Until(clears)+20*time.Second, "pods not Ready after the blip", true, func(p *corev1.Pod) (bool, string) {
+		return podReady(p), podState(p)
+	})
+	assert.False(t, time.Now().Before(clears), "Ready before the blip cleared")
+	assert.Equal(t, corev1.PodRunning, pods[0].Status.Phase)
+	assert.NotEmpty(t, pods[0].Status.PodIP)
+
+	pods = waitPods(t, unknown, 30*time.Second, "pods not in ImagePullBackOff", false, func(p *corev1.Pod) (bool, string) {
+		c := containerStatus(p, "app")
+		return c != nil && c.State.Waiting != nil && c.State.Waiting.Reason == "ImagePullBackOff", podState(p)
+	})
+	assert.Contains(t, containerStatus(&pods[0], "app").State.Waiting.Message, "unknown: manifest unknown")
+}

@@ -37,7 +37,7 @@ kind: GuardConfig
 bounds:
   progressDeadlineSeconds: {min: 3, max: 7200}
 rollback:
-  failFast: {window: 15s}
+  failFast: {window: 15s, transientWindow: 2m}
 cleanup:
   drainTimeout: 45s
 `

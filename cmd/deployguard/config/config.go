@@ -134,6 +134,10 @@ type FailFast struct {
 	Enabled bool `yaml:"enabled"`
 	// Window is how long the evidence must hold on the new pods, none Ready.
 	Window Duration `yaml:"window"`
+	// TransientWindow is the window when every piece of evidence is a
+	// transient pull failure (a registry unreachable, overloaded or rate
+	// limiting): a blip must not roll a good release back.
+	TransientWindow Duration `yaml:"transientWindow"`
 	// Reasons are the container waiting reasons that are evidence.
 	Reasons []string `yaml:"reasons"`
 	// RestartThreshold: a container restarted this many times is evidence.
@@ -215,8 +219,8 @@ func Default() Config {
 		},
 		Selector: Selector{StableLabelKeys: []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"}},
 		Rollback: Rollback{AutoRollback: true, Quarantine: "enforce", FailFast: FailFast{
-			Enabled: true, Window: Duration{60 * time.Second},
-			Reasons: []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+			Enabled: true, Window: Duration{60 * time.Second}, TransientWindow: Duration{5 * time.Minute},
+			Reasons: []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "RegistryUnavailable", "SignatureValidationFailed",
 				"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff"},
 			RestartThreshold: 3, UnschedulableAfter: Duration{5 * time.Minute},
 		}},
@@ -358,6 +362,10 @@ func (c *Config) Validate() field.ErrorList {
 	if ff.Window.Duration < 10*time.Second {
 		errs = append(errs, field.Invalid(ffp.Child("window"), ff.Window.String(),
 			"must be at least 10s: evidence seen for less than that is too often a pod still starting"))
+	}
+	if ff.TransientWindow.Duration < ff.Window.Duration {
+		errs = append(errs, field.Invalid(ffp.Child("transientWindow"), ff.TransientWindow.String(),
+			fmt.Sprintf("must be at least rollback.failFast.window (%s): a transient failure never rolls back sooner than a permanent one", ff.Window)))
 	}
 	if ff.RestartThreshold < 1 {
 		errs = append(errs, field.Invalid(ffp.Child("restartThreshold"), ff.RestartThreshold, "must be at least 1"))

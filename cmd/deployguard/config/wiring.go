@@ -65,6 +65,7 @@ func (c Config) FailFastOptions() reconciler.FailFastOptions {
 	o := reconciler.DefaultFailFastOptions()
 	o.Enabled = ff.Enabled
 	o.Window = ff.Window.Duration
+	o.TransientWindow = ff.TransientWindow.Duration
 	o.Reasons = ff.Reasons
 	o.RestartThreshold = ff.RestartThreshold
 	o.UnschedulableAfter = ff.UnschedulableAfter.Duration
