@@ -264,6 +264,14 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	if err := r.reconcileVerdict(ctx, d, allRSs); err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while reporting its rollback; requeued")
 	}
+	// After the verdict, which holds the Stalled condition when it has one.
+	scale, err := r.reconcileScaleUp(ctx, d, allRSs)
+	if err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while judging its scale-up; requeued")
+	}
+	if scale > 0 && (again == 0 || scale < again) {
+		again = scale
+	}
 	return ctrl.Result{RequeueAfter: again}, nil
 }
 

@@ -310,6 +310,10 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering reconciler metrics: %w", err)
 	}
+	// Read from the process's cache on every replica, leader or not.
+	if err := metrics.Registry.Register(&reconciler.ScaleUpCollector{Reader: mgr.GetClient()}); err != nil {
+		return nil, nil, fmt.Errorf("registering the scale-up metric: %w", err)
+	}
 	ropts := reconciler.DefaultOptions()
 	ropts.AutoRollback = cfg.Rollback.AutoRollback
 	ropts.IgnoredNamespaces = []string{"kube-system", "kube-node-lease", "kube-public", f.namespace}

@@ -279,6 +279,12 @@ const (
 	// ReasonRolloutFailing: fail-fast found a rollout failing and did not
 	// roll it back (automatic rollback is off for it).
 	ReasonRolloutFailing = "RolloutFailing"
+	// ReasonScaleUpStalled: a Deployment whose template did not change has
+	// stayed short of its replicas past its progress deadline, its missing
+	// pods failing (the Stalled condition's reason and the Event's).
+	// ReasonScaleUpRecovered: it is back at its replicas, or scaled down.
+	ReasonScaleUpStalled   = "ScaleUpStalled"
+	ReasonScaleUpRecovered = "ScaleUpRecovered"
 
 	// Cleanup on deletion, one step per finalizer.
 	ReasonDrainStarted     = "DrainStarted"

@@ -23,6 +23,7 @@ type statusJSON struct {
 	Record            bool   `json:"record"`
 	Revision          int64  `json:"revision"`
 	KnownGoodRevision string `json:"knownGoodRevision"`
+	ScaleUpStalled    string `json:"scaleUpStalled"`
 	Revisions         []struct {
 		Revision     int64    `json:"revision"`
 		ReplicaSet   string   `json:"replicaSet"`

@@ -58,3 +58,24 @@ func TestFireExceptionExpiringSoon(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "inactive", f.State)
 }
+
+// The scale-up alert fires as soon as a Deployment is reported as stalled
+// (the report waited the progress deadline), and not when none is.
+func TestFireScaleUpStalled(t *testing.T) {
+	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
+	scrape := func(n int) string {
+		p := filepath.Join(t.TempDir(), "metrics")
+		text := "# HELP deployguard_scaleups_stalled Stalled.\n# TYPE deployguard_scaleups_stalled gauge\n" +
+			fmt.Sprintf("deployguard_scaleups_stalled %d\n", n)
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+		return p
+	}
+	f, err := fire([]string{rules}, "DeployGuardScaleUpStalled", []string{scrape(0), scrape(1)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "firing", f.State)
+	assert.Contains(t, f.Annotations["summary"], "1 Deployment(s) stuck short of their replicas")
+
+	f, err = fire([]string{rules}, "DeployGuardScaleUpStalled", []string{scrape(0), scrape(0)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "inactive", f.State)
+}

@@ -45,11 +45,14 @@ type deploymentStatus struct {
 	// Verdict is set while a rollback by the guard stands: the Deployment
 	// reads as failed to deploying tools (condition Stalled) until a new
 	// template is applied or the rollback is accepted.
-	Verdict     *verdictStatus      `json:"verdict,omitempty"`
-	Revisions   []revisionStatus    `json:"revisions"`
-	Quarantined []quarantinedStatus `json:"quarantined"`
-	Rollout     rolloutStatus       `json:"rollout"`
-	Cleanup     *cleanupStatus      `json:"cleanup,omitempty"`
+	Verdict *verdictStatus `json:"verdict,omitempty"`
+	// ScaleUpStalled is the guard's report of a scale-up that never
+	// completed (condition Stalled, reason ScaleUpStalled), in words.
+	ScaleUpStalled string              `json:"scaleUpStalled,omitempty"`
+	Revisions      []revisionStatus    `json:"revisions"`
+	Quarantined    []quarantinedStatus `json:"quarantined"`
+	Rollout        rolloutStatus       `json:"rollout"`
+	Cleanup        *cleanupStatus      `json:"cleanup,omitempty"`
 	// Events are the guard's events about the Deployment, oldest first.
 	Events []guardEvent `json:"events"`
 	// EventsUnavailable says why the events could not be read (RBAC); the
@@ -233,6 +236,11 @@ func buildStatus(in statusInput) deploymentStatus {
 		st.Verdict = &verdictStatus{FailedRevision: failed, Message: v.Message,
 			Accept: fmt.Sprintf("kubectl annotate deployment -n %s %s %s=%s", d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)}
 	}
+	for _, c := range d.Status.Conditions {
+		if c.Type == vocab.ConditionStalled && c.Status == corev1.ConditionTrue && c.Reason == vocab.ReasonScaleUpStalled {
+			st.ScaleUpStalled = c.Message
+		}
+	}
 	st.Cleanup = cleanupOf(d)
 	for _, e := range events {
 		st.Events = append(st.Events, guardEvent{Time: eventTime(e).UTC().Format(time.RFC3339), Type: e.Type, Reason: e.Reason, Message: e.Note})
@@ -414,6 +422,9 @@ func printStatus(w io.Writer, st deploymentStatus) {
 	}
 	if v := st.Verdict; v != nil {
 		fmt.Fprintf(w, "Reads as failed (Stalled): revision %s was rolled back and is not running. Apply a fixed template, or accept the rollback: %s\n", v.FailedRevision, v.Accept)
+	}
+	if st.ScaleUpStalled != "" {
+		fmt.Fprintf(w, "Scale-up stalled (Stalled, ScaleUpStalled): %s\n", st.ScaleUpStalled)
 	}
 
 	fmt.Fprintln(w)

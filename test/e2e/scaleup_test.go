@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// A scale-up whose new pods can never be scheduled is what upstream never
+// reports: the template did not change, so no progress deadline runs. The
+// guard reports it within the deadline plus a resync (Stalled=True, reason
+// ScaleUpStalled, which kstatus-based tools read as Failed; an Event;
+// `deployguard status`), and clears it when the Deployment is scaled back.
+func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
+	t.Parallel()
+	const progressDeadline = 15 * time.Second
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	d := deployment(ns, "spread", "app:1")
+	d.Spec.ProgressDeadlineSeconds = ptr(int32(progressDeadline / time.Second))
+	// One pod per node, and the cluster has two nodes: two replicas run, and
+	// every pod beyond them is unschedulable.
+	d.Spec.Template.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+			TopologyKey:   corev1.LabelHostname,
+			LabelSelector: &metav1.LabelSelector{MatchLabels: d.Spec.Selector.MatchLabels},
+		}},
+	}}
+	require.NoError(t, local.Client.Create(ctx, d))
+	waitAvailable(t, ns, "spread", time.Minute)
+
+	scaled := time.Now()
+	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(6)) }))
+	var stalled *appsv1.DeploymentCondition
+	waitFor(t, progressDeadline+45*time.Second, "the stalled scale-up was not reported", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "spread")
+		stalled = condition(d, vocab.ConditionStalled)
+		return stalled != nil && stalled.Status == corev1.ConditionTrue && stalled.Reason == vocab.ReasonScaleUpStalled, describe(d), nil
+	})
+	t.Logf("reported %s after the scale-up (deadline %s)", time.Since(scaled).Round(time.Second), progressDeadline)
+	assert.GreaterOrEqual(t, time.Since(scaled), progressDeadline, "reported before the progress deadline")
+	for _, want := range []string{"2/6 replicas available", "past the progress deadline of 15s", "4 Unschedulable", "anti-affinity", "scale back to 2"} {
+		assert.Contains(t, stalled.Message, want)
+	}
+	assert.Contains(t, guardEvent(t, ns, "spread", vocab.ReasonScaleUpStalled), "4 Unschedulable")
+	st, text := statusOf(ctx, t, ns, "spread")
+	assert.Equal(t, stalled.Message, st.ScaleUpStalled)
+	assert.Contains(t, text, "Scale-up stalled (Stalled, ScaleUpStalled): 2/6 replicas available")
+	// Nothing was rolled back: there is no template to roll back to.
+	got := get(ctx, t, ns, "spread")
+	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackRevision)
+
+	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(2)) }))
+	waitFor(t, 30*time.Second, "the report was not cleared after scaling back", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "spread")
+		return condition(d, vocab.ConditionStalled) == nil, describe(d), nil
+	})
+	assert.True(t, strings.HasPrefix(guardEvent(t, ns, "spread", vocab.ReasonScaleUpRecovered), "The scale-up no longer stalls: 2/2 replicas available"))
+}
