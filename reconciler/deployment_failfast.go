@@ -260,35 +260,45 @@ func FailFastSummary(v FailFastVerdict, now time.Time) string {
 	if len(v.Evidence) == 0 {
 		return ""
 	}
-	reasons := map[string]int{}
+	reason := v.Evidence[0].Reason
+	if parts := reasonCounts(v.Evidence); len(parts) > 1 {
+		reason = strings.Join(parts, ", ")
+	}
+	return fmt.Sprintf("%d/%d new pods %s for %s%s%s", len(v.Evidence), v.Pods, reason, now.Sub(v.Since).Round(time.Second), whereOf(v.Evidence[0]), classPhrase(v))
+}
+
+// reasonCounts counts the evidence by reason, in the order first seen:
+// ["3 ImagePullBackOff", "1 CrashLoopBackOff"].
+func reasonCounts(evidence []PodFailure) []string {
+	counts := map[string]int{}
 	var order []string
-	for _, e := range v.Evidence {
-		if reasons[e.Reason] == 0 {
+	for _, e := range evidence {
+		if counts[e.Reason] == 0 {
 			order = append(order, e.Reason)
 		}
-		reasons[e.Reason]++
+		counts[e.Reason]++
 	}
 	parts := make([]string, 0, len(order))
 	for _, r := range order {
-		parts = append(parts, fmt.Sprintf("%d %s", reasons[r], r))
+		parts = append(parts, fmt.Sprintf("%d %s", counts[r], r))
 	}
-	first := v.Evidence[0]
-	where := ""
+	return parts
+}
+
+// whereOf says where one piece of evidence is: " (container web, image
+// shop:1.4, 3 restarts)", or the pod's message, such as the scheduler's.
+func whereOf(e PodFailure) string {
 	switch {
-	case first.Container != "":
-		where = fmt.Sprintf(" (container %s, image %s", first.Container, first.Image)
-		if first.Restarts > 0 {
-			where += fmt.Sprintf(", %d restarts", first.Restarts)
+	case e.Container != "":
+		where := fmt.Sprintf(" (container %s, image %s", e.Container, e.Image)
+		if e.Restarts > 0 {
+			where += fmt.Sprintf(", %d restarts", e.Restarts)
 		}
-		where += ")"
-	case first.Message != "":
-		where = " (" + first.Message + ")"
+		return where + ")"
+	case e.Message != "":
+		return " (" + e.Message + ")"
 	}
-	reason := strings.Join(parts, ", ")
-	if len(order) == 1 {
-		reason = order[0]
-	}
-	return fmt.Sprintf("%d/%d new pods %s for %s%s%s", len(v.Evidence), v.Pods, reason, now.Sub(v.Since).Round(time.Second), where, classPhrase(v))
+	return ""
 }
 
 // classPhrase says in the summary which kind of failure it was, and so

@@ -120,29 +120,11 @@ func DecideScaleUp(in ScaleUpInput) ScaleUpVerdict {
 // progress deadline of 30s): 3 Unschedulable (0/3 nodes are available: …).
 // Nothing to roll back: give the pods room, or scale back to 3."
 func ScaleUpMessage(desired, available int32, v ScaleUpVerdict, deadline time.Duration, now time.Time) string {
-	counts := map[string]int{}
-	var order []string
-	for _, e := range v.Evidence {
-		if counts[e.Reason] == 0 {
-			order = append(order, e.Reason)
-		}
-		counts[e.Reason]++
-	}
-	parts := make([]string, 0, len(order))
-	for _, r := range order {
-		parts = append(parts, fmt.Sprintf("%d %s", counts[r], r))
-	}
 	detail := ""
 	if len(v.Evidence) > 0 {
-		first := v.Evidence[0]
-		switch {
-		case first.Message != "":
-			detail = " (" + first.Message + ")"
-		case first.Container != "":
-			detail = fmt.Sprintf(" (container %s, image %s)", first.Container, first.Image)
-		}
+		detail = whereOf(v.Evidence[0])
 	}
 	return fmt.Sprintf("%d/%d replicas available; the missing pods have not come for %s, past the progress deadline of %s: %s%s. "+
 		"The template did not change, so there is nothing to roll back: give the pods what they lack, or scale back to %d.",
-		available, desired, now.Sub(v.Since).Round(time.Second), deadline, strings.Join(parts, ", "), detail, available)
+		available, desired, now.Sub(v.Since).Round(time.Second), deadline, strings.Join(reasonCounts(v.Evidence), ", "), detail, available)
 }
