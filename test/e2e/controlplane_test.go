@@ -185,7 +185,13 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 	afterRestart(t, l.Client, ns, "web", "web was not rolled back from revision 2", func(d *appsv1.Deployment) bool {
 		return d.Annotations[vocab.AnnotationRolledBackRevision] == "2"
 	})
-	d := afterRestart(t, l.Client, ns, "web", "web did not complete on the restored template", completed)
+	afterRestart(t, l.Client, ns, "web", "web did not complete on the restored template", completed)
+	// The guard records the completed revision as known-good on the
+	// Deployment, an annotation write (which bumps a Deployment's
+	// generation): the state to hold still from is after that record.
+	d := afterRestart(t, l.Client, ns, "web", "the restored revision was not recorded known-good", func(d *appsv1.Deployment) bool {
+		return completed(d) && d.Annotations[vocab.AnnotationKnownGoodRevision] == d.Annotations[vocab.RevisionAnnotation]
+	})
 	probe.stop()
 	firstOK, total, failedAfter := probe.since(back)
 	t.Logf("control plane down %s; after it was back: first admission through the guard after %s, %d admissions, %d failed after the first success",
