@@ -26,6 +26,9 @@ type Deployment struct {
 	// Exceptions, when set, finds the PolicyExceptions that cover a
 	// Deployment: what they exempt only warns, naming them.
 	Exceptions Exceptions
+	// Budgets, when set, finds the PodDisruptionBudgets that select a
+	// Deployment's pods, for the drain check, and serves the budgets' webhook.
+	Budgets BudgetSource
 	// Now is the clock exceptions expire by; nil is time.Now.
 	Now func() time.Time
 }

@@ -85,7 +85,7 @@ func review(t testing.TB, op admissionv1.Operation, obj, old runtime.Object) []b
 	t.Helper()
 	req := &admissionv1.AdmissionRequest{
 		UID:       types.UID("0d1f3c1e-2b7a-4c4e-9d4e-1f2a3b4c5d6e"),
-		Kind:      deploymentGVK,
+		Kind:      deploymentKind.gvk,
 		Resource:  metav1.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"},
 		Name:      "web",
 		Namespace: "shop",

@@ -77,12 +77,15 @@ const (
 	reasonQuarantine       = "quarantine"        // spec.template: a quarantined pod template brought back
 	reasonProtected        = "protected"         // DELETE of a Deployment annotated protected
 	reasonPolicy           = "policy"            // an enforced Rego policy; which one is the policy engine's metrics'
+	// spec.replicas of a Deployment, or a PodDisruptionBudget's rule: the
+	// budget allows no eviction of the pods (enforce mode only refuses).
+	reasonDisruptionBudget = "disruption-budget"
 )
 
 // checkReasons are the reasons a field error's Origin may name.
 var checkReasons = []string{
 	reasonSelector, reasonOverlap, reasonStrategy, reasonRevisionHistory, reasonProgressDeadline,
-	reasonFinalizers, reasonQuarantine, reasonProtected, reasonPolicy,
+	reasonFinalizers, reasonQuarantine, reasonProtected, reasonPolicy, reasonDisruptionBudget,
 }
 
 // refusalReason is the reason label of a decision that made errs: none when

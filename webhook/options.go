@@ -53,6 +53,11 @@ type Options struct {
 	// Quarantine is one of QuarantineEnforce, QuarantineWarn, QuarantineOff.
 	Quarantine string
 
+	// DisruptionBudgets is one of BudgetsWarn, BudgetsEnforce, BudgetsOff:
+	// what admission does with a PodDisruptionBudget that allows no eviction
+	// of a Deployment's pods at its replicas. Empty is BudgetsWarn.
+	DisruptionBudgets string
+
 	// ExemptNamespaces, ExemptUsernames and ExemptGroups skip the safety checks
 	// and policies (not the finalizer and quarantine rules, which protect the
 	// guard itself). They come from the config file only.
@@ -67,15 +72,19 @@ type Range struct{ Min, Max int32 }
 // exemption says why the spec checks and policies skip a request in
 // namespace from user, or "" when they do not.
 func (o *Options) exemption(namespace string, user authenticationv1.UserInfo) string {
+	return o.exemptionOf(namespace, user.Username, user.Groups)
+}
+
+func (o *Options) exemptionOf(namespace, username string, groups []string) string {
 	if slices.Contains(o.ExemptNamespaces, namespace) {
 		return "namespace " + namespace + " is exempt from deployguard's checks"
 	}
-	if slices.Contains(o.ExemptUsernames, user.Username) {
-		return "user " + user.Username + " is exempt from deployguard's checks"
+	if slices.Contains(o.ExemptUsernames, username) {
+		return "user " + username + " is exempt from deployguard's checks"
 	}
-	for _, g := range user.Groups {
+	for _, g := range groups {
 		if slices.Contains(o.ExemptGroups, g) {
-			return "group " + g + " of user " + user.Username + " is exempt from deployguard's checks"
+			return "group " + g + " of user " + username + " is exempt from deployguard's checks"
 		}
 	}
 	return ""

@@ -20,6 +20,8 @@ type Selection struct {
 	TemplateLabels labels.Set
 	// Deleting: being deleted; its pods go with it, so it overlaps nothing.
 	Deleting bool
+	// Replicas it asks for, for the disruption budgets that select its pods.
+	Replicas int32
 }
 
 // SelectionOf summarises a Deployment for the overlap check; ok is false when
@@ -33,7 +35,7 @@ func SelectionOf(d *appsv1.Deployment) (Selection, bool) {
 	if err != nil {
 		return Selection{}, false
 	}
-	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil}, true
+	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil, Replicas: replicasOf(d)}, true
 }
 
 // OverlapSource finds the Deployments of d's namespace whose selector or pods
@@ -305,4 +307,42 @@ func removeName(m map[labelPair]nameSet, p labelPair, name string) {
 			delete(m, p)
 		}
 	}
+}
+
+// SelectedBy returns the Deployments of namespace whose pods sel selects
+// (none being deleted): a disruption budget's. It costs the Deployments
+// carrying sel's rarest required label, the whole namespace only for a
+// selector with no equality or set requirement.
+func (x *OverlapIndex) SelectedBy(namespace string, sel labels.Selector) ([]Selection, error) {
+	if !x.Synced() {
+		return nil, ErrIndexNotSynced
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	ns := x.byNS[namespace]
+	if ns == nil {
+		return nil, nil
+	}
+	var out []Selection
+	consider := func(n string) {
+		if e := ns.entries[n]; !e.Deleting && sel.Matches(e.TemplateLabels) {
+			out = append(out, e.Selection)
+		}
+	}
+	if pairs, ok := narrowest(sel, ns.byTemplate); ok {
+		seen := map[string]struct{}{}
+		for _, p := range pairs {
+			for n := range ns.byTemplate[p] {
+				if _, dup := seen[n]; !dup {
+					seen[n] = struct{}{}
+					consider(n)
+				}
+			}
+		}
+		return out, nil
+	}
+	for n := range ns.entries {
+		consider(n)
+	}
+	return out, nil
 }

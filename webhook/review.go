@@ -191,6 +191,10 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 			r.Checked = append(r.Checked, reasonOverlap)
 			f = append(f, overlapPredates(w.checkOverlap(ctx, d))...)
 		}
+		if w.Budgets != nil && o.DisruptionBudgets != BudgetsOff {
+			r.Checked = append(r.Checked, reasonDisruptionBudget)
+			f = append(f, w.checkBudgets(d, true)...)
+		}
 		return f
 	}
 	f = CheckFinalizers(d, old, o.mayManageFinalizers(req.UserInfo))
@@ -213,7 +217,16 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		}
 		f = append(f, now...)
 	}
+	if drainMayChange(d, old) {
+		f = append(f, w.checkBudgets(d, false)...)
+	}
 	return f
+}
+
+// drainMayChange: a new Deployment, new replicas or new template labels may
+// bring it under a budget that allows no eviction.
+func drainMayChange(d, old *appsv1.Deployment) bool {
+	return old == nil || replicasOf(d) != replicasOf(old) || overlapMayChange(d, old)
 }
 
 // specChecks are the checks CheckSpec runs.

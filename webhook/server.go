@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -24,8 +25,8 @@ const (
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
 func (w *Deployment) Handlers(m *Metrics) (mutating, validating *admission.Webhook) {
-	mutating = &admission.Webhook{Handler: instrument("mutating", mutator{w: w}.handle, m)}
-	validating = &admission.Webhook{Handler: instrument("validating", validator{w: w}.handle, m)}
+	mutating = &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{w: w}.handle, m)}
+	validating = &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{w: w}.handle, m)}
 	return mutating, validating
 }
 
@@ -40,14 +41,26 @@ func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(ht
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, wrap(mutating))
 	srv.Register(ValidatePath, wrap(validating))
+	if w.Budgets != nil {
+		srv.Register(BudgetPath, wrap(w.BudgetHandler(m)))
+	}
 }
 
-var deploymentGVK = metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}
+// admittedKind is the one kind a webhook admits, and its name in messages.
+type admittedKind struct {
+	gvk  metav1.GroupVersionKind
+	name string
+}
 
-// instrument refuses what is not a Deployment before decoding, counts and times
+var (
+	deploymentKind = admittedKind{metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}, "apps/v1 Deployments"}
+	budgetKind     = admittedKind{metav1.GroupVersionKind{Group: "policy", Version: "v1", Kind: "PodDisruptionBudget"}, "policy/v1 PodDisruptionBudgets"}
+)
+
+// instrument refuses what is not of the webhook's kind before decoding, counts and times
 // every admission, and logs every refusal with its reason. next answers a
 // request and says why it refused (reasonNone when it did not).
-func instrument(name string, next func(context.Context, admission.Request) (admission.Response, string), m *Metrics) admission.Handler {
+func instrument(name string, kind admittedKind, next func(context.Context, admission.Request) (admission.Response, string), m *Metrics) admission.Handler {
 	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		start := time.Now()
 
@@ -58,8 +71,8 @@ func instrument(name string, next func(context.Context, admission.Request) (admi
 		switch {
 		case req.Operation == "" && req.Kind == (metav1.GroupVersionKind{}):
 			resp, reason = malformed(fmt.Errorf("the body holds no AdmissionReview request"))
-		case req.Kind != deploymentGVK:
-			resp, reason = malformed(fmt.Errorf("deployguard admits apps/v1 Deployments only, got %s", gvkString(req.Kind)))
+		case req.Kind != kind.gvk:
+			resp, reason = malformed(fmt.Errorf("deployguard admits %s only here, got %s", kind.name, gvkString(req.Kind)))
 		case req.Operation != admissionv1.Delete && len(req.Object.Raw) == 0:
 			resp, reason = malformed(fmt.Errorf("the request carries no object to admit"))
 		case req.Operation == admissionv1.Update && len(req.OldObject.Raw) == 0,
@@ -76,7 +89,7 @@ func instrument(name string, next func(context.Context, admission.Request) (admi
 				status, msg = string(resp.Result.Reason), resp.Result.Message
 			}
 			ctrl.LoggerFrom(ctx).Info("refused", "webhook", name, "operation", req.Operation,
-				"deployment", klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID,
+				strings.ToLower(kind.gvk.Kind), klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID,
 				"reason", reason, "message", msg, "statusReason", status, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
 		}
 		return resp

@@ -16,10 +16,10 @@ import (
 
 // setupAudit runs the background audit in each leader term: one replica
 // evaluates the stored Deployments and writes the reports, away from the
-// admission path. Its metrics outlive the terms. overlaps is the webhook's
-// overlap index: the audit looks its candidates up there, and marks those of
-// a changed Deployment for a new audit.
-func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, overlaps guardwebhook.OverlapSource, exceptions *exception.Index, ignored []string) error {
+// admission path. Its metrics outlive the terms. budgets is the webhook's
+// budget index, with its overlap index: the audit looks candidates up there,
+// and marks those of a changed Deployment or budget for a new audit.
+func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, budgets *guardwebhook.BudgetIndex, exceptions *exception.Index, ignored []string) error {
 	am, err := audit.NewMetrics(metrics.Registry)
 	if err != nil {
 		return err
@@ -27,7 +27,8 @@ func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Co
 	// Shown in /readyz?verbose on the leader, which writes the reports.
 	status := &audit.Status{}
 	pr.AddReadyzNote("audit", status.Note)
-	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()), Overlaps: overlaps}
+	ev := &audit.Evaluator{Options: opts, Engine: eng, NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
+		Overlaps: budgets.Deployments, Budgets: budgets}
 	if exceptions != nil {
 		ev.Exceptions = exceptions
 	}

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -187,7 +186,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	}
 	pr := &probes{}
 	opts := cfg.WebhookOptions(fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount))
-	eng, overlaps, exceptions, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
+	eng, budgets, exceptions, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
 	if err != nil {
 		return err
 	}
@@ -199,7 +198,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return err
 	}
 	if cfg.Audit.Enabled {
-		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, overlaps, exceptions, ignored); err != nil {
+		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
 			return err
 		}
 	}
@@ -253,9 +252,10 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 }
 
 // setupWebhooks wires admission: the policies (with their hot reload), the
-// overlap index and its readiness, and both webhooks, registered through the
+// overlap and budget indexes (the budget index holds the overlap one) and
+// their readiness, and both webhooks, registered through the
 // graceful stop's connection closing.
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*policy.Engine, *guardwebhook.OverlapIndex, *exception.Index, error) {
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*policy.Engine, *guardwebhook.BudgetIndex, *exception.Index, error) {
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("registering admission metrics: %w", err)
@@ -268,18 +268,15 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	// The overlap check's index, fed by the Deployment informer the reconciler
-	// uses too: one watch, and no list of the namespace per request.
-	overlaps := guardwebhook.NewOverlapIndex(nil)
-	deployments, err := mgr.GetCache().GetInformer(ctx, &appsv1.Deployment{})
+	// The overlap and drain checks' indexes, fed by the Deployment informer
+	// the reconciler uses too: one watch, and no list of the namespace per
+	// request.
+	overlaps, budgets, err := guardwebhook.Indexes(ctx, mgr.GetCache())
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("getting the Deployment informer: %w", err)
-	}
-	if err := overlaps.Feed(deployments); err != nil {
-		return nil, nil, nil, fmt.Errorf("indexing Deployments for the overlap check: %w", err)
+		return nil, nil, nil, err
 	}
 	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
-		if !overlaps.Synced() {
+		if !overlaps.Synced() || !budgets.Synced() {
 			return guardwebhook.ErrIndexNotSynced
 		}
 		return nil
@@ -289,6 +286,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
 		Overlaps:        overlaps,
+		Budgets:         budgets,
 		Policies:        guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 	}
@@ -299,7 +297,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
-	return eng, overlaps, exceptions, nil
+	return eng, budgets, exceptions, nil
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

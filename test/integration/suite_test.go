@@ -205,12 +205,8 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err := src.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	overlaps := guardwebhook.NewOverlapIndex(nil)
-	deployments, err := mgr.GetCache().GetInformer(ctx, &appsv1.Deployment{})
+	overlaps, budgets, err := guardwebhook.Indexes(ctx, mgr.GetCache())
 	if err != nil {
-		return nil, err
-	}
-	if err := overlaps.Feed(deployments); err != nil {
 		return nil, err
 	}
 	exceptions, err = exception.SetupWithManager(ctx, mgr, cfg.ExceptionsNamespace(harness.GuardNamespace),
@@ -223,6 +219,7 @@ func startGuard(ctx context.Context) (func(), error) {
 	(&guardwebhook.Deployment{
 		Options:         cfg.WebhookOptions(guardUser),
 		Overlaps:        overlaps,
+		Budgets:         budgets,
 		Policies:        guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 		Exceptions:      exceptions,

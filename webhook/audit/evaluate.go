@@ -71,6 +71,9 @@ type Evaluator struct {
 	// its few candidates, never a list of the namespace. Without it overlaps
 	// are not audited.
 	Overlaps guardwebhook.OverlapSource
+	// Budgets, when set, finds the PodDisruptionBudgets that select a stored
+	// Deployment's pods: the drain check. Without it budgets are not audited.
+	Budgets guardwebhook.BudgetSource
 	// Exceptions, when set, are the PolicyExceptions admission applies:
 	// what they cover is reported as skip, naming them.
 	Exceptions guardwebhook.Exceptions
@@ -122,7 +125,7 @@ func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *pol
 	} else {
 		stage.Policies = false
 	}
-	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
+	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, Budgets: e.Budgets, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
 	rev := w.Review(ctx, guardwebhook.Request{
 		Operation: admissionv1.Update, Object: d, OldObject: d,
 		UserInfo: authenticationv1.UserInfo{Username: AuditUsername},

@@ -13,9 +13,11 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -200,6 +202,57 @@ func overlapMayChange(old, d *appsv1.Deployment) bool {
 		(old.DeletionTimestamp == nil) != (d.DeletionTimestamp == nil)
 }
 
+// underBudgets returns the Deployments that share a disruption budget with
+// d: their drain result counts d's replicas.
+func (r *Runner) underBudgets(d *appsv1.Deployment) []client.ObjectKey {
+	if r.Evaluator.Budgets == nil {
+		return nil
+	}
+	budgets, err := r.Evaluator.Budgets.Selecting(d.Namespace, labels.Set(d.Spec.Template.Labels))
+	if err != nil {
+		return nil
+	}
+	var keys []client.ObjectKey
+	for _, b := range budgets {
+		keys = append(keys, r.budgetTargets(d.Namespace, b)...)
+	}
+	return keys
+}
+
+// budgetTargets returns the Deployments a budget selects now.
+func (r *Runner) budgetTargets(namespace string, b guardwebhook.Budget) []client.ObjectKey {
+	sels, err := r.Evaluator.Budgets.Targets(namespace, b.Selector)
+	if err != nil {
+		return nil
+	}
+	keys := make([]client.ObjectKey, 0, len(sels))
+	for _, s := range sels {
+		keys = append(keys, client.ObjectKey{Namespace: namespace, Name: s.Name})
+	}
+	return keys
+}
+
+// budgetChanged marks the Deployments a budget selected and selects: a
+// budget created, changed or deleted turns their drain result.
+func (r *Runner) budgetChanged(pdbs ...any) {
+	var keys []client.ObjectKey
+	for _, o := range pdbs {
+		if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+			o = t.Obj
+		}
+		p, ok := o.(*policyv1.PodDisruptionBudget)
+		if !ok || r.ignored(p.Namespace) {
+			continue
+		}
+		if b, ok := guardwebhook.BudgetOf(p); ok {
+			keys = append(keys, r.budgetTargets(p.Namespace, b)...)
+		}
+	}
+	if len(keys) > 0 {
+		r.mark(keys...)
+	}
+}
+
 // covered returns the Deployments e covers, from the cache: those it names,
 // or those of its namespace it selects.
 func (r *Runner) covered(ctx context.Context, e *exception.Exception) []client.ObjectKey {
@@ -273,6 +326,11 @@ func (r *Runner) Start(ctx context.Context) error {
 			default:
 				touch(nd)
 			}
+			// A scale, by hand or by an HPA, turns the drain result of every
+			// Deployment under the same budgets (nd's own is marked above).
+			if replicas(od) != replicas(nd) || overlapMayChange(od, nd) {
+				r.mark(append(r.underBudgets(od), r.underBudgets(nd)...)...)
+			}
 		},
 		DeleteFunc: func(o any) {
 			if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
@@ -287,6 +345,34 @@ func (r *Runner) Start(ctx context.Context) error {
 		return fmt.Errorf("audit: watching Deployments: %w", err)
 	}
 	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	if r.Evaluator.Budgets != nil {
+		pdbs, err := r.Cache.GetInformer(ctx, &policyv1.PodDisruptionBudget{})
+		if err != nil {
+			return fmt.Errorf("audit: getting the PodDisruptionBudget informer: %w", err)
+		}
+		preg, err := pdbs.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+			AddFunc: func(o any, initial bool) {
+				if !initial {
+					r.budgetChanged(o)
+				}
+			},
+			UpdateFunc: func(old, o any) {
+				op, ok1 := old.(*policyv1.PodDisruptionBudget)
+				np, ok2 := o.(*policyv1.PodDisruptionBudget)
+				// The disruption controller writes the status often: only
+				// the spec turns a result.
+				if ok1 && ok2 && op.Generation == np.Generation {
+					return
+				}
+				r.budgetChanged(old, o)
+			},
+			DeleteFunc: func(o any) { r.budgetChanged(o) },
+		})
+		if err != nil {
+			return fmt.Errorf("audit: watching PodDisruptionBudgets: %w", err)
+		}
+		defer func() { _ = pdbs.RemoveEventHandler(preg) }()
+	}
 	if x, ok := r.Evaluator.Exceptions.(*exception.Index); ok {
 		// An exception added, changed, removed or expired re-judges what it
 		// covered and covers: the report follows within a batch window, not
@@ -301,9 +387,11 @@ func (r *Runner) Start(ctx context.Context) error {
 	// The overlap index is fed by a handler of its own on the same informer,
 	// which may deliver the existing Deployments a moment later: audited
 	// before, every overlap result would be an error until the next full pass.
-	if s, ok := r.Evaluator.Overlaps.(interface{ Synced() bool }); ok {
-		if wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) { return s.Synced(), nil }) != nil {
-			return nil
+	for _, src := range []any{r.Evaluator.Overlaps, r.Evaluator.Budgets} {
+		if s, ok := src.(interface{ Synced() bool }); ok {
+			if wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) { return s.Synced(), nil }) != nil {
+				return nil
+			}
 		}
 	}
 	limiter := rate.NewLimiter(rate.Limit(r.Options.Rate), max(1, int(r.Options.Rate)))
@@ -353,6 +441,13 @@ func (r *Runner) Start(ctx context.Context) error {
 			r.mark(client.ObjectKey{})
 		}
 	}
+}
+
+func replicas(d *appsv1.Deployment) int32 {
+	if d.Spec.Replicas == nil {
+		return 1
+	}
+	return *d.Spec.Replicas
 }
 
 // equalMeta: the metadata a check or policy may read is unchanged (a

@@ -41,6 +41,18 @@ type Config struct {
 	Exemptions Exemptions `yaml:"exemptions"`
 	Exceptions Exceptions `yaml:"exceptions"`
 	Audit      Audit      `yaml:"audit"`
+
+	DisruptionBudgets DisruptionBudgets `yaml:"disruptionBudgets"`
+}
+
+// DisruptionBudgets configures the drain check: a PodDisruptionBudget that
+// allows no eviction of a Deployment's pods at its replicas makes every node
+// that runs one undrainable.
+type DisruptionBudgets struct {
+	// Mode is warn (the default: admission warnings and audit results),
+	// enforce (the Deployment or budget write that makes one is refused) or
+	// off.
+	Mode string `yaml:"mode"`
 }
 
 // Exceptions configures PolicyExceptions, the grants a platform team makes
@@ -231,6 +243,8 @@ func Default() Config {
 		Policy:     Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
 		Exceptions: Exceptions{MaxDuration: Duration{90 * 24 * time.Hour}, ExpiryWarning: Duration{7 * 24 * time.Hour}},
 		Audit:      Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
+
+		DisruptionBudgets: DisruptionBudgets{Mode: "warn"},
 	}
 }
 
@@ -357,6 +371,9 @@ func (c *Config) Validate() field.ErrorList {
 
 	if !oneOf(c.Rollback.Quarantine, "enforce", "warn", "off") {
 		errs = append(errs, field.NotSupported(field.NewPath("rollback", "quarantine"), c.Rollback.Quarantine, []string{"enforce", "warn", "off"}))
+	}
+	if !oneOf(c.DisruptionBudgets.Mode, "warn", "enforce", "off") {
+		errs = append(errs, field.NotSupported(field.NewPath("disruptionBudgets", "mode"), c.DisruptionBudgets.Mode, []string{"warn", "enforce", "off"}))
 	}
 	ff, ffp := c.Rollback.FailFast, field.NewPath("rollback", "failFast")
 	if ff.Window.Duration < 10*time.Second {

@@ -24,6 +24,7 @@ func (c Config) WebhookOptions(guardUser string) *guardwebhook.Options {
 		GuardUsername:           guardUser,
 		BreakGlassGroups:        c.Finalizers.BreakGlassGroups,
 		Quarantine:              c.Rollback.Quarantine,
+		DisruptionBudgets:       c.DisruptionBudgets.Mode,
 		ExemptNamespaces:        c.Exemptions.Namespaces,
 		ExemptUsernames:         c.Exemptions.Usernames,
 		ExemptGroups:            c.Exemptions.Groups,

@@ -1,0 +1,188 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	appsv1 "k8s.io/api/apps/v1"
+
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+)
+
+// BudgetSource finds the disruption budgets that select a Deployment's pods,
+// and the Deployments a budget selects, without listing a namespace.
+type BudgetSource interface {
+	// Selecting returns the budgets of namespace that select pods labelled podLabels.
+	Selecting(namespace string, podLabels labels.Set) ([]Budget, error)
+	// Targets returns the Deployments of namespace whose pods sel selects.
+	Targets(namespace string, sel labels.Selector) ([]Selection, error)
+}
+
+// BudgetIndex indexes the PodDisruptionBudgets of every namespace as the
+// overlap index files selectors: under the label pair their rarest
+// requirement accepts, so that a Deployment finds the budgets selecting its
+// pods among those filed under one of its template labels (and the few with
+// no such requirement). The Deployments a budget selects come from the
+// overlap index, which files them by template label.
+type BudgetIndex struct {
+	mu          sync.RWMutex
+	byNS        map[string]*nsSelections
+	budgets     map[string]map[string]Budget
+	synced      func() bool
+	Deployments *OverlapIndex
+}
+
+// NewBudgetIndex returns an empty index over deployments' Deployments.
+func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
+	return &BudgetIndex{byNS: map[string]*nsSelections{}, budgets: map[string]map[string]Budget{}, Deployments: deployments}
+}
+
+// Set files (or refiles) a budget.
+func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
+	b, ok := BudgetOf(p)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.remove(p.Namespace, p.Name)
+	if !ok {
+		return
+	}
+	ns := x.byNS[p.Namespace]
+	if ns == nil {
+		ns = &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
+		x.byNS[p.Namespace] = ns
+		x.budgets[p.Namespace] = map[string]Budget{}
+	}
+	ns.add(Selection{Name: b.Name, Selector: b.Selector})
+	x.budgets[p.Namespace][b.Name] = b
+}
+
+// Delete forgets a budget.
+func (x *BudgetIndex) Delete(namespace, name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.remove(namespace, name)
+}
+
+func (x *BudgetIndex) remove(namespace, name string) {
+	ns := x.byNS[namespace]
+	if ns == nil {
+		return
+	}
+	ns.remove(name)
+	delete(x.budgets[namespace], name)
+	if len(ns.entries) == 0 {
+		delete(x.byNS, namespace)
+		delete(x.budgets, namespace)
+	}
+}
+
+// Synced reports whether both informers have delivered what existed.
+func (x *BudgetIndex) Synced() bool {
+	return (x.synced == nil || x.synced()) && (x.Deployments == nil || x.Deployments.Synced())
+}
+
+// Len is the number of budgets filed.
+func (x *BudgetIndex) Len() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	n := 0
+	for _, ns := range x.budgets {
+		n += len(ns)
+	}
+	return n
+}
+
+// Selecting implements BudgetSource.
+func (x *BudgetIndex) Selecting(namespace string, podLabels labels.Set) ([]Budget, error) {
+	if !x.Synced() {
+		return nil, ErrIndexNotSynced
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	ns := x.byNS[namespace]
+	if ns == nil {
+		return nil, nil
+	}
+	var out []Budget
+	seen := map[string]struct{}{}
+	consider := func(names nameSet) {
+		for n := range names {
+			if _, dup := seen[n]; dup {
+				continue
+			}
+			seen[n] = struct{}{}
+			if b := x.budgets[namespace][n]; b.Selector.Matches(podLabels) {
+				out = append(out, b)
+			}
+		}
+	}
+	for k, v := range podLabels {
+		consider(ns.byAnchor[labelPair{k, v}])
+	}
+	consider(ns.unanchored)
+	return out, nil
+}
+
+// Targets implements BudgetSource.
+func (x *BudgetIndex) Targets(namespace string, sel labels.Selector) ([]Selection, error) {
+	if x.Deployments == nil {
+		return nil, nil
+	}
+	return x.Deployments.SelectedBy(namespace, sel)
+}
+
+// Feed keeps the index up to date from a PodDisruptionBudget informer.
+func (x *BudgetIndex) Feed(inf interface {
+	AddEventHandler(toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
+}) error {
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { x.setObject(obj) },
+		UpdateFunc: func(_, obj any) { x.setObject(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*policyv1.PodDisruptionBudget); ok {
+				x.Delete(p.Namespace, p.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	x.synced = reg.HasSynced
+	return nil
+}
+
+func (x *BudgetIndex) setObject(obj any) {
+	if p, ok := obj.(*policyv1.PodDisruptionBudget); ok {
+		x.Set(p)
+	}
+}
+
+// Indexes returns the overlap and budget indexes, fed by the cache's
+// Deployment and PodDisruptionBudget informers (the Deployment one is the
+// reconciler's too: one watch).
+func Indexes(ctx context.Context, informers cache.Informers) (*OverlapIndex, *BudgetIndex, error) {
+	overlaps := NewOverlapIndex(nil)
+	deployments, err := informers.GetInformer(ctx, &appsv1.Deployment{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("getting the Deployment informer: %w", err)
+	}
+	if err := overlaps.Feed(deployments); err != nil {
+		return nil, nil, fmt.Errorf("indexing Deployments for the overlap check: %w", err)
+	}
+	budgets := NewBudgetIndex(overlaps)
+	pdbs, err := informers.GetInformer(ctx, &policyv1.PodDisruptionBudget{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("getting the PodDisruptionBudget informer: %w", err)
+	}
+	if err := budgets.Feed(pdbs); err != nil {
+		return nil, nil, fmt.Errorf("indexing PodDisruptionBudgets for the drain check: %w", err)
+	}
+	return overlaps, budgets, nil
+}

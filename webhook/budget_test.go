@@ -1,0 +1,186 @@
+package webhook
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+func minAvail(v intstr.IntOrString) Budget {
+	return Budget{Name: "b", Selector: labels.Everything(), MinAvailable: &v}
+}
+
+func maxUnavail(v intstr.IntOrString) Budget {
+	return Budget{Name: "b", Selector: labels.Everything(), MaxUnavailable: &v}
+}
+
+// The rounding is the disruption controller's (getExpectedPodCount): both
+// percentages round up, an integer minAvailable is taken as it is.
+func TestAllowsNoDisruption(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		b        Budget
+		expected int32
+		want     bool
+		toDrain  int32
+	}{
+		{"minAvailable 1 at 1", minAvail(intstr.FromInt32(1)), 1, true, 2},
+		{"minAvailable 1 at 2", minAvail(intstr.FromInt32(1)), 2, false, 3},
+		{"minAvailable 3 at 2", minAvail(intstr.FromInt32(3)), 2, true, 4},
+		{"minAvailable 0 at 1", minAvail(intstr.FromInt32(0)), 1, false, 2},
+		{"minAvailable 100% at 5", minAvail(intstr.FromString("100%")), 5, true, 0},
+		{"minAvailable 90% at 5 rounds up to 5", minAvail(intstr.FromString("90%")), 5, true, 10},
+		{"minAvailable 80% at 5", minAvail(intstr.FromString("80%")), 5, false, 6},
+		{"minAvailable 50% at 1 rounds up to 1", minAvail(intstr.FromString("50%")), 1, true, 2},
+		{"maxUnavailable 0 at 3", maxUnavail(intstr.FromInt32(0)), 3, true, 0},
+		{"maxUnavailable 0% at 3", maxUnavail(intstr.FromString("0%")), 3, true, 0},
+		{"maxUnavailable 1 at 1", maxUnavail(intstr.FromInt32(1)), 1, false, 2},
+		{"maxUnavailable 10% at 1 rounds up to 1", maxUnavail(intstr.FromString("10%")), 1, false, 2},
+		{"no pods, nothing to evict", minAvail(intstr.FromInt32(1)), 0, false, 2},
+		{"neither rule keeps nothing", Budget{Name: "b", Selector: labels.Everything()}, 1, false, 2},
+		{"a malformed percentage decides nothing", minAvail(intstr.FromString("lots")), 1, false, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := AllowsNoDisruption(tc.b, tc.expected); got != tc.want {
+				t.Errorf("AllowsNoDisruption(%s, %d) = %v, want %v", tc.b.Rule(), tc.expected, got, tc.want)
+			}
+			if got := ReplicasToDrain(tc.b, tc.expected); got != tc.toDrain {
+				t.Errorf("ReplicasToDrain(%s, %d) = %d, want %d", tc.b.Rule(), tc.expected, got, tc.toDrain)
+			}
+		})
+	}
+}
+
+// A budget over two Deployments counts the pods of both, as the disruption
+// controller does.
+func TestJudgeBudgetCountsEveryDeploymentItSelects(t *testing.T) {
+	b := minAvail(intstr.FromInt32(1))
+	if _, blocked := JudgeBudget(b, []BudgetTarget{{"a", 1}, {"b", 1}}); blocked {
+		t.Error("minAvailable 1 over two pods allows one eviction")
+	}
+	v, blocked := JudgeBudget(b, []BudgetTarget{{"web", 1}})
+	if !blocked {
+		t.Fatal("minAvailable 1 over one pod allows none")
+	}
+	for _, want := range []string{`PodDisruptionBudget "b" (minAvailable: 1)`, `Deployment "web" (1 replica)`, "maxUnavailable: 1", "raise replicas to 2 or more"} {
+		if msg := v.DeploymentMessage(); !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+	v, _ = JudgeBudget(maxUnavail(intstr.FromInt32(0)), []BudgetTarget{{"b", 2}, {"a", 3}})
+	msg := v.BudgetMessage()
+	if !strings.Contains(msg, `Deployments "a" (3), "b" (2)`) || strings.Contains(msg, "raise") {
+		t.Errorf("budget message %q: want both Deployments in order and no replica advice (no count helps maxUnavailable: 0)", msg)
+	}
+}
+
+func pdb(name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel, MinAvailable: minAvailable},
+	}
+}
+
+func deploymentWith(name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: podLabels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels}},
+		},
+	}
+}
+
+func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
+	deps := NewOverlapIndex(nil)
+	x := NewBudgetIndex(deps)
+	one := intstr.FromInt32(1)
+	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
+	x.Set(pdb("all", &metav1.LabelSelector{}, &one))
+	x.Set(pdb("none", nil, &one))
+	x.Set(pdb("tier", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpExists}}}, &one))
+	deps.Set(deploymentWith("web", 1, map[string]string{"app": "web"}))
+	deps.Set(deploymentWith("api", 2, map[string]string{"app": "api", "tier": "back"}))
+
+	names := func(bs []Budget) string {
+		var out []string
+		for _, b := range bs {
+			out = append(out, b.Name)
+		}
+		slices.Sort(out)
+		return strings.Join(out, ",")
+	}
+	got, _ := x.Selecting("ns", labels.Set{"app": "web"})
+	if names(got) != "all,web" {
+		t.Errorf("budgets selecting app=web: %s, want all,web (an empty selector selects every pod, a null one none)", names(got))
+	}
+	got, _ = x.Selecting("ns", labels.Set{"app": "api", "tier": "back"})
+	if names(got) != "all,tier" {
+		t.Errorf("budgets selecting api: %s, want all,tier", names(got))
+	}
+	if got, _ := x.Selecting("other", labels.Set{"app": "web"}); len(got) != 0 {
+		t.Errorf("another namespace's budgets: %v", got)
+	}
+	all, _ := BudgetOf(pdb("all", &metav1.LabelSelector{}, &one))
+	sels, _ := x.Targets("ns", all.Selector)
+	if len(sels) != 2 {
+		t.Errorf("an empty selector's Deployments: %d, want 2", len(sels))
+	}
+	x.Delete("ns", "web")
+	if got, _ := x.Selecting("ns", labels.Set{"app": "web"}); names(got) != "all" {
+		t.Errorf("after deleting web: %s", names(got))
+	}
+	if x.Len() != 2 {
+		t.Errorf("Len = %d, want 2 (the null selector is not filed)", x.Len())
+	}
+}
+
+func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
+	deps := NewOverlapIndex(nil)
+	x := NewBudgetIndex(deps)
+	one := intstr.FromInt32(1)
+	budget := pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one)
+	x.Set(budget)
+	for _, mode := range []string{"", BudgetsWarn, BudgetsEnforce, BudgetsOff} {
+		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Overlaps: deps, Budgets: x}
+		f := w.checkBudgets(deploymentWith("web", 1, map[string]string{"app": "web"}), false)
+		switch mode {
+		case BudgetsOff:
+			if len(f) != 0 {
+				t.Errorf("off: %v", f)
+			}
+			continue
+		case BudgetsEnforce:
+			if len(f.Refusals()) != 1 {
+				t.Errorf("enforce: want a refusal, got %v", f)
+			}
+		default:
+			if len(f.Warnings()) != 1 || len(f.Refusals()) != 0 {
+				t.Errorf("%q: want one warning, got %v", mode, f)
+			} else if !strings.HasPrefix(f.Warnings()[0], "spec.replicas: PodDisruptionBudget \"web\" (minAvailable: 1)") {
+				t.Errorf("warning: %s", f.Warnings()[0])
+			}
+		}
+		if f := w.checkBudgets(deploymentWith("web", 2, map[string]string{"app": "web"}), false); len(f) != 0 {
+			t.Errorf("%q: two replicas under minAvailable 1 allow a drain: %v", mode, f)
+		}
+		// The budget's own webhook, with web stored at 1 replica.
+		deps.Set(deploymentWith("web", 1, map[string]string{"app": "web"}))
+		f = w.ReviewBudget(budget, nil, "someone", nil)
+		if len(f) != 1 || f[0].Field != "spec.minAvailable" {
+			t.Errorf("%q: the budget's review: %v", mode, f)
+		}
+		if f := w.ReviewBudget(budget, budget, "someone", nil); len(f) != 0 {
+			t.Errorf("%q: an update that leaves the spec alone: %v", mode, f)
+		}
+		deps.Delete("ns", "web")
+	}
+}
