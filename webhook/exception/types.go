@@ -32,7 +32,7 @@ type Spec struct {
 	// "deployguard."), e.g. "resources".
 	Policies []string `json:"policies,omitempty"`
 	// Checks are refusable spec checks by rule: revision-history,
-	// progress-deadline. The invariants are out of reach.
+	// progress-deadline, disruption-budget. The invariants are out of reach.
 	Checks []string `json:"checks,omitempty"`
 	// ExpiresAt is when the exception stops applying, everywhere at once.
 	ExpiresAt metav1.Time `json:"expiresAt"`

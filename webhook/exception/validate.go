@@ -11,8 +11,9 @@ import (
 )
 
 // Checks are the spec checks an exception may name: bounds a platform team
-// sets, which break no rollout.
-var Checks = []string{"revision-history", "progress-deadline"}
+// sets, which break no rollout, and the drain check (a singleton that is
+// meant to be drained by hand).
+var Checks = []string{"revision-history", "progress-deadline", "disruption-budget"}
 
 // Invariants are the checks no exception covers, and why.
 var Invariants = map[string]string{

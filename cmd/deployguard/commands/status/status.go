@@ -528,11 +528,16 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: deployguard status [flags] NAMESPACE/NAME
+       deployguard status [flags] --drain NODE
 
 Shows what deployguard knows about a Deployment: its revisions (which are
 known-good, which failed and why, which templates are quarantined and the
 annotation that overrides the quarantine), the rollout in progress, and the
 cleanup of a Deployment being deleted.
+
+With --drain, lists instead the Deployments whose pods on NODE the Eviction
+API would refuse now (a PodDisruptionBudget that allows no disruption, more
+than one budget on a pod), and why: where a drain of the node would stop.
 
 Flags:
 `)
@@ -540,12 +545,16 @@ Flags:
 	}
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	output := fs.String("o", "text", "output format: text or json")
+	drain := fs.String("drain", "", "a node: list the Deployments whose pods on it cannot be evicted now, and why")
 	positional, err := cli.ParseInterspersed(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *drain != "" {
+		return runDrain(*kubeconfig, *drain, *output, positional, stdout, stderr, fs.Usage)
 	}
 	ns, name, ok := cli.SplitNamespacedName(positional)
 	if !ok || (*output != "text" && *output != "json") {
@@ -573,6 +582,36 @@ Flags:
 		return 0
 	}
 	printStatus(stdout, st)
+	return 0
+}
+
+// runDrain is `deployguard status --drain NODE`.
+func runDrain(kubeconfig, node, output string, positional []string, stdout, stderr io.Writer, usage func()) int {
+	if len(positional) > 0 || (output != "text" && output != "json") {
+		fmt.Fprintln(stderr, "deployguard status: --drain NODE takes no NAMESPACE/NAME, and -o text or -o json")
+		usage()
+		return 2
+	}
+	c, err := cli.NewClient(kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := fetchDrain(ctx, c, node)
+	if err != nil {
+		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
+		return 1
+	}
+	if output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(st)
+		return 0
+	}
+	printDrain(stdout, st)
 	return 0
 }
 
