@@ -18,6 +18,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"sigs.k8s.io/kustomize/api/konfig"
 	"sigs.k8s.io/yaml"
@@ -484,6 +485,8 @@ type pipeline struct {
 	// does the cluster's, so that a later manifest that overlaps an earlier
 	// one is refused as the cluster would refuse it.
 	seen *guardwebhook.OverlapIndex
+	// budgets indexes the PodDisruptionBudgets met so far, for the drain check.
+	budgets *guardwebhook.BudgetIndex
 }
 
 func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, user authenticationv1.UserInfo) []checkResult {
@@ -532,6 +535,9 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 		res.Note = "a patch that " + doc.patchOf + " lists, not an object; passed over (check -k checks what the kustomization renders)"
 		return []checkResult{res}
 	}
+	if head.APIVersion == "policy/v1" && head.Kind == "PodDisruptionBudget" {
+		return []checkResult{p.checkBudget(doc, res, defaultNS, user)}
+	}
 	if head.APIVersion != "apps/v1" || head.Kind != "Deployment" {
 		res.Verdict = "skipped"
 		res.Note = fmt.Sprintf("%s %s is not an apps/v1 Deployment; passed over", head.APIVersion, head.Kind)
@@ -566,12 +572,44 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 	return []checkResult{res}
 }
 
+// checkBudget judges a PodDisruptionBudget as its webhook does, against the
+// Deployments admitted so far, and keeps it for the Deployments after it: a
+// budget and a Deployment that together allow no eviction are reported on
+// whichever comes second, as the cluster reports them.
+func (p *pipeline) checkBudget(doc document, res checkResult, defaultNS string, user authenticationv1.UserInfo) checkResult {
+	pdb := &policyv1.PodDisruptionBudget{}
+	if err := json.Unmarshal(doc.json, pdb); err != nil {
+		res.Verdict = "denied"
+		res.Problems = []checkProblem{{Field: "<document>", Message: "cannot be read as a policy/v1 PodDisruptionBudget: " + err.Error()}}
+		res.Findings = []checkFinding{locate(doc, checkFinding{Level: "error", Rule: ruleID("", res.Problems[0].Field),
+			Field: res.Problems[0].Field, Message: res.Problems[0].Message})}
+		return res
+	}
+	if pdb.Namespace == "" {
+		pdb.Namespace = defaultNS
+	}
+	res.Namespace = pdb.Namespace
+	f := p.review.ReviewBudget(pdb, nil, user.Username, user.Groups)
+	res.Verdict, res.Warnings = "admitted", f.Warnings()
+	if errs := f.Refusals(); len(errs) > 0 {
+		res.Verdict = "denied"
+		for _, e := range errs {
+			res.Problems = append(res.Problems, checkProblem{Field: e.Field, Message: e.ErrorBody()})
+		}
+	}
+	res.Findings = findingsOf(doc, f)
+	p.budgets.Set(pdb)
+	return res
+}
+
 // newPipeline builds the offline pipeline from the same config file and policy
 // sources as serve.
 func newPipeline(cfg config.Config, policies guardwebhook.Policies) *pipeline {
 	seen := guardwebhook.NewOverlapIndex(nil)
+	budgets := guardwebhook.NewBudgetIndex(seen)
 	return &pipeline{
-		review: &guardwebhook.Deployment{Options: cfg.WebhookOptions(""), Overlaps: seen, Policies: policies},
-		seen:   seen,
+		review:  &guardwebhook.Deployment{Options: cfg.WebhookOptions(""), Overlaps: seen, Budgets: budgets, Policies: policies},
+		seen:    seen,
+		budgets: budgets,
 	}
 }

@@ -151,3 +151,33 @@ func TestCheckJSONIsMachineReadable(t *testing.T) {
 	require.NotEmpty(t, results[1].Problems)
 	assert.Equal(t, "spec.template.spec.containers[0].image", results[1].Problems[0].Field)
 }
+
+// A chart's replicas: 1 with a minAvailable: 1 budget is reported on
+// whichever of the two comes second, as the cluster reports it; enforce mode
+// refuses it.
+func TestCheckReportsABudgetThatBlocksEveryDrain(t *testing.T) {
+	const budget = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web, namespace: shop}\nspec:\n  minAvailable: 1\n  selector: {matchLabels: {app: web}}\n"
+	const single = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: shop}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: app, image: \"app:1.0\"}]\n"
+	for _, tc := range []struct {
+		name, input string
+		second      string
+	}{
+		{"budget first", budget + "---\n" + single, `spec.replicas: PodDisruptionBudget "web" (minAvailable: 1) allows no eviction of 1 pod of Deployment "web" (1 replica)`},
+		{"Deployment first", single + "---\n" + budget, `spec.minAvailable: this budget (minAvailable: 1) allows no eviction of the 1 pod of Deployment "web" (1 replica)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, 0, Run([]string{"-f", "-", "-o", "json"}, strings.NewReader(tc.input), &stdout, &stderr), stderr.String())
+			var results []checkResult
+			require.NoError(t, json.Unmarshal(stdout.Bytes(), &results))
+			require.Len(t, results, 2)
+			for _, w := range results[0].Warnings {
+				assert.NotContains(t, w, "allows no eviction", "the first of the two has nothing to be judged with yet")
+			}
+			assert.Contains(t, strings.Join(results[1].Warnings, "\n"), tc.second)
+		})
+	}
+	cfg := writeFile(t, t.TempDir(), "enforce.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndisruptionBudgets: {mode: enforce}\n")
+	var stdout, stderr bytes.Buffer
+	assert.Equal(t, 1, Run([]string{"-f", "-", "--config", cfg}, strings.NewReader(budget+"---\n"+single), &stdout, &stderr), "enforce mode refuses: %s", stdout.String())
+}
