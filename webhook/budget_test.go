@@ -82,15 +82,23 @@ func TestJudgeBudgetCountsEveryDeploymentItSelects(t *testing.T) {
 }
 
 func pdb(name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
+	return pdbIn("ns", name, sel, minAvailable)
+}
+
+func pdbIn(namespace, name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel, MinAvailable: minAvailable},
 	}
 }
 
 func deploymentWith(name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
+	return deploymentIn("ns", name, replicas, podLabels)
+}
+
+func deploymentIn(ns, name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
 	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: podLabels},

@@ -269,6 +269,33 @@ func BenchmarkAdmission(b *testing.B) {
 	b.Run("policy-finding-1000-exceptions", func(b *testing.B) {
 		benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest, func(w *Deployment) { w.Exceptions = thousandExceptions(b) })
 	})
+	// The drain check in a namespace of 2,000 Deployments, each under a
+	// budget of its own, that share a common label: the review finds the
+	// one budget selecting its pods and that budget's one Deployment.
+	b.Run("go-checks-2000-deployments-and-budgets", func(b *testing.B) {
+		benchmarkAdmission(b, nil, func(w *Deployment) { w.Overlaps, w.Budgets = budgetedNamespace(b, 2000) })
+	})
+}
+
+// budgetedNamespace indexes n Deployments of namespace shop labelled
+// part-of=shop, each with a budget selecting its own name, plus a budget of
+// minAvailable 1 over the benchmark's Deployment (web, 3 replicas: it allows
+// evictions, so the check looks but finds nothing).
+func budgetedNamespace(b *testing.B, n int) (*OverlapIndex, *BudgetIndex) {
+	deps := NewOverlapIndex(nil)
+	x := NewBudgetIndex(deps)
+	one := intstr.FromInt32(1)
+	for i := range n {
+		name := fmt.Sprintf("app-%d", i)
+		podLabels := map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "shop"}
+		deps.Set(deploymentIn("shop", name, 2, podLabels))
+		x.Set(pdbIn("shop", name, &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}}, &one))
+	}
+	x.Set(pdbIn("shop", "web", &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "web"}}, &one))
+	if x.Len() != n+1 || deps.Len() != n {
+		b.Fatal("the indexes hold what was set")
+	}
+	return deps, x
 }
 
 // thousandExceptions is an index of 1,000 exceptions: 990 in 99 other
