@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -190,4 +191,40 @@ func TestEvaluateOverlaps(t *testing.T) {
 			assert.NotEqual(t, RuleOverlap, r.Rule)
 		}
 	})
+}
+
+// TestEvaluateDisruptionBudgets: a stored Deployment under a budget that
+// allows no eviction at its replicas warns on spec.replicas, naming the
+// budget; with room for one eviction it passes.
+func TestEvaluateDisruptionBudgets(t *testing.T) {
+	one := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
+	}
+	for _, tc := range []struct {
+		replicas int32
+		want     string
+	}{{1, ResultWarn}, {2, ResultPass}} {
+		t.Run(fmt.Sprintf("%d replicas", tc.replicas), func(t *testing.T) {
+			web := sound(func(d *appsv1.Deployment) { d.Spec.Replicas = &tc.replicas })
+			deps := guardwebhook.NewOverlapIndex(nil)
+			deps.Set(web)
+			budgets := guardwebhook.NewBudgetIndex(deps)
+			budgets.Set(pdb)
+			e := &Evaluator{Options: &guardwebhook.Options{}, Overlaps: deps, Budgets: budgets}
+			var got []Result
+			for _, r := range e.Evaluate(context.Background(), web) {
+				if r.Rule == "disruption-budget" {
+					got = append(got, r)
+				}
+			}
+			require.Len(t, got, 1)
+			assert.Equal(t, tc.want, got[0].Result)
+			if tc.want == ResultWarn {
+				assert.Equal(t, "spec.replicas", got[0].Field)
+				assert.Contains(t, got[0].Message, `PodDisruptionBudget "web" (minAvailable: 1) allows no eviction`)
+			}
+		})
+	}
 }
