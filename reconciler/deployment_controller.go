@@ -247,12 +247,17 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	phases := []func(context.Context, *appsv1.Deployment, []*appsv1.ReplicaSet) error{
 		r.reconcileFinalizers,
 		r.reconcileKnownGood,
-		r.reconcileRollback,
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, d, allRSs); err != nil {
 			return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 		}
+	}
+	// A rollback on the deadline may wait out a registry blip: it says
+	// until when.
+	held, err := r.reconcileRollback(ctx, d, allRSs)
+	if err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 	}
 	// Last: it may roll back, and a rollback on a deadline decided above
 	// takes the newRS out of its hands.
@@ -269,8 +274,10 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	if err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while judging its scale-up; requeued")
 	}
-	if scale > 0 && (again == 0 || scale < again) {
-		again = scale
+	for _, next := range []time.Duration{held, scale} {
+		if next > 0 && (again == 0 || next < again) {
+			again = next
+		}
 	}
 	return ctrl.Result{RequeueAfter: again}, nil
 }

@@ -95,6 +95,11 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 	}
 	newRS := RolloutInProgress(d, rss)
 	if !on || newRS == nil {
+		if ShouldRollBack(d, rss, r.Options).Action == ActionRollBack {
+			// Past the deadline, a rollback the deadline's path holds for a
+			// registry blip: its window started at this record.
+			return 0, nil
+		}
 		return 0, r.setFailingSince(ctx, d, "")
 	}
 	pods, err := r.newPods(ctx, d, newRS)
@@ -206,7 +211,8 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, resultRolledBack).Inc()
 		r.Metrics.failFastReaction.Observe(now.Sub(since).Seconds())
 		log.Info("Declared a failing rollout failed; rolling back to its known-good revision", "failedRevision", failedRevision, "evidence", summary)
-		return r.reconcileRollback(ctx, d, rss)
+		_, err := r.reconcileRollback(ctx, d, rss)
+		return err
 	}
 
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})

@@ -239,7 +239,7 @@ func isReplicaSetMark(k string) bool {
 // seen; on a conflict the request is retried and decided again from a fresh
 // read. Events are emitted after the write has succeeded, so each decision is
 // told once.
-func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
+func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (time.Duration, error) {
 	dec := ShouldRollBack(d, rss, r.Options)
 	var err error
 	log := ctrl.LoggerFrom(ctx)
@@ -247,17 +247,31 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		if dec.Reason != ReasonRolloutNotFailed {
 			log.V(4).Info("Not acting on failed rollout", "reason", dec.Reason, "failedRevision", dec.FailedRevision)
 		}
-		return nil
+		return 0, nil
 	}
 	// The cache holds Deployments and ReplicaSets without their pod templates
 	// (CacheOptions). A decision to write is taken again on the Deployment as
 	// the API server has it, and the template restored is the target's as the
 	// API server has it; the write carries the resourceVersion of that read.
 	if dec, err = r.decideOnFresh(ctx, d, rss); err != nil {
-		return err
+		return 0, err
 	}
 	if dec.Action == ActionNone {
-		return nil
+		return 0, nil
+	}
+	if dec.Action == ActionRollBack && dec.Evidence == "" {
+		// Upstream's deadline, not fail-fast's declaration (which weighed
+		// the evidence's class already): a registry blip is waited out.
+		h, err := r.transientHold(ctx, d, dec)
+		if err != nil {
+			return 0, err
+		}
+		if h.Wait > 0 {
+			return h.Wait, r.deferRollback(ctx, d, dec, h)
+		}
+		if suffix := h.RollbackSuffix(); suffix != "" {
+			dec.Message = strings.TrimSuffix(dec.Message, ".") + suffix + "."
+		}
 	}
 	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
 	if dec.Action == ActionRollBack {
@@ -269,7 +283,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 			if apierrors.IsConflict(err) {
 				r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 			}
-			return err
+			return 0, err
 		}
 	}
 
@@ -301,7 +315,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		if apierrors.IsConflict(err) {
 			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 			log.V(2).Info("Deployment changed since it was read; deciding again")
-			return fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
+			return 0, fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
 		}
 		if landed, ok := r.decisionLanded(ctx, d, err, vocab.AnnotationRollbackStatus, vocab.AnnotationHandledDeadline); ok {
 			// A time-out or a dropped connection after the API server had
@@ -316,7 +330,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
 			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from revision %d to known-good revision %d failed: %v", dec.FailedRevision, dec.TargetRevision, err))
 		}
-		return fmt.Errorf("recording decision %s about revision %d: %w", dec.Reason, dec.FailedRevision, err)
+		return 0, fmt.Errorf("recording decision %s about revision %d: %w", dec.Reason, dec.FailedRevision, err)
 	}
 
 	switch dec.Reason {
@@ -339,7 +353,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	case ReasonPaused:
 		log.Info("Rollout failed on a paused Deployment; left alone")
 	}
-	return nil
+	return 0, nil
 }
 
 // decisionLanded reads the Deployment from the API server after a write that

@@ -279,6 +279,10 @@ const (
 	// ReasonRolloutFailing: fail-fast found a rollout failing and did not
 	// roll it back (automatic rollback is off for it).
 	ReasonRolloutFailing = "RolloutFailing"
+	// ReasonRollbackDeferred: a rollout past its progress deadline whose new
+	// pods fail only transiently (a registry blip) is not rolled back before
+	// the transient window ends.
+	ReasonRollbackDeferred = "RollbackDeferred"
 	// ReasonScaleUpStalled: a Deployment whose template did not change has
 	// stayed short of its replicas past its progress deadline, its missing
 	// pods failing (the Stalled condition's reason and the Event's).

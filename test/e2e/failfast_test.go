@@ -123,30 +123,50 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 // A registry blip is not a broken release: new pods that cannot reach the
 // registry (a dial i/o timeout, transient) for 90 s, six times the ordinary
 // window, then pull and run, are waited for on the transient window, and
-// the rollout completes on the new revision.
+// the rollout completes on the new revision. With a progress deadline
+// shorter than the blip, upstream's deadline passes first: its rollback is
+// deferred to the end of the transient window, and said so.
 func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
-	t.Parallel()
-	ns := newNamespace(t, nil)
-	rolledOutOnce(t, slowDeployment(ns, "blip", "app:1"))
-	changed := time.Now()
-	clears := changed.Add(90 * time.Second).UTC().Format(time.RFC3339)
-	require.NoError(t, update(t, ns, "blip", func(d *appsv1.Deployment) {
-		d.Spec.Template.Spec.Containers[0].Image = "app:2"
-		d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/pull-fails-until": clears}
-	}))
-	// Fail-fast sees the evidence (its window starts) …
-	waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
-		d := get(ctx, t, ns, "blip")
-		return d.Annotations[vocab.AnnotationFailingSince] != "", describe(d), nil
-	})
-	// … and waits past its ordinary window until the pull succeeds.
-	d := waitAvailable(t, ns, "blip", transientWindow+30*time.Second)
-	t.Logf("the blip cleared and the rollout completed %s after the change", time.Since(changed).Round(time.Second))
-	assert.Greater(t, time.Since(changed), 90*time.Second, "the pods were failing for 90 s")
-	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
-	assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision)
-	assert.NotContains(t, d.Annotations, vocab.AnnotationFailFastRevision)
-	waitKnownGood(t, ns, "blip", 2)
+	for _, tc := range []struct {
+		name     string
+		deadline int32
+	}{
+		{"deadline beyond the window", 600},
+		{"deadline shorter than the blip", 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ns := newNamespace(t, nil)
+			d := deployment(ns, "blip", "app:1")
+			d.Spec.ProgressDeadlineSeconds = ptr(tc.deadline)
+			rolledOutOnce(t, d)
+			changed := time.Now()
+			clears := changed.Add(90 * time.Second).UTC().Format(time.RFC3339)
+			require.NoError(t, update(t, ns, "blip", func(d *appsv1.Deployment) {
+				d.Spec.Template.Spec.Containers[0].Image = "app:2"
+				d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/pull-fails-until": clears}
+			}))
+			// Fail-fast sees the evidence (its window starts) …
+			waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
+				d := get(ctx, t, ns, "blip")
+				return d.Annotations[vocab.AnnotationFailingSince] != "", describe(d), nil
+			})
+			if tc.deadline < 90 {
+				// … the deadline passes, and its rollback is deferred.
+				msg := guardEventWithin(t, ns, "blip", vocab.ReasonRollbackDeferred, time.Duration(tc.deadline)*time.Second+30*time.Second)
+				assert.Contains(t, msg, "exceeded its progress deadline, but its new pods fail only transiently (i/o timeout)")
+				assert.Contains(t, msg, "transient window of "+transientWindow.String())
+			}
+			// … and waits past its ordinary window until the pull succeeds.
+			d = waitAvailable(t, ns, "blip", transientWindow+30*time.Second)
+			t.Logf("the blip cleared and the rollout completed %s after the change", time.Since(changed).Round(time.Second))
+			assert.Greater(t, time.Since(changed), 90*time.Second, "the pods were failing for 90 s")
+			assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
+			assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision)
+			assert.NotContains(t, d.Annotations, vocab.AnnotationFailFastRevision)
+			waitKnownGood(t, ns, "blip", 2)
+		})
+	}
 }
 
 // Slow is not failing: pods that become Ready only after 45 s are waited

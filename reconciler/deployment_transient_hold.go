@@ -1,0 +1,122 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// TransientHold is what the progress deadline's path does about a registry
+// blip. Upstream's deadline does not look at why the new pods are not Ready:
+// a Deployment whose progressDeadlineSeconds is shorter than the transient
+// window would be rolled back during a blip that fail-fast itself waits out.
+type TransientHold struct {
+	// Wait is how long the rollback still waits; 0: roll back now.
+	Wait time.Duration
+	// Until is when the transient window ends, counted from Since, when the
+	// evidence was first seen.
+	Since, Until time.Time
+	// Class is the new pods' evidence's (EvidenceClass), Causes its words.
+	Class  string
+	Causes []string
+	Window time.Duration
+}
+
+// DecideTransientHold decides whether a rollback on the progress deadline
+// waits: only while at least one new pod shows evidence and every piece of
+// it is a transient failure, and the transient window, from since, has not
+// ended. since zero is now (the evidence is seen for the first time).
+func DecideTransientHold(pods []PodState, since, now time.Time, window time.Duration) TransientHold {
+	var evidence []PodFailure
+	for _, p := range pods {
+		if p.Failure != nil {
+			evidence = append(evidence, *p.Failure)
+		}
+	}
+	h := TransientHold{Class: EvidenceClass(evidence), Window: window, Since: since}
+	if h.Class != ClassTransient || window <= 0 {
+		return h
+	}
+	if h.Since.IsZero() || h.Since.After(now) {
+		h.Since = now
+	}
+	seen := map[string]bool{}
+	for _, e := range evidence {
+		if e.Cause != "" && !seen[e.Cause] {
+			seen[e.Cause] = true
+			h.Causes = append(h.Causes, e.Cause)
+		}
+	}
+	h.Until = h.Since.Add(window)
+	h.Wait = max(h.Until.Sub(now), 0)
+	return h
+}
+
+// DeferMessage is the rollback-status and the Event while the hold lasts.
+func (h TransientHold) DeferMessage(dec Decision) string {
+	return fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but its new pods fail only transiently (%s): "+
+		"not rolling back before %s, the end of the transient window of %s, in case the registry recovers.",
+		dec.FailedRevision, dec.NewRS.Name, strings.Join(h.Causes, ", "), h.Until.UTC().Format(time.RFC3339), h.Window)
+}
+
+// RollbackSuffix is what a rollback after a whole transient window adds to
+// its message.
+func (h TransientHold) RollbackSuffix() string {
+	if h.Class != ClassTransient {
+		return ""
+	}
+	return fmt.Sprintf("; a transient failure (%s) for the whole transient window of %s", strings.Join(h.Causes, ", "), h.Window)
+}
+
+// transientHold reads the new pods of a rollout past its deadline and
+// decides whether its rollback waits. The start of the window is
+// fail-fast's record of when evidence was first seen, if it made one.
+func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Deployment, dec Decision) (TransientHold, error) {
+	o, _ := r.failFastFor(d)
+	if o.TransientWindow <= 0 || dec.NewRS == nil {
+		return TransientHold{}, nil
+	}
+	pods, err := r.newPods(ctx, d, dec.NewRS)
+	if err != nil {
+		return TransientHold{}, err
+	}
+	now := r.Clock.Now()
+	states := make([]PodState, 0, len(pods))
+	for i := range pods {
+		states = append(states, PodStateOf(&pods[i], now, o))
+	}
+	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, o.TransientWindow), nil
+}
+
+// deferRollback records the hold once: when the evidence was first seen
+// (so that a restart keeps the window's start) and the decision in words,
+// with one Event. Later passes find both recorded and write nothing.
+func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Deployment, dec Decision, h TransientHold) error {
+	since := h.Since.UTC().Format(time.RFC3339) + " " + dec.NewRS.Name
+	msg := h.DeferMessage(dec)
+	if d.Annotations[vocab.AnnotationFailingSince] == since && d.Annotations[vocab.AnnotationRollbackStatus] == msg {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if d.Annotations == nil {
+		d.Annotations = map[string]string{}
+	}
+	d.Annotations[vocab.AnnotationFailingSince] = since
+	d.Annotations[vocab.AnnotationRollbackStatus] = msg
+	if err := r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
+		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Rollback deferred: the new pods fail only transiently", "replicaSet", klog.KObj(dec.NewRS),
+		"failedRevision", dec.FailedRevision, "until", h.Until, "causes", h.Causes)
+	r.Recorder.Eventf(d, dec.NewRS, corev1.EventTypeNormal, vocab.ReasonRollbackDeferred, actionHold, "%s", msg)
+	return nil
+}

@@ -1,0 +1,57 @@
+package reconciler
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestDecideTransientHold(t *testing.T) {
+	now := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	const window = 5 * time.Minute
+	transient := func(pod string) PodState {
+		return PodState{Name: pod, Failure: &PodFailure{Pod: pod, Reason: "ImagePullBackOff", Class: ClassTransient, Cause: "i/o timeout"}}
+	}
+	permanent := PodState{Name: "p", Failure: &PodFailure{Pod: "p", Reason: "ErrImagePull", Class: ClassPermanent, Cause: "manifest unknown"}}
+	crash := PodState{Name: "c", Failure: &PodFailure{Pod: "c", Reason: "CrashLoopBackOff"}}
+	for _, tc := range []struct {
+		name  string
+		pods  []PodState
+		since time.Time
+		wait  time.Duration
+	}{
+		{"a blip seen for the first time waits the whole window", []PodState{transient("a"), transient("b")}, time.Time{}, window},
+		{"a blip seen 2 minutes ago waits the rest", []PodState{transient("a")}, now.Add(-2 * time.Minute), 3 * time.Minute},
+		{"a blip past its window rolls back", []PodState{transient("a")}, now.Add(-6 * time.Minute), 0},
+		{"a permanent failure next to it rolls back", []PodState{transient("a"), permanent}, time.Time{}, 0},
+		{"a crash loop next to it rolls back", []PodState{transient("a"), crash}, time.Time{}, 0},
+		{"no evidence: upstream's deadline stands", []PodState{{Name: "x"}, {Name: "y", Ready: true}}, time.Time{}, 0},
+		{"a record in the future counts from now", []PodState{transient("a")}, now.Add(time.Hour), window},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := DecideTransientHold(tc.pods, tc.since, now, window)
+			if h.Wait != tc.wait {
+				t.Errorf("wait %s, want %s", h.Wait, tc.wait)
+			}
+		})
+	}
+	h := DecideTransientHold([]PodState{transient("a"), transient("b")}, now.Add(-time.Minute), now, window)
+	if got := h.RollbackSuffix(); got != "; a transient failure (i/o timeout) for the whole transient window of 5m0s" {
+		t.Errorf("suffix %q", got)
+	}
+	if !h.Until.Equal(now.Add(4 * time.Minute)) {
+		t.Errorf("until %s", h.Until)
+	}
+	if DecideTransientHold([]PodState{permanent}, time.Time{}, now, window).RollbackSuffix() != "" {
+		t.Error("a permanent failure's rollback says nothing of a transient window")
+	}
+	msg := h.DeferMessage(Decision{FailedRevision: 2, NewRS: &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-5d8f"}}})
+	for _, want := range []string{"Revision 2 (ReplicaSet web-5d8f) exceeded its progress deadline", "fail only transiently (i/o timeout)", "not rolling back before 2026-11-24T10:04:00Z"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+}
