@@ -32,10 +32,14 @@ type TransientHold struct {
 }
 
 // DecideTransientHold decides whether a rollback on the progress deadline
-// waits: only while at least one new pod shows evidence and every piece of
-// it is a transient failure, and the transient window, from since, has not
-// ended. since zero is now (the evidence is seen for the first time).
-func DecideTransientHold(pods []PodState, since, now time.Time, window time.Duration) TransientHold {
+// waits: while the transient window, from since, has not ended, and either
+// every piece of the new pods' evidence is a transient failure, or the
+// rollback was already deferred (held) and the new pods show no evidence any
+// more: the blip is over and they are starting or Ready, and upstream's
+// condition has yet to say so. Any permanent or unclassified evidence rolls
+// back at once; so does a deadline with no evidence that was never deferred
+// (pods slow for reasons of their own). since zero is now.
+func DecideTransientHold(pods []PodState, since, now time.Time, window time.Duration, held bool) TransientHold {
 	var evidence []PodFailure
 	for _, p := range pods {
 		if p.Failure != nil {
@@ -43,6 +47,10 @@ func DecideTransientHold(pods []PodState, since, now time.Time, window time.Dura
 		}
 	}
 	h := TransientHold{Class: EvidenceClass(evidence), Window: window, Since: since}
+	recovering := held && len(evidence) == 0
+	if recovering {
+		h.Class = ClassTransient
+	}
 	if h.Class != ClassTransient || window <= 0 {
 		return h
 	}
@@ -63,9 +71,14 @@ func DecideTransientHold(pods []PodState, since, now time.Time, window time.Dura
 
 // DeferMessage is the rollback-status and the Event while the hold lasts.
 func (h TransientHold) DeferMessage(dec Decision) string {
-	return fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but its new pods fail only transiently (%s): "+
-		"not rolling back before %s, the end of the transient window of %s, in case the registry recovers.",
-		dec.FailedRevision, dec.NewRS.Name, strings.Join(h.Causes, ", "), h.Until.UTC().Format(time.RFC3339), h.Window)
+	return fmt.Sprintf("%s (%s): not rolling back before %s, the end of the transient window of %s, in case the registry recovers.",
+		deferredPrefix(dec), strings.Join(h.Causes, ", "), h.Until.UTC().Format(time.RFC3339), h.Window)
+}
+
+// deferredPrefix starts the rollback-status of a deferred rollback of dec's
+// revision: while it stands, the rollback is held.
+func deferredPrefix(dec Decision) string {
+	return fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but its new pods fail only transiently", dec.FailedRevision, dec.NewRS.Name)
 }
 
 // RollbackSuffix is what a rollback after a whole transient window adds to
@@ -73,6 +86,9 @@ func (h TransientHold) DeferMessage(dec Decision) string {
 func (h TransientHold) RollbackSuffix() string {
 	if h.Class != ClassTransient {
 		return ""
+	}
+	if len(h.Causes) == 0 {
+		return fmt.Sprintf("; its new pods failed transiently, then were not Ready by the end of the transient window of %s", h.Window)
 	}
 	return fmt.Sprintf("; a transient failure (%s) for the whole transient window of %s", strings.Join(h.Causes, ", "), h.Window)
 }
@@ -94,7 +110,8 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 	for i := range pods {
 		states = append(states, PodStateOf(&pods[i], now, o))
 	}
-	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, o.TransientWindow), nil
+	held := strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec))
+	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, o.TransientWindow, held), nil
 }
 
 // deferRollback records the hold once: when the evidence was first seen
@@ -103,7 +120,9 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Deployment, dec Decision, h TransientHold) error {
 	since := h.Since.UTC().Format(time.RFC3339) + " " + dec.NewRS.Name
 	msg := h.DeferMessage(dec)
-	if d.Annotations[vocab.AnnotationFailingSince] == since && d.Annotations[vocab.AnnotationRollbackStatus] == msg {
+	if d.Annotations[vocab.AnnotationFailingSince] == since && strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec)) {
+		// Deferred already (its causes may have changed since, or cleared:
+		// the window and its end are the same).
 		return nil
 	}
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})

@@ -22,30 +22,36 @@ func TestDecideTransientHold(t *testing.T) {
 		pods  []PodState
 		since time.Time
 		wait  time.Duration
+		held  bool
 	}{
-		{"a blip seen for the first time waits the whole window", []PodState{transient("a"), transient("b")}, time.Time{}, window},
-		{"a blip seen 2 minutes ago waits the rest", []PodState{transient("a")}, now.Add(-2 * time.Minute), 3 * time.Minute},
-		{"a blip past its window rolls back", []PodState{transient("a")}, now.Add(-6 * time.Minute), 0},
-		{"a permanent failure next to it rolls back", []PodState{transient("a"), permanent}, time.Time{}, 0},
-		{"a crash loop next to it rolls back", []PodState{transient("a"), crash}, time.Time{}, 0},
-		{"no evidence: upstream's deadline stands", []PodState{{Name: "x"}, {Name: "y", Ready: true}}, time.Time{}, 0},
-		{"a record in the future counts from now", []PodState{transient("a")}, now.Add(time.Hour), window},
+		{"a blip seen for the first time waits the whole window", []PodState{transient("a"), transient("b")}, time.Time{}, window, false},
+		{"a blip seen 2 minutes ago waits the rest", []PodState{transient("a")}, now.Add(-2 * time.Minute), 3 * time.Minute, false},
+		{"a blip past its window rolls back", []PodState{transient("a")}, now.Add(-6 * time.Minute), 0, false},
+		{"a permanent failure next to it rolls back", []PodState{transient("a"), permanent}, time.Time{}, 0, false},
+		{"a crash loop next to it rolls back", []PodState{transient("a"), crash}, time.Time{}, 0, false},
+		{"no evidence: upstream's deadline stands", []PodState{{Name: "x"}, {Name: "y", Ready: true}}, time.Time{}, 0, false},
+		{"a record in the future counts from now", []PodState{transient("a")}, now.Add(time.Hour), window, false},
+		// The blip is over: the pods pull and become Ready a moment before
+		// upstream's condition says the rollout progresses again.
+		{"a deferred rollback holds while its pods recover", []PodState{{Name: "a", Ready: true}, {Name: "b"}}, now.Add(-time.Minute), 4 * time.Minute, true},
+		{"a deferred rollback whose pods now fail for good rolls back", []PodState{permanent}, now.Add(-time.Minute), 0, true},
+		{"a deferred rollback past its window rolls back", []PodState{{Name: "a"}}, now.Add(-6 * time.Minute), 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := DecideTransientHold(tc.pods, tc.since, now, window)
+			h := DecideTransientHold(tc.pods, tc.since, now, window, tc.held)
 			if h.Wait != tc.wait {
 				t.Errorf("wait %s, want %s", h.Wait, tc.wait)
 			}
 		})
 	}
-	h := DecideTransientHold([]PodState{transient("a"), transient("b")}, now.Add(-time.Minute), now, window)
+	h := DecideTransientHold([]PodState{transient("a"), transient("b")}, now.Add(-time.Minute), now, window, false)
 	if got := h.RollbackSuffix(); got != "; a transient failure (i/o timeout) for the whole transient window of 5m0s" {
 		t.Errorf("suffix %q", got)
 	}
 	if !h.Until.Equal(now.Add(4 * time.Minute)) {
 		t.Errorf("until %s", h.Until)
 	}
-	if DecideTransientHold([]PodState{permanent}, time.Time{}, now, window).RollbackSuffix() != "" {
+	if DecideTransientHold([]PodState{permanent}, time.Time{}, now, window, false).RollbackSuffix() != "" {
 		t.Error("a permanent failure's rollback says nothing of a transient window")
 	}
 	msg := h.DeferMessage(Decision{FailedRevision: 2, NewRS: &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-5d8f"}}})
