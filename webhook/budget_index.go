@@ -23,11 +23,12 @@ type BudgetSource interface {
 }
 
 // BudgetIndex indexes the PodDisruptionBudgets of every namespace as the
-// overlap index files selectors: under the label pair their rarest
-// requirement accepts, so that a Deployment finds the budgets selecting its
-// pods among those filed under one of its template labels (and the few with
-// no such requirement). The Deployments a budget selects come from the
-// overlap index, which files them by template label.
+// overlap index files selectors: under the label pairs of the requirement
+// the fewest of the namespace's Deployments' pods carry when it is filed
+// (the overlap index counts them), so that a Deployment finds the budgets
+// selecting its pods among those filed under one of its template labels
+// (and the few with no such requirement). The Deployments a budget selects
+// come from the overlap index, which files them by template label.
 type BudgetIndex struct {
 	mu          sync.RWMutex
 	byNS        map[string]*nsSelections
@@ -44,6 +45,16 @@ func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
 // Set files (or refiles) a budget.
 func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
 	b, ok := BudgetOf(p)
+	var anchors []labelPair
+	if ok {
+		// Counted before taking this index's lock: the two are never held
+		// together.
+		if x.Deployments != nil {
+			anchors = x.Deployments.rarest(p.Namespace, b.Selector)
+		} else {
+			anchors, _ = narrowest(b.Selector, nil)
+		}
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.remove(p.Namespace, p.Name)
@@ -56,7 +67,7 @@ func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
 		x.byNS[p.Namespace] = ns
 		x.budgets[p.Namespace] = map[string]Budget{}
 	}
-	ns.add(Selection{Name: b.Name, Selector: b.Selector})
+	ns.addAnchored(Selection{Name: b.Name, Selector: b.Selector}, anchors)
 	x.budgets[p.Namespace][b.Name] = b
 }
 

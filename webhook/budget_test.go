@@ -1,16 +1,20 @@
 package webhook
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 func minAvail(v intstr.IntOrString) Budget {
@@ -159,7 +163,7 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 	x.Set(budget)
 	for _, mode := range []string{"", BudgetsWarn, BudgetsEnforce, BudgetsOff} {
 		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Overlaps: deps, Budgets: x}
-		f := w.checkBudgets(deploymentWith("web", 1, map[string]string{"app": "web"}), false)
+		f := w.checkBudgets(deploymentWith("web", 1, map[string]string{"app": "web"}), nil, false)
 		switch mode {
 		case BudgetsOff:
 			if len(f) != 0 {
@@ -177,7 +181,7 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 				t.Errorf("warning: %s", f.Warnings()[0])
 			}
 		}
-		if f := w.checkBudgets(deploymentWith("web", 2, map[string]string{"app": "web"}), false); len(f) != 0 {
+		if f := w.checkBudgets(deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false); len(f) != 0 {
 			t.Errorf("%q: two replicas under minAvailable 1 allow a drain: %v", mode, f)
 		}
 		// The budget's own webhook, with web stored at 1 replica.
@@ -190,5 +194,73 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 			t.Errorf("%q: an update that leaves the spec alone: %v", mode, f)
 		}
 		deps.Delete("ns", "web")
+	}
+}
+
+// Enforce mode refuses only what a write makes worse: a scale that leaves a
+// budget blocking it already blocked warns, as an overlap that predates an
+// update does; a Deployment at 0 replicas has no pods to evict.
+func TestDrainCheckRefusesOnlyWhatAWriteMakesWorse(t *testing.T) {
+	deps := NewOverlapIndex(nil)
+	x := NewBudgetIndex(deps)
+	three := intstr.FromInt32(3)
+	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &three))
+	w := &Deployment{Options: &Options{DisruptionBudgets: BudgetsEnforce}, Overlaps: deps, Budgets: x}
+	web := func(n int32) *appsv1.Deployment { return deploymentWith("web", n, map[string]string{"app": "web"}) }
+	if f := w.checkBudgets(web(1), nil, false); len(f.Refusals()) != 1 {
+		t.Errorf("a new Deployment under minAvailable 3: %v", f)
+	}
+	if f := w.checkBudgets(web(2), web(1), false); len(f.Refusals()) != 0 || len(f.Warnings()) != 1 {
+		t.Errorf("scaling 1 to 2 under minAvailable 3 makes nothing worse: want one warning, got %v", f)
+	}
+	if f := w.checkBudgets(web(0), web(1), false); len(f) != 0 {
+		t.Errorf("no pods, nothing to evict: %v", f)
+	}
+	one := intstr.FromInt32(1)
+	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
+	if f := w.checkBudgets(web(1), web(2), false); len(f.Refusals()) != 1 {
+		t.Errorf("scaling 2 to 1 under minAvailable 1 blocks every drain: %v", f)
+	}
+}
+
+// A pod under two budgets cannot be evicted at all (the Eviction API answers
+// 500): said on the Deployment, and on the second budget.
+func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
+	deps := NewOverlapIndex(nil)
+	x := NewBudgetIndex(deps)
+	one := intstr.FromInt32(1)
+	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
+	w := &Deployment{Options: &Options{}, Overlaps: deps, Budgets: x}
+	web := deploymentWith("web", 3, map[string]string{"app": "web", "tier": "front"})
+	deps.Set(web)
+	second := pdb("front", &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "front"}}, &one)
+	f := w.ReviewBudget(second, nil, "someone", nil)
+	if len(f) != 1 || f[0].Field != "spec.selector" || !strings.Contains(f[0].Message, `PodDisruptionBudget "web" selects too`) {
+		t.Errorf("the second budget's review: %v", f)
+	}
+	x.Set(second)
+	f = w.checkBudgets(web, nil, false)
+	if len(f) != 1 || !strings.Contains(f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)") {
+		t.Errorf("the Deployment's check: %v", f)
+	}
+}
+
+// The budget webhook's failurePolicy Ignore covers a guard that does not
+// answer; one that answers must not refuse either, outside enforce mode,
+// even a request it cannot read.
+func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Kind: budgetKind.gvk, Namespace: "ns", Name: "b",
+		Object: runtime.RawExtension{Raw: []byte(`{"spec": {"minAvailable": [1]}}`)},
+	}}
+	for mode, allowed := range map[string]bool{BudgetsWarn: true, "": true, BudgetsEnforce: false} {
+		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
+		resp := w.BudgetHandler(nil).Handle(context.Background(), req)
+		if resp.Allowed != allowed {
+			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)
+		}
+		if allowed && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "could not judge this PodDisruptionBudget")) {
+			t.Errorf("mode %q: warnings %v", mode, resp.Warnings)
+		}
 	}
 }

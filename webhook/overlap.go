@@ -260,10 +260,15 @@ func requiredPairs(r labels.Requirement) []labelPair {
 }
 
 func (ns *nsSelections) add(s Selection) {
-	f := filed{Selection: s}
 	// Anchor on the requirement the fewest pods satisfy now, so that a common
 	// label (part-of, team) does not make every Deployment a candidate.
-	f.anchors, _ = narrowest(s.Selector, ns.byTemplate)
+	anchors, _ := narrowest(s.Selector, ns.byTemplate)
+	ns.addAnchored(s, anchors)
+}
+
+// addAnchored files s under anchors (none: unanchored).
+func (ns *nsSelections) addAnchored(s Selection, anchors []labelPair) {
+	f := filed{Selection: s, anchors: anchors}
 	ns.entries[s.Name] = f
 	for k, v := range s.TemplateLabels {
 		addName(ns.byTemplate, labelPair{k, v}, s.Name)
@@ -307,6 +312,21 @@ func removeName(m map[labelPair]nameSet, p labelPair, name string) {
 			delete(m, p)
 		}
 	}
+}
+
+// rarest returns the label pairs of sel's requirement that the fewest of
+// namespace's pod templates carry now, to file another kind of selector (a
+// disruption budget's) under; nil when sel has no equality or set
+// requirement.
+func (x *OverlapIndex) rarest(namespace string, sel labels.Selector) []labelPair {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var byTemplate map[labelPair]nameSet
+	if ns := x.byNS[namespace]; ns != nil {
+		byTemplate = ns.byTemplate
+	}
+	pairs, _ := narrowest(sel, byTemplate)
+	return pairs
 }
 
 // SelectedBy returns the Deployments of namespace whose pods sel selects

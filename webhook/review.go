@@ -193,7 +193,7 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		}
 		if w.Budgets != nil && o.DisruptionBudgets != BudgetsOff {
 			r.Checked = append(r.Checked, reasonDisruptionBudget)
-			f = append(f, w.checkBudgets(d, true)...)
+			f = append(f, w.checkBudgets(d, nil, true)...)
 		}
 		return f
 	}
@@ -218,7 +218,7 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		f = append(f, now...)
 	}
 	if drainMayChange(d, old) {
-		f = append(f, w.checkBudgets(d, false)...)
+		f = append(f, w.checkBudgets(d, old, false)...)
 	}
 	return f
 }

@@ -308,6 +308,7 @@ func (r *Runner) Start(ctx context.Context) error {
 			// The first pass covers what was there.
 			if d, ok := o.(*appsv1.Deployment); ok && !initial {
 				touch(d, d)
+				r.mark(r.underBudgets(d)...)
 			}
 		},
 		UpdateFunc: func(old, o any) {
@@ -328,7 +329,7 @@ func (r *Runner) Start(ctx context.Context) error {
 			}
 			// A scale, by hand or by an HPA, turns the drain result of every
 			// Deployment under the same budgets (nd's own is marked above).
-			if replicas(od) != replicas(nd) || overlapMayChange(od, nd) {
+			if ok1 && (replicas(od) != replicas(nd) || overlapMayChange(od, nd)) {
 				r.mark(append(r.underBudgets(od), r.underBudgets(nd)...)...)
 			}
 		},
@@ -338,6 +339,8 @@ func (r *Runner) Start(ctx context.Context) error {
 			}
 			if d, ok := o.(*appsv1.Deployment); ok {
 				touch(d, d)
+				// Its pods no longer count under its budgets.
+				r.mark(r.underBudgets(d)...)
 			}
 		},
 	})

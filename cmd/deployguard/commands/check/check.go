@@ -598,7 +598,9 @@ func (p *pipeline) checkBudget(doc document, res checkResult, defaultNS string, 
 		}
 	}
 	res.Findings = findingsOf(doc, f)
-	p.budgets.Set(pdb)
+	if res.Verdict == "admitted" {
+		p.budgets.Set(pdb)
+	}
 	return res
 }
 

@@ -44,7 +44,8 @@ type drainBlocked struct {
 
 // evictionRefusal says why the Eviction API would refuse to evict pod now,
 // given the budgets of its namespace, as the API server decides it
-// (pkg/registry/core/pod/storage/eviction.go): more than one budget selecting
+// (pkg/registry/core/pod/storage/eviction.go; the caller passes over the pods
+// it evicts without asking a budget): more than one budget selecting
 // it, a budget whose status the disruption controller has not caught up with,
 // or one that allows no disruption. An unready pod is let go when the budget
 // says so (unhealthyPodEvictionPolicy) or is healthy. ok is false when the
@@ -77,9 +78,7 @@ func evictionRefusal(pod *corev1.Pod, budgets []policyv1.PodDisruptionBudget) (n
 	p := match[0]
 	names = []string{p.Name}
 	b, _ := guardwebhook.BudgetOf(p)
-	if p.Status.ObservedGeneration < p.Generation {
-		return names, fmt.Sprintf("PodDisruptionBudget %q (%s) was changed and the disruption controller has not counted its pods yet; try again shortly", p.Name, b.Rule()), false, true
-	}
+	// In the API server's order: an unready pod first, then the status.
 	if !podReady(pod) {
 		if p.Spec.UnhealthyPodEvictionPolicy != nil && *p.Spec.UnhealthyPodEvictionPolicy == policyv1.AlwaysAllow {
 			return nil, "", false, false
@@ -87,6 +86,9 @@ func evictionRefusal(pod *corev1.Pod, budgets []policyv1.PodDisruptionBudget) (n
 		if p.Status.CurrentHealthy >= p.Status.DesiredHealthy && p.Status.DesiredHealthy > 0 {
 			return nil, "", false, false
 		}
+	}
+	if p.Status.ObservedGeneration < p.Generation {
+		return names, fmt.Sprintf("PodDisruptionBudget %q (%s) was changed and the disruption controller has not counted its pods yet; try again shortly", p.Name, b.Rule()), false, true
 	}
 	if p.Status.DisruptionsAllowed > 0 {
 		return nil, "", false, false
@@ -131,7 +133,9 @@ func fetchDrain(ctx context.Context, c client.Client, node string) (drainStatus,
 	byDeployment := map[client.ObjectKey]*drainBlocked{}
 	for i := range podList.Items {
 		pod := &podList.Items[i]
-		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		// What the Eviction API lets go without asking a budget (canIgnorePDB):
+		// pods being deleted, finished or still Pending.
+		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodPending {
 			continue
 		}
 		deployment, err := deploymentOf(ctx, c, pod, owners)
