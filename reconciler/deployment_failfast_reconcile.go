@@ -95,7 +95,7 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 	}
 	newRS := RolloutInProgress(d, rss)
 	if !on || newRS == nil {
-		if ShouldRollBack(d, rss, r.Options).Action == ActionRollBack {
+		if deferralStands(d, rss) || ShouldRollBack(d, rss, r.Options).Action == ActionRollBack {
 			// Past the deadline, a rollback the deadline's path holds for a
 			// registry blip: its window started at this record.
 			return 0, nil

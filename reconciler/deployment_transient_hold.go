@@ -76,9 +76,35 @@ func (h TransientHold) DeferMessage(dec Decision) string {
 }
 
 // deferredPrefix starts the rollback-status of a deferred rollback of dec's
-// revision: while it stands, the rollback is held.
+// revision at dec's deadline: while it stands, the rollback is held. The
+// deadline's time is in it, so that a later deadline of the same revision
+// is never taken for one already deferred.
 func deferredPrefix(dec Decision) string {
-	return fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline, but its new pods fail only transiently", dec.FailedRevision, dec.NewRS.Name)
+	at := ""
+	if dec.Deadline != nil {
+		at = " at " + dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline%s, but its new pods fail only transiently", dec.FailedRevision, dec.NewRS.Name, at)
+}
+
+// deferralStands reports whether the deadline's path holds a rollback of
+// d's newRS now: its rollback-status is a deferral at the deadline the
+// Deployment still shows. Fail-fast then keeps the record of when the
+// evidence was first seen, where the window starts.
+func deferralStands(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
+	cond := progressingCondition(d)
+	if cond == nil || cond.Reason != vocab.ProgressDeadlineExceeded {
+		return false
+	}
+	newRS := FindNewReplicaSet(d, rss)
+	if newRS == nil {
+		return false
+	}
+	rev, err := Revision(newRS)
+	if err != nil {
+		return false
+	}
+	return strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(Decision{FailedRevision: rev, NewRS: newRS, Deadline: cond}))
 }
 
 // RollbackSuffix is what a rollback after a whole transient window adds to
@@ -97,8 +123,9 @@ func (h TransientHold) RollbackSuffix() string {
 // decides whether its rollback waits. The start of the window is
 // fail-fast's record of when evidence was first seen, if it made one.
 func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Deployment, dec Decision) (TransientHold, error) {
-	o, _ := r.failFastFor(d)
-	if o.TransientWindow <= 0 || dec.NewRS == nil {
+	o, on := r.failFastFor(d)
+	if !on || o.TransientWindow <= 0 || dec.NewRS == nil {
+		// Fail-fast turned off for it: the deadline applies as upstream's.
 		return TransientHold{}, nil
 	}
 	pods, err := r.newPods(ctx, d, dec.NewRS)
@@ -111,7 +138,8 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 		states = append(states, PodStateOf(&pods[i], now, o))
 	}
 	held := strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec))
-	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, o.TransientWindow, held), nil
+	// As fail-fast's: never shorter than the Deployment's own window.
+	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, max(o.TransientWindow, o.Window), held), nil
 }
 
 // deferRollback records the hold once: when the evidence was first seen

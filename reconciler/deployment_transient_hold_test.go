@@ -61,3 +61,16 @@ func TestDecideTransientHold(t *testing.T) {
 		}
 	}
 }
+
+// A deferral is about one deadline: the same revision failing at a later
+// deadline is not taken for one already held.
+func TestDeferralIsAboutOneDeadline(t *testing.T) {
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-5d8f"}}
+	at := func(s int) *appsv1.DeploymentCondition {
+		return &appsv1.DeploymentCondition{LastTransitionTime: metav1.NewTime(time.Date(2026, 11, 24, 10, 0, s, 0, time.UTC))}
+	}
+	first := deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(0)})
+	if strings.HasPrefix(first, deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(1)})) {
+		t.Errorf("a later deadline matches the first's deferral %q", first)
+	}
+}

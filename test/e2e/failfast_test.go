@@ -154,7 +154,8 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 			if tc.deadline < 90 {
 				// … the deadline passes, and its rollback is deferred.
 				msg := guardEventWithin(t, ns, "blip", vocab.ReasonRollbackDeferred, time.Duration(tc.deadline)*time.Second+30*time.Second)
-				assert.Contains(t, msg, "exceeded its progress deadline, but its new pods fail only transiently (i/o timeout)")
+				assert.Contains(t, msg, "exceeded its progress deadline at ")
+				assert.Contains(t, msg, "but its new pods fail only transiently (i/o timeout): not rolling back before ")
 				assert.Contains(t, msg, "transient window of "+transientWindow.String())
 			}
 			// … and waits past its ordinary window until the pull succeeds.
