@@ -18,8 +18,8 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/kustomize/api/konfig"
 	"sigs.k8s.io/yaml"
 

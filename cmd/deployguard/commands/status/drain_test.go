@@ -10,8 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-func budgetFor(name string, min int32, st policyv1.PodDisruptionBudgetStatus) policyv1.PodDisruptionBudget {
-	m := intstr.FromInt32(min)
+func budgetFor(name string, minAvailable int32, st policyv1.PodDisruptionBudgetStatus) policyv1.PodDisruptionBudget {
+	m := intstr.FromInt32(minAvailable)
 	return policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Generation: 1},
 		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, MinAvailable: &m},
