@@ -1,0 +1,157 @@
+// Package native evaluates ValidatingAdmissionPolicies in process, with the
+// API server's own CEL compiler and validator (k8s.io/apiserver), so that a
+// test, `deployguard check` or the audit can ask what the API server would
+// answer for a Deployment without one: the same expressions, the same
+// environment and cost limits, the same messages.
+package native
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/admission"
+	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/cel/environment"
+)
+
+// Policy is one compiled ValidatingAdmissionPolicy.
+type Policy struct {
+	Name      string
+	validator validating.Validator
+	hasParams bool
+}
+
+// Compile compiles a policy as the API server's ValidatingAdmissionPolicy
+// plugin does (compilePolicy): its variables, match conditions, validations
+// and message expressions, in the strict-cost base environment of the
+// default compatibility version. A policy that does not compile is an error
+// here, where the API server would report it on the policy's status.
+func Compile(p *admissionregistrationv1.ValidatingAdmissionPolicy) (*Policy, error) {
+	hasParams := p.Spec.ParamKind != nil
+	vars := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: true}
+	exprVars := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: false}
+	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		return nil, err
+	}
+	variables := make([]plugincel.NamedExpressionAccessor, len(p.Spec.Variables))
+	for i, v := range p.Spec.Variables {
+		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
+	}
+	compiler.CompileAndStoreVariables(variables, vars, environment.StoredExpressions)
+
+	validations := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
+	messages := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
+	for i, v := range p.Spec.Validations {
+		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
+		if v.MessageExpression != "" {
+			messages[i] = &validating.MessageExpressionCondition{MessageExpression: v.MessageExpression}
+		}
+	}
+	validationFilter := compiler.CompileCondition(validations, vars, environment.StoredExpressions)
+	messageFilter := compiler.CompileCondition(messages, exprVars, environment.StoredExpressions)
+	if err := compileErrors(validationFilter, messageFilter); err != nil {
+		return nil, fmt.Errorf("ValidatingAdmissionPolicy %s: %w", p.Name, err)
+	}
+	var matcher matchconditions.Matcher
+	if len(p.Spec.MatchConditions) > 0 {
+		conds := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
+		for i := range p.Spec.MatchConditions {
+			conds[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
+		}
+		filter := compiler.CompileCondition(conds, vars, environment.StoredExpressions)
+		if err := compileErrors(filter); err != nil {
+			return nil, fmt.Errorf("ValidatingAdmissionPolicy %s: match conditions: %w", p.Name, err)
+		}
+		matcher = matchconditions.NewMatcher(filter, p.Spec.FailurePolicy, "policy", "validate", p.Name)
+	}
+	return &Policy{
+		Name: p.Name,
+		// The guard's policies write no audit annotations; the validator
+		// still runs the (empty) filter.
+		validator: validating.NewValidator(validationFilter, matcher,
+			compiler.CompileCondition(nil, vars, environment.StoredExpressions), messageFilter, p.Spec.FailurePolicy, nil),
+		hasParams: hasParams,
+	}, nil
+}
+
+// compileErrors gathers the compilation errors of filters.
+func compileErrors(filters ...plugincel.ConditionEvaluator) error {
+	var msgs []string
+	for _, f := range filters {
+		c, ok := f.(interface{ CompilationErrors() []error })
+		if !ok {
+			continue
+		}
+		for _, err := range c.CompilationErrors() {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) > 0 {
+		return fmt.Errorf("%s", strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// Request is one admission of a Deployment, as the policy sees it.
+type Request struct {
+	Operation admission.Operation
+	// Object is nil on DELETE, OldObject on CREATE.
+	Object, OldObject *appsv1.Deployment
+	Namespace, Name   string
+	User              user.Info
+	DryRun            bool
+	// Params is the params object of the binding (nil: none).
+	Params runtime.Object
+	// NamespaceObject is the request's namespace, as `namespaceObject`.
+	NamespaceObject *corev1.Namespace
+}
+
+// Decision is what one validation decided.
+type Decision struct {
+	// Denied is set when the validation failed (the binding's actions say
+	// whether that refuses, warns or audits); Error when it could not be
+	// evaluated.
+	Denied, Error bool
+	Message       string
+}
+
+// Evaluate runs the policy on r and returns the decisions of the
+// validations that did not pass; none when the match conditions exclude r.
+func (p *Policy) Evaluate(ctx context.Context, r Request) []Decision {
+	var obj, old runtime.Object
+	if r.Object != nil {
+		obj = r.Object
+	}
+	if r.OldObject != nil {
+		old = r.OldObject
+	}
+	gvk := appsv1.SchemeGroupVersion.WithKind("Deployment")
+	gvr := appsv1.SchemeGroupVersion.WithResource("deployments")
+	attrs := admission.NewAttributesRecord(obj, old, gvk, r.Namespace, r.Name, gvr, "", r.Operation, nil, r.DryRun, r.User)
+	versioned := &admission.VersionedAttributes{Attributes: attrs, VersionedKind: gvk, VersionedObject: obj, VersionedOldObject: old}
+	var params runtime.Object
+	if p.hasParams {
+		params = r.Params
+	}
+	res := p.validator.Validate(ctx, gvr, versioned, params, r.NamespaceObject, celconfig.RuntimeCELCostBudget, nil)
+	var out []Decision
+	for _, d := range res.Decisions {
+		switch d.Evaluation {
+		case validating.EvalDeny:
+			out = append(out, Decision{Denied: true, Message: d.Message})
+		case validating.EvalError:
+			out = append(out, Decision{Error: true, Message: d.Message})
+		}
+	}
+	return out
+}

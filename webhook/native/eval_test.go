@@ -1,0 +1,94 @@
+package native
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
+)
+
+func policy(v ...admissionregistrationv1.Validation) *admissionregistrationv1.ValidatingAdmissionPolicy {
+	return &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "test"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			Validations: v,
+			MatchConditions: []admissionregistrationv1.MatchCondition{{
+				Name: "not-the-namespace-controller", Expression: `request.userInfo.username != "system:serviceaccount:kube-system:namespace-controller"`,
+			}},
+		},
+	}
+}
+
+func protected(annotations map[string]string) *appsv1.Deployment {
+	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", Annotations: annotations}}
+}
+
+// The evaluator answers as the API server's plugin does: the validation's
+// messageExpression, the match conditions, errors on a policy that does not
+// compile.
+func TestEvaluate(t *testing.T) {
+	p, err := Compile(policy(admissionregistrationv1.Validation{
+		Expression:        `request.operation != "DELETE" || !has(oldObject.metadata.annotations) || oldObject.metadata.annotations[?"deployguard.io/protected"].orValue("") != "true"`,
+		MessageExpression: `"Deployment " + oldObject.metadata.name + " is protected; lift it with kubectl annotate deployment " + oldObject.metadata.name + " deployguard.io/protected-"`,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	someone := &user.DefaultInfo{Name: "someone"}
+	for _, tc := range []struct {
+		name string
+		r    Request
+		want string
+	}{
+		{"a protected Deployment deleted", Request{Operation: admission.Delete, OldObject: protected(map[string]string{"deployguard.io/protected": "true"}), User: someone},
+			"Deployment web is protected; lift it with kubectl annotate deployment web deployguard.io/protected-"},
+		{"an unprotected one", Request{Operation: admission.Delete, OldObject: protected(nil), User: someone}, ""},
+		{"the namespace controller", Request{Operation: admission.Delete, OldObject: protected(map[string]string{"deployguard.io/protected": "true"}),
+			User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}, ""},
+		{"an update", Request{Operation: admission.Update, Object: protected(nil), OldObject: protected(map[string]string{"deployguard.io/protected": "true"}), User: someone}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.r.Namespace, tc.r.Name = "shop", "web"
+			ds := p.Evaluate(context.Background(), tc.r)
+			got := ""
+			for _, d := range ds {
+				if d.Error {
+					t.Fatalf("evaluation error: %s", d.Message)
+				}
+				got = d.Message
+			}
+			if got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if _, err := Compile(policy(admissionregistrationv1.Validation{Expression: `object.spec.nosuchfield +`})); err == nil || !strings.Contains(err.Error(), "test") {
+		t.Errorf("a policy that does not compile: %v", err)
+	}
+}
+
+// Params are read as the binding's params object: a ConfigMap here.
+func TestEvaluateWithParams(t *testing.T) {
+	pol := policy(admissionregistrationv1.Validation{
+		Expression:        `!has(object.spec.revisionHistoryLimit) || object.spec.revisionHistoryLimit <= int(params.data.max)`,
+		MessageExpression: `"revisionHistoryLimit " + string(object.spec.revisionHistoryLimit) + " is above " + params.data.max`,
+	})
+	pol.Spec.ParamKind = &admissionregistrationv1.ParamKind{APIVersion: "v1", Kind: "ConfigMap"}
+	p, err := Compile(pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := int32(50)
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}, Spec: appsv1.DeploymentSpec{RevisionHistoryLimit: &limit}}
+	params := &corev1.ConfigMap{Data: map[string]string{"max": "10"}}
+	ds := p.Evaluate(context.Background(), Request{Operation: admission.Create, Object: d, Namespace: "shop", Name: "web", User: &user.DefaultInfo{Name: "u"}, Params: params})
+	if len(ds) != 1 || ds[0].Message != "revisionHistoryLimit 50 is above 10" {
+		t.Errorf("decisions %+v", ds)
+	}
+}
