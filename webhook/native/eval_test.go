@@ -92,3 +92,35 @@ func TestEvaluateWithParams(t *testing.T) {
 		t.Errorf("decisions %+v", ds)
 	}
 }
+
+// BenchmarkEvaluate measures one evaluation of a two-validation policy with
+// messageExpressions on a Deployment, as check and the audit would run the
+// native rules in process.
+func BenchmarkEvaluate(b *testing.B) {
+	pol := policy(
+		admissionregistrationv1.Validation{
+			Expression:        `!has(object.spec.revisionHistoryLimit) || object.spec.revisionHistoryLimit <= 100`,
+			MessageExpression: `"revisionHistoryLimit " + string(object.spec.revisionHistoryLimit) + " is above 100"`,
+		},
+		admissionregistrationv1.Validation{
+			Expression:        `!has(object.spec.selector.matchLabels) || object.spec.selector.matchLabels.all(k, has(object.spec.template.metadata.labels) && k in object.spec.template.metadata.labels)`,
+			MessageExpression: `"the selector does not select the template's labels"`,
+		})
+	p, err := Compile(pol)
+	if err != nil {
+		b.Fatal(err)
+	}
+	limit := int32(10)
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}, Spec: appsv1.DeploymentSpec{
+		RevisionHistoryLimit: &limit,
+		Selector:             &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		Template:             corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web", "version": "1"}}},
+	}}
+	r := Request{Operation: admission.Create, Object: d, Namespace: "shop", Name: "web", User: &user.DefaultInfo{Name: "u"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if ds := p.Evaluate(context.Background(), r); len(ds) != 0 {
+			b.Fatalf("decisions %+v", ds)
+		}
+	}
+}
