@@ -9,7 +9,6 @@ import (
 
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 )
 
@@ -147,32 +146,10 @@ func (x *BudgetIndex) Targets(namespace string, sel labels.Selector) ([]Selectio
 }
 
 // Feed keeps the index up to date from a PodDisruptionBudget informer.
-func (x *BudgetIndex) Feed(inf interface {
-	AddEventHandler(toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
-}) error {
-	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { x.setObject(obj) },
-		UpdateFunc: func(_, obj any) { x.setObject(obj) },
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if p, ok := obj.(*policyv1.PodDisruptionBudget); ok {
-				x.Delete(p.Namespace, p.Name)
-			}
-		},
-	})
-	if err != nil {
-		return err
-	}
-	x.synced = reg.HasSynced
-	return nil
-}
-
-func (x *BudgetIndex) setObject(obj any) {
-	if p, ok := obj.(*policyv1.PodDisruptionBudget); ok {
-		x.Set(p)
-	}
+func (x *BudgetIndex) Feed(inf informer) error {
+	synced, err := feed(inf, x.Set, x.Delete)
+	x.synced = synced
+	return err
 }
 
 // Indexes returns the overlap and budget indexes, fed by the cache's

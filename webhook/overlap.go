@@ -193,32 +193,48 @@ func (x *OverlapIndex) OverlapCandidates(_ context.Context, d *appsv1.Deployment
 // Feed keeps the index up to date from a Deployment informer (the manager's:
 // one watch serves the reconciler and the index). The index answers only once
 // the informer has delivered every existing Deployment.
-func (x *OverlapIndex) Feed(inf interface {
+func (x *OverlapIndex) Feed(inf informer) error {
+	synced, err := feed(inf, x.Set, x.Delete)
+	x.synced = synced
+	return err
+}
+
+// informer is what feed needs of a shared informer.
+type informer interface {
 	AddEventHandler(toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
-}) error {
+}
+
+// feed keeps an index of objects of type T up to date from inf: set on
+// every add and update, forget on a delete (a tombstone's last state too).
+// It returns whether inf has delivered what existed when it started.
+func feed[T interface {
+	GetNamespace() string
+	GetName() string
+}](inf informer, set func(T), forget func(namespace, name string)) (func() bool, error) {
 	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { x.setObject(obj) },
-		UpdateFunc: func(_, obj any) { x.setObject(obj) },
+		AddFunc: func(obj any) {
+			if o, ok := obj.(T); ok {
+				set(o)
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if o, ok := obj.(T); ok {
+				set(o)
+			}
+		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
-			if d, ok := obj.(*appsv1.Deployment); ok {
-				x.Delete(d.Namespace, d.Name)
+			if o, ok := obj.(T); ok {
+				forget(o.GetNamespace(), o.GetName())
 			}
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	x.synced = reg.HasSynced
-	return nil
-}
-
-func (x *OverlapIndex) setObject(obj any) {
-	if d, ok := obj.(*appsv1.Deployment); ok {
-		x.Set(d)
-	}
+	return reg.HasSynced, nil
 }
 
 // narrowest returns the label pairs of the selector's equality or set

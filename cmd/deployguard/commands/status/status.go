@@ -574,15 +574,20 @@ Flags:
 		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
 		return 1
 	}
-	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(st)
-		return 0
-	}
-	printStatus(stdout, st)
+	write(stdout, *output, st, func() { printStatus(stdout, st) })
 	return 0
+}
+
+// write prints v as indented JSON for -o json, otherwise as text does.
+func write(w io.Writer, output string, v any, text func()) {
+	if output != "json" {
+		text()
+		return
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 // runDrain is `deployguard status --drain NODE`.
@@ -604,14 +609,7 @@ func runDrain(kubeconfig, node, output string, positional []string, stdout, stde
 		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
 		return 1
 	}
-	if output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(st)
-		return 0
-	}
-	printDrain(stdout, st)
+	write(stdout, output, st, func() { printDrain(stdout, st) })
 	return 0
 }
 
