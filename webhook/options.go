@@ -50,6 +50,11 @@ type Options struct {
 	GuardUsername    string
 	BreakGlassGroups []string
 
+	// NativeInAPIServer says the guard's native policies (config/native)
+	// are installed, so the API server enforces them and the webhook does
+	// not evaluate them again.
+	NativeInAPIServer bool
+
 	// Quarantine is one of QuarantineEnforce, QuarantineWarn, QuarantineOff.
 	Quarantine string
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // Request is what a review knows about one admission request.
@@ -48,6 +49,10 @@ type Stage struct {
 	// With, when set, evaluates in place of the reviewer's Policies: the
 	// audit re-judges with a newly loaded set.
 	With Policies
+	// Native evaluates the guard's native policies (native_rules.go) in
+	// process. The webhook leaves them to the API server where they are
+	// installed (Options.NativeInAPIServer), except enforced bounds.
+	Native bool
 }
 
 // The stages of the callers.
@@ -55,9 +60,9 @@ var (
 	Mutating   = Stage{Defaults: true}
 	Validating = Stage{Checks: true, Policies: true}
 	// Offline is the whole chain, as `deployguard check` runs it on a manifest.
-	Offline = Stage{Defaults: true, Checks: true, Policies: true}
+	Offline = Stage{Defaults: true, Checks: true, Policies: true, Native: true}
 	// Audit judges what is stored.
-	Audit = Stage{Checks: true, Policies: true, Stored: true}
+	Audit = Stage{Checks: true, Policies: true, Stored: true, Native: true}
 )
 
 // Review is what a review found.
@@ -97,10 +102,10 @@ func (p RegoPolicies) Evaluate(ctx context.Context, r policy.Request) (policy.De
 func (w *Deployment) Review(ctx context.Context, req Request, stage Stage) Review {
 	var r Review
 	if req.Operation == admissionv1.Delete {
-		if stage.Checks && req.UserInfo.Username != namespaceControllerUser {
-			// The namespace controller is let through, so that deleting a
-			// namespace always completes.
-			r.Findings = CheckDelete(req.OldObject)
+		if stage.Checks && stage.Native {
+			// Deletion protection; the namespace controller is let
+			// through, so that deleting a namespace always completes.
+			r.Findings = w.Options.nativeChecks(ctx, req, native.Refusals)
 		}
 		return r
 	}
@@ -174,7 +179,7 @@ func (w *Deployment) except(d *appsv1.Deployment, fs Findings) {
 	}
 }
 
-// check runs the Go checks on a CREATE (old nil) or an UPDATE.
+// check runs the checks on a CREATE (old nil) or an UPDATE.
 func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt bool, r *Review) Findings {
 	d, old, o := req.Object, req.OldObject, w.Options
 	var f Findings
@@ -186,7 +191,10 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 			return checkStoredQuarantine(d, o.Quarantine)
 		}
 		r.Checked = append(r.Checked, specChecks...)
-		f = append(CheckSpec(d, o), checkStoredQuarantine(d, o.Quarantine)...)
+		// What is stored is judged as if it were created now.
+		stored := Request{Operation: admissionv1.Create, Object: d, UserInfo: req.UserInfo}
+		f = append(checkSpec(d), specFindings(o.nativeChecks(ctx, stored, native.Refusals, native.Warnings, native.Bounds))...)
+		f = append(f, checkStoredQuarantine(d, o.Quarantine)...)
 		if w.Overlaps != nil {
 			r.Checked = append(r.Checked, reasonOverlap)
 			f = append(f, overlapPredates(w.checkOverlap(ctx, d))...)
@@ -197,7 +205,14 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		}
 		return f
 	}
-	f = CheckFinalizers(d, old, o.mayManageFinalizers(req.UserInfo))
+	// The native policies know which requests they skip: exempt ones, the
+	// guard's own writes, updates that leave the spec alone.
+	switch {
+	case stage.Native:
+		f = o.nativeChecks(ctx, req, native.Refusals, native.Warnings, native.Bounds)
+	case o.BoundsEnforce:
+		f = o.nativeChecks(ctx, req, native.Bounds)
+	}
 	f = append(f, CheckQuarantine(d, old, o.Quarantine)...)
 	// The guard's own writes (rollback to a known-good template, drain, finalizer
 	// removal) must never be refused by a rule added after the Deployment was
@@ -207,7 +222,7 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 	if exempt || o.isGuard(req.UserInfo) || (old != nil && apiequality.Semantic.DeepEqual(old.Spec, d.Spec)) {
 		return f
 	}
-	f = append(f, CheckSpec(d, o)...)
+	f = append(f, checkSpec(d)...)
 	if w.Overlaps != nil && overlapMayChange(d, old) {
 		now := w.checkOverlap(ctx, d)
 		if old != nil && overlapping(now) && overlapping(w.checkOverlap(ctx, old)) {
@@ -223,13 +238,25 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 	return f
 }
 
+// specFindings are the findings of the spec checks: the audit judges no
+// finalizer rule.
+func specFindings(fs Findings) Findings {
+	out := fs[:0]
+	for _, f := range fs {
+		if f.Origin != reasonFinalizers && f.Origin != reasonProtected {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // drainMayChange: a new Deployment, new replicas or new template labels may
 // bring it under a budget that allows no eviction.
 func drainMayChange(d, old *appsv1.Deployment) bool {
 	return old == nil || replicasOf(d) != replicasOf(old) || overlapMayChange(d, old)
 }
 
-// specChecks are the checks CheckSpec runs.
+// specChecks are the spec checks: checkSpec and the native policies.
 var specChecks = []string{reasonSelector, reasonStrategy, reasonRevisionHistory, reasonProgressDeadline}
 
 // checkOverlap checks d against the candidates of the overlap index.

@@ -32,7 +32,9 @@ func (v validator) handle(ctx context.Context, req admission.Request) (admission
 	if r.Object == nil && r.OldObject == nil {
 		return resp, reason
 	}
-	rev := v.w.Review(ctx, r, Validating)
+	stage := Validating
+	stage.Native = !v.w.Options.NativeInAPIServer
+	rev := v.w.Review(ctx, r, stage)
 	if audited := auditedLines(rev.Findings); len(audited) > 0 {
 		ctrl.LoggerFrom(ctx).Info("audit-mode policy findings", "reason", "PolicyAudit",
 			"namespace", req.Namespace, "name", name, "findings", audited)

@@ -13,6 +13,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
@@ -123,32 +125,81 @@ type Decision struct {
 	// evaluated.
 	Denied, Error bool
 	Message       string
+	// Reason is the validation's reason (Invalid unless it says otherwise).
+	Reason metav1.StatusReason
 }
 
 // Evaluate runs the policy on r and returns the decisions of the
 // validations that did not pass; none when the match conditions exclude r.
 func (p *Policy) Evaluate(ctx context.Context, r Request) []Decision {
-	var obj, old runtime.Object
+	in, err := inputOf(r)
+	if err != nil {
+		return []Decision{{Error: true, Message: err.Error()}}
+	}
+	return p.evaluate(ctx, in)
+}
+
+// input is a request as the evaluator reads it: the objects unstructured,
+// converted once for every policy that reads them.
+type input struct {
+	attrs     *admission.VersionedAttributes
+	params    runtime.Object
+	namespace *corev1.Namespace
+}
+
+func inputOf(r Request) (input, error) {
+	var obj, old, params runtime.Object
+	var err error
 	if r.Object != nil {
-		obj = r.Object
+		if obj, err = toUnstructured(r.Object); err != nil {
+			return input{}, err
+		}
 	}
 	if r.OldObject != nil {
-		old = r.OldObject
+		if old, err = toUnstructured(r.OldObject); err != nil {
+			return input{}, err
+		}
+	}
+	if r.Params != nil {
+		if params, err = toUnstructured(r.Params); err != nil {
+			return input{}, err
+		}
 	}
 	gvk := appsv1.SchemeGroupVersion.WithKind("Deployment")
-	gvr := appsv1.SchemeGroupVersion.WithResource("deployments")
-	attrs := admission.NewAttributesRecord(obj, old, gvk, r.Namespace, r.Name, gvr, "", r.Operation, nil, r.DryRun, r.User)
-	versioned := &admission.VersionedAttributes{Attributes: attrs, VersionedKind: gvk, VersionedObject: obj, VersionedOldObject: old}
+	attrs := admission.NewAttributesRecord(obj, old, gvk, r.Namespace, r.Name, deployments, "", r.Operation, nil, r.DryRun, r.User)
+	return input{
+		attrs:     &admission.VersionedAttributes{Attributes: attrs, VersionedKind: gvk, VersionedObject: obj, VersionedOldObject: old},
+		params:    params,
+		namespace: r.NamespaceObject,
+	}, nil
+}
+
+var deployments = appsv1.SchemeGroupVersion.WithResource("deployments")
+
+// toUnstructured converts o as the API server hands objects to CEL; an
+// object already unstructured is used as it is.
+func toUnstructured(o runtime.Object) (runtime.Object, error) {
+	if u, ok := o.(*unstructured.Unstructured); ok {
+		return u, nil
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the object: %w", err)
+	}
+	return &unstructured.Unstructured{Object: m}, nil
+}
+
+func (p *Policy) evaluate(ctx context.Context, in input) []Decision {
 	var params runtime.Object
 	if p.hasParams {
-		params = r.Params
+		params = in.params
 	}
-	res := p.validator.Validate(ctx, gvr, versioned, params, r.NamespaceObject, celconfig.RuntimeCELCostBudget, nil)
+	res := p.validator.Validate(ctx, deployments, in.attrs, params, in.namespace, celconfig.RuntimeCELCostBudget, nil)
 	var out []Decision
 	for _, d := range res.Decisions {
 		switch d.Evaluation {
 		case validating.EvalDeny:
-			out = append(out, Decision{Denied: true, Message: d.Message})
+			out = append(out, Decision{Denied: true, Message: d.Message, Reason: d.Reason})
 		case validating.EvalError:
 			out = append(out, Decision{Error: true, Message: d.Message})
 		}

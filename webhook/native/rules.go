@@ -1,0 +1,186 @@
+package native
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	nativeconfig "github.com/deployguard/deployguard/config/native"
+)
+
+// The guard's policies (config/native/policies.yaml), by what a failed
+// validation does.
+const (
+	// Refusals refuse the request (binding action Deny).
+	Refusals = "deployguard-refusals"
+	// Warnings warn (Warn).
+	Warnings = "deployguard-warnings"
+	// Bounds warn about a value outside the platform team's bounds (Warn);
+	// when the bounds are enforced the API server skips them and the guard
+	// refuses instead, where PolicyExceptions apply.
+	Bounds = "deployguard-bounds"
+)
+
+// Settings are the guard's configuration as the policies read it: the data
+// of the params ConfigMap.
+type Settings struct {
+	GuardUsername                                   string
+	BreakGlassGroups                                []string
+	ExemptNamespaces, ExemptUsernames, ExemptGroups []string
+	RevisionHistoryMin, RevisionHistoryMax          int32
+	ProgressDeadlineMin, ProgressDeadlineMax        int32
+	BoundsEnforce                                   bool
+}
+
+// Data is the params ConfigMap's data for s.
+func (s Settings) Data() map[string]string {
+	list := func(v []string) string { return strings.Join(v, ",") }
+	num := func(v int32) string { return strconv.Itoa(int(v)) }
+	return map[string]string{
+		"guardUsername":       s.GuardUsername,
+		"breakGlassGroups":    list(s.BreakGlassGroups),
+		"exemptNamespaces":    list(s.ExemptNamespaces),
+		"exemptUsernames":     list(s.ExemptUsernames),
+		"exemptGroups":        list(s.ExemptGroups),
+		"revisionHistoryMin":  num(s.RevisionHistoryMin),
+		"revisionHistoryMax":  num(s.RevisionHistoryMax),
+		"progressDeadlineMin": num(s.ProgressDeadlineMin),
+		"progressDeadlineMax": num(s.ProgressDeadlineMax),
+		"boundsEnforce":       strconv.FormatBool(s.BoundsEnforce),
+	}
+}
+
+// ConfigMap is the params object for s in namespace, as the guard writes it.
+func (s Settings) ConfigMap(namespace string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: nativeconfig.ParamsName, Namespace: namespace,
+			Labels: map[string]string{"app.kubernetes.io/name": "deployguard"}},
+		Data: s.Data(),
+	}
+}
+
+// Rules are the guard's policies, compiled once.
+type Rules struct {
+	// Policies are the policies as installed, in file order.
+	Policies []*admissionregistrationv1.ValidatingAdmissionPolicy
+	compiled map[string]*Policy
+}
+
+// Load parses and compiles the guard's policies. The result is shared: the
+// embedded file never changes.
+var Load = sync.OnceValues(func() (*Rules, error) { return Parse(nativeconfig.Policies) })
+
+// Parse reads and compiles a file of ValidatingAdmissionPolicies.
+func Parse(file []byte) (*Rules, error) {
+	r := &Rules{compiled: map[string]*Policy{}}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(file), 4096)
+	for {
+		p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		if err := dec.Decode(p); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("reading the policies: %w", err)
+		}
+		if p.Name == "" {
+			continue
+		}
+		c, err := Compile(p)
+		if err != nil {
+			return nil, err
+		}
+		r.Policies = append(r.Policies, p)
+		r.compiled[p.Name] = c
+	}
+	return r, nil
+}
+
+// Finding is one failed validation of the guard's policies.
+type Finding struct {
+	// Policy is the policy whose validation failed (Refusals, Warnings,
+	// Bounds).
+	Policy string
+	// Field is the field the message is about ("spec.strategy.type"), and
+	// Message what is wrong and what to change, without the field.
+	Field, Message string
+	// Reason is Invalid or Forbidden.
+	Reason metav1.StatusReason
+	// Error is set when the validation could not be evaluated; Message says
+	// why.
+	Error bool
+}
+
+// Line is the finding as the API server's policy plugin words it, without
+// the policy's name: "field: message".
+func (f Finding) Line() string {
+	if f.Field == "" {
+		return f.Message
+	}
+	return f.Field + ": " + f.Message
+}
+
+// Params are Settings as the guard evaluates its policies with them,
+// converted once.
+type Params struct{ obj runtime.Object }
+
+// Params are s for Evaluate. The bounds are evaluated whatever
+// s.BoundsEnforce says: the caller decides what an enforced bound does.
+func (s Settings) Params() *Params {
+	s.BoundsEnforce = false
+	data := map[string]any{}
+	for k, v := range s.Data() {
+		data[k] = v
+	}
+	return &Params{obj: &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": nativeconfig.ParamsName},
+		"data":     data,
+	}}}
+}
+
+// Evaluate runs the named policies on req with params, and returns what
+// failed, in policy and validation order.
+func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, policies ...string) []Finding {
+	req.Params = params.obj
+	in, err := inputOf(req)
+	if err != nil {
+		return []Finding{{Policy: policies[0], Message: err.Error(), Error: true}}
+	}
+	var out []Finding
+	for _, name := range policies {
+		p, ok := r.compiled[name]
+		if !ok {
+			out = append(out, Finding{Policy: name, Message: "no policy " + name, Error: true})
+			continue
+		}
+		for _, d := range p.evaluate(ctx, in) {
+			f := Finding{Policy: name, Message: d.Message, Reason: d.Reason, Error: d.Error}
+			if !d.Error {
+				f.Field, f.Message = splitField(d.Message)
+			}
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// splitField splits "field: message", the form of every message of the
+// guard's policies.
+func splitField(m string) (string, string) {
+	field, rest, ok := strings.Cut(m, ": ")
+	if !ok || strings.ContainsAny(field, " ") {
+		return "", m
+	}
+	return field, rest
+}

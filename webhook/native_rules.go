@@ -1,0 +1,91 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// The guard's rules that need only the object are ValidatingAdmissionPolicies
+// (config/native/policies.yaml), which the API server enforces itself. The
+// guard evaluates the same policies in process where the API server does
+// not: in `deployguard check`, in the audit, in its webhook when they are not
+// installed (Options.NativeInAPIServer false), and for the bounds when they
+// are enforced, since only the guard knows the PolicyExceptions.
+
+// NativeSettings are the params the guard's policies read for o: what the
+// guard writes into their params ConfigMap.
+func (o *Options) NativeSettings() native.Settings {
+	return native.Settings{
+		GuardUsername: o.GuardUsername, BreakGlassGroups: o.BreakGlassGroups,
+		ExemptNamespaces: o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
+		RevisionHistoryMin: o.RevisionHistoryBounds.Min, RevisionHistoryMax: o.RevisionHistoryBounds.Max,
+		ProgressDeadlineMin: o.ProgressDeadlineBounds.Min, ProgressDeadlineMax: o.ProgressDeadlineBounds.Max,
+		BoundsEnforce: o.BoundsEnforce,
+	}
+}
+
+// nativeChecks evaluates the named policies on req in process and turns what
+// failed into findings, as the API server would answer: a refusal of
+// deployguard-refusals refuses, a warning warns, and a bound refuses when the
+// bounds are enforced. A policy that cannot be evaluated refuses where its
+// failurePolicy is Fail (the refusals) and is skipped where it is Ignore.
+func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...string) Findings {
+	rules, err := native.Load()
+	if err != nil {
+		return Findings{refuse(field.InternalError(field.NewPath("metadata"), err), reasonInternal)}
+	}
+	in := native.Request{
+		Operation: admission.Operation(req.Operation),
+		Object:    req.Object, OldObject: req.OldObject,
+		User:   &user.DefaultInfo{Name: req.UserInfo.Username, UID: req.UserInfo.UID, Groups: req.UserInfo.Groups},
+		DryRun: req.DryRun,
+	}
+	if d := req.Object; d != nil {
+		in.Namespace, in.Name = d.Namespace, d.Name
+	} else if d := req.OldObject; d != nil {
+		in.Namespace, in.Name = d.Namespace, d.Name
+	}
+	var f Findings
+	for _, x := range rules.Evaluate(ctx, in, o.NativeSettings().Params(), policies...) {
+		origin := nativeOrigin(x.Field)
+		switch {
+		case x.Error && x.Policy == native.Refusals:
+			f = append(f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), reasonInternal))
+		case x.Error:
+		case x.Policy == native.Refusals || x.Policy == native.Bounds && o.BoundsEnforce:
+			t := field.ErrorTypeInvalid
+			if x.Reason == metav1.StatusReasonForbidden {
+				t = field.ErrorTypeForbidden
+			}
+			f = append(f, refuse(&field.Error{Type: t, Field: x.Field, BadValue: field.OmitValueType{}, Detail: x.Message}, origin))
+		default:
+			f = append(f, Finding{Origin: origin, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message})
+		}
+	}
+	return f
+}
+
+// nativeOrigin is the check a policy's message is about, from its field.
+func nativeOrigin(f string) string {
+	switch {
+	case strings.HasPrefix(f, "spec.strategy"):
+		return reasonStrategy
+	case f == "spec.revisionHistoryLimit":
+		return reasonRevisionHistory
+	case f == "spec.progressDeadlineSeconds":
+		return reasonProgressDeadline
+	case strings.Contains(f, vocab.AnnotationProtected):
+		return reasonProtected
+	}
+	return reasonFinalizers
+}
