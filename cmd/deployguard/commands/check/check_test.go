@@ -92,7 +92,7 @@ func TestCheck(t *testing.T) {
 			wantOut: []string{"multi.yaml#2 Deployment shop/latest: ADMITTED", `warning [policy images] spec.template.spec.containers[0].image: image "nginx:latest"`, "2 admitted, 0 denied, 1 skipped"}},
 		{name: "a rollout-safety check refuses in the default configuration", args: []string{"-f", "-"},
 			stdin: strings.Replace(goodManifest, "  replicas: 2\n", "  replicas: 2\n  strategy: {rollingUpdate: {maxUnavailable: 100%}}\n", 1), wantCode: 1,
-			wantOut: []string{"DENIED", "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: \"100%\": resolves to 2 of 2 replicas"}},
+			wantOut: []string{"DENIED", "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: 100% resolves to 2 of 2 replicas"}},
 		{
 			name: "multi-document file: file, document, object, field path and message", args: []string{"-f", multi, "--config", enforce}, wantCode: 1,
 			wantOut: []string{
