@@ -283,6 +283,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	}); err != nil {
 		return nil, nil, nil, err
 	}
+	setupNative(ctx, mgr, f.namespace, opts)
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
 		Overlaps:        overlaps,
@@ -298,6 +299,31 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
 	return eng, budgets, exceptions, nil
+}
+
+// setupNative writes the native policies' params from the config file and
+// decides who evaluates the policies: the API server when they are
+// installed, otherwise the webhook, so that their rules never go unchecked.
+func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options) {
+	log := ctrl.Log.WithName("native")
+	if !opts.NativeInAPIServer {
+		log.Info("the native policies are not installed (nativePolicies.installed: false): the webhook evaluates their rules")
+		return
+	}
+	ok, why, err := guardwebhook.NativePoliciesInstalled(ctx, mgr.GetAPIReader())
+	switch {
+	case err != nil:
+		// Unknown: evaluating them in the webhook too is only slower.
+		log.Error(err, "cannot tell whether the native policies are installed: the webhook evaluates their rules")
+		opts.NativeInAPIServer = false
+	case !ok:
+		log.Info("the native policies are incomplete, the webhook evaluates their rules: install config/native (or the Helm chart)", "missing", why)
+		opts.NativeInAPIServer = false
+	}
+	if err := guardwebhook.ApplyNativeParams(ctx, mgr.GetClient(), namespace, opts); err != nil {
+		// The policies keep their last params; the guard still serves.
+		log.Error(err, "the native policies keep their previous params")
+	}
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

@@ -111,13 +111,32 @@ var kustomizeHashed = regexp.MustCompile(`^(deployguard-config)-[a-z0-9]{10}$`)
 // ConfigMap name does), that hash, and the formatting of embedded files
 // (guard.yaml and dashboard.json are compared as data, CEL expressions with
 // their white space collapsed: kustomize turns the folded lines of
-// config/webhook's matchConditions into blank lines, which CEL ignores).
+// config/webhook's matchConditions and config/native's expressions into
+// blank lines, which CEL ignores).
 func normalize(o object) error {
 	md, _ := o["metadata"].(map[string]any)
 	if md == nil {
 		return fmt.Errorf("an object without metadata: %v", o)
 	}
 	deleteEmpty(md, "labels", "app.kubernetes.io/managed-by", "helm.sh/chart")
+	if k := o["kind"]; k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding" {
+		// Cluster-scoped, which kustomize's namespace transformer does not
+		// know; the API server clears the namespace it adds.
+		delete(md, "namespace")
+		spec, _ := o["spec"].(map[string]any)
+		for _, list := range []string{"variables", "validations", "matchConditions"} {
+			items, _ := spec[list].([]any)
+			for _, it := range items {
+				if m, _ := it.(map[string]any); m != nil {
+					for _, k := range []string{"expression", "messageExpression", "message"} {
+						if _, ok := m[k]; ok {
+							m[k] = strings.Join(strings.Fields(str(m, k)), " ")
+						}
+					}
+				}
+			}
+		}
+	}
 	if whs, _ := o["webhooks"].([]any); whs != nil {
 		for _, wh := range whs {
 			conds, _ := dig(wh, "matchConditions").([]any)

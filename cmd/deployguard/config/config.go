@@ -43,6 +43,16 @@ type Config struct {
 	Audit      Audit      `yaml:"audit"`
 
 	DisruptionBudgets DisruptionBudgets `yaml:"disruptionBudgets"`
+	NativePolicies    NativePolicies    `yaml:"nativePolicies"`
+}
+
+// NativePolicies says whether the guard's ValidatingAdmissionPolicies
+// (config/native) are installed: the API server then enforces the rules
+// that need only the object, and the webhook does not evaluate them again.
+type NativePolicies struct {
+	// Installed is true by default, as the install ships them. A guard that
+	// finds them missing at start evaluates them itself whatever this says.
+	Installed bool `yaml:"installed"`
 }
 
 // DisruptionBudgets configures the drain check: a PodDisruptionBudget that
@@ -245,6 +255,7 @@ func Default() Config {
 		Audit:      Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
 
 		DisruptionBudgets: DisruptionBudgets{Mode: "warn"},
+		NativePolicies:    NativePolicies{Installed: true},
 	}
 }
 

@@ -28,6 +28,7 @@ func (c Config) WebhookOptions(guardUser string) *guardwebhook.Options {
 		ExemptNamespaces:        c.Exemptions.Namespaces,
 		ExemptUsernames:         c.Exemptions.Usernames,
 		ExemptGroups:            c.Exemptions.Groups,
+		NativeInAPIServer:       c.NativePolicies.Installed,
 	}
 }
 
