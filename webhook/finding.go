@@ -44,6 +44,9 @@ type Finding struct {
 	// Exception, when set, is the active PolicyException that covers the
 	// finding: a refusal it covers only warns, naming it.
 	Exception *exception.Exception
+	// Native says the finding is one of the guard's native policies', whose
+	// message the API server gives as it is: "field: message".
+	Native bool
 }
 
 // Line renders f as one line for a user: the API server's rendering of a
@@ -60,6 +63,8 @@ func (f Finding) line() string {
 	switch {
 	case f.Policy != "":
 		return policy.Finding{Policy: f.Policy, Field: f.Field, Message: f.Message}.String()
+	case f.Native:
+		return f.Field + ": " + f.Message
 	case f.Err != nil:
 		return f.Err.Error()
 	case f.Field == "":

@@ -19,8 +19,8 @@ import (
 // (config/native/policies.yaml), which the API server enforces itself. The
 // guard evaluates the same policies in process where the API server does
 // not: in `deployguard check`, in the audit, in its webhook when they are not
-// installed (Options.NativeInAPIServer false), and for the bounds when they
-// are enforced, since only the guard knows the PolicyExceptions.
+// installed (Options.NativeInAPIServer false), and for the bounds, which
+// PolicyExceptions may cover: only the guard knows those.
 
 // NativeSettings are the params the guard's policies read for o: what the
 // guard writes into their params ConfigMap.
@@ -67,9 +67,11 @@ func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...str
 			if x.Reason == metav1.StatusReasonForbidden {
 				t = field.ErrorTypeForbidden
 			}
-			f = append(f, refuse(&field.Error{Type: t, Field: x.Field, BadValue: field.OmitValueType{}, Detail: x.Message}, origin))
+			r := refuse(&field.Error{Type: t, Field: x.Field, BadValue: field.OmitValueType{}, Detail: x.Message}, origin)
+			r.Message, r.Native = x.Message, true
+			f = append(f, r)
 		default:
-			f = append(f, Finding{Origin: origin, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message})
+			f = append(f, Finding{Origin: origin, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message, Native: true})
 		}
 	}
 	return f

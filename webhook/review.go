@@ -51,7 +51,8 @@ type Stage struct {
 	With Policies
 	// Native evaluates the guard's native policies (native_rules.go) in
 	// process. The webhook leaves them to the API server where they are
-	// installed (Options.NativeInAPIServer), except enforced bounds.
+	// installed (Options.NativeInAPIServer), except the bounds, which
+	// PolicyExceptions may cover.
 	Native bool
 }
 
@@ -207,10 +208,9 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 	}
 	// The native policies know which requests they skip: exempt ones, the
 	// guard's own writes, updates that leave the spec alone.
-	switch {
-	case stage.Native:
+	if stage.Native {
 		f = o.nativeChecks(ctx, req, native.Refusals, native.Warnings, native.Bounds)
-	case o.BoundsEnforce:
+	} else {
 		f = o.nativeChecks(ctx, req, native.Bounds)
 	}
 	f = append(f, CheckQuarantine(d, old, o.Quarantine)...)

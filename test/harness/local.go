@@ -34,6 +34,9 @@ type LocalOptions struct {
 	// CRDs are kustomize folders of CRDs applied, and waited for, before the
 	// guard starts (config/crd/policyreport for the audit's reports).
 	CRDs []string
+	// WithoutNativePolicies leaves config/native out: the guard's webhook
+	// then evaluates their rules itself.
+	WithoutNativePolicies bool
 }
 
 // Local is a running local cluster with the guard serving its webhooks.
@@ -95,8 +98,20 @@ func StartLocal(ctx context.Context, o LocalOptions) (l *Local, err error) {
 	if err = InstallWebhooksFrom(ctx, l.Client, manifests, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
 		return l, err
 	}
+	if !o.WithoutNativePolicies {
+		// As deployed: kustomize's params, which the guard rewrites from its
+		// config file when it starts.
+		if _, err = l.Cluster.Kubectl(ctx, l.Cluster.Kubeconfig, "apply", "-k", NativeDir()); err != nil {
+			return l, fmt.Errorf("applying config/native: %w", err)
+		}
+	}
 	if err = l.StartGuard(ctx, port); err != nil {
 		return l, err
+	}
+	if !o.WithoutNativePolicies {
+		if err = WaitForNativePolicies(ctx, l.Client, "default", time.Minute); err != nil {
+			return l, err
+		}
 	}
 	fmt.Fprintf(logOr(o.Log), "local cluster %q with the guard ready in %s\n", o.Name, time.Since(start).Round(100*time.Millisecond))
 	return l, nil

@@ -86,7 +86,9 @@ func TestWarningsReachTheClient(t *testing.T) {
 	require.NoError(t, c.Create(ctx, d))
 	assert.ElementsMatch(t, []string{
 		`[policy probes] spec.template.spec.containers[0].readinessProbe: container "app" has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec), or a rollout of pods that cannot serve completes anyway and is never rolled back`,
-		"spec.strategy.type: Recreate stops all 3 replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once",
+		// The native policy's warning, from the API server.
+		"Validation failed for ValidatingAdmissionPolicy 'deployguard-warnings' with binding 'deployguard-warnings': " +
+			"spec.strategy.type: Recreate stops all 3 replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once",
 	}, warnings.all(), "one warning per problem")
 }
 
@@ -119,9 +121,10 @@ func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 	upd.Finalizers = append(upd.Finalizers, "deployguard.io/snapshot")
 	err := k8s.Update(ctx, upd)
 	require.Error(t, err)
-	// Every problem at once, each with its path.
-	assert.Contains(t, err.Error(), "spec.strategy.rollingUpdate.maxUnavailable")
-	assert.Contains(t, err.Error(), `metadata.finalizers[0]: Unsupported value: "deployguard.io/snapshot"`)
+	// The API server's native policy refuses it, naming the field; it
+	// stops at the first of its refusals.
+	assert.Contains(t, err.Error(), "ValidatingAdmissionPolicy 'deployguard-refusals'")
+	assert.Contains(t, err.Error(), "spec.strategy.rollingUpdate.maxUnavailable: 100% resolves to 2 of 2 replicas")
 
 	after := &appsv1.Deployment{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), after))
@@ -185,7 +188,7 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 		cur.Finalizers = append(cur.Finalizers, "deployguard.io/snapshot")
 		err := k8s.Patch(ctx, cur, patch)
 		require.Error(t, err)
-		assert.Contains(t, err.Error(), `Unsupported value: "deployguard.io/snapshot"`)
+		assert.Contains(t, err.Error(), `"deployguard.io/snapshot" is not one of deployguard's finalizers`)
 	})
 
 	t.Run("being deleted: a whole-object update keeps them, a break-glass user removes them", func(t *testing.T) {

@@ -26,9 +26,9 @@ const (
 	Refusals = "deployguard-refusals"
 	// Warnings warn (Warn).
 	Warnings = "deployguard-warnings"
-	// Bounds warn about a value outside the platform team's bounds (Warn);
-	// when the bounds are enforced the API server skips them and the guard
-	// refuses instead, where PolicyExceptions apply.
+	// Bounds are the platform team's bounds: warnings, or refusals when
+	// enforced. Not bound in the API server: PolicyExceptions may cover
+	// them, and only the guard knows those.
 	Bounds = "deployguard-bounds"
 )
 
@@ -134,10 +134,8 @@ func (f Finding) Line() string {
 // converted once.
 type Params struct{ obj runtime.Object }
 
-// Params are s for Evaluate. The bounds are evaluated whatever
-// s.BoundsEnforce says: the caller decides what an enforced bound does.
+// Params are s for Evaluate. The caller decides what a bound does.
 func (s Settings) Params() *Params {
-	s.BoundsEnforce = false
 	data := map[string]any{}
 	for k, v := range s.Data() {
 		data[k] = v

@@ -559,11 +559,17 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 	guardwebhook.APIServerDefaults(d)
 	rev := p.review.Review(ctx, guardwebhook.Request{Operation: admissionv1.Create, Object: d, UserInfo: user}, guardwebhook.Offline)
 	res.Verdict, res.Warnings, res.Defaulted = "admitted", rev.Findings.Warnings(), rev.Defaulted
-	if errs := rev.Findings.Refusals(); len(errs) > 0 {
-		res.Verdict = "denied"
-		for _, e := range errs {
-			res.Problems = append(res.Problems, checkProblem{Field: e.Field, Message: e.ErrorBody()})
+	for _, f := range rev.Findings {
+		if f.Severity != guardwebhook.SeverityError {
+			continue
 		}
+		res.Verdict = "denied"
+		// A native policy's refusal in the API server's words.
+		msg := f.Err.ErrorBody()
+		if f.Native {
+			msg = f.Message
+		}
+		res.Problems = append(res.Problems, checkProblem{Field: f.Err.Field, Message: msg})
 	}
 	res.Findings = findingsOf(doc, rev.Findings)
 	if res.Verdict == "admitted" {

@@ -1,0 +1,88 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// NativeDir is config/native: the guard's policies, their bindings and
+// params, as deployed.
+func NativeDir() string { return filepath.Join(RepoRoot(), "config", "native") }
+
+// InstallNativePolicies creates config/native's policies and bindings as
+// deployed, and their params from s, in GuardNamespace; then waits until the
+// API server enforces them.
+func InstallNativePolicies(ctx context.Context, c client.Client, s native.Settings) error {
+	rules, err := native.Load()
+	if err != nil {
+		return err
+	}
+	var objs []client.Object
+	for _, p := range rules.Policies {
+		objs = append(objs, p.DeepCopy())
+	}
+	b, err := os.ReadFile(filepath.Join(NativeDir(), "bindings.yaml"))
+	if err != nil {
+		return err
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var vb admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		if err := yaml.UnmarshalStrict([]byte(doc), &vb); err != nil {
+			return fmt.Errorf("config/native/bindings.yaml: %w", err)
+		}
+		objs = append(objs, &vb)
+	}
+	objs = append(objs, s.ConfigMap(GuardNamespace))
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating %s: %w", o.GetName(), err)
+		}
+	}
+	return WaitForNativePolicies(ctx, c, "default", time.Minute)
+}
+
+// WaitForNativePolicies waits until the API server refuses, through the
+// guard's policy, a Deployment that would take every replica down at once
+// (a dry run in namespace): policies take effect a moment after they are
+// written.
+func WaitForNativePolicies(ctx context.Context, c client.Client, namespace string, timeout time.Duration) error {
+	two, all := int32(2), intstr.FromString("100%")
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "native-policies-probe"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &two,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "native-policies-probe"}},
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "native-policies-probe"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "probe"}}},
+			},
+		},
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		last = c.Create(ctx, d.DeepCopy(), client.DryRunAll)
+		return last != nil && strings.Contains(last.Error(), "ValidatingAdmissionPolicy '"+native.Refusals+"'"), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the API server does not enforce the native policies: %v (last answer: %v)", err, last)
+	}
+	return nil
+}
