@@ -10,19 +10,23 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // uninstallOptions are the flags of `deployguard uninstall`.
 type uninstallOptions struct {
 	mutatingName   string
 	validatingName string
+	namespace      string
 	dryRun         bool
 }
 
@@ -35,8 +39,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: deployguard uninstall [flags]
 
-Removes the guard's webhook configurations first (so nothing adds or defends the
-guard's finalizers any more), then removes the guard's finalizers, and only
+Removes the guard's webhook configurations and native policies (with their
+bindings and params) first, so nothing adds or defends the guard's finalizers
+any more, then removes the guard's finalizers, and only
 those, from every Deployment in the cluster. Run it before deleting the guard
 itself. Record ConfigMaps of deleted Deployments are kept, and so are the
 CRDs with their objects (PolicyExceptions, reports): deleting a CRD deletes
@@ -49,6 +54,7 @@ Flags:
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	fs.StringVar(&o.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration")
 	fs.StringVar(&o.validatingName, "validating-webhook-configuration", "deployguard-validating", "the guard's ValidatingWebhookConfiguration")
+	fs.StringVar(&o.namespace, "namespace", "deployguard-system", "the guard's namespace, which holds the native policies' params")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -74,6 +80,45 @@ Flags:
 	return 0
 }
 
+// admissionObject is one of the guard's admission objects, by kind.
+type admissionObject struct {
+	kind string
+	obj  client.Object
+}
+
+// admissionObjects are what admits Deployments on the guard's behalf: its
+// webhook configurations, its native policies and their bindings (bindings
+// first: a binding without its policy is an error the API server reports),
+// and the policies' params.
+func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
+	m := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	m.SetName(o.mutatingName)
+	v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	v.SetName(o.validatingName)
+	out := []admissionObject{{"mutatingwebhookconfiguration", m}, {"validatingwebhookconfiguration", v}}
+	rules, err := native.Load()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range rules.Policies {
+		if p.Name == native.Bounds {
+			continue // not bound in the API server
+		}
+		b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		b.SetName(p.Name)
+		out = append(out, admissionObject{"validatingadmissionpolicybinding", b})
+	}
+	for _, p := range rules.Policies {
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		vap.SetName(p.Name)
+		out = append(out, admissionObject{"validatingadmissionpolicy", vap})
+	}
+	cm := &corev1.ConfigMap{}
+	cm.SetName(nativeconfig.ParamsName)
+	cm.SetNamespace(o.namespace)
+	return append(out, admissionObject{"configmap", cm}), nil
+}
+
 // uninstallGuard removes the webhook configurations, then the guard's
 // finalizers from every Deployment, and prints what it did. The order
 // matters: while the validating webhook is there, it refuses the removal of the
@@ -85,31 +130,27 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	if o.dryRun {
 		deleted = "would delete"
 	}
-	hooks := []client.Object{
-		&admissionregistrationv1.MutatingWebhookConfiguration{},
-		&admissionregistrationv1.ValidatingWebhookConfiguration{},
+	hooks, err := admissionObjects(o)
+	if err != nil {
+		return err
 	}
-	hooks[0].SetName(o.mutatingName)
-	hooks[1].SetName(o.validatingName)
 	for _, h := range hooks {
-		kind := "mutatingwebhookconfiguration"
-		if _, ok := h.(*admissionregistrationv1.ValidatingWebhookConfiguration); ok {
-			kind = "validatingwebhookconfiguration"
-		}
+		kind := h.kind + "/" + h.obj.GetName()
 		var err error
 		if o.dryRun {
-			err = c.Get(ctx, client.ObjectKeyFromObject(h), h)
+			err = c.Get(ctx, client.ObjectKeyFromObject(h.obj), h.obj)
 		} else {
-			err = c.Delete(ctx, h)
+			err = c.Delete(ctx, h.obj)
 		}
 		switch {
 		case apierrors.IsNotFound(err):
-			fmt.Fprintf(out, "%s/%s not found (already removed)\n", kind, h.GetName())
+			fmt.Fprintf(out, "%s not found (already removed)\n", kind)
 		case err != nil:
-			// The finalizers must not go while the webhooks still guard them.
-			return fmt.Errorf("removing %s/%s (nothing else was changed): %w", kind, h.GetName(), err)
+			// The finalizers must not go while the webhooks and policies
+			// still guard them.
+			return fmt.Errorf("removing %s (nothing else was changed): %w", kind, err)
 		default:
-			fmt.Fprintf(out, "%s %s/%s\n", deleted, kind, h.GetName())
+			fmt.Fprintf(out, "%s %s\n", deleted, kind)
 		}
 	}
 

@@ -36,12 +36,19 @@ func withFinalizers(name string, deleting bool, finalizers ...string) *appsv1.De
 func clusterWithGuard() []client.Object {
 	m := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-mutating"}}
 	v := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-validating"}}
-	return []client.Object{m, v,
+	objs := []client.Object{m, v}
+	for _, name := range []string{"deployguard-refusals", "deployguard-warnings"} {
+		objs = append(objs, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	}
+	for _, name := range []string{"deployguard-refusals", "deployguard-warnings", "deployguard-bounds"} {
+		objs = append(objs, &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	}
+	return append(objs,
 		withFinalizers("guarded", false, vocab.FinalizerDrain, vocab.FinalizerRecord),
 		withFinalizers("shared", false, otherFinalizer, vocab.FinalizerDrain, vocab.FinalizerRecord),
 		withFinalizers("stuck", true, vocab.FinalizerRecord),
 		withFinalizers("theirs", false, otherFinalizer),
-	}
+	)
 }
 
 // uninstallEnv is a fake cluster that records the order of the writes.
@@ -77,15 +84,22 @@ func finalizersOf(t *testing.T, c client.Client, name string) ([]string, bool) {
 	return d.Finalizers, true
 }
 
+// admission are the deletions of the guard's admission objects, in order:
+// the webhooks, the native policies' bindings, the policies, their params.
+var admission = []string{"delete deployguard-mutating", "delete deployguard-validating",
+	"delete deployguard-refusals", "delete deployguard-warnings",
+	"delete deployguard-refusals", "delete deployguard-warnings", "delete deployguard-bounds",
+	"delete deployguard-admission-params"}
+
 func TestUninstall(t *testing.T) {
 	c, ops := uninstallEnv(t, clusterWithGuard(), nil)
 	var out bytes.Buffer
 
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "deployguard-mutating", validatingName: "deployguard-validating"}, &out))
 
-	require.GreaterOrEqual(t, len(*ops), 2)
-	assert.Equal(t, []string{"delete deployguard-mutating", "delete deployguard-validating"}, (*ops)[:2], "the webhooks go first")
-	assert.ElementsMatch(t, []string{"patch guarded", "patch shared", "patch stuck"}, (*ops)[2:], "only Deployments with the guard's finalizers are written")
+	require.GreaterOrEqual(t, len(*ops), len(admission))
+	assert.Equal(t, admission, (*ops)[:len(admission)], "the webhooks and native policies go first")
+	assert.ElementsMatch(t, []string{"patch guarded", "patch shared", "patch stuck"}, (*ops)[len(admission):], "only Deployments with the guard's finalizers are written")
 	err := c.Get(context.Background(), client.ObjectKey{Name: "deployguard-validating"}, &admissionregistrationv1.ValidatingWebhookConfiguration{})
 	assert.True(t, apierrors.IsNotFound(err))
 
@@ -101,6 +115,8 @@ func TestUninstall(t *testing.T) {
 
 	assert.Contains(t, out.String(), "deleted mutatingwebhookconfiguration/deployguard-mutating\n")
 	assert.Contains(t, out.String(), "deleted validatingwebhookconfiguration/deployguard-validating\n")
+	assert.Contains(t, out.String(), "deleted validatingadmissionpolicybinding/deployguard-refusals\n")
+	assert.Contains(t, out.String(), "deleted validatingadmissionpolicy/deployguard-refusals\n")
 	assert.Contains(t, out.String(), "removed finalizers [deployguard.io/drain deployguard.io/record] from deployment shop/shared\n")
 	assert.Contains(t, out.String(), "removed finalizers [deployguard.io/record] from deployment shop/stuck (being deleted")
 	assert.Contains(t, out.String(), "Removed the guard's finalizers from 3 Deployments.")
@@ -109,7 +125,7 @@ func TestUninstall(t *testing.T) {
 	out.Reset()
 	*ops = nil
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "deployguard-mutating", validatingName: "deployguard-validating"}, &out))
-	assert.Equal(t, []string{"delete deployguard-mutating", "delete deployguard-validating"}, *ops)
+	assert.Equal(t, admission, *ops)
 	assert.Contains(t, out.String(), "mutatingwebhookconfiguration/deployguard-mutating not found (already removed)")
 	assert.Contains(t, out.String(), "Removed the guard's finalizers from 0 Deployments.")
 }
@@ -148,7 +164,7 @@ func TestUninstallRetriesOnConflict(t *testing.T) {
 
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "m", validatingName: "v"}, &out))
 
-	assert.Equal(t, []string{"delete m", "delete v", "patch guarded", "patch guarded"}, *ops, "retried once")
+	assert.Equal(t, append(append([]string{"delete m", "delete v"}, admission[2:]...), "patch guarded", "patch guarded"), *ops, "retried once")
 	f, _ := finalizersOf(t, c, "guarded")
 	assert.Equal(t, []string{otherFinalizer}, f)
 }
