@@ -14,10 +14,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-var (
-	specPath     = field.NewPath("spec")
-	strategyPath = specPath.Child("strategy")
-)
+var specPath = field.NewPath("spec")
 
 // checkSpec runs the spec checks that are the API server's own validation,
 // which the offline check and the mutating webhook see first: the selector,

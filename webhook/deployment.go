@@ -37,5 +37,3 @@ type Deployment struct {
 type Exceptions interface {
 	Covering(d *appsv1.Deployment, now time.Time) []*exception.Exception
 }
-
-const namespaceControllerUser = "system:serviceaccount:kube-system:namespace-controller"

@@ -82,7 +82,7 @@ func WaitForNativePolicies(ctx context.Context, c client.Client, namespace strin
 		return last != nil && strings.Contains(last.Error(), "ValidatingAdmissionPolicy '"+native.Refusals+"'"), nil
 	})
 	if err != nil {
-		return fmt.Errorf("the API server does not enforce the native policies: %v (last answer: %v)", err, last)
+		return fmt.Errorf("the API server does not enforce the native policies: %w (last answer: %w)", err, last)
 	}
 	return nil
 }

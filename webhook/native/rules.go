@@ -3,6 +3,7 @@ package native
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -88,7 +89,7 @@ func Parse(file []byte) (*Rules, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(file), 4096)
 	for {
 		p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
-		if err := dec.Decode(p); err == io.EOF {
+		if err := dec.Decode(p); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			return nil, fmt.Errorf("reading the policies: %w", err)
