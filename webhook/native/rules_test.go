@@ -1,0 +1,151 @@
+package native
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+var defaults = Settings{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
+	RevisionHistoryMin: 1, RevisionHistoryMax: 100, ProgressDeadlineMin: 30, ProgressDeadlineMax: 7200}
+
+func rolling(replicas int32, surge, unavailable intstr.IntOrString) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+		Spec: appsv1.DeploymentSpec{Replicas: &replicas, Strategy: appsv1.DeploymentStrategy{
+			Type: appsv1.RollingUpdateDeploymentStrategyType,
+			RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &surge, MaxUnavailable: &unavailable}}},
+	}
+}
+
+func evaluate(t *testing.T, req Request, s Settings, policies ...string) []Finding {
+	t.Helper()
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.User == nil {
+		req.User = &user.DefaultInfo{Name: "alice"}
+	}
+	req.Namespace, req.Name = "shop", "web"
+	fs := r.Evaluate(context.Background(), req, s.Params(), policies...)
+	for _, f := range fs {
+		if f.Error || strings.HasPrefix(f.Message, "failed expression") {
+			t.Fatalf("the policy could not say why: %+v", f)
+		}
+	}
+	return fs
+}
+
+// The fenceposts as the Deployment controller resolves them: maxSurge
+// rounds up, maxUnavailable down, 0/0 is 0/1; refused when every replica
+// may go at once.
+func TestStrategyFenceposts(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		replicas           int32
+		surge, unavailable intstr.IntOrString
+		want               string // "" admitted
+	}{
+		{"25%/25% of 3 is 1/0", 3, intstr.FromString("25%"), intstr.FromString("25%"), ""},
+		{"0/0 is 0/1, of 1", 1, intstr.FromInt32(0), intstr.FromInt32(0), ""},
+		{"0/0 is 0/1, of 2", 2, intstr.FromInt32(0), intstr.FromInt32(0), ""},
+		{"counts as they are", 10, intstr.FromInt32(2), intstr.FromInt32(1), ""},
+		{"100% of 4", 4, intstr.FromString("0%"), intstr.FromString("100%"), "100% resolves to 4 of 4 replicas"},
+		{"a count above replicas", 3, intstr.FromString("25%"), intstr.FromInt32(5), "5 resolves to 5 of 3 replicas"},
+		{"99% of 2 rounds down to 1", 2, intstr.FromString("25%"), intstr.FromString("99%"), ""},
+		{"one replica may go", 1, intstr.FromString("25%"), intstr.FromString("100%"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := evaluate(t, Request{Operation: admission.Create, Object: rolling(tc.replicas, tc.surge, tc.unavailable)}, defaults, Refusals)
+			got := ""
+			for _, f := range fs {
+				got = f.Message
+				if f.Field != "spec.strategy.rollingUpdate.maxUnavailable" {
+					t.Errorf("field %q", f.Field)
+				}
+			}
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// The cleanup annotation's grammar is the reconciler's (vocab): the policy
+// refuses exactly what ParseCleanupSteps cannot read.
+func TestCleanupStepsAgreeWithTheReconciler(t *testing.T) {
+	for _, v := range []string{"", "record", "drain", "record,drain", "drain,record", " Record , DRAIN ", "none", "none,record",
+		"backup", "record,backup", ",", "record,,drain", "none,none", "NONE"} {
+		d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+		d.Annotations = map[string]string{vocab.AnnotationCleanup: v}
+		fs := evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
+		_, err := vocab.ParseCleanupSteps(v)
+		if refused := len(fs) > 0; refused != (err != nil) {
+			t.Errorf("%q: policy refuses %v (%+v), ParseCleanupSteps says %v", v, refused, fs, err)
+		}
+		if err != nil && len(fs) > 0 && !strings.Contains(fs[0].Message, strings.TrimSuffix(err.Error(), ".")) {
+			t.Errorf("%q: policy says %q, the reconciler %q", v, fs[0].Message, err)
+		}
+	}
+}
+
+// Exemptions, the guard's own writes and metadata-only updates skip the
+// spec rules; the finalizer rules hold for everyone but the guard and
+// break-glass groups.
+func TestWhoTheRulesSkip(t *testing.T) {
+	bad := rolling(3, intstr.FromString("25%"), intstr.FromString("100%"))
+	s := defaults
+	s.ExemptNamespaces, s.BreakGlassGroups = []string{"shop"}, []string{"platform-admins"}
+	if fs := evaluate(t, Request{Operation: admission.Create, Object: bad}, s, Refusals); len(fs) != 0 {
+		t.Errorf("exempt namespace: %+v", fs)
+	}
+	if fs := evaluate(t, Request{Operation: admission.Update, Object: bad, OldObject: bad.DeepCopy(),
+		User: &user.DefaultInfo{Name: "alice"}}, defaults, Refusals); len(fs) != 0 {
+		t.Errorf("an update that leaves the spec alone: %+v", fs)
+	}
+	if fs := evaluate(t, Request{Operation: admission.Create, Object: bad, User: &user.DefaultInfo{Name: defaults.GuardUsername}}, defaults, Refusals); len(fs) != 0 {
+		t.Errorf("the guard's own write: %+v", fs)
+	}
+	old := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+	old.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain}
+	old.DeletionTimestamp = &metav1.Time{}
+	cur := old.DeepCopy()
+	cur.Finalizers = nil
+	for _, tc := range []struct {
+		name    string
+		who     user.Info
+		refused bool
+	}{
+		{"a user", &user.DefaultInfo{Name: "alice"}, true},
+		{"a break-glass group", &user.DefaultInfo{Name: "bob", Groups: []string{"platform-admins"}}, false},
+		{"the guard", &user.DefaultInfo{Name: defaults.GuardUsername}, false},
+	} {
+		fs := evaluate(t, Request{Operation: admission.Update, Object: cur, OldObject: old, User: tc.who}, s, Refusals)
+		if (len(fs) > 0) != tc.refused {
+			t.Errorf("%s removes the finalizers while deleting: %+v", tc.name, fs)
+		}
+	}
+}
+
+// Deletion protection, and the namespace controller let through.
+func TestDeletionProtection(t *testing.T) {
+	d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+	d.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
+	fs := evaluate(t, Request{Operation: admission.Delete, OldObject: d}, defaults, Refusals)
+	if len(fs) != 1 || !strings.Contains(fs[0].Message, "kubectl annotate deployment web -n shop deployguard.io/protected-") {
+		t.Errorf("a protected Deployment deleted: %+v", fs)
+	}
+	if fs := evaluate(t, Request{Operation: admission.Delete, OldObject: d,
+		User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}, defaults, Refusals); len(fs) != 0 {
+		t.Errorf("the namespace controller: %+v", fs)
+	}
+}
