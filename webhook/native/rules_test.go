@@ -21,7 +21,7 @@ func rolling(replicas int32, surge, unavailable intstr.IntOrString) *appsv1.Depl
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
 		Spec: appsv1.DeploymentSpec{Replicas: &replicas, Strategy: appsv1.DeploymentStrategy{
-			Type: appsv1.RollingUpdateDeploymentStrategyType,
+			Type:          appsv1.RollingUpdateDeploymentStrategyType,
 			RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: &surge, MaxUnavailable: &unavailable}}},
 	}
 }
