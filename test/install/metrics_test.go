@@ -134,12 +134,19 @@ func exercise(ctx context.Context, t *testing.T) {
 	web.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag"
 	require.NoError(t, c.Update(ctx, web))
 
-	// Refused by the validating webhook: every replica down at once.
+	// Refused by the native policy, in kube-apiserver: every replica down
+	// at once.
 	allDown := deployment(ns, "all-down", "app:1")
 	allDown.Spec.Replicas = ptr(int32(4))
 	allDown.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%"))}}
 	require.Error(t, c.Create(ctx, allDown), "maxUnavailable 100% is refused")
+
+	// Refused by the validating webhook: its pods would be web's too.
+	twin := deployment(ns, "web-twin", "app:1")
+	twin.Spec.Selector = web.Spec.Selector.DeepCopy()
+	twin.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web"}
+	require.Error(t, c.Create(ctx, twin), "an overlapping selector is refused")
 
 	// Patched by the mutating webhook: the selector repaired.
 	noSelector := deployment(ns, "no-selector", "app:1")
