@@ -21,7 +21,7 @@ func NativePoliciesInstalled(ctx context.Context, c client.Reader) (bool, string
 		return false, "", err
 	}
 	for _, p := range rules.Policies {
-		if p.Name == native.Bounds {
+		if p.Name != native.Refusals {
 			continue // the guard's webhook evaluates it
 		}
 		if err := c.Get(ctx, client.ObjectKey{Name: p.Name}, &admissionregistrationv1.ValidatingAdmissionPolicy{}); err != nil {

@@ -49,10 +49,10 @@ type Stage struct {
 	// With, when set, evaluates in place of the reviewer's Policies: the
 	// audit re-judges with a newly loaded set.
 	With Policies
-	// Native evaluates the guard's native policies (native_rules.go) in
-	// process. The webhook leaves them to the API server where they are
-	// installed (Options.NativeInAPIServer), except the bounds, which
-	// PolicyExceptions may cover.
+	// Native evaluates deployguard-refusals (native_rules.go) in process
+	// too. The webhook leaves it to the API server where it is installed
+	// (Options.NativeInAPIServer); the warnings and bounds are the webhook's
+	// always.
 	Native bool
 }
 
@@ -211,7 +211,7 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 	if stage.Native {
 		f = o.nativeChecks(ctx, req, native.Refusals, native.Warnings, native.Bounds)
 	} else {
-		f = o.nativeChecks(ctx, req, native.Bounds)
+		f = o.nativeChecks(ctx, req, native.Warnings, native.Bounds)
 	}
 	f = append(f, CheckQuarantine(d, old, o.Quarantine)...)
 	// The guard's own writes (rollback to a known-good template, drain, finalizer

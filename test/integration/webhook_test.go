@@ -86,9 +86,7 @@ func TestWarningsReachTheClient(t *testing.T) {
 	require.NoError(t, c.Create(ctx, d))
 	assert.ElementsMatch(t, []string{
 		`[policy probes] spec.template.spec.containers[0].readinessProbe: container "app" has no readinessProbe: add one (httpGet, tcpSocket, grpc or exec), or a rollout of pods that cannot serve completes anyway and is never rolled back`,
-		// The native policy's warning, from the API server.
-		"Validation failed for ValidatingAdmissionPolicy 'deployguard-warnings' with binding 'deployguard-warnings': " +
-			"spec.strategy.type: Recreate stops all 3 replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once",
+		"spec.strategy.type: Recreate stops all 3 replicas before starting new ones, so every rollout is an outage; use RollingUpdate unless the app cannot run two versions at once",
 	}, warnings.all(), "one warning per problem")
 }
 

@@ -23,9 +23,9 @@ import (
 // The guard's policies (config/native/policies.yaml), by what a failed
 // validation does.
 const (
-	// Refusals refuse the request (binding action Deny).
+	// Refusals refuse the request: bound in the API server (Deny).
 	Refusals = "deployguard-refusals"
-	// Warnings warn (Warn).
+	// Warnings warn; the webhook evaluates them.
 	Warnings = "deployguard-warnings"
 	// Bounds are the platform team's bounds: warnings, or refusals when
 	// enforced. Not bound in the API server: PolicyExceptions may cover

@@ -47,7 +47,7 @@ type Config struct {
 }
 
 // NativePolicies says whether the guard's ValidatingAdmissionPolicies
-// (config/native) are installed: the API server then enforces the rules
+// (config/native) are installed: the API server then enforces the refusals
 // that need only the object, and the webhook does not evaluate them again.
 type NativePolicies struct {
 	// Installed is true by default, as the install ships them. A guard that

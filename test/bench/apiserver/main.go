@@ -45,6 +45,7 @@ type options struct {
 	pprof                      bool
 	webhooks                   string
 	exceptions                 int
+	native                     bool
 }
 
 // phase is one configuration's measurement.
@@ -68,6 +69,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "measured load per configuration")
 	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
 	flag.IntVar(&o.exceptions, "exceptions", 1000, "PolicyExceptions in the cluster for the last phase (0: no exception phases)")
+	flag.BoolVar(&o.native, "native", true, "install config/native with the guard, as the default install does (false: the webhooks alone, as before the native policies)")
 	flag.BoolVar(&o.pprof, "pprof", true, "take a CPU profile of the guard under load (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	// The harness logs through controller-runtime; the bench reports only
@@ -229,7 +231,7 @@ func run(o options) error {
 		profiled <- load.SaveURL(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pprofPort, int(o.duration.Seconds())-2),
 			filepath.Join(work, "guard-cpu.pprof"))
 	}()
-	p, err = measure("deployguard, both webhooks", g.Pid)
+	p, err = measure(guardPhase(o), g.Pid)
 	if err != nil {
 		return err
 	}
@@ -399,6 +401,11 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 	if err := harness.InstallWebhooksFrom(ctx, c, manifests, fmt.Sprintf("https://127.0.0.1:%d", port), nil); err != nil {
 		return nil, err
 	}
+	if o.native {
+		if _, err := cluster.Kubectl(ctx, cluster.Kubeconfig, "apply", "-k", harness.NativeDir()); err != nil {
+			return nil, err
+		}
+	}
 	g, err := harness.StartGuard(harness.GuardOptions{
 		Binary: o.guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(filepath.Dir(cluster.WorkDir), "guard"),
 		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: log, ExtraArgs: args,
@@ -414,5 +421,19 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 		g.Stop()
 		return nil, err
 	}
+	if o.native {
+		if err := harness.WaitForNativePolicies(ctx, c, "default", time.Minute); err != nil {
+			g.Stop()
+			return nil, err
+		}
+	}
 	return g, nil
+}
+
+// guardPhase names the guard's measurement by what is installed.
+func guardPhase(o options) string {
+	if o.native {
+		return "deployguard, the default install (native policies, webhooks)"
+	}
+	return "deployguard, both webhooks"
 }

@@ -101,7 +101,7 @@ func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
 		return nil, err
 	}
 	for _, p := range rules.Policies {
-		if p.Name == native.Bounds {
+		if p.Name != native.Refusals {
 			continue // not bound in the API server
 		}
 		b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}

@@ -37,7 +37,7 @@ func clusterWithGuard() []client.Object {
 	m := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-mutating"}}
 	v := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-validating"}}
 	objs := []client.Object{m, v}
-	for _, name := range []string{"deployguard-refusals", "deployguard-warnings"} {
+	for _, name := range []string{"deployguard-refusals"} {
 		objs = append(objs, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	}
 	for _, name := range []string{"deployguard-refusals", "deployguard-warnings", "deployguard-bounds"} {
@@ -87,7 +87,7 @@ func finalizersOf(t *testing.T, c client.Client, name string) ([]string, bool) {
 // admission are the deletions of the guard's admission objects, in order:
 // the webhooks, the native policies' bindings, the policies, their params.
 var admission = []string{"delete deployguard-mutating", "delete deployguard-validating",
-	"delete deployguard-refusals", "delete deployguard-warnings",
+	"delete deployguard-refusals",
 	"delete deployguard-refusals", "delete deployguard-warnings", "delete deployguard-bounds",
 	"delete deployguard-admission-params"}
 
