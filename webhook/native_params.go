@@ -3,41 +3,66 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/webhook/native"
 )
 
-// NativePoliciesInstalled reports whether every one of the guard's native
-// policies and its binding is in the cluster, so that the API server enforces
-// them. When one is missing (the policies were not installed, or removed),
-// the webhook must evaluate them itself, or nothing would.
-func NativePoliciesInstalled(ctx context.Context, c client.Reader) (bool, string, error) {
+// NativePoliciesEnforced reports whether kube-apiserver enforces the guard's
+// refusals policy as this guard would evaluate it: the policy is there with
+// the same expressions as the guard's, its binding denies and reads the
+// params ConfigMap in namespace, and that ConfigMap holds what o says. When
+// any of it is not so (not installed, an older policy left after an
+// upgrade, params of another namespace or not written), why says what, and
+// the webhook must evaluate the refusals itself, or nothing would.
+func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
 	rules, err := native.Load()
 	if err != nil {
 		return false, "", err
 	}
-	for _, p := range rules.Policies {
-		if p.Name != native.Refusals {
-			continue // the guard's webhook evaluates it
-		}
-		if err := c.Get(ctx, client.ObjectKey{Name: p.Name}, &admissionregistrationv1.ValidatingAdmissionPolicy{}); err != nil {
-			if apierrors.IsNotFound(err) {
-				return false, "ValidatingAdmissionPolicy " + p.Name + " is not installed", nil
-			}
-			return false, "", err
-		}
-		if err := c.Get(ctx, client.ObjectKey{Name: p.Name}, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}); err != nil {
-			if apierrors.IsNotFound(err) {
-				return false, "ValidatingAdmissionPolicyBinding " + p.Name + " is not installed", nil
-			}
-			return false, "", err
+	i := slices.IndexFunc(rules.Policies, func(p *admissionregistrationv1.ValidatingAdmissionPolicy) bool { return p.Name == native.Refusals })
+	want := rules.Policies[i]
+	got := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := c.Get(ctx, client.ObjectKey{Name: native.Refusals}, got); err != nil {
+		return notFound(err, "ValidatingAdmissionPolicy "+native.Refusals+" is not installed")
+	}
+	if !apiequality.Semantic.DeepEqual(got.Spec.Variables, want.Spec.Variables) || !apiequality.Semantic.DeepEqual(got.Spec.Validations, want.Spec.Validations) {
+		return false, "ValidatingAdmissionPolicy " + native.Refusals + " is not this version's (install config/native of this release)", nil
+	}
+	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := c.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
+		return notFound(err, "ValidatingAdmissionPolicyBinding "+native.Refusals+" is not installed")
+	}
+	switch ref := b.Spec.ParamRef; {
+	case !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny):
+		return false, "ValidatingAdmissionPolicyBinding " + native.Refusals + " does not deny", nil
+	case ref == nil || ref.Name != nativeconfig.ParamsName || ref.Namespace != namespace:
+		return false, fmt.Sprintf("ValidatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.Refusals, namespace, nativeconfig.ParamsName), nil
+	}
+	cm := &corev1.ConfigMap{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nativeconfig.ParamsName}, cm); err != nil {
+		return notFound(err, "ConfigMap "+namespace+"/"+nativeconfig.ParamsName+" is not there")
+	}
+	for k, v := range o.NativeSettings().Data() {
+		if cm.Data[k] != v {
+			return false, fmt.Sprintf("ConfigMap %s/%s says %s=%q, the config file %q", namespace, nativeconfig.ParamsName, k, cm.Data[k], v), nil
 		}
 	}
 	return true, "", nil
+}
+
+func notFound(err error, why string) (bool, string, error) {
+	if apierrors.IsNotFound(err) {
+		return false, why, nil
+	}
+	return false, "", err
 }
 
 // ApplyNativeParams writes the policies' params ConfigMap in namespace from

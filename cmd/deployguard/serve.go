@@ -40,6 +40,7 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/exception"
 )
 
@@ -283,7 +284,9 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	}); err != nil {
 		return nil, nil, nil, err
 	}
-	setupNative(ctx, mgr, f.namespace, opts)
+	if err := setupNative(ctx, mgr, f.namespace, opts); err != nil {
+		return nil, nil, nil, err
+	}
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
 		Overlaps:        overlaps,
@@ -302,28 +305,35 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 }
 
 // setupNative writes the native policies' params from the config file and
-// decides who evaluates the policies: the API server when they are
-// installed, otherwise the webhook, so that their rules never go unchecked.
-func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options) {
-	log := ctrl.Log.WithName("native")
-	if !opts.NativeInAPIServer {
-		log.Info("the native policies are not installed (nativePolicies.installed: false): the webhook evaluates their rules")
-		return
+// decides who evaluates the refusals: the API server when it enforces them
+// as this guard would, otherwise the webhook too, so that they are never
+// left unchecked. A policy file that does not compile stops the guard here,
+// not at its first admission.
+func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options) error {
+	if _, err := native.Load(); err != nil {
+		return fmt.Errorf("the native policies: %w", err)
 	}
-	ok, why, err := guardwebhook.NativePoliciesInstalled(ctx, mgr.GetAPIReader())
+	log := ctrl.Log.WithName("native")
+	// Written even when the config says they are not installed: an install
+	// that has them anyway must not refuse with another file's params.
+	if err := guardwebhook.ApplyNativeParams(ctx, mgr.GetClient(), namespace, opts); err != nil {
+		log.Error(err, "the native policies' params could not be written")
+	}
+	if !opts.NativeInAPIServer {
+		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
+		return nil
+	}
+	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, mgr.GetAPIReader(), namespace, opts)
 	switch {
 	case err != nil:
 		// Unknown: evaluating them in the webhook too is only slower.
-		log.Error(err, "cannot tell whether the native policies are installed: the webhook evaluates their rules")
+		log.Error(err, "cannot tell whether the API server enforces the native policies: the webhook evaluates the refusals")
 		opts.NativeInAPIServer = false
 	case !ok:
-		log.Info("the native policies are incomplete, the webhook evaluates their rules: install config/native (or the Helm chart)", "missing", why)
+		log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals", "why", why)
 		opts.NativeInAPIServer = false
 	}
-	if err := guardwebhook.ApplyNativeParams(ctx, mgr.GetClient(), namespace, opts); err != nil {
-		// The policies keep their last params; the guard still serves.
-		log.Error(err, "the native policies keep their previous params")
-	}
+	return nil
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

@@ -58,7 +58,6 @@ func (s Settings) Data() map[string]string {
 		"revisionHistoryMax":  num(s.RevisionHistoryMax),
 		"progressDeadlineMin": num(s.ProgressDeadlineMin),
 		"progressDeadlineMax": num(s.ProgressDeadlineMax),
-		"boundsEnforce":       strconv.FormatBool(s.BoundsEnforce),
 	}
 }
 

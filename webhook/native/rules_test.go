@@ -63,6 +63,7 @@ func TestStrategyFenceposts(t *testing.T) {
 		{"a count above replicas", 3, intstr.FromString("25%"), intstr.FromInt32(5), "5 resolves to 5 of 3 replicas"},
 		{"99% of 2 rounds down to 1", 2, intstr.FromString("25%"), intstr.FromString("99%"), ""},
 		{"one replica may go", 1, intstr.FromString("25%"), intstr.FromString("100%"), ""},
+		{"a huge maxSurge percentage never overflows", 3, intstr.FromString("99999999999999999999%"), intstr.FromString("25%"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := evaluate(t, Request{Operation: admission.Create, Object: rolling(tc.replicas, tc.surge, tc.unavailable)}, defaults, Refusals)
@@ -147,5 +148,35 @@ func TestDeletionProtection(t *testing.T) {
 	if fs := evaluate(t, Request{Operation: admission.Delete, OldObject: d,
 		User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}, defaults, Refusals); len(fs) != 0 {
 		t.Errorf("the namespace controller: %+v", fs)
+	}
+}
+
+// The policies name the guard's finalizers and annotations as the reconciler
+// does (vocab): a renamed constant fails here, not in a cluster.
+func TestPoliciesUseTheGuardsVocabulary(t *testing.T) {
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusals string
+	for _, p := range r.Policies {
+		if p.Name == Refusals {
+			for _, v := range p.Spec.Variables {
+				refusals += v.Expression + "\n"
+			}
+			for _, v := range p.Spec.Validations {
+				refusals += v.Expression + "\n" + v.MessageExpression + "\n"
+			}
+		}
+	}
+	for _, c := range append(vocab.CanonicalFinalizers(), vocab.Domain+"/", vocab.AnnotationCleanup, vocab.AnnotationProtected, vocab.AnnotationSkipCleanup) {
+		if !strings.Contains(refusals, c) {
+			t.Errorf("deployguard-refusals does not name %q", c)
+		}
+	}
+	for _, step := range vocab.CleanupSteps() {
+		if !strings.Contains(refusals, "'"+step+"'") {
+			t.Errorf("deployguard-refusals does not name the cleanup step %q", step)
+		}
 	}
 }

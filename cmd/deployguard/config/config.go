@@ -380,6 +380,24 @@ func (c *Config) Validate() field.ErrorList {
 		}
 	}
 
+	// The native policies' params hold these lists comma-separated.
+	for _, l := range []struct {
+		path  *field.Path
+		names []string
+	}{
+		{field.NewPath("finalizers", "breakGlassGroups"), c.Finalizers.BreakGlassGroups},
+		{field.NewPath("exemptions", "namespaces"), c.Exemptions.Namespaces},
+		{field.NewPath("exemptions", "usernames"), c.Exemptions.Usernames},
+		{field.NewPath("exemptions", "groups"), c.Exemptions.Groups},
+	} {
+		for i, n := range l.names {
+			if strings.Contains(n, ",") || strings.TrimSpace(n) == "" {
+				errs = append(errs, field.Invalid(l.path.Index(i), n,
+					"must be a non-empty name without a comma (the native policies read these lists comma-separated); a group with commas in its name cannot be named here"))
+			}
+		}
+	}
+
 	if !oneOf(c.Rollback.Quarantine, "enforce", "warn", "off") {
 		errs = append(errs, field.NotSupported(field.NewPath("rollback", "quarantine"), c.Rollback.Quarantine, []string{"enforce", "warn", "off"}))
 	}

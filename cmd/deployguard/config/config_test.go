@@ -57,6 +57,17 @@ exemptions:
 			},
 		},
 		{
+			name: "a group whose name has a comma cannot be named",
+			doc: `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+finalizers:
+  breakGlassGroups: ["cn=admins,ou=groups"]
+exemptions:
+  namespaces: [""]
+`,
+			wantErr: []string{"finalizers.breakGlassGroups[0]", "without a comma", "exemptions.namespaces[0]"},
+		},
+		{
 			name: "cleanup steps for every Deployment, in canonical order",
 			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  steps: [drain, record]\nbounds:\n  enforce: true\n",
 			check: func(t *testing.T, c Config) {

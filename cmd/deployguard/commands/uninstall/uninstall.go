@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -145,6 +146,8 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 		switch {
 		case apierrors.IsNotFound(err):
 			fmt.Fprintf(out, "%s not found (already removed)\n", kind)
+		case meta.IsNoMatchError(err):
+			fmt.Fprintf(out, "%s: the cluster does not serve its kind (nothing to remove)\n", kind)
 		case err != nil:
 			// The finalizers must not go while the webhooks and policies
 			// still guard them.
