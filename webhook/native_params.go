@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -33,7 +33,7 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 	if err := c.Get(ctx, client.ObjectKey{Name: native.Refusals}, got); err != nil {
 		return notFound(err, "ValidatingAdmissionPolicy "+native.Refusals+" is not installed")
 	}
-	if !apiequality.Semantic.DeepEqual(got.Spec.Variables, want.Spec.Variables) || !apiequality.Semantic.DeepEqual(got.Spec.Validations, want.Spec.Validations) {
+	if !sameExpressions(got, want) {
 		return false, "ValidatingAdmissionPolicy " + native.Refusals + " is not this version's (install config/native of this release)", nil
 	}
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
@@ -56,6 +56,30 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 		}
 	}
 	return true, "", nil
+}
+
+// sameExpressions compares what two policies evaluate, white space aside:
+// kustomize rewrites the folded lines of an expression (CEL ignores the
+// difference).
+func sameExpressions(a, b *admissionregistrationv1.ValidatingAdmissionPolicy) bool {
+	flat := func(p *admissionregistrationv1.ValidatingAdmissionPolicy) []string {
+		var out []string
+		for _, v := range p.Spec.Variables {
+			out = append(out, v.Name, v.Expression)
+		}
+		for _, v := range p.Spec.Validations {
+			r := ""
+			if v.Reason != nil {
+				r = string(*v.Reason)
+			}
+			out = append(out, v.Expression, v.Message, v.MessageExpression, r)
+		}
+		for i := range out {
+			out[i] = strings.Join(strings.Fields(out[i]), " ")
+		}
+		return out
+	}
+	return slices.Equal(flat(a), flat(b))
 }
 
 func notFound(err error, why string) (bool, string, error) {

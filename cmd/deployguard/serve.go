@@ -40,8 +40,8 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
-	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // serveFlags are the process-level settings; the guard's policy knobs live in

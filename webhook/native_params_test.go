@@ -1,0 +1,90 @@
+package webhook
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/yaml"
+
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// installed are config/native's refusals policy (its folded lines rewritten,
+// as kustomize does), binding and params for o.
+func installed(t *testing.T, o *Options) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *corev1.ConfigMap) {
+	t.Helper()
+	rules, err := native.Load()
+	require.NoError(t, err)
+	var p *admissionregistrationv1.ValidatingAdmissionPolicy
+	for _, x := range rules.Policies {
+		if x.Name == native.Refusals {
+			p = x.DeepCopy()
+		}
+	}
+	for i := range p.Spec.Variables {
+		p.Spec.Variables[i].Expression = strings.ReplaceAll(p.Spec.Variables[i].Expression, "\n", "\n\n")
+	}
+	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
+	require.NoError(t, err)
+	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	require.NoError(t, yaml.UnmarshalStrict(b, vb))
+	return p, vb, o.NativeSettings().ConfigMap("deployguard-system")
+}
+
+// The guard trusts the API server with the refusals only when it enforces
+// them as the guard would.
+func TestNativePoliciesEnforced(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	o := testOptions()
+	for _, tc := range []struct {
+		name string
+		mut  func(*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *corev1.ConfigMap) []client.Object
+		why  string
+	}{
+		{"as installed", nil, ""},
+		{"no binding", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, _ *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			return []client.Object{p, cm}
+		}, "ValidatingAdmissionPolicyBinding deployguard-refusals is not installed"},
+		{"an older policy", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			p.Spec.Validations = p.Spec.Validations[1:]
+			return []client.Object{p, b, cm}
+		}, "is not this version's"},
+		{"params of another namespace", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			b.Spec.ParamRef.Namespace = "elsewhere"
+			return []client.Object{p, b, cm}
+		}, "does not read ConfigMap deployguard-system/deployguard-admission-params"},
+		{"a binding that only warns", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			b.Spec.ValidationActions = []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn}
+			return []client.Object{p, b, cm}
+		}, "does not deny"},
+		{"stale params", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			cm.Data["guardUsername"] = "system:serviceaccount:old:deployguard"
+			return []client.Object{p, b, cm}
+		}, "guardUsername"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, b, cm := installed(t, o)
+			objs := []client.Object{p, b, cm}
+			if tc.mut != nil {
+				objs = tc.mut(p, b, cm)
+			}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+			ok, why, err := NativePoliciesEnforced(context.Background(), c, "deployguard-system", o)
+			require.NoError(t, err)
+			assert.Equal(t, tc.why == "", ok, why)
+			assert.Contains(t, why, tc.why)
+		})
+	}
+}
