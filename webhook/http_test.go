@@ -255,6 +255,11 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 // p99 of single requests is reported as a metric.
 func BenchmarkAdmission(b *testing.B) {
 	b.Run("go-checks", func(b *testing.B) { benchmarkAdmission(b, nil) })
+	// The default install: kube-apiserver enforces the native refusals, the
+	// webhook evaluates the warnings and bounds.
+	b.Run("go-checks-native-refusals-in-apiserver", func(b *testing.B) {
+		benchmarkAdmission(b, nil, func(w *Deployment) { w.Options.NativeInAPIServer = true })
+	})
 	eng, err := policy.New(policy.Options{})
 	require.NoError(b, err)
 	require.NoError(b, eng.Load(context.Background(), policy.Builtins()))

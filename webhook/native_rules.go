@@ -18,9 +18,9 @@ import (
 // The guard's rules that need only the object are ValidatingAdmissionPolicies
 // (config/native/policies.yaml), which the API server enforces itself. The
 // guard evaluates the same policies in process where the API server does
-// not: in `deployguard check`, in the audit, in its webhook when they are not
-// installed (Options.NativeInAPIServer false), and for the bounds, which
-// PolicyExceptions may cover: only the guard knows those.
+// not: in `deployguard check`, in the audit, in its webhook when it does not
+// enforce the refusals (Options.NativeInAPIServer false), and for the
+// warnings and bounds, which are not bound in the API server.
 
 // NativeSettings are the params the guard's policies read for o: what the
 // guard writes into their params ConfigMap.

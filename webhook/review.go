@@ -206,12 +206,10 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		}
 		return f
 	}
-	// The native policies know which requests they skip: exempt ones, the
-	// guard's own writes, updates that leave the spec alone.
 	if stage.Native {
-		f = o.nativeChecks(ctx, req, native.Refusals, native.Warnings, native.Bounds)
-	} else {
-		f = o.nativeChecks(ctx, req, native.Warnings, native.Bounds)
+		// Its finalizer rules hold for everyone; its spec rule skips what
+		// the gate below skips.
+		f = o.nativeChecks(ctx, req, native.Refusals)
 	}
 	f = append(f, CheckQuarantine(d, old, o.Quarantine)...)
 	// The guard's own writes (rollback to a known-good template, drain, finalizer
@@ -223,6 +221,7 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		return f
 	}
 	f = append(f, checkSpec(d)...)
+	f = append(f, o.nativeChecks(ctx, req, native.Warnings, native.Bounds)...)
 	if w.Overlaps != nil && overlapMayChange(d, old) {
 		now := w.checkOverlap(ctx, d)
 		if old != nil && overlapping(now) && overlapping(w.checkOverlap(ctx, old)) {

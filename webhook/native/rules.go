@@ -11,7 +11,9 @@ import (
 	"sync"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -151,6 +153,8 @@ func (s Settings) Params() *Params {
 // failed, in policy and validation order.
 func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, policies ...string) []Finding {
 	req.Params = params.obj
+	changed := req.Object != nil && req.OldObject != nil && !apiequality.Semantic.DeepEqual(req.Object.Spec.Template, req.OldObject.Spec.Template)
+	req.Object, req.OldObject = project(req.Object, changed), project(req.OldObject, false)
 	in, err := inputOf(req)
 	if err != nil {
 		return []Finding{{Policy: policies[0], Message: err.Error(), Error: true}}
@@ -171,6 +175,25 @@ func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, polic
 		}
 	}
 	return out
+}
+
+// project is d as the guard's policies read it: without the pod template
+// and the managed fields, which no expression of theirs reads
+// (TestPoliciesReadNoTemplate) and which are most of a Deployment, so that
+// converting it for CEL costs little on the webhook's path. A template that
+// changed in an update leaves a marker on the new object, so that
+// "object.spec != oldObject.spec" still says so.
+func project(d *appsv1.Deployment, templateChanged bool) *appsv1.Deployment {
+	if d == nil {
+		return nil
+	}
+	p := *d
+	p.ManagedFields = nil
+	p.Spec.Template = corev1.PodTemplateSpec{}
+	if templateChanged {
+		p.Spec.Template.Labels = map[string]string{"deployguard.io/template-changed": "true"}
+	}
+	return &p
 }
 
 // splitField splits "field: message", the form of every message of the

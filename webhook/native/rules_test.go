@@ -180,3 +180,45 @@ func TestPoliciesUseTheGuardsVocabulary(t *testing.T) {
 		}
 	}
 }
+
+// The guard evaluates its policies on a projection of the Deployment
+// without the pod template and the managed fields (project): no expression
+// may read them, or the guard and the API server would disagree.
+func TestPoliciesReadNoTemplate(t *testing.T) {
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range r.Policies {
+		var exprs []string
+		for _, v := range p.Spec.Variables {
+			exprs = append(exprs, v.Expression)
+		}
+		for _, v := range p.Spec.Validations {
+			exprs = append(exprs, v.Expression, v.MessageExpression)
+		}
+		for _, c := range p.Spec.MatchConditions {
+			exprs = append(exprs, c.Expression)
+		}
+		for _, e := range exprs {
+			if strings.Contains(e, "template") || strings.Contains(e, "managedFields") {
+				t.Errorf("%s reads the template or managed fields: %s", p.Name, e)
+			}
+		}
+	}
+}
+
+// A template-only update is a spec change to the policies, as in the API
+// server.
+func TestATemplateOnlyUpdateIsChecked(t *testing.T) {
+	old := rolling(3, intstr.FromString("25%"), intstr.FromString("100%"))
+	cur := old.DeepCopy()
+	cur.Spec.Template.Labels = map[string]string{"version": "2"}
+	fs := evaluate(t, Request{Operation: admission.Update, Object: cur, OldObject: old}, defaults, Refusals)
+	if len(fs) != 1 {
+		t.Errorf("a template change of an all-down Deployment: %+v", fs)
+	}
+	if fs := evaluate(t, Request{Operation: admission.Update, Object: old.DeepCopy(), OldObject: old}, defaults, Refusals); len(fs) != 0 {
+		t.Errorf("no change: %+v", fs)
+	}
+}
