@@ -112,7 +112,10 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	}))
 	d := deployment(ns, "quota", "app:1")
 	d.Spec.Replicas = ptr(int32(4))
-	d.Spec.ProgressDeadlineSeconds = ptr(int32(120)) // a slow rollout here is not a failed one
+	// The ReplicaSet controller retries a pod create that the quota refused
+	// with exponential backoff (up to minutes on a loaded machine): a slow
+	// rollout here is not a failed one, so the deadline is upstream's.
+	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
 	d.Spec.Strategy = appsv1.DeploymentStrategy{}    // upstream's default, as a manifest leaves it
 	require.NoError(t, local.Client.Create(ctx, d))
 	d = waitAvailable(t, ns, "quota", time.Minute)
@@ -121,7 +124,7 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 
 	out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "set", "image", "deployment/quota", "app=app:2", "-n", ns)
 	require.NoError(t, err, out)
-	d = waitAvailable(t, ns, "quota", 90*time.Second)
+	d = waitAvailable(t, ns, "quota", 5*time.Minute)
 	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image)
 	assert.Equal(t, "2", d.Annotations[vocab.RevisionAnnotation])
 	assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision, "completed, not rolled back")
