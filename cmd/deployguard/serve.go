@@ -198,6 +198,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err := setupExceptionExpiry(leader, cfg, exceptions); err != nil {
 		return err
 	}
+	setupRouting(leader, f.validatingName, opts, eng)
 	if cfg.Audit.Enabled {
 		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
 			return err

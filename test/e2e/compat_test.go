@@ -116,7 +116,7 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	// with exponential backoff (up to minutes on a loaded machine): a slow
 	// rollout here is not a failed one, so the deadline is upstream's.
 	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
-	d.Spec.Strategy = appsv1.DeploymentStrategy{}    // upstream's default, as a manifest leaves it
+	d.Spec.Strategy = appsv1.DeploymentStrategy{} // upstream's default, as a manifest leaves it
 	require.NoError(t, local.Client.Create(ctx, d))
 	d = waitAvailable(t, ns, "quota", time.Minute)
 	assert.Equal(t, "25%", d.Spec.Strategy.RollingUpdate.MaxUnavailable.String(), "upstream's default kept")

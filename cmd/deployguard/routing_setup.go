@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/deployguard/deployguard/policy"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+// routeEvery is how often the leader checks the validating webhook's routing
+// when nothing changed: an apply of the static manifests puts the default
+// routing back, which is wrong for an install that enforces more.
+const routeEvery = time.Minute
+
+// setupRouting keeps, in each leader term, the validating webhook's two
+// Deployment entries routed by what the guard enforces (webhook/routing.go):
+// at the start of the term, whenever the active policy set changes, and every
+// routeEvery. One replica writes, so that replicas of two versions in a
+// rolling upgrade do not take turns.
+func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, eng *policy.Engine) {
+	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+		rw := struct {
+			client.Reader
+			client.Writer
+		}{lm.GetAPIReader(), lm.GetClient()}
+		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			keepRouting(ctx, rw, name, opts, eng)
+			return nil
+		}))
+	})
+}
+
+func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, opts *guardwebhook.Options, eng *policy.Engine) {
+	log := ctrl.Log.WithName("routing")
+	toldNotSplit := false
+	for {
+		changed := eng.Changed() // before reading the set: no change is missed
+		e := opts.Enforced(enforcing(eng.Policies()))
+		wrote, err := guardwebhook.Route(ctx, rw, name, e)
+		switch {
+		case errors.Is(err, guardwebhook.ErrNotSplit):
+			if !toldNotSplit {
+				log.Info("The validating webhook is not routed by what the guard enforces: install this release's webhook configuration",
+					"validatingWebhookConfiguration", name, "why", err.Error(), "reason", "WebhookNotSplit")
+				toldNotSplit = true
+			}
+		case err != nil:
+			log.Error(err, "Could not route the validating webhook; trying again", "validatingWebhookConfiguration", name)
+		case wrote:
+			toldNotSplit = false
+			log.Info("Validating webhook routed: with the guard down, these requests are refused and the others admitted",
+				"validatingWebhookConfiguration", name, "webhook", guardwebhook.EnforceWebhook,
+				"condition", guardwebhook.MustDecide(e), "reason", "WebhookRouted")
+		}
+		wait := routeEvery
+		if err != nil && !errors.Is(err, guardwebhook.ErrNotSplit) {
+			wait = 5 * time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// enforcing reports whether a policy of the set runs in enforce mode.
+func enforcing(ps []policy.PolicyInfo) bool {
+	for _, p := range ps {
+		if p.Mode == policy.ModeEnforce {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,242 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// downConfig exempts one namespace, so that the routing's exemptions are
+// seen; enforcing adds an enforce-mode Rego policy.
+const (
+	downConfig = `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+exemptions:
+  namespaces: [legacy]
+`
+	enforcingConfig = downConfig + `policy:
+  modes: {resources: enforce}
+`
+)
+
+// TestGuardDown stops every guard replica with SIGKILL and checks, through
+// kubectl on a real cluster, the table of webhook/README.md: the native floor
+// holds in the guard's words, what no enforced rule needs the guard for goes
+// through, what an enforced rule may refuse is refused, and nothing outside
+// the guarded namespaces notices. Then a replica whose config enforces a Rego
+// policy routes the validating webhook accordingly, and is killed too.
+func TestGuardDown(t *testing.T) {
+	dir, log := workDir(t)
+	ctx := context.Background()
+	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+
+	cluster, err := harness.StartClusterWith(startCtx, tools, fmt.Sprintf("dg-down-%d", os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
+	require.NoError(t, err)
+	defer func() {
+		if err := cluster.Stop(); err != nil {
+			t.Logf("deleting the cluster: %v", err)
+		}
+	}()
+	cfg, err := cluster.RESTConfig()
+	require.NoError(t, err)
+	admin, err := client.New(cfg, client.Options{Scheme: scheme()})
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(dir, "guard.kubeconfig")
+	require.NoError(t, cluster.GuardKubeconfig(startCtx, admin, kubeconfig))
+	hlog, err := os.Create(filepath.Join(dir, "haproxy.log"))
+	require.NoError(t, err)
+	defer hlog.Close()
+	lb, err := startHAProxy(dir, 3, hlog)
+	require.NoError(t, err)
+	defer lb.stop()
+	require.NoError(t, harness.InstallWebhooksFrom(startCtx, admin, harness.WebhookManifests(), lb.url(), nil))
+	guardUser := "system:serviceaccount:" + harness.GuardNamespace + ":deployguard"
+	require.NoError(t, harness.InstallNativePolicies(startCtx, admin, native.Settings{GuardUsername: guardUser, ExemptNamespaces: []string{"legacy"}}))
+
+	var running []*harness.Guard
+	defer func() {
+		for _, g := range running {
+			g.Kill()
+		}
+	}()
+	start := func(s slot, config string) *harness.Guard {
+		t.Helper()
+		out, err := os.Create(filepath.Join(dir, s.name+".log"))
+		require.NoError(t, err)
+		t.Cleanup(func() { out.Close() })
+		g, err := harness.StartGuard(harness.GuardOptions{
+			Binary: guardBin, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: config,
+			WebhookPort: s.webhookPort, ProbePort: s.probePort, Output: out, Env: harness.DeployedRuntimeEnv(),
+		})
+		require.NoError(t, err)
+		running = append(running, g)
+		require.NoError(t, g.WaitReady(ctx, time.Minute))
+		require.NoError(t, lb.waitStatus(ctx, s.name, "UP", 30*time.Second))
+		return g
+	}
+	killAll := func() {
+		for _, g := range running {
+			g.Kill() // SIGKILL: no shutdown, no lease released
+		}
+		running = nil
+	}
+	kubectl := func(args ...string) (string, error) {
+		return cluster.Kubectl(ctx, cluster.Kubeconfig, args...)
+	}
+	admitted := func(what string, args ...string) {
+		t.Helper()
+		out, err := kubectl(args...)
+		assert.NoError(t, err, "%s: admitted with the guard down\n%s", what, out)
+	}
+	refused := func(what string, wants []string, args ...string) {
+		t.Helper()
+		out, err := kubectl(args...)
+		if assert.Error(t, err, "%s: refused with the guard down\n%s", what, out) {
+			for _, w := range wants {
+				assert.Contains(t, out, w, what)
+			}
+		}
+	}
+	byPolicy := func(msg string) []string { return []string{"ValidatingAdmissionPolicy 'deployguard-refusals'", msg} }
+	byWebhook := []string{`failed calling webhook "enforce.deployments.deployguard.io"`}
+	apply := func(manifest string) []string { return []string{"apply", "-f", writeManifest(t, manifest)} }
+
+	start(lb.slots[0], downConfig)
+	start(lb.slots[1], downConfig)
+	require.NoError(t, harness.WaitForWebhooks(startCtx, admin, "default", time.Minute))
+	for _, ns := range []string{"shop", "legacy"} {
+		newNamespace(ctx, t, admin, ns)
+	}
+	// Written while the guard is up: an ordinary Deployment, a protected
+	// one, and one with a quarantined template (as after a rollback).
+	require.NoError(t, admin.Create(ctx, deployment("shop", "web", "app:1")))
+	require.NoError(t, admin.Create(ctx, deployment("legacy", "old", "app:1")))
+	vault := deployment("shop", "vault", "app:1")
+	vault.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
+	require.NoError(t, admin.Create(ctx, vault))
+	held := deployment("shop", "held", "app:1")
+	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
+	require.NoError(t, admin.Create(ctx, held))
+	// The leader leaves the default routing as installed.
+	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
+	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(false)), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
+
+	killAll()
+
+	// The native floor, in the guard's words.
+	refused("all-replicas-down strategy", byPolicy("spec.strategy.rollingUpdate.maxUnavailable: 100% resolves to 3 of 3 replicas"), apply(allDown)...)
+	refused("protected delete", byPolicy("metadata.annotations[deployguard.io/protected]: Deployment shop/vault is protected from deletion"), "delete", "deployment", "vault", "-n", "shop")
+	refused("unknown guard finalizer", byPolicy(`metadata.finalizers: "deployguard.io/nope" is not one of deployguard's finalizers`), "patch", "deployment", "web", "-n", "shop", "--type=merge", "-p", `{"metadata":{"finalizers":["deployguard.io/nope"]}}`)
+	// An empty selector: the API server's own validation.
+	refused("empty selector", []string{"spec.selector"}, apply(noSelector)...)
+
+	// What needs the guard only for advice goes through.
+	admitted("ordinary create", "create", "deployment", "hotfix", "--image=app:1", "-n", "shop")
+	admitted("image change", "set", "image", "deployment/web", "app=app:2", "-n", "shop")
+	admitted("scale (subresource)", "scale", "deployment/web", "--replicas=3", "-n", "shop")
+	admitted("scale (update)", "patch", "deployment", "web", "-n", "shop", "--type=merge", "-p", `{"spec":{"replicas":4}}`)
+	admitted("annotation", "annotate", "deployment", "web", "-n", "shop", "team=checkout")
+	admitted("delete", "delete", "deployment", "hotfix", "-n", "shop")
+	// An enforced rule that needs the guard's state: refused.
+	refused("template change of a quarantined Deployment", byWebhook,
+		"set", "image", "deployment/held", "app=app:2", "-n", "shop")
+	admitted("annotation of a quarantined Deployment", "annotate", "deployment", "held", "-n", "shop", "team=checkout")
+	// Outside the guarded namespaces, nothing notices.
+	admitted("kube-system create", "create", "deployment", "sys", "--image=app:1", "-n", "kube-system")
+	admitted("kube-system image change", "set", "image", "deployment/sys", "app=app:2", "-n", "kube-system")
+	admitted("kube-system delete", "delete", "deployment", "sys", "-n", "kube-system")
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "lock"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("a")}}
+	require.NoError(t, admin.Create(ctx, lease), "a Lease in a guarded namespace")
+	lease.Spec.HolderIdentity = ptr.To("b")
+	require.NoError(t, admin.Update(ctx, lease), "a Lease in a guarded namespace")
+	d := getDeployment(ctx, t, admin, "shop", "web")
+	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image)
+	assert.Equal(t, int32(4), *d.Spec.Replicas)
+
+	// A replica whose config enforces a Rego policy: once it leads (the
+	// killed leader's lease runs out first), it routes every write that
+	// policy may refuse to the enforce entry.
+	start(lb.slots[2], enforcingConfig)
+	enforcing := def.Enforced(true)
+	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
+		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
+		return got == guardwebhook.MustDecide(enforcing) &&
+			condition(ctx, t, admin, guardwebhook.ValidateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdvise(enforcing), got, nil
+	})
+	killAll()
+	refused("image change under an enforced policy", byWebhook,
+		"set", "image", "deployment/web", "app=app:3", "-n", "shop")
+	refused("create under an enforced policy", byWebhook,
+		"create", "deployment", "hotfix", "--image=app:1", "-n", "shop")
+	admitted("image change in an exempt namespace", "set", "image", "deployment/old", "app=app:2", "-n", "legacy")
+	admitted("delete under an enforced policy", "delete", "deployment", "web", "-n", "shop")
+	refused("protected delete", byPolicy("is protected from deletion"), "delete", "deployment", "vault", "-n", "shop")
+	admitted("kube-system create", "create", "deployment", "sys", "--image=app:1", "-n", "kube-system")
+}
+
+// condition is the expression of the matchCondition name of the validating
+// webhook entry hook.
+func condition(ctx context.Context, t *testing.T, c client.Client, hook, name string) string {
+	t.Helper()
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
+	for _, w := range vwc.Webhooks {
+		if w.Name != hook {
+			continue
+		}
+		for _, mc := range w.MatchConditions {
+			if mc.Name == name {
+				return mc.Expression
+			}
+		}
+	}
+	return ""
+}
+
+func writeManifest(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), strings.ReplaceAll(t.Name(), "/", "-")+".yaml")
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
+}
+
+const allDown = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: all-down, namespace: shop}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: all-down}}
+  strategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 100%, maxSurge: 0}}
+  template:
+    metadata: {labels: {app: all-down}}
+    spec: {containers: [{name: app, image: app:1}]}
+`
+
+const noSelector = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: no-selector, namespace: shop}
+spec:
+  replicas: 1
+  template:
+    metadata: {labels: {version: v1}}
+    spec: {containers: [{name: app, image: app:1}]}
+`

@@ -1,0 +1,157 @@
+package webhook
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// The validating webhook for Deployments is two entries of one configuration
+// that call the same handler: the API server sends each request to exactly
+// one of them, by complementary matchConditions.
+//
+//   - EnforceWebhook (failurePolicy Fail) receives the requests that an
+//     enforced rule needing the guard's state may refuse: a quarantined
+//     template brought back, and, when the configuration or the loaded
+//     policies enforce them, the Rego policies, the bounds and the disruption
+//     budgets. With the guard down those requests are refused.
+//   - ValidateWebhook (failurePolicy Ignore) receives the rest: overlaps,
+//     warnings, advice. With the guard down they are admitted; the native
+//     policies still refuse what needs only the object, and the audit reports
+//     an overlap once the guard is back.
+//
+// The condition depends on the configuration and on the loaded policies, so
+// the guard rewrites it (Route) when they change.
+const (
+	EnforceWebhook  = "enforce.deployments.deployguard.io"
+	ValidateWebhook = "validate.deployments.deployguard.io"
+	// MustDecideCondition is EnforceWebhook's matchCondition and
+	// MayAdviseCondition ValidateWebhook's: one is the other negated.
+	MustDecideCondition = "guard-must-decide"
+	MayAdviseCondition  = "guard-may-advise"
+)
+
+// Enforced is what, of the guard's configuration and policies, refuses writes
+// that the API server cannot judge without the guard.
+type Enforced struct {
+	// Refusals: the API server does not enforce the native refusals, so the
+	// guard must judge every write, deletes included.
+	Refusals bool
+	// Quarantine refuses bringing back a template whose rollout failed.
+	Quarantine bool
+	// Policies: a loaded Rego policy is in enforce mode.
+	Policies bool
+	// Bounds refuse a revision history or progress deadline outside them.
+	Bounds bool
+	// Budgets refuse a Deployment that a PodDisruptionBudget makes
+	// undrainable.
+	Budgets bool
+	// Who the policies, bounds and budgets skip.
+	ExemptNamespaces, ExemptUsernames, ExemptGroups []string
+	GuardUsername                                   string
+}
+
+// Enforced is what o enforces, with policies saying whether an enforce-mode
+// Rego policy is loaded.
+func (o *Options) Enforced(policies bool) Enforced {
+	return Enforced{
+		Refusals:         !o.NativeInAPIServer,
+		Quarantine:       o.Quarantine == QuarantineEnforce,
+		Policies:         policies,
+		Bounds:           o.BoundsEnforce,
+		Budgets:          o.DisruptionBudgets == BudgetsEnforce,
+		ExemptNamespaces: o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
+		GuardUsername: o.GuardUsername,
+	}
+}
+
+// MustDecide is the CEL matchCondition of EnforceWebhook: true for a request
+// that e may refuse. It never errors, whatever the request, since an error in
+// a Fail entry's condition refuses the request. DELETE is matched only when
+// the API server does not enforce deletion protection itself.
+func MustDecide(e Enforced) string {
+	if e.Refusals {
+		return "true"
+	}
+	var terms []string
+	if e.Quarantine {
+		// CheckQuarantine: an update that changes the template of a
+		// Deployment with quarantined templates.
+		terms = append(terms, `(request.operation == "UPDATE" && has(oldObject.metadata.annotations) && `+
+			quote(vocab.AnnotationQuarantinedTemplates)+" in oldObject.metadata.annotations && "+
+			"object.spec.template != oldObject.spec.template)")
+	}
+	var judged []string
+	if e.Policies {
+		// The policies read anything, metadata included.
+		judged = append(judged, "true")
+	}
+	if e.Bounds {
+		judged = append(judged, specChanged)
+	}
+	if e.Budgets {
+		// drainMayChange: new replicas or new template labels.
+		judged = append(judged, `request.operation == "CREATE" || `+changed("spec.replicas")+" || "+changed("spec.template.metadata.labels"))
+	}
+	if len(judged) > 0 {
+		terms = append(terms, `(request.operation != "DELETE" && `+subject(e)+" && ("+strings.Join(judged, " || ")+"))")
+	}
+	if len(terms) == 0 {
+		return "false"
+	}
+	return strings.Join(terms, " || ")
+}
+
+// MayAdvise is ValidateWebhook's condition: the other requests.
+func MayAdvise(e Enforced) string { return "!(" + MustDecide(e) + ")" }
+
+// specChanged: a CREATE, or an update that changes the spec (the gate of
+// check).
+const specChanged = `(request.operation == "CREATE" || object.spec != oldObject.spec)`
+
+// changed compares one optional field of an UPDATE's object and old object.
+func changed(path string) string {
+	return "(" + opt("object."+path) + " != " + opt("oldObject."+path) + ")"
+}
+
+// opt reads an optional field as an optional value, so that a missing field
+// compares as missing and never errors.
+func opt(path string) string {
+	i := strings.LastIndex(path, ".")
+	return path[:i] + ".?" + path[i+1:]
+}
+
+// subject: the request is not one the spec checks and policies skip (the
+// exempt namespaces, users and groups, and the guard's own writes).
+func subject(e Enforced) string {
+	var not []string
+	if len(e.ExemptNamespaces) > 0 {
+		not = append(not, "request.namespace in "+list(e.ExemptNamespaces))
+	}
+	users := e.ExemptUsernames
+	if e.GuardUsername != "" {
+		users = append(append([]string(nil), users...), e.GuardUsername)
+	}
+	if len(users) > 0 {
+		not = append(not, "request.userInfo.username in "+list(users))
+	}
+	if len(e.ExemptGroups) > 0 {
+		not = append(not, "(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in "+list(e.ExemptGroups)+"))")
+	}
+	if len(not) == 0 {
+		return "true"
+	}
+	return "!(" + strings.Join(not, " || ") + ")"
+}
+
+func list(xs []string) string {
+	q := make([]string, len(xs))
+	for i, x := range xs {
+		q[i] = quote(x)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// quote is a CEL string literal: Go's quoting is a subset of CEL's.
+func quote(s string) string { return strconv.Quote(s) }

@@ -1,0 +1,157 @@
+package webhook
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// matches compiles expr as a matchCondition with the API server's own CEL
+// compiler (a policy whose one validation always fails: it fails exactly when
+// the condition matches) and evaluates it on r.
+func matches(t *testing.T, expr string, r native.Request) bool {
+	t.Helper()
+	p, err := native.Compile(&admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "condition"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy:   ptr(admissionregistrationv1.Fail),
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "c", Expression: expr}},
+			Validations:     []admissionregistrationv1.Validation{{Expression: "false", Message: "matched"}},
+		},
+	})
+	require.NoError(t, err, expr)
+	ds := p.Evaluate(context.Background(), r)
+	for _, d := range ds {
+		require.False(t, d.Error, "the condition errors (a Fail entry would refuse): %s\n%s", d.Message, expr)
+	}
+	return len(ds) > 0
+}
+
+// TestRouting: each request goes to exactly one of the two entries, the
+// enforcing one only where an enforced rule that needs the guard may refuse
+// it, and no condition errors.
+func TestRouting(t *testing.T) {
+	def := testOptions()
+	def.NativeInAPIServer = true
+	def.Quarantine = QuarantineEnforce
+	def.GuardUsername = "system:serviceaccount:deployguard-system:deployguard"
+	def.ExemptNamespaces = []string{"legacy"}
+	def.ExemptGroups = []string{"ops:exempt"}
+
+	base := guarded()
+	base.Namespace = "shop"
+	quarantinedOld := guarded(func(d *appsv1.Deployment) {
+		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "abc"
+	})
+	image := func(d *appsv1.Deployment) *appsv1.Deployment {
+		d = d.DeepCopy()
+		d.Spec.Template.Spec.Containers[0].Image = "app:9"
+		return d
+	}
+	scaled := base.DeepCopy()
+	scaled.Spec.Replicas = ptr(int32(7))
+	annotated := base.DeepCopy()
+	annotated.Annotations["team"] = "a"
+	relabelled := base.DeepCopy()
+	relabelled.Spec.Template.Labels["tier"] = "web"
+	noLabels := base.DeepCopy()
+	noLabels.Spec.Template.Labels = nil
+	noReplicas := base.DeepCopy()
+	noReplicas.Spec.Replicas = nil
+	app := &user.DefaultInfo{Name: "alice", Groups: []string{"dev"}}
+
+	type req struct {
+		name    string
+		op      admission.Operation
+		obj     *appsv1.Deployment
+		old     *appsv1.Deployment
+		ns      string
+		u       user.Info
+		decides bool
+	}
+	create := req{name: "create", op: admission.Create, obj: base}
+	imageUpdate := req{name: "image change", op: admission.Update, obj: image(base), old: base}
+	scale := req{name: "scale", op: admission.Update, obj: scaled, old: base}
+	metadata := req{name: "annotation change", op: admission.Update, obj: annotated, old: base}
+	del := req{name: "delete", op: admission.Delete, old: base}
+	quarantine := req{name: "template change of a quarantined Deployment", op: admission.Update, obj: image(quarantinedOld), old: quarantinedOld}
+	quarantineMeta := req{name: "annotation change of a quarantined Deployment", op: admission.Update, obj: quarantinedOld, old: quarantinedOld}
+	relabel := req{name: "template labels change", op: admission.Update, obj: relabelled, old: base}
+	unlabel := req{name: "template labels removed", op: admission.Update, obj: noLabels, old: base}
+	unset := req{name: "replicas unset", op: admission.Update, obj: noReplicas, old: base}
+	with := func(r req, decides bool, mut ...func(*req)) req {
+		r.decides = decides
+		for _, m := range mut {
+			m(&r)
+		}
+		return r
+	}
+	in := func(ns string) func(*req) { return func(r *req) { r.ns, r.name = ns, r.name+" in "+ns } }
+	as := func(u user.Info) func(*req) { return func(r *req) { r.u, r.name = u, r.name+" by "+u.GetName() } }
+	guard := &user.DefaultInfo{Name: def.GuardUsername}
+	exemptGroup := &user.DefaultInfo{Name: "bob", Groups: []string{"dev", "ops:exempt"}}
+	noGroups := &user.DefaultInfo{Name: "carol"}
+
+	cases := []struct {
+		name string
+		mut  func(*Options)
+		reqs []req
+	}{
+		{"default install: only the quarantine", nil, []req{
+			with(create, false), with(imageUpdate, false), with(scale, false), with(metadata, false), with(del, false),
+			with(quarantine, true), with(quarantineMeta, false), with(quarantine, true, in("legacy")), with(quarantine, true, as(guard)),
+		}},
+		{"quarantine off", func(o *Options) { o.Quarantine = QuarantineWarn }, []req{with(quarantine, false), with(create, false)}},
+		{"native refusals not in the API server: everything", func(o *Options) { o.NativeInAPIServer = false }, []req{
+			with(create, true), with(metadata, true), with(del, true),
+		}},
+		{"an enforced Rego policy", nil, []req{
+			with(create, true), with(imageUpdate, true), with(scale, true), with(metadata, true), with(del, false),
+			with(create, false, in("legacy")), with(imageUpdate, false, as(guard)), with(imageUpdate, false, as(exemptGroup)),
+			with(imageUpdate, true, as(noGroups)), with(quarantine, true, in("legacy")),
+		}},
+		{"enforced bounds", func(o *Options) { o.BoundsEnforce = true }, []req{
+			with(create, true), with(imageUpdate, true), with(metadata, false), with(del, false), with(create, false, in("legacy")),
+		}},
+		{"enforced budgets", func(o *Options) { o.DisruptionBudgets = BudgetsEnforce }, []req{
+			with(create, true), with(scale, true), with(relabel, true), with(unlabel, true), with(unset, true),
+			with(imageUpdate, false), with(metadata, false), with(del, false), with(scale, false, as(guard)),
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := *def
+			if c.mut != nil {
+				c.mut(&o)
+			}
+			e := o.Enforced(c.name == "an enforced Rego policy")
+			decide, advise := MustDecide(e), MayAdvise(e)
+			for _, r := range c.reqs {
+				ns := r.ns
+				if ns == "" {
+					ns = "shop"
+				}
+				u := r.u
+				if u == nil {
+					u = app
+				}
+				nr := native.Request{Operation: r.op, Object: r.obj, OldObject: r.old, Namespace: ns, Name: base.Name, User: u}
+				got := matches(t, decide, nr)
+				assert.Equal(t, r.decides, got, "%s: enforced by the guard (failurePolicy Fail)", r.name)
+				if r.op != admission.Delete {
+					assert.Equal(t, !got, matches(t, advise, nr), "%s: exactly one entry", r.name)
+				}
+			}
+		})
+	}
+}
