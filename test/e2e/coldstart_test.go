@@ -12,8 +12,10 @@ import (
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
 
@@ -22,8 +24,11 @@ import (
 // the guard's own pod is up. Nothing may wait on the guard to start the
 // guard: the control plane comes up, the guard's own Deployment (in its
 // excluded namespace) rolls out a new revision, scaling through the scale
-// subresource works for every Deployment; only Deployment writes in guarded
-// namespaces are refused (failurePolicy Fail), until the guard is back.
+// subresource works for every Deployment, and an ordinary create in a guarded
+// namespace goes through (the validating webhook takes it in its Ignore
+// entry), while the native policies still refuse what needs only the object;
+// only what an enforced rule needs the guard for is refused, until the guard
+// is back.
 //
 // A rollout is followed up to the pods the new ReplicaSet creates and the
 // scheduler binds: every write on the way (the Deployment, the ReplicaSet,
@@ -65,14 +70,26 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
 	require.NoError(t, l.Client.SubResource("scale").Update(ctx, get(ctx, t, ns, "web"), client.WithSubResourceBody(scale)))
 	podsPlaced(t, l.Client, ns, "web", 3, "the scale of a guarded Deployment was not carried out")
-	// A write of a guarded Deployment fails closed, and says why.
-	err := l.Client.Create(ctx, deployment(ns, "new", "app:1"))
+	// An ordinary create goes through; the floor holds in the API server.
+	require.NoError(t, l.Client.Create(ctx, deployment(ns, "new", "app:1")), "an ordinary create needs no guard")
+	allDown := deployment(ns, "all-down", "app:1")
+	allDown.Spec.Replicas = ptr(int32(2))
+	allDown.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%")), MaxSurge: ptr(intstr.FromInt32(0))}
+	err := l.Client.Create(ctx, allDown)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "failed calling webhook", "refused because the guard is not there, and the error says so")
+	assert.Contains(t, err.Error(), "deployguard-refusals", "refused by the native policy, without the guard")
+	// Bringing back a quarantined template is the guard's to decide: refused
+	// (failurePolicy Fail), and the error says why.
+	held := deployment(ns, "held", "app:1")
+	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
+	require.NoError(t, l.Client.Create(ctx, held))
+	err = update(t, ns, "held", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `failed calling webhook "enforce.deployments.deployguard.io"`, "refused because the guard is not there, and the error says so")
 
 	start := time.Now()
 	require.NoError(t, l.StartGuard(ctx, port))
-	require.NoError(t, l.Client.Create(ctx, deployment(ns, "new", "app:1")))
+	require.NoError(t, update(t, ns, "held", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" }))
 	t.Logf("guard started after the cold start: admitting again %s after its start", time.Since(start).Round(100*time.Millisecond))
 	var pods corev1.PodList
 	require.NoError(t, l.Client.List(ctx, &pods, client.InNamespace(harness.GuardNamespace)))
