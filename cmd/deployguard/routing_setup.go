@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -44,6 +45,13 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 		e := opts.Enforced(enforcing(eng.Policies()))
 		wrote, err := guardwebhook.Route(ctx, rw, name, e)
 		switch {
+		case apierrors.IsNotFound(err):
+			// Not installed (or being uninstalled): nothing to route.
+			if !toldNotSplit {
+				log.Info("The validating webhook configuration is not installed: nothing to route", "validatingWebhookConfiguration", name)
+				toldNotSplit = true
+			}
+			err = nil
 		case errors.Is(err, guardwebhook.ErrNotSplit):
 			if !toldNotSplit {
 				log.Info("The validating webhook is not routed by what the guard enforces: install this release's webhook configuration",
