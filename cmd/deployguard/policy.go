@@ -17,15 +17,16 @@ import (
 const annotationPolicyError = vocab.Domain + "/policy-error"
 
 // setupPolicies loads the policies and keeps them in step with the labelled
-// ConfigMaps of the guard's namespace (hot reload, no restart).
-func setupPolicies(ctx context.Context, mgr ctrl.Manager, pr *probes, reg prometheus.Registerer, cfg config.Config, dir, namespace string) (*policy.Engine, error) {
+// ConfigMaps of the guard's namespace (hot reload, no restart). loaded
+// reports whether the ConfigMaps' policies are in the set yet.
+func setupPolicies(ctx context.Context, mgr ctrl.Manager, pr *probes, reg prometheus.Registerer, cfg config.Config, dir, namespace string) (eng *policy.Engine, loaded func() bool, err error) {
 	eng, base, err := cli.NewPolicyEngine(ctx, cfg, dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, c := range eng.Collectors() {
 		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering policy metrics: %w", err)
+			return nil, nil, fmt.Errorf("registering policy metrics: %w", err)
 		}
 	}
 	src := &policy.ConfigMapSource{
@@ -33,10 +34,10 @@ func setupPolicies(ctx context.Context, mgr ctrl.Manager, pr *probes, reg promet
 		LabelKey: vocab.LabelPolicy, ErrorAnnotation: annotationPolicyError,
 	}
 	if err := src.SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("watching policy ConfigMaps: %w", err)
+		return nil, nil, fmt.Errorf("watching policy ConfigMaps: %w", err)
 	}
 	if err := pr.AddReadyzCheck("policies", src.Ready); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return eng, nil
+	return eng, func() bool { return src.Ready(nil) == nil }, nil
 }

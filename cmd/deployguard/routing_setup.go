@@ -6,6 +6,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -21,16 +22,20 @@ const routeEvery = time.Minute
 
 // setupRouting keeps, in each leader term, the validating webhook's two
 // Deployment entries routed by what the guard enforces (webhook/routing.go):
-// at the start of the term, whenever the active policy set changes, and every
-// routeEvery. One replica writes, so that replicas of two versions in a
-// rolling upgrade do not take turns.
-func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, eng *policy.Engine) {
+// once the policy ConfigMaps are loaded (before, an enforce-mode policy among
+// them would be routed away), then whenever the active policy set changes,
+// and every routeEvery. One replica writes, so that replicas of two versions
+// in a rolling upgrade do not take turns.
+func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, eng *policy.Engine, loaded func() bool) {
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
 		rw := struct {
 			client.Reader
 			client.Writer
 		}{lm.GetAPIReader(), lm.GetClient()}
 		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) { return loaded(), nil }); err != nil {
+				return nil // the term ended first
+			}
 			keepRouting(ctx, rw, name, opts, eng)
 			return nil
 		}))
@@ -39,42 +44,53 @@ func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, 
 
 func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, opts *guardwebhook.Options, eng *policy.Engine) {
 	log := ctrl.Log.WithName("routing")
-	toldNotSplit := false
+	told := "" // the last state logged, so that a lasting one is said once
+	say := func(state string, f func()) {
+		if state != told {
+			f()
+			told = state
+		}
+	}
+	retry := 5 * time.Second
 	for {
 		changed := eng.Changed() // before reading the set: no change is missed
 		e := opts.Enforced(enforcing(eng.Policies()))
 		wrote, err := guardwebhook.Route(ctx, rw, name, e)
+		next := routeEvery
 		switch {
+		case ctx.Err() != nil:
+			return
 		case apierrors.IsNotFound(err):
 			// Not installed (or being uninstalled): nothing to route.
-			if !toldNotSplit {
+			say("not found", func() {
 				log.Info("The validating webhook configuration is not installed: nothing to route", "validatingWebhookConfiguration", name)
-				toldNotSplit = true
-			}
-			err = nil
+			})
 		case errors.Is(err, guardwebhook.ErrNotSplit):
-			if !toldNotSplit {
+			say("not split", func() {
 				log.Info("The validating webhook is not routed by what the guard enforces: install this release's webhook configuration",
 					"validatingWebhookConfiguration", name, "why", err.Error(), "reason", "WebhookNotSplit")
-				toldNotSplit = true
-			}
+			})
 		case err != nil:
-			log.Error(err, "Could not route the validating webhook; trying again", "validatingWebhookConfiguration", name)
+			say("error: "+err.Error(), func() {
+				log.Error(err, "Could not route the validating webhook; trying again", "validatingWebhookConfiguration", name)
+			})
+			next, retry = retry, min(2*retry, routeEvery)
 		case wrote:
-			toldNotSplit = false
+			told = ""
 			log.Info("Validating webhook routed: with the guard down, these requests are refused and the others admitted",
 				"validatingWebhookConfiguration", name, "webhook", guardwebhook.EnforceWebhook,
 				"condition", guardwebhook.MustDecide(e), "reason", "WebhookRouted")
+		default:
+			told = ""
 		}
-		wait := routeEvery
-		if err != nil && !errors.Is(err, guardwebhook.ErrNotSplit) {
-			wait = 5 * time.Second
+		if err == nil {
+			retry = 5 * time.Second
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-time.After(wait):
+		case <-time.After(next):
 		}
 	}
 }

@@ -187,7 +187,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	}
 	pr := &probes{}
 	opts := cfg.WebhookOptions(fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount))
-	eng, budgets, exceptions, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
+	adm, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
 	if err != nil {
 		return err
 	}
@@ -195,10 +195,11 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err != nil {
 		return err
 	}
+	eng, budgets, exceptions := adm.engine, adm.budgets, adm.exceptions
 	if err := setupExceptionExpiry(leader, cfg, exceptions); err != nil {
 		return err
 	}
-	setupRouting(leader, f.validatingName, opts, eng)
+	setupRouting(leader, f.validatingName, opts, eng, adm.policiesLoaded)
 	if cfg.Audit.Enabled {
 		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
 			return err
@@ -253,29 +254,37 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 	return mgr, nil
 }
 
+// admissionParts are what the webhooks built that other parts share.
+type admissionParts struct {
+	engine         *policy.Engine
+	policiesLoaded func() bool
+	budgets        *guardwebhook.BudgetIndex
+	exceptions     *exception.Index
+}
+
 // setupWebhooks wires admission: the policies (with their hot reload), the
 // overlap and budget indexes (the budget index holds the overlap one) and
 // their readiness, and both webhooks, registered through the
 // graceful stop's connection closing.
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*policy.Engine, *guardwebhook.BudgetIndex, *exception.Index, error) {
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*admissionParts, error) {
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("registering admission metrics: %w", err)
+		return nil, fmt.Errorf("registering admission metrics: %w", err)
 	}
-	eng, err := setupPolicies(ctx, mgr, pr, metrics.Registry, cfg, f.policyDir, f.namespace)
+	eng, loaded, err := setupPolicies(ctx, mgr, pr, metrics.Registry, cfg, f.policyDir, f.namespace)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	exceptions, err := setupExceptions(ctx, mgr, cfg, f.namespace, eng, stop)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	// The overlap and drain checks' indexes, fed by the Deployment informer
 	// the reconciler uses too: one watch, and no list of the namespace per
 	// request.
 	overlaps, budgets, err := guardwebhook.Indexes(ctx, mgr.GetCache())
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
 		if !overlaps.Synced() || !budgets.Synced() {
@@ -283,10 +292,10 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 		}
 		return nil
 	}); err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	if err := setupNative(ctx, mgr, f.namespace, opts); err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	hooks := &guardwebhook.Deployment{
 		Options:         opts,
@@ -302,7 +311,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
-	return eng, budgets, exceptions, nil
+	return &admissionParts{engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
 }
 
 // setupNative writes the native policies' params from the config file and
