@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,26 +47,8 @@ func TestGuardDown(t *testing.T) {
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	cluster, err := harness.StartClusterWith(startCtx, tools, fmt.Sprintf("dg-down-%d", os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
-	require.NoError(t, err)
-	defer func() {
-		if err := cluster.Stop(); err != nil {
-			t.Logf("deleting the cluster: %v", err)
-		}
-	}()
-	cfg, err := cluster.RESTConfig()
-	require.NoError(t, err)
-	admin, err := client.New(cfg, client.Options{Scheme: scheme()})
-	require.NoError(t, err)
-	kubeconfig := filepath.Join(dir, "guard.kubeconfig")
-	require.NoError(t, cluster.GuardKubeconfig(startCtx, admin, kubeconfig))
-	hlog, err := os.Create(filepath.Join(dir, "haproxy.log"))
-	require.NoError(t, err)
-	defer hlog.Close()
-	lb, err := startHAProxy(dir, 3, hlog)
-	require.NoError(t, err)
-	defer lb.stop()
-	require.NoError(t, harness.InstallWebhooksFrom(startCtx, admin, harness.WebhookManifests(), lb.url(), nil))
+	e := startEnv(startCtx, t, dir, log, "down", 3, nil)
+	cluster, admin, kubeconfig, lb := e.cluster, e.admin, e.kubeconfig, e.lb
 	guardUser := "system:serviceaccount:" + harness.GuardNamespace + ":deployguard"
 	require.NoError(t, harness.InstallNativePolicies(startCtx, admin, native.Settings{GuardUsername: guardUser, ExemptNamespaces: []string{"legacy"}}))
 

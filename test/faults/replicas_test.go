@@ -75,30 +75,8 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	cluster, err := harness.StartClusterWith(startCtx, tools, fmt.Sprintf("dg-faults-%d", os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
-	require.NoError(t, err)
-	defer func() {
-		if err := cluster.Stop(); err != nil {
-			t.Logf("deleting the cluster: %v", err)
-		}
-	}()
-	cfg, err := cluster.RESTConfig()
-	require.NoError(t, err)
-	sch := scheme()
-	admin, err := client.New(loadConfig(cfg), client.Options{Scheme: sch})
-	require.NoError(t, err)
-	kubeconfig := filepath.Join(dir, "guard.kubeconfig")
-	require.NoError(t, cluster.GuardKubeconfig(startCtx, admin, kubeconfig))
-
-	hlog, err := os.Create(filepath.Join(dir, "haproxy.log"))
-	require.NoError(t, err)
-	defer hlog.Close()
-	lb, err := startHAProxy(dir, slots, hlog)
-	require.NoError(t, err)
-	defer lb.stop()
-	// The deployed webhooks, pointed at the load balancer; the replicas
-	// (self-managed mode, one shared Secret) inject the CA they all serve under.
-	require.NoError(t, harness.InstallWebhooksFrom(startCtx, admin, harness.WebhookManifests(), lb.url(), nil))
+	e := startEnv(startCtx, t, dir, log, "faults", slots, loadConfig)
+	admin, kubeconfig, lb := e.admin, e.kubeconfig, e.lb
 
 	var (
 		mu      sync.Mutex
@@ -285,7 +263,7 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 
 	// HAProxy closes a connection's log line when it ends: the one the
 	// guard stopped last may still be open, so this is read for the report.
-	if b, err := os.ReadFile(hlog.Name()); err == nil {
+	if b, err := os.ReadFile(filepath.Join(dir, "haproxy.log")); err == nil {
 		ends := connectionEnds(string(b), "webhooks")
 		for _, s := range lb.slots[:next] {
 			t.Logf("HAProxy connections to %s, by how they ended: %v", s.name, ends[s.name])

@@ -7,14 +7,18 @@
 package faults
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -58,4 +62,46 @@ func workDir(t *testing.T) (string, *os.File) {
 		os.RemoveAll(dir)
 	})
 	return dir, log
+}
+
+// env is a test's own cluster, an admin client, the guard's kubeconfig, and
+// HAProxy with slots in front of the webhooks as deployed; all of it goes
+// when the test ends.
+type env struct {
+	cluster    *harness.Cluster
+	admin      client.Client
+	kubeconfig string
+	lb         *haproxy
+}
+
+// startEnv starts env in dir. adminConfig, when set, adjusts the admin
+// client's configuration.
+func startEnv(ctx context.Context, t *testing.T, dir string, log io.Writer, name string, slots int, adminConfig func(*rest.Config) *rest.Config) env {
+	t.Helper()
+	cluster, err := harness.StartClusterWith(ctx, tools, fmt.Sprintf("dg-%s-%d", name, os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := cluster.Stop(); err != nil {
+			t.Logf("deleting the cluster: %v", err)
+		}
+	})
+	cfg, err := cluster.RESTConfig()
+	require.NoError(t, err)
+	if adminConfig != nil {
+		cfg = adminConfig(cfg)
+	}
+	admin, err := client.New(cfg, client.Options{Scheme: scheme()})
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(dir, "guard.kubeconfig")
+	require.NoError(t, cluster.GuardKubeconfig(ctx, admin, kubeconfig))
+	hlog, err := os.Create(filepath.Join(dir, "haproxy.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { hlog.Close() })
+	lb, err := startHAProxy(dir, slots, hlog)
+	require.NoError(t, err)
+	t.Cleanup(lb.stop)
+	// The deployed webhooks, pointed at the load balancer; the replicas
+	// (self-managed mode, one shared Secret) inject the CA they all serve under.
+	require.NoError(t, harness.InstallWebhooksFrom(ctx, admin, harness.WebhookManifests(), lb.url(), nil))
+	return env{cluster: cluster, admin: admin, kubeconfig: kubeconfig, lb: lb}
 }
