@@ -1,15 +1,18 @@
 package webhook
 
 import (
-	"fmt"
+	"context"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // The API server's built-in defaults for apps/v1 Deployments. They are applied
@@ -46,7 +49,7 @@ func Default(d, old *appsv1.Deployment, o *Options, privileged bool) ([]string, 
 		}
 	}
 
-	ok, errs := defaultSelector(d, o)
+	ok, errs := defaultSelector(d, old, o)
 	if len(errs) > 0 {
 		return nil, errs
 	}
@@ -73,41 +76,69 @@ func emptySelector(s *metav1.LabelSelector) bool {
 	return s == nil || (len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0)
 }
 
-// defaultSelector repairs a missing or empty selector from the template's stable
-// identity labels. Version-like labels are never used: a selector that includes
-// them would stop matching the next version's pods.
-func defaultSelector(d *appsv1.Deployment, o *Options) (bool, field.ErrorList) {
-	if !emptySelector(d.Spec.Selector) {
-		return false, nil
+// defaultSelector repairs a missing or empty selector from the template's
+// stable identity labels. The repair is the guard's MutatingAdmissionPolicy
+// deployguard-selector (config/native/policies.yaml), the one source of it:
+// kube-apiserver applies it before this webhook is called, and where it did
+// not (the policy not installed, or `deployguard check`), it is evaluated
+// here, in process, with the API server's evaluator. Either way the policy's
+// markers are read the same: a repaired selector is reported and its marker
+// annotation removed; the refusal marker of an empty selector that cannot be
+// repaired refuses, with deployguard-refusals' message.
+func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorList) {
+	path := field.NewPath("spec", "selector")
+	if emptySelector(d.Spec.Selector) {
+		rules, err := native.Load()
+		if err != nil {
+			return false, field.ErrorList{field.InternalError(path, err).WithOrigin(reasonSelector)}
+		}
+		op := admission.Create
+		if old != nil {
+			op = admission.Update
+		}
+		// The evaluation is bounded by the API server's CEL cost budget.
+		m, err := rules.Mutate(context.Background(), native.Request{Operation: op, Object: d, OldObject: old,
+			Namespace: d.Namespace, Name: d.Name, User: &user.DefaultInfo{}}, o.NativeSettings().Params(), native.Selector)
+		if err != nil {
+			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(reasonSelector)}
+		}
+		*d = *m
 	}
-	match := map[string]string{}
-	for _, k := range o.StableLabelKeys {
-		if v, ok := d.Spec.Template.Labels[k]; ok && v != "" {
-			match[k] = v
+	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
+		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(reasonSelector)}
+	}
+	if v, ok := d.Annotations[native.AnnotationSelectorRepaired]; ok && (old == nil || old.Annotations[native.AnnotationSelectorRepaired] != v) {
+		delete(d.Annotations, native.AnnotationSelectorRepaired)
+		return true, nil
+	}
+	return false, nil
+}
+
+// refusedSelector says d selects deployguard-selector's refusal marker.
+func refusedSelector(d *appsv1.Deployment) bool {
+	return d.Spec.Selector != nil && d.Spec.Selector.MatchLabels[native.LabelEmptySelector] == native.EmptySelectorRefused
+}
+
+// unrepairableSelector is deployguard-refusals' refusal of d, marked by
+// deployguard-selector: the message the API server gives while the guard is
+// down.
+func unrepairableSelector(d, old *appsv1.Deployment, o *Options) *field.Error {
+	path := field.NewPath("spec", "selector")
+	msg := "the selector is empty and cannot be repaired"
+	if rules, err := native.Load(); err == nil {
+		op := admission.Create
+		if old != nil {
+			op = admission.Update
+		}
+		for _, f := range rules.Evaluate(context.Background(), native.Request{Operation: op, Object: d, OldObject: old,
+			Namespace: d.Namespace, Name: d.Name, User: &user.DefaultInfo{}}, o.NativeSettings().Params(), native.Refusals) {
+			if f.Field == path.String() && !f.Error {
+				msg = f.Message
+				break
+			}
 		}
 	}
-	if len(match) == 0 {
-		return false, field.ErrorList{field.Required(field.NewPath("spec", "selector"), fmt.Sprintf(
-			"the selector is empty and cannot be repaired: the pod template has none of the stable labels %s. "+
-				"Add one to spec.template.metadata.labels (for example %s: %s), or set spec.selector.matchLabels to labels the template carries",
-			strings.Join(o.StableLabelKeys, ", "), firstOr(o.StableLabelKeys, "app"), nameOr(d))).WithOrigin(reasonSelector)}
-	}
-	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: match}
-	return true, nil
-}
-
-func firstOr(s []string, def string) string {
-	if len(s) > 0 {
-		return s[0]
-	}
-	return def
-}
-
-func nameOr(d *appsv1.Deployment) string {
-	if d.Name != "" {
-		return d.Name
-	}
-	return "<name>"
+	return field.Required(path, msg)
 }
 
 // defaultStrategy replaces each rolling-update parameter equal to the built-in

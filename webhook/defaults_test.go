@@ -155,7 +155,40 @@ func TestDefault(t *testing.T) {
 				d.Spec.Selector = nil
 				d.Spec.Template.Labels = map[string]string{"version": "v3"}
 			}),
-			wantErr: "Add one to spec.template.metadata.labels (for example app.kubernetes.io/name: web)",
+			wantErr: "spec.selector: Required value: the selector is empty and cannot be repaired: the pod template has none of the stable labels " +
+				"app.kubernetes.io/name, app.kubernetes.io/instance, app. Add one to spec.template.metadata.labels (for example app.kubernetes.io/name: web)",
+		},
+		{
+			name: "a selector the API server repaired (deployguard-selector) is reported, and its marker removed",
+			in: stored(func(d *appsv1.Deployment) {
+				d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true", "team": "shop"}
+			}),
+			wantChanged: []string{defaultedSelector},
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, map[string]string{"team": "shop", vocab.AnnotationDefaulted: defaultedSelector}, d.Annotations)
+			},
+		},
+		{
+			name: "an update keeps the marker of a repair while the guard was down",
+			in: stored(func(d *appsv1.Deployment) {
+				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true"}
+			}),
+			old: stored(func(d *appsv1.Deployment) {
+				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true"}
+			}),
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, "true", d.Annotations["deployguard.io/selector-repaired"])
+			},
+		},
+		{
+			name: "a selector the API server could not repair is refused with deployguard-refusals' words",
+			in: stored(func(d *appsv1.Deployment) {
+				d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"deployguard.io/empty-selector": "refused"}}
+				d.Spec.Template.Labels = map[string]string{"deployguard.io/empty-selector": "refused", "version": "v3"}
+			}),
+			wantErr: "spec.selector: Required value: the selector is empty and cannot be repaired: the pod template has none of the stable labels " +
+				"app.kubernetes.io/name, app.kubernetes.io/instance, app. Add one to spec.template.metadata.labels (for example app.kubernetes.io/name: web)",
 		},
 		{
 			name: "user's maxSurge 0 keeps a non-zero maxUnavailable",

@@ -30,6 +30,7 @@ func (o *Options) NativeSettings() native.Settings {
 		ExemptNamespaces: o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
 		RevisionHistoryMin: o.RevisionHistoryBounds.Min, RevisionHistoryMax: o.RevisionHistoryBounds.Max,
 		ProgressDeadlineMin: o.ProgressDeadlineBounds.Min, ProgressDeadlineMax: o.ProgressDeadlineBounds.Max,
+		StableLabelKeys: o.StableLabelKeys,
 	}
 }
 

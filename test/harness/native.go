@@ -37,16 +37,31 @@ func InstallNativePolicies(ctx context.Context, c client.Client, s native.Settin
 	for _, p := range rules.Policies {
 		objs = append(objs, p.DeepCopy())
 	}
+	for _, p := range rules.Mutations {
+		objs = append(objs, p.DeepCopy())
+	}
 	b, err := os.ReadFile(filepath.Join(NativeDir(), "bindings.yaml"))
 	if err != nil {
 		return err
 	}
 	for _, doc := range strings.Split(string(b), "\n---\n") {
-		var vb admissionregistrationv1.ValidatingAdmissionPolicyBinding
-		if err := yaml.UnmarshalStrict([]byte(doc), &vb); err != nil {
+		var t metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &t); err != nil {
 			return fmt.Errorf("config/native/bindings.yaml: %w", err)
 		}
-		objs = append(objs, &vb)
+		var o client.Object
+		switch t.Kind {
+		case "ValidatingAdmissionPolicyBinding":
+			o = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		case "MutatingAdmissionPolicyBinding":
+			o = &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+		default:
+			return fmt.Errorf("config/native/bindings.yaml: unexpected kind %q", t.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), o); err != nil {
+			return fmt.Errorf("config/native/bindings.yaml: %w", err)
+		}
+		objs = append(objs, o)
 	}
 	objs = append(objs, s.ConfigMap(GuardNamespace))
 	for _, o := range objs {
@@ -83,6 +98,18 @@ func WaitForNativePolicies(ctx context.Context, c client.Client, namespace strin
 	})
 	if err != nil {
 		return fmt.Errorf("the API server does not enforce the native policies: %w (last answer: %w)", err, last)
+	}
+	// And repairs an empty selector (deployguard-selector; the guard's
+	// webhook, when it is up, gives the same answer).
+	d.Spec.Selector, d.Spec.Strategy = nil, appsv1.DeploymentStrategy{}
+	var got *appsv1.Deployment
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		got = d.DeepCopy()
+		last = c.Create(ctx, got, client.DryRunAll)
+		return last == nil && got.Spec.Selector != nil && got.Spec.Selector.MatchLabels["app"] == "native-policies-probe", nil
+	})
+	if err != nil {
+		return fmt.Errorf("the API server does not repair an empty selector: %w (last answer: %v, selector %v)", err, last, got.Spec.Selector)
 	}
 	return nil
 }

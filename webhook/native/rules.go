@@ -1,6 +1,7 @@
 package native
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 )
@@ -43,7 +45,10 @@ type Settings struct {
 	ExemptNamespaces, ExemptUsernames, ExemptGroups []string
 	RevisionHistoryMin, RevisionHistoryMax          int32
 	ProgressDeadlineMin, ProgressDeadlineMax        int32
-	BoundsEnforce                                   bool
+	// StableLabelKeys are the template labels deployguard-selector repairs
+	// an empty selector from, in order.
+	StableLabelKeys []string
+	BoundsEnforce   bool
 }
 
 // Data is the params ConfigMap's data for s.
@@ -60,6 +65,7 @@ func (s Settings) Data() map[string]string {
 		"revisionHistoryMax":  num(s.RevisionHistoryMax),
 		"progressDeadlineMin": num(s.ProgressDeadlineMin),
 		"progressDeadlineMax": num(s.ProgressDeadlineMax),
+		"stableLabelKeys":     list(s.StableLabelKeys),
 	}
 }
 
@@ -75,35 +81,66 @@ func (s Settings) ConfigMap(namespace string) *corev1.ConfigMap {
 
 // Rules are the guard's policies, compiled once.
 type Rules struct {
-	// Policies are the policies as installed, in file order.
+	// Policies are the ValidatingAdmissionPolicies as installed, in file
+	// order.
 	Policies []*admissionregistrationv1.ValidatingAdmissionPolicy
-	compiled map[string]*Policy
+	// Mutations are the MutatingAdmissionPolicies as installed, in file
+	// order.
+	Mutations []*admissionregistrationv1.MutatingAdmissionPolicy
+	compiled  map[string]*Policy
+	mutations map[string]*Mutation
 }
 
 // Load parses and compiles the guard's policies. The result is shared: the
 // embedded file never changes.
 var Load = sync.OnceValues(func() (*Rules, error) { return Parse(nativeconfig.Policies) })
 
-// Parse reads and compiles a file of ValidatingAdmissionPolicies.
+// Parse reads and compiles a file of ValidatingAdmissionPolicies and
+// MutatingAdmissionPolicies. Unknown fields and other kinds are errors: a
+// misspelt field would otherwise be dropped here and refused, or worse
+// ignored, by the API server.
 func Parse(file []byte) (*Rules, error) {
-	r := &Rules{compiled: map[string]*Policy{}}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(file), 4096)
+	r := &Rules{compiled: map[string]*Policy{}, mutations: map[string]*Mutation{}}
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(file)))
 	for {
-		p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
-		if err := dec.Decode(p); errors.Is(err, io.EOF) {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			return nil, fmt.Errorf("reading the policies: %w", err)
 		}
-		if p.Name == "" {
-			continue
+		var t metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &t); err != nil {
+			return nil, fmt.Errorf("reading the policies: %w", err)
 		}
-		c, err := Compile(p)
-		if err != nil {
-			return nil, err
+		switch t.Kind {
+		case "":
+			continue // only comments
+		case "ValidatingAdmissionPolicy":
+			p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			if err := yaml.UnmarshalStrict(doc, p); err != nil {
+				return nil, fmt.Errorf("reading the policies: %w", err)
+			}
+			c, err := Compile(p)
+			if err != nil {
+				return nil, err
+			}
+			r.Policies = append(r.Policies, p)
+			r.compiled[p.Name] = c
+		case "MutatingAdmissionPolicy":
+			p := &admissionregistrationv1.MutatingAdmissionPolicy{}
+			if err := yaml.UnmarshalStrict(doc, p); err != nil {
+				return nil, fmt.Errorf("reading the policies: %w", err)
+			}
+			m, err := CompileMutation(p)
+			if err != nil {
+				return nil, err
+			}
+			r.Mutations = append(r.Mutations, p)
+			r.mutations[p.Name] = m
+		default:
+			return nil, fmt.Errorf("reading the policies: unexpected kind %q", t.Kind)
 		}
-		r.Policies = append(r.Policies, p)
-		r.compiled[p.Name] = c
 	}
 	return r, nil
 }

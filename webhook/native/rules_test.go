@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -201,12 +202,16 @@ func TestPoliciesReadNoTemplate(t *testing.T) {
 			exprs = append(exprs, c.Expression)
 		}
 		for _, e := range exprs {
+			// What a message says is not what it reads.
+			e = stringLiterals.ReplaceAllString(e, "''")
 			if strings.Contains(e, "template") || strings.Contains(e, "managedFields") {
 				t.Errorf("%s reads the template or managed fields: %s", p.Name, e)
 			}
 		}
 	}
 }
+
+var stringLiterals = regexp.MustCompile(`'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"`)
 
 // A template-only update is a spec change to the policies, as in the API
 // server.

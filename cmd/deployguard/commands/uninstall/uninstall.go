@@ -109,6 +109,16 @@ func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
 		b.SetName(p.Name)
 		out = append(out, admissionObject{"validatingadmissionpolicybinding", b})
 	}
+	for _, p := range rules.Mutations {
+		b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+		b.SetName(p.Name)
+		out = append(out, admissionObject{"mutatingadmissionpolicybinding", b})
+	}
+	for _, p := range rules.Mutations {
+		m := &admissionregistrationv1.MutatingAdmissionPolicy{}
+		m.SetName(p.Name)
+		out = append(out, admissionObject{"mutatingadmissionpolicy", m})
+	}
 	for _, p := range rules.Policies {
 		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
 		vap.SetName(p.Name)

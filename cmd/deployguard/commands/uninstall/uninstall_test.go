@@ -43,6 +43,8 @@ func clusterWithGuard() []client.Object {
 	for _, name := range []string{"deployguard-refusals", "deployguard-warnings", "deployguard-bounds"} {
 		objs = append(objs, &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	}
+	objs = append(objs, &admissionregistrationv1.MutatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-selector"}},
+		&admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-selector"}})
 	return append(objs,
 		withFinalizers("guarded", false, vocab.FinalizerDrain, vocab.FinalizerRecord),
 		withFinalizers("shared", false, otherFinalizer, vocab.FinalizerDrain, vocab.FinalizerRecord),
@@ -87,7 +89,7 @@ func finalizersOf(t *testing.T, c client.Client, name string) ([]string, bool) {
 // admission are the deletions of the guard's admission objects, in order:
 // the webhooks, the native policies' bindings, the policies, their params.
 var admission = []string{"delete deployguard-mutating", "delete deployguard-validating",
-	"delete deployguard-refusals",
+	"delete deployguard-refusals", "delete deployguard-selector", "delete deployguard-selector",
 	"delete deployguard-refusals", "delete deployguard-warnings", "delete deployguard-bounds",
 	"delete deployguard-admission-params"}
 
@@ -117,6 +119,8 @@ func TestUninstall(t *testing.T) {
 	assert.Contains(t, out.String(), "deleted validatingwebhookconfiguration/deployguard-validating\n")
 	assert.Contains(t, out.String(), "deleted validatingadmissionpolicybinding/deployguard-refusals\n")
 	assert.Contains(t, out.String(), "deleted validatingadmissionpolicy/deployguard-refusals\n")
+	assert.Contains(t, out.String(), "deleted mutatingadmissionpolicybinding/deployguard-selector\n")
+	assert.Contains(t, out.String(), "deleted mutatingadmissionpolicy/deployguard-selector\n")
 	assert.Contains(t, out.String(), "removed finalizers [deployguard.io/drain deployguard.io/record] from deployment shop/shared\n")
 	assert.Contains(t, out.String(), "removed finalizers [deployguard.io/record] from deployment shop/stuck (being deleted")
 	assert.Contains(t, out.String(), "Removed the guard's finalizers from 3 Deployments.")
