@@ -13,6 +13,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -47,10 +48,13 @@ func TestGuardDown(t *testing.T) {
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	e := startEnv(startCtx, t, dir, log, "down", 3, nil)
+	// The selector comparison sends a few hundred dry runs: no client-side
+	// throttling.
+	e := startEnv(startCtx, t, dir, log, "down", 3, func(c *rest.Config) *rest.Config { c.QPS, c.Burst = 200, 400; return c })
 	cluster, admin, kubeconfig, lb := e.cluster, e.admin, e.kubeconfig, e.lb
 	guardUser := "system:serviceaccount:" + harness.GuardNamespace + ":deployguard"
-	require.NoError(t, harness.InstallNativePolicies(startCtx, admin, native.Settings{GuardUsername: guardUser, ExemptNamespaces: []string{"legacy"}}))
+	require.NoError(t, harness.InstallNativePolicies(startCtx, admin, native.Settings{GuardUsername: guardUser, ExemptNamespaces: []string{"legacy"},
+		StableLabelKeys: stableLabelKeys}))
 
 	var running []*harness.Guard
 	defer func() {
@@ -126,8 +130,18 @@ func TestGuardDown(t *testing.T) {
 	refused("all-replicas-down strategy", byPolicy("spec.strategy.rollingUpdate.maxUnavailable: 100% resolves to 3 of 3 replicas"), apply(allDown)...)
 	refused("protected delete", byPolicy("metadata.annotations[deployguard.io/protected]: Deployment shop/vault is protected from deletion"), "delete", "deployment", "vault", "-n", "shop")
 	refused("unknown guard finalizer", byPolicy(`metadata.finalizers: "deployguard.io/nope" is not one of deployguard's finalizers`), "patch", "deployment", "web", "-n", "shop", "--type=merge", "-p", `{"metadata":{"finalizers":["deployguard.io/nope"]}}`)
-	// An empty selector: the API server's own validation.
-	refused("empty selector", []string{"spec.selector"}, apply(noSelector)...)
+	// An empty selector: repaired by deployguard-selector, or, with nothing
+	// stable to select on, refused in the guard's words.
+	refused("unrepairable empty selector", byPolicy("spec.selector: the selector is empty and cannot be repaired: the pod template has none of the stable labels "+
+		"app.kubernetes.io/name, app.kubernetes.io/instance, app. Add one to spec.template.metadata.labels (for example app.kubernetes.io/name: no-selector), "+
+		"or set spec.selector.matchLabels to labels the template carries"), apply(noSelector)...)
+	admitted("repairable empty selector", apply(repairableSelector)...)
+	repaired := getDeployment(ctx, t, admin, "shop", "front")
+	if assert.NotNil(t, repaired.Spec.Selector) {
+		assert.Equal(t, map[string]string{"app.kubernetes.io/name": "front", "app": "shop"}, repaired.Spec.Selector.MatchLabels)
+	}
+	assert.Equal(t, "true", repaired.Annotations[native.AnnotationSelectorRepaired], "the record that the API server repaired it")
+	selectorRepairsAgree(ctx, t, admin, "shop")
 
 	// What needs the guard only for advice goes through.
 	admitted("ordinary create", "create", "deployment", "hotfix", "--image=app:1", "-n", "shop")
@@ -219,5 +233,15 @@ spec:
   replicas: 1
   template:
     metadata: {labels: {version: v1}}
+    spec: {containers: [{name: app, image: app:1}]}
+`
+
+const repairableSelector = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: front, namespace: shop}
+spec:
+  replicas: 1
+  template:
+    metadata: {labels: {app.kubernetes.io/name: front, app: shop, app.kubernetes.io/version: "2.0"}}
     spec: {containers: [{name: app, image: app:1}]}
 `
