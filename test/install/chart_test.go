@@ -119,7 +119,8 @@ func normalize(o object) error {
 		return fmt.Errorf("an object without metadata: %v", o)
 	}
 	deleteEmpty(md, "labels", "app.kubernetes.io/managed-by", "helm.sh/chart")
-	if k := o["kind"]; k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding" {
+	if k := o["kind"]; k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding" ||
+		k == "MutatingAdmissionPolicy" || k == "MutatingAdmissionPolicyBinding" {
 		// Cluster-scoped, which kustomize's namespace transformer does not
 		// know; the API server clears the namespace it adds.
 		delete(md, "namespace")
@@ -134,6 +135,12 @@ func normalize(o object) error {
 						}
 					}
 				}
+			}
+		}
+		mutations, _ := spec["mutations"].([]any)
+		for _, mu := range mutations {
+			if jp, _ := dig(mu, "jsonPatch").(map[string]any); jp != nil {
+				jp["expression"] = strings.Join(strings.Fields(str(jp, "expression")), " ")
 			}
 		}
 	}
