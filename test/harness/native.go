@@ -109,7 +109,7 @@ func WaitForNativePolicies(ctx context.Context, c client.Client, namespace strin
 		return last == nil && got.Spec.Selector != nil && got.Spec.Selector.MatchLabels["app"] == "native-policies-probe", nil
 	})
 	if err != nil {
-		return fmt.Errorf("the API server does not repair an empty selector: %w (last answer: %v, selector %v)", err, last, got.Spec.Selector)
+		return fmt.Errorf("the API server does not repair an empty selector: %w (last answer: %w, selector %v)", err, last, got.Spec.Selector)
 	}
 	return nil
 }
