@@ -105,7 +105,9 @@ var objectInterfaces = func() admission.ObjectInterfaces {
 // as kube-apiserver would, and returns the object it gives: req.Object itself
 // when the policy's match conditions exclude the request, a mutated copy
 // otherwise. req.Object is not modified. An error is what the API server
-// would report for a policy whose failurePolicy is Ignore, and skip.
+// would report for a policy whose failurePolicy is Ignore, and skip. The
+// policy's matchConstraints (operations, resources) are the caller's to
+// apply: the guard's webhook also repairs an update's selector with it.
 func (r *Rules) Mutate(ctx context.Context, req Request, params *Params, name string) (*appsv1.Deployment, error) {
 	m, ok := r.mutations[name]
 	if !ok {
