@@ -58,6 +58,56 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 	return true, "", nil
 }
 
+// NativeSelectorRepairInstalled reports whether kube-apiserver repairs an
+// empty selector as this guard would: deployguard-selector is there with
+// this release's expressions, and its binding reads the params ConfigMap in
+// namespace. When it is not so, why says what: the guard's webhook still
+// repairs selectors, but only while it is up.
+func NativeSelectorRepairInstalled(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
+	rules, err := native.Load()
+	if err != nil {
+		return false, "", err
+	}
+	i := slices.IndexFunc(rules.Mutations, func(p *admissionregistrationv1.MutatingAdmissionPolicy) bool { return p.Name == native.Selector })
+	want := rules.Mutations[i]
+	got := &admissionregistrationv1.MutatingAdmissionPolicy{}
+	if err := c.Get(ctx, client.ObjectKey{Name: native.Selector}, got); err != nil {
+		return notFound(err, "MutatingAdmissionPolicy "+native.Selector+" is not installed")
+	}
+	if !slices.Equal(mutationExpressions(got), mutationExpressions(want)) {
+		return false, "MutatingAdmissionPolicy " + native.Selector + " is not this version's (install config/native of this release)", nil
+	}
+	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+	if err := c.Get(ctx, client.ObjectKey{Name: native.Selector}, b); err != nil {
+		return notFound(err, "MutatingAdmissionPolicyBinding "+native.Selector+" is not installed")
+	}
+	if ref := b.Spec.ParamRef; ref == nil || ref.Name != nativeconfig.ParamsName || ref.Namespace != namespace {
+		return false, fmt.Sprintf("MutatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.Selector, namespace, nativeconfig.ParamsName), nil
+	}
+	return true, "", nil
+}
+
+// mutationExpressions are what a MutatingAdmissionPolicy evaluates, white
+// space aside, as sameExpressions.
+func mutationExpressions(p *admissionregistrationv1.MutatingAdmissionPolicy) []string {
+	var out []string
+	for _, v := range p.Spec.Variables {
+		out = append(out, v.Name, v.Expression)
+	}
+	for _, c := range p.Spec.MatchConditions {
+		out = append(out, c.Name, c.Expression)
+	}
+	for _, m := range p.Spec.Mutations {
+		if m.JSONPatch != nil {
+			out = append(out, m.JSONPatch.Expression)
+		}
+	}
+	for i := range out {
+		out[i] = strings.Join(strings.Fields(out[i]), " ")
+	}
+	return out
+}
+
 // sameExpressions compares what two policies evaluate, white space aside:
 // kustomize rewrites the folded lines of an expression (CEL ignores the
 // difference).

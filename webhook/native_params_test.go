@@ -88,3 +88,52 @@ func TestNativePoliciesEnforced(t *testing.T) {
 		})
 	}
 }
+
+// The guard says when the API server does not repair selectors as it would.
+func TestNativeSelectorRepairInstalled(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	rules, err := native.Load()
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
+	require.NoError(t, err)
+	docs := strings.Split(string(b), "\n---\n")
+	installed := func() (*admissionregistrationv1.MutatingAdmissionPolicy, *admissionregistrationv1.MutatingAdmissionPolicyBinding) {
+		p := rules.Mutations[0].DeepCopy()
+		p.Spec.Mutations[0].JSONPatch.Expression = strings.ReplaceAll(p.Spec.Mutations[0].JSONPatch.Expression, "\n", "\n\n")
+		mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+		require.NoError(t, yaml.UnmarshalStrict([]byte(docs[len(docs)-1]), mb))
+		return p, mb
+	}
+	for _, tc := range []struct {
+		name string
+		objs func(*admissionregistrationv1.MutatingAdmissionPolicy, *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object
+		why  string
+	}{
+		{"as installed", func(p *admissionregistrationv1.MutatingAdmissionPolicy, b *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {
+			return []client.Object{p, b}
+		}, ""},
+		{"not installed", func(*admissionregistrationv1.MutatingAdmissionPolicy, *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {
+			return nil
+		}, "MutatingAdmissionPolicy deployguard-selector is not installed"},
+		{"no binding", func(p *admissionregistrationv1.MutatingAdmissionPolicy, _ *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {
+			return []client.Object{p}
+		}, "MutatingAdmissionPolicyBinding deployguard-selector is not installed"},
+		{"an older policy", func(p *admissionregistrationv1.MutatingAdmissionPolicy, b *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {
+			p.Spec.MatchConditions = p.Spec.MatchConditions[:1]
+			return []client.Object{p, b}
+		}, "is not this version's"},
+		{"params of another namespace", func(p *admissionregistrationv1.MutatingAdmissionPolicy, b *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {
+			b.Spec.ParamRef.Namespace = "elsewhere"
+			return []client.Object{p, b}
+		}, "does not read ConfigMap deployguard-system/deployguard-admission-params"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objs(installed())...).Build()
+			ok, why, err := NativeSelectorRepairInstalled(context.Background(), c, "deployguard-system")
+			require.NoError(t, err)
+			assert.Equal(t, tc.why == "", ok, why)
+			assert.Contains(t, why, tc.why)
+		})
+	}
+}

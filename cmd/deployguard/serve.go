@@ -343,6 +343,13 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 		log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals", "why", why)
 		opts.NativeInAPIServer = false
 	}
+	switch ok, why, err := guardwebhook.NativeSelectorRepairInstalled(ctx, mgr.GetAPIReader(), namespace); {
+	case err != nil:
+		log.Error(err, "cannot tell whether the API server repairs empty selectors")
+	case !ok:
+		log.Info("the API server does not repair empty selectors as this guard would: the webhook repairs them, but only while it is up; "+
+			"with the guard down an empty selector is refused in the API server's words", "why", why, "reason", "SelectorRepairNotNative")
+	}
 	return nil
 }
 
