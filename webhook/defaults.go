@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -87,31 +88,52 @@ func emptySelector(s *metav1.LabelSelector) bool {
 // repaired refuses, with deployguard-refusals' message.
 func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorList) {
 	path := field.NewPath("spec", "selector")
+	repairedHere := false
 	if emptySelector(d.Spec.Selector) {
-		rules, err := native.Load()
-		if err != nil {
-			return false, field.ErrorList{field.InternalError(path, err).WithOrigin(reasonSelector)}
-		}
-		op := admission.Create
-		if old != nil {
-			op = admission.Update
-		}
-		// The evaluation is bounded by the API server's CEL cost budget.
-		m, err := rules.Mutate(context.Background(), native.Request{Operation: op, Object: d, OldObject: old,
-			Namespace: d.Namespace, Name: d.Name, User: &user.DefaultInfo{}}, o.NativeSettings().Params(), native.Selector)
+		m, err := repairSelector(d, old, o)
 		if err != nil {
 			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(reasonSelector)}
 		}
-		*d = *m
+		*d, repairedHere = *m, true
 	}
 	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
 		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(reasonSelector)}
 	}
-	if v, ok := d.Annotations[native.AnnotationSelectorRepaired]; ok && (old == nil || old.Annotations[native.AnnotationSelectorRepaired] != v) {
-		delete(d.Annotations, native.AnnotationSelectorRepaired)
-		return true, nil
+	v, marked := d.Annotations[native.AnnotationSelectorRepaired]
+	if !marked || old != nil && old.Annotations[native.AnnotationSelectorRepaired] == v {
+		return false, nil
 	}
-	return false, nil
+	// The API server's repair in this request, unless the annotation came
+	// with the object (a copy of a Deployment repaired while the guard was
+	// down): then the selector is not the repair of this template, or the
+	// mark stays the record it was.
+	if !repairedHere {
+		bare := d.DeepCopy()
+		bare.Spec.Selector = nil
+		delete(bare.Annotations, native.AnnotationSelectorRepaired)
+		m, err := repairSelector(bare, old, o)
+		if err != nil || !apiequality.Semantic.DeepEqual(m.Spec.Selector, d.Spec.Selector) {
+			return false, nil
+		}
+	}
+	delete(d.Annotations, native.AnnotationSelectorRepaired)
+	return true, nil
+}
+
+// repairSelector is deployguard-selector applied to d, whose selector is
+// empty, in process.
+func repairSelector(d, old *appsv1.Deployment, o *Options) (*appsv1.Deployment, error) {
+	rules, err := native.Load()
+	if err != nil {
+		return nil, err
+	}
+	op := admission.Create
+	if old != nil {
+		op = admission.Update
+	}
+	// The evaluation is bounded by the API server's CEL cost budget.
+	return rules.Mutate(context.Background(), native.Request{Operation: op, Object: d, OldObject: old,
+		Namespace: d.Namespace, Name: d.Name, User: &user.DefaultInfo{}}, o.NativeSettings().Params(), native.Selector)
 }
 
 // refusedSelector says d selects deployguard-selector's refusal marker.

@@ -161,12 +161,22 @@ func TestDefault(t *testing.T) {
 		{
 			name: "a selector the API server repaired (deployguard-selector) is reported, and its marker removed",
 			in: stored(func(d *appsv1.Deployment) {
-				d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
 				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true", "team": "shop"}
 			}),
 			wantChanged: []string{defaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"team": "shop", vocab.AnnotationDefaulted: defaultedSelector}, d.Annotations)
+			},
+		},
+		{
+			name: "a copied mark with a selector that is not the template's repair is left as it came",
+			in: stored(func(d *appsv1.Deployment) {
+				d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+				d.Spec.Template.Labels["app"] = "web"
+				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true"}
+			}),
+			check: func(t *testing.T, d *appsv1.Deployment) {
+				assert.Equal(t, map[string]string{"deployguard.io/selector-repaired": "true"}, d.Annotations)
 			},
 		},
 		{

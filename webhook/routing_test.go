@@ -2,6 +2,9 @@ package webhook
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
+	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
@@ -152,6 +156,48 @@ func TestRouting(t *testing.T) {
 					assert.Equal(t, !got, matches(t, advise, nr), "%s: exactly one entry", r.name)
 				}
 			}
+		})
+	}
+}
+
+// The mutating webhook is called for the marks deployguard-selector leaves
+// in a request, and not again for a mark a Deployment keeps.
+func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "config", "webhook", "manifests.yaml"))
+	require.NoError(t, err)
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	require.NoError(t, yaml.Unmarshal([]byte(strings.Split(string(b), "\n---\n")[0]), mwc))
+	var expr string
+	for _, mc := range mwc.Webhooks[0].MatchConditions {
+		if mc.Name == "guard-may-change-it" {
+			expr = mc.Expression
+		}
+	}
+	require.NotEmpty(t, expr)
+	// Without the guard's cleanup steps and finalizers, which the webhook is
+	// called for anyway.
+	plain := stored()
+	repaired := plain.DeepCopy()
+	repaired.Annotations = map[string]string{native.AnnotationSelectorRepaired: "true"}
+	refused := plain.DeepCopy()
+	refused.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{native.LabelEmptySelector: native.EmptySelectorRefused}}
+	app := &user.DefaultInfo{Name: "alice"}
+	for _, tc := range []struct {
+		name     string
+		op       admission.Operation
+		obj, old *appsv1.Deployment
+		want     bool
+	}{
+		{"an ordinary create", admission.Create, plain, nil, false},
+		{"a create the API server repaired", admission.Create, repaired, nil, true},
+		{"a create the API server marked unrepairable", admission.Create, refused, nil, true},
+		{"an update of a Deployment repaired while the guard was down", admission.Update, repaired, repaired, false},
+		{"an update of a marked Deployment", admission.Update, refused, refused, false},
+		{"an ordinary update", admission.Update, plain, plain, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := matches(t, expr, native.Request{Operation: tc.op, Object: tc.obj, OldObject: tc.old, Namespace: "shop", Name: "web", User: app})
+			assert.Equal(t, tc.want, got)
 		})
 	}
 }

@@ -331,24 +331,32 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 	}
 	if !opts.NativeInAPIServer {
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
-		return nil
-	}
-	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, mgr.GetAPIReader(), namespace, opts)
-	switch {
-	case err != nil:
-		// Unknown: evaluating them in the webhook too is only slower.
-		log.Error(err, "cannot tell whether the API server enforces the native policies: the webhook evaluates the refusals")
-		opts.NativeInAPIServer = false
-	case !ok:
-		log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals", "why", why)
-		opts.NativeInAPIServer = false
+	} else {
+		ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, mgr.GetAPIReader(), namespace, opts)
+		switch {
+		case err != nil:
+			// Unknown: evaluating them in the webhook too is only slower.
+			log.Error(err, "cannot tell whether the API server enforces the native policies: the webhook evaluates the refusals")
+			opts.NativeInAPIServer = false
+		case !ok:
+			log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals", "why", why)
+			opts.NativeInAPIServer = false
+		}
 	}
 	switch ok, why, err := guardwebhook.NativeSelectorRepairInstalled(ctx, mgr.GetAPIReader(), namespace); {
 	case err != nil:
 		log.Error(err, "cannot tell whether the API server repairs empty selectors")
-	case !ok:
+	case !ok && opts.NativeInAPIServer:
 		log.Info("the API server does not repair empty selectors as this guard would: the webhook repairs them, but only while it is up; "+
 			"with the guard down an empty selector is refused in the API server's words", "why", why, "reason", "SelectorRepairNotNative")
+	case ok && !opts.NativeInAPIServer:
+		// The repair marks an unrepairable selector for the refusals to
+		// refuse: without them, that marker is admitted while the guard is
+		// down. With the guard up, its webhook refuses it.
+		log.Error(nil, "MutatingAdmissionPolicy "+native.Selector+" is installed but the API server does not enforce "+native.Refusals+
+			": while the guard is down, a Deployment whose empty selector cannot be repaired is admitted selecting "+
+			native.LabelEmptySelector+"="+native.EmptySelectorRefused+"; install config/native whole, or remove "+native.Selector,
+			"reason", "SelectorRepairWithoutRefusals")
 	}
 	return nil
 }

@@ -46,8 +46,20 @@ func helm(t *testing.T, args ...string) []byte {
 	return stdout.Bytes()
 }
 
+// helmTemplate renders the chart as for this tier's cluster, Kubernetes
+// 1.36: offline, helm knows no MutatingAdmissionPolicy unless told.
 func helmTemplate(t *testing.T, namespace string, values ...string) []byte {
-	return helm(t, append([]string{"template", release, chartDir(), "--namespace", namespace}, values...)...)
+	return helm(t, append([]string{"template", release, chartDir(), "--namespace", namespace,
+		"--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"}, values...)...)
+}
+
+// On an older cluster the chart leaves the selector repair out, and keeps
+// the refusals.
+func TestChartWithoutMutatingAdmissionPolicies(t *testing.T) {
+	out := string(helm(t, "template", release, chartDir(), "--namespace", "deployguard-system"))
+	assert.NotContains(t, out, "kind: MutatingAdmissionPolicy")
+	assert.Contains(t, out, "kind: ValidatingAdmissionPolicyBinding")
+	assert.Contains(t, out, "name: deployguard-refusals")
 }
 
 // kustomize renders config/<dir> with the cluster's kubectl, as

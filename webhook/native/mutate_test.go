@@ -108,4 +108,11 @@ func TestUnrepairableSelectorRefused(t *testing.T) {
 
 	fs = rules.Evaluate(context.Background(), Request{Operation: admission.Update, Object: marked, OldObject: marked, Namespace: "shop", Name: "web", User: someone}, params, Refusals)
 	assert.Empty(t, fs)
+
+	// A generated name is not the user's to write into a label.
+	generated := marked.DeepCopy()
+	generated.GenerateName, generated.Name = "web-", "web-x7k2p"
+	fs = rules.Evaluate(context.Background(), Request{Operation: admission.Create, Object: generated, Namespace: "shop", Name: generated.Name, User: someone}, params, Refusals)
+	require.Len(t, fs, 1)
+	assert.Contains(t, fs[0].Message, "(for example app.kubernetes.io/name: <name>)")
 }

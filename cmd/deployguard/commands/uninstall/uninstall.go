@@ -89,8 +89,8 @@ type admissionObject struct {
 
 // admissionObjects are what admits Deployments on the guard's behalf: its
 // webhook configurations, its native policies and their bindings (bindings
-// first: a binding without its policy is an error the API server reports),
-// and the policies' params.
+// first: a binding without its policy is an error the API server reports;
+// the mutating policy first: see below), and the policies' params.
 func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
 	m := &admissionregistrationv1.MutatingWebhookConfiguration{}
 	m.SetName(o.mutatingName)
@@ -101,14 +101,8 @@ func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range rules.Policies {
-		if p.Name != native.Refusals {
-			continue // not bound in the API server
-		}
-		b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-		b.SetName(p.Name)
-		out = append(out, admissionObject{"validatingadmissionpolicybinding", b})
-	}
+	// The selector repair before the refusals: without them, the marker it
+	// leaves on an unrepairable selector would be admitted.
 	for _, p := range rules.Mutations {
 		b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
 		b.SetName(p.Name)
@@ -118,6 +112,14 @@ func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
 		m := &admissionregistrationv1.MutatingAdmissionPolicy{}
 		m.SetName(p.Name)
 		out = append(out, admissionObject{"mutatingadmissionpolicy", m})
+	}
+	for _, p := range rules.Policies {
+		if p.Name != native.Refusals {
+			continue // not bound in the API server
+		}
+		b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		b.SetName(p.Name)
+		out = append(out, admissionObject{"validatingadmissionpolicybinding", b})
 	}
 	for _, p := range rules.Policies {
 		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}

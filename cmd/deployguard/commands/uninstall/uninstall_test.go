@@ -87,9 +87,10 @@ func finalizersOf(t *testing.T, c client.Client, name string) ([]string, bool) {
 }
 
 // admission are the deletions of the guard's admission objects, in order:
-// the webhooks, the native policies' bindings, the policies, their params.
+// the webhooks, the selector repair (binding, policy), the refusals'
+// binding, the validating policies, their params.
 var admission = []string{"delete deployguard-mutating", "delete deployguard-validating",
-	"delete deployguard-refusals", "delete deployguard-selector", "delete deployguard-selector",
+	"delete deployguard-selector", "delete deployguard-selector", "delete deployguard-refusals",
 	"delete deployguard-refusals", "delete deployguard-warnings", "delete deployguard-bounds",
 	"delete deployguard-admission-params"}
 
