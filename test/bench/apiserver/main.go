@@ -131,7 +131,7 @@ func run(o options) error {
 	}
 	template := load.Deployment("bench", "bench", 2, 3, 30)
 	if b, err := json.Marshal(template); err == nil {
-		fmt.Printf("Load: dry-run CREATE of a %.1f KB Deployment, %d clients, %s per configuration (after %s of warm-up)\n\n",
+		fmt.Printf("Load: dry-run CREATE of a %.1f KB Deployment, then image-only UPDATEs of a stored one; %d clients, %s per load and configuration (after %s of warm-up)\n\n",
 			float64(len(b))/1024, o.clients, o.duration, o.warmup)
 	}
 	creating := func(template *appsv1.Deployment) func(ctx context.Context, w, i int) error {
@@ -142,7 +142,27 @@ func run(o options) error {
 		}
 	}
 	create := creating(template)
-	measure := func(name string, guardPid int) (phase, error) {
+	// The second load: dry-run UPDATEs of one stored Deployment that change
+	// only an image, the write a deploy tool makes most. Paused, so that
+	// the Deployment controller leaves it alone; read again before each
+	// measurement, after whatever the guard wrote to it.
+	stored := template.DeepCopy()
+	stored.Name, stored.Spec.Paused = "bench-update", true
+	if err := c.Create(ctx, stored); err != nil {
+		return err
+	}
+	updating := func() (func(ctx context.Context, w, i int) error, error) {
+		cur := &appsv1.Deployment{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(stored), cur); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, w, i int) error {
+			d := cur.DeepCopy()
+			d.Spec.Template.Spec.Containers[0].Image = fmt.Sprintf("registry.example.com/bench/c0:1.%d.%d", w, i)
+			return c.Update(ctx, d, client.DryRunAll)
+		}, nil
+	}
+	measure := func(name string, guardPid int, create func(ctx context.Context, w, i int) error) (phase, error) {
 		load.Run(ctx, o.clients, 0, o.warmup, create)
 		a0, err := load.CPU(apiserver)
 		if err != nil {
@@ -175,22 +195,37 @@ func run(o options) error {
 		return p, ctx.Err()
 	}
 
-	var phases []phase
-	p, err := measure("no admission guard", 0)
+	var phases, updates []phase
+	measureUpdates := func(name string, guardPid int) error {
+		update, err := updating()
+		if err != nil {
+			return err
+		}
+		p, err := measure(name+" (image-only UPDATE)", guardPid, update)
+		updates = append(updates, p)
+		return err
+	}
+	p, err := measure("no admission guard", 0, create)
 	if err != nil {
 		return err
 	}
 	phases = append(phases, p)
+	if err := measureUpdates("no admission guard", 0); err != nil {
+		return err
+	}
 
 	lift, err := installPolicy(ctx, c)
 	if err != nil {
 		return err
 	}
-	p, err = measure("a ValidatingAdmissionPolicy with 4 CEL rules", 0)
+	p, err = measure("a ValidatingAdmissionPolicy with 4 CEL rules", 0, create)
 	if err != nil {
 		return err
 	}
 	phases = append(phases, p)
+	if err := measureUpdates("a ValidatingAdmissionPolicy with 4 CEL rules", 0); err != nil {
+		return err
+	}
 	if err := lift(); err != nil {
 		return err
 	}
@@ -231,7 +266,7 @@ func run(o options) error {
 		profiled <- load.SaveURL(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", pprofPort, int(o.duration.Seconds())-2),
 			filepath.Join(work, "guard-cpu.pprof"))
 	}()
-	p, err = measure(guardPhase(o), g.Pid)
+	p, err = measure(guardPhase(o), g.Pid, create)
 	if err != nil {
 		return err
 	}
@@ -241,6 +276,9 @@ func run(o options) error {
 	} else {
 		fmt.Printf("  CPU profile of the guard under load: %s\n", filepath.Join(work, "guard-cpu.pprof"))
 	}
+	if err := measureUpdates(guardPhase(o), g.Pid); err != nil {
+		return err
+	}
 
 	if o.exceptions > 0 {
 		// A finding to except: the images policy warns about :latest, so each
@@ -248,7 +286,7 @@ func run(o options) error {
 		latest := template.DeepCopy()
 		latest.Spec.Template.Spec.Containers[0].Image = "registry.example.com/bench/c0:latest"
 		create = creating(latest)
-		p, err = measure("deployguard, a policy finding, no exceptions", g.Pid)
+		p, err = measure("deployguard, a policy finding, no exceptions", g.Pid, create)
 		if err != nil {
 			return err
 		}
@@ -257,7 +295,7 @@ func run(o options) error {
 		if err := createExceptions(ctx, c, g, o.exceptions); err != nil {
 			return err
 		}
-		p, err = measure(fmt.Sprintf("deployguard, a policy finding, %d exceptions", o.exceptions), g.Pid)
+		p, err = measure(fmt.Sprintf("deployguard, a policy finding, %d exceptions", o.exceptions), g.Pid, create)
 		if err != nil {
 			return err
 		}
@@ -265,7 +303,8 @@ func run(o options) error {
 	}
 
 	printTable(os.Stdout, phases)
-	b, err := json.MarshalIndent(map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "clients": o.clients, "phases": phases}, "", "  ")
+	printUpdates(os.Stdout, updates)
+	b, err := json.MarshalIndent(map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "clients": o.clients, "phases": phases, "updates": updates}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -273,6 +312,20 @@ func run(o options) error {
 }
 
 func printTable(w io.Writer, phases []phase) {
+	printRows(w, phases)
+	none, guard := phases[0], phases[2]
+	if none.Load.PerSec > 0 {
+		fmt.Fprintf(w, "\nWith the guard: %.0f%% of the requests/s without it; %s of kube-apiserver CPU added per request by the two webhook calls.\n",
+			100*guard.Load.PerSec/none.Load.PerSec, load.Millis(guard.APIServerCPUPerRequest-none.APIServerCPUPerRequest))
+	}
+	if len(phases) == 5 && phases[3].Load.PerSec > 0 {
+		without, with := phases[3], phases[4]
+		fmt.Fprintf(w, "With the exceptions: %.0f%% of the requests/s without them; guard CPU per request %s → %s.\n",
+			100*with.Load.PerSec/without.Load.PerSec, load.Millis(without.GuardCPUPerRequest), load.Millis(with.GuardCPUPerRequest))
+	}
+}
+
+func printRows(w io.Writer, phases []phase) {
 	fmt.Fprintln(w, "\n| | requests/s | p50 | p99 | guard CPU per request | kube-apiserver CPU per request | failed |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
 	for _, p := range phases {
@@ -283,15 +336,21 @@ func printTable(w io.Writer, phases []phase) {
 		fmt.Fprintf(w, "| %s | %.0f | %s | %s | %s | %s | %d |\n", p.Name, p.Load.PerSec, load.Millis(p.Load.P50), load.Millis(p.Load.P99),
 			guard, load.Millis(p.APIServerCPUPerRequest), p.Load.Failed)
 	}
-	none, guard := phases[0], phases[2]
-	if none.Load.PerSec > 0 {
-		fmt.Fprintf(w, "\nWith the guard: %.0f%% of the requests/s without it; %s of kube-apiserver CPU added per request by the two webhook calls.\n",
-			100*guard.Load.PerSec/none.Load.PerSec, load.Millis(guard.APIServerCPUPerRequest-none.APIServerCPUPerRequest))
+}
+
+// printUpdates is the image-only UPDATE load's table, and how much of the
+// no-guard throughput each configuration keeps there.
+func printUpdates(w io.Writer, updates []phase) {
+	if len(updates) != 3 {
+		return
 	}
-	if len(phases) == 5 && phases[3].Load.PerSec > 0 {
-		without, with := phases[3], phases[4]
-		fmt.Fprintf(w, "With the exceptions: %.0f%% of the requests/s without them; guard CPU per request %s → %s.\n",
-			100*with.Load.PerSec/without.Load.PerSec, load.Millis(without.GuardCPUPerRequest), load.Millis(with.GuardCPUPerRequest))
+	fmt.Fprintln(w, "\nImage-only UPDATEs (dry run) of one stored Deployment:")
+	printRows(w, updates)
+	none, vap, guard := updates[0], updates[1], updates[2]
+	if none.Load.PerSec > 0 {
+		fmt.Fprintf(w, "\nOn image-only UPDATEs: the ValidatingAdmissionPolicy keeps %.0f%% of the requests/s without a guard, deployguard %.0f%%; kube-apiserver CPU per request +%s and +%s.\n",
+			100*vap.Load.PerSec/none.Load.PerSec, 100*guard.Load.PerSec/none.Load.PerSec,
+			load.Millis(vap.APIServerCPUPerRequest-none.APIServerCPUPerRequest), load.Millis(guard.APIServerCPUPerRequest-none.APIServerCPUPerRequest))
 	}
 }
 
