@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 var specPath = field.NewPath("spec")
@@ -35,6 +36,14 @@ func checkSelector(d *appsv1.Deployment) Findings {
 		return Findings{refuse(field.Required(p,
 			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name"),
 			reasonSelector)}
+	}
+	if refusedSelector(d) {
+		// Created while deployguard-selector was bound without
+		// deployguard-refusals (a create with it is refused before this):
+		// the audit says so, and so does every update.
+		return Findings{warn(reasonSelector, p, "the selector is "+native.LabelEmptySelector+"="+native.EmptySelectorRefused+
+			", the mark of an empty selector that could not be repaired: this Deployment was created while the native refusals were not enforced, "+
+			"and every such Deployment of the namespace selects the same pods. A selector cannot be changed: recreate it with spec.selector.matchLabels set to labels its template carries")}
 	}
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil {

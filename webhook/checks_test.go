@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // guarded is a stored Deployment that asks for the guard's cleanup, after the
@@ -65,6 +66,17 @@ func TestValidate(t *testing.T) {
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "0000," + vocab.TemplateHash(&failedTemplate)
 	})
 
+	marked := guarded(func(d *appsv1.Deployment) {
+		d.Spec.Selector.MatchLabels = map[string]string{native.LabelEmptySelector: native.EmptySelectorRefused}
+		d.Spec.Template.Labels[native.LabelEmptySelector] = native.EmptySelectorRefused
+	})
+
+	withImage := func(d *appsv1.Deployment, image string) *appsv1.Deployment {
+		d = d.DeepCopy()
+		d.Spec.Template.Spec.Containers[0].Image = image
+		return d
+	}
+
 	tests := []struct {
 		name         string
 		d, old       *appsv1.Deployment
@@ -86,6 +98,13 @@ func TestValidate(t *testing.T) {
 			user:       alice,
 			wantReason: reasonSelector,
 			wantErrs:   []string{"spec.selector: Required value: an empty selector would select every pod"},
+		},
+		{
+			name:         "an update of a Deployment that selects the mark of an unrepairable selector warns",
+			d:            withImage(marked, "nginx:2"),
+			old:          marked,
+			user:         alice,
+			wantWarnings: []string{"spec.selector: the selector is deployguard.io/empty-selector=refused, the mark of an empty selector that could not be repaired"},
 		},
 		{
 			name:       "selector that does not select the template",

@@ -80,6 +80,8 @@ func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...str
 // nativeOrigin is the check a policy's message is about, from its field.
 func nativeOrigin(f string) string {
 	switch {
+	case f == "spec.selector":
+		return reasonSelector
 	case strings.HasPrefix(f, "spec.strategy"):
 		return reasonStrategy
 	case f == "spec.revisionHistoryLimit":
