@@ -145,9 +145,10 @@ func run(o options) error {
 	// The second load: dry-run UPDATEs of one stored Deployment that change
 	// only an image, the write a deploy tool makes most. Paused, so that
 	// the Deployment controller leaves it alone; read again before each
-	// measurement, after whatever the guard wrote to it.
-	stored := template.DeepCopy()
-	stored.Name, stored.Spec.Paused = "bench-update", true
+	// measurement, after whatever the guard wrote to it. Its own labels:
+	// the CREATEs must not overlap it.
+	stored := load.Deployment("bench", "bench-update", 2, 3, 30)
+	stored.Spec.Paused = true
 	if err := c.Create(ctx, stored); err != nil {
 		return err
 	}
