@@ -4,13 +4,12 @@ import (
 	"context"
 	"strings"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/apiserver/pkg/admission"
-	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
@@ -127,13 +126,16 @@ func repairSelector(d, old *appsv1.Deployment, o *Options) (*appsv1.Deployment, 
 	if err != nil {
 		return nil, err
 	}
-	op := admission.Create
-	if old != nil {
-		op = admission.Update
-	}
 	// The evaluation is bounded by the API server's CEL cost budget.
-	return rules.Mutate(context.Background(), native.Request{Operation: op, Object: d, OldObject: old,
-		Namespace: d.Namespace, Name: d.Name, User: &user.DefaultInfo{}}, o.NativeSettings().Params(), native.Selector)
+	return rules.Mutate(context.Background(), nativeRequest(writeOf(d, old)), o.NativeSettings().Params(), native.Selector)
+}
+
+// writeOf is the CREATE (old nil) or UPDATE of d as a Request.
+func writeOf(d, old *appsv1.Deployment) Request {
+	if old == nil {
+		return Request{Operation: admissionv1.Create, Object: d}
+	}
+	return Request{Operation: admissionv1.Update, Object: d, OldObject: old}
 }
 
 // refusedSelector says d selects deployguard-selector's refusal marker.
@@ -147,17 +149,10 @@ func refusedSelector(d *appsv1.Deployment) bool {
 func unrepairableSelector(d, old *appsv1.Deployment, o *Options) *field.Error {
 	path := field.NewPath("spec", "selector")
 	msg := "the selector is empty and cannot be repaired"
-	if rules, err := native.Load(); err == nil {
-		op := admission.Create
-		if old != nil {
-			op = admission.Update
-		}
-		for _, f := range rules.Evaluate(context.Background(), native.Request{Operation: op, Object: d, OldObject: old,
-			Namespace: d.Namespace, Name: d.Name, User: &user.DefaultInfo{}}, o.NativeSettings().Params(), native.Refusals) {
-			if f.Field == path.String() && !f.Error {
-				msg = f.Message
-				break
-			}
+	for _, f := range o.nativeChecks(context.Background(), writeOf(d, old), native.Refusals) {
+		if f.Field == path.String() {
+			msg = f.Message
+			break
 		}
 	}
 	return field.Required(path, msg)

@@ -44,19 +44,8 @@ func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...str
 	if err != nil {
 		return Findings{refuse(field.InternalError(field.NewPath("metadata"), err), reasonInternal)}
 	}
-	in := native.Request{
-		Operation: admission.Operation(req.Operation),
-		Object:    req.Object, OldObject: req.OldObject,
-		User:   &user.DefaultInfo{Name: req.UserInfo.Username, UID: req.UserInfo.UID, Groups: req.UserInfo.Groups},
-		DryRun: req.DryRun,
-	}
-	if d := req.Object; d != nil {
-		in.Namespace, in.Name = d.Namespace, d.Name
-	} else if d := req.OldObject; d != nil {
-		in.Namespace, in.Name = d.Namespace, d.Name
-	}
 	var f Findings
-	for _, x := range rules.Evaluate(ctx, in, o.NativeSettings().Params(), policies...) {
+	for _, x := range rules.Evaluate(ctx, nativeRequest(req), o.NativeSettings().Params(), policies...) {
 		origin := nativeOrigin(x.Field)
 		switch {
 		case x.Error && x.Policy == native.Refusals:
@@ -75,6 +64,22 @@ func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...str
 		}
 	}
 	return f
+}
+
+// nativeRequest is req as the native policies read it.
+func nativeRequest(req Request) native.Request {
+	in := native.Request{
+		Operation: admission.Operation(req.Operation),
+		Object:    req.Object, OldObject: req.OldObject,
+		User:   &user.DefaultInfo{Name: req.UserInfo.Username, UID: req.UserInfo.UID, Groups: req.UserInfo.Groups},
+		DryRun: req.DryRun,
+	}
+	if d := req.Object; d != nil {
+		in.Namespace, in.Name = d.Namespace, d.Name
+	} else if d := req.OldObject; d != nil {
+		in.Namespace, in.Name = d.Namespace, d.Name
+	}
+	return in
 }
 
 // nativeOrigin is the check a policy's message is about, from its field.

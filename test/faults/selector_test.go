@@ -1,12 +1,9 @@
 package faults
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -17,11 +14,9 @@ import (
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/test/harness"
@@ -57,7 +52,9 @@ func selectorRepairsAgree(ctx context.Context, t *testing.T, c client.Client, ns
 		files, err := filepath.Glob(filepath.Join(harness.RepoRoot(), "test", "integration", "testdata", pattern))
 		require.NoError(t, err)
 		for _, f := range files {
-			inputs = append(inputs, corpusDeployments(t, f)...)
+			ds, err := harness.ReadDeployments(f)
+			require.NoError(t, err)
+			inputs = append(inputs, ds...)
 		}
 	}
 	corpora := len(inputs)
@@ -133,30 +130,6 @@ func compareSelectorRepair(ctx context.Context, t *testing.T, c client.Client, r
 	assert.Equal(t, want.Spec.Template.Labels, got.Spec.Template.Labels, d.Name)
 	assert.Equal(t, "true", got.Annotations[native.AnnotationSelectorRepaired], d.Name)
 	return "repaired"
-}
-
-// corpusDeployments are the Deployments of a multi-document YAML file.
-func corpusDeployments(t *testing.T, path string) []*appsv1.Deployment {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
-	var out []*appsv1.Deployment
-	for {
-		doc, err := rd.Read()
-		if err != nil {
-			break
-		}
-		var head struct{ Kind string }
-		require.NoError(t, yaml.Unmarshal(doc, &head))
-		if head.Kind != "Deployment" {
-			continue
-		}
-		d := &appsv1.Deployment{}
-		require.NoError(t, yaml.Unmarshal(doc, d), path)
-		out = append(out, d)
-	}
-	return out
 }
 
 // generatedLabels draws template labels from keys the repair reads and keys

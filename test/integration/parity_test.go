@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,9 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/test/harness"
@@ -257,25 +253,9 @@ func assertAuditSkips(t *testing.T, s *appsv1.Deployment) {
 
 func readCorpus(t *testing.T, path string) []*appsv1.Deployment {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	ds, err := harness.ReadDeployments(path)
 	require.NoError(t, err)
-	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
-	var out []*appsv1.Deployment
-	for {
-		doc, err := rd.Read()
-		if err != nil {
-			break
-		}
-		var head struct{ Kind string }
-		require.NoError(t, yaml.Unmarshal(doc, &head))
-		if head.Kind != "Deployment" {
-			continue
-		}
-		d := &appsv1.Deployment{}
-		require.NoError(t, yaml.UnmarshalStrict(doc, d))
-		out = append(out, d)
-	}
-	return out
+	return ds
 }
 
 // causes returns the refusal's problems as "field: message", as the API

@@ -39,17 +39,11 @@ type Policy struct {
 // here, where the API server would report it on the policy's status.
 func Compile(p *admissionregistrationv1.ValidatingAdmissionPolicy) (*Policy, error) {
 	hasParams := p.Spec.ParamKind != nil
-	vars := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: true}
 	exprVars := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: false}
-	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	compiler, vars, err := newCompiler(p.Spec.Variables, hasParams)
 	if err != nil {
 		return nil, err
 	}
-	variables := make([]plugincel.NamedExpressionAccessor, len(p.Spec.Variables))
-	for i, v := range p.Spec.Variables {
-		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
-	}
-	compiler.CompileAndStoreVariables(variables, vars, environment.StoredExpressions)
 
 	validations := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
 	messages := make([]plugincel.ExpressionAccessor, len(p.Spec.Validations))
@@ -64,17 +58,9 @@ func Compile(p *admissionregistrationv1.ValidatingAdmissionPolicy) (*Policy, err
 	if err := compileErrors(validationFilter, messageFilter); err != nil {
 		return nil, fmt.Errorf("ValidatingAdmissionPolicy %s: %w", p.Name, err)
 	}
-	var matcher matchconditions.Matcher
-	if len(p.Spec.MatchConditions) > 0 {
-		conds := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
-		for i := range p.Spec.MatchConditions {
-			conds[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
-		}
-		filter := compiler.CompileCondition(conds, vars, environment.StoredExpressions)
-		if err := compileErrors(filter); err != nil {
-			return nil, fmt.Errorf("ValidatingAdmissionPolicy %s: match conditions: %w", p.Name, err)
-		}
-		matcher = matchconditions.NewMatcher(filter, p.Spec.FailurePolicy, "policy", "validate", p.Name)
+	matcher, err := compileMatcher(compiler, vars, p.Spec.MatchConditions, p.Spec.FailurePolicy, p.Name)
+	if err != nil {
+		return nil, fmt.Errorf("ValidatingAdmissionPolicy %s: %w", p.Name, err)
 	}
 	return &Policy{
 		Name: p.Name,
@@ -84,6 +70,42 @@ func Compile(p *admissionregistrationv1.ValidatingAdmissionPolicy) (*Policy, err
 			compiler.CompileCondition(nil, vars, environment.StoredExpressions), messageFilter, p.Spec.FailurePolicy, nil),
 		hasParams: hasParams,
 	}, nil
+}
+
+// newCompiler is the API server's compiler for a policy's expressions, with
+// its variables compiled and stored, and the declarations they were
+// compiled with: the strict-cost base environment of the default
+// compatibility version, as both policy plugins use.
+func newCompiler(variables []admissionregistrationv1.Variable, hasParams bool) (*plugincel.CompositedCompiler, plugincel.OptionalVariableDeclarations, error) {
+	vars := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: true}
+	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		return nil, vars, err
+	}
+	named := make([]plugincel.NamedExpressionAccessor, len(variables))
+	for i, v := range variables {
+		named[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
+	}
+	compiler.CompileAndStoreVariables(named, vars, environment.StoredExpressions)
+	return compiler, vars, nil
+}
+
+// compileMatcher compiles a policy's match conditions as the policy plugins
+// do; nil when it has none.
+func compileMatcher(compiler *plugincel.CompositedCompiler, vars plugincel.OptionalVariableDeclarations,
+	conditions []admissionregistrationv1.MatchCondition, failurePolicy *admissionregistrationv1.FailurePolicyType, name string) (matchconditions.Matcher, error) {
+	if len(conditions) == 0 {
+		return nil, nil
+	}
+	conds := make([]plugincel.ExpressionAccessor, len(conditions))
+	for i := range conditions {
+		conds[i] = (*matchconditions.MatchCondition)(&conditions[i])
+	}
+	filter := compiler.CompileCondition(conds, vars, environment.StoredExpressions)
+	if err := compileErrors(filter); err != nil {
+		return nil, fmt.Errorf("match conditions: %w", err)
+	}
+	return matchconditions.NewMatcher(filter, failurePolicy, "policy", "validate", name), nil
 }
 
 // compileErrors gathers the compilation errors of filters.

@@ -10,7 +10,6 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch"
-	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/cel/environment"
@@ -54,28 +53,15 @@ type Mutation struct {
 // set).
 func CompileMutation(p *admissionregistrationv1.MutatingAdmissionPolicy) (*Mutation, error) {
 	hasParams := p.Spec.ParamKind != nil
-	opts := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: true}
-	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	compiler, opts, err := newCompiler(p.Spec.Variables, hasParams)
 	if err != nil {
 		return nil, err
 	}
-	variables := make([]plugincel.NamedExpressionAccessor, len(p.Spec.Variables))
-	for i, v := range p.Spec.Variables {
-		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
+	matcher, err := compileMatcher(compiler, opts, p.Spec.MatchConditions, p.Spec.FailurePolicy, p.Name)
+	if err != nil {
+		return nil, fmt.Errorf("MutatingAdmissionPolicy %s: %w", p.Name, err)
 	}
-	compiler.CompileAndStoreVariables(variables, opts, environment.StoredExpressions)
-	m := &Mutation{Name: p.Name, compiler: compiler, hasParams: hasParams}
-	if len(p.Spec.MatchConditions) > 0 {
-		conds := make([]plugincel.ExpressionAccessor, len(p.Spec.MatchConditions))
-		for i := range p.Spec.MatchConditions {
-			conds[i] = (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i])
-		}
-		filter := compiler.CompileCondition(conds, opts, environment.StoredExpressions)
-		if err := compileErrors(filter); err != nil {
-			return nil, fmt.Errorf("MutatingAdmissionPolicy %s: match conditions: %w", p.Name, err)
-		}
-		m.matcher = matchconditions.NewMatcher(filter, p.Spec.FailurePolicy, "policy", "validate", p.Name)
-	}
+	m := &Mutation{Name: p.Name, matcher: matcher, compiler: compiler, hasParams: hasParams}
 	patchOpts := opts
 	patchOpts.HasPatchTypes = true
 	for i, mu := range p.Spec.Mutations {
