@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -30,6 +31,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -175,7 +177,11 @@ func run(o options) error {
 				return phase{}, err
 			}
 		}
+		profiled := profileAPIServer(o, cfg, work, name)
 		r := load.Run(ctx, o.clients, 0, o.duration, create)
+		if err := <-profiled; err != nil {
+			fmt.Fprintln(logFile, "no CPU profile of kube-apiserver:", err)
+		}
 		a1, err := load.CPU(apiserver)
 		if err != nil {
 			return phase{}, err
@@ -488,6 +494,53 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 		}
 	}
 	return g, nil
+}
+
+// profileAPIServer takes a CPU profile of kube-apiserver over the measured
+// load that is about to start, into the work folder, named for the phase: it
+// shows where the API server spends what each configuration adds.
+func profileAPIServer(o options, cfg *rest.Config, work, phase string) <-chan error {
+	done := make(chan error, 1)
+	if !o.pprof {
+		done <- nil
+		return done
+	}
+	go func() {
+		hc, err := rest.HTTPClientFor(cfg)
+		if err != nil {
+			done <- err
+			return
+		}
+		hc.Timeout = o.duration + time.Minute
+		slug := strings.Trim(strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+				return r
+			}
+			return '-'
+		}, strings.ToLower(phase)), "-")
+		url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(cfg.Host, "/"), max(int(o.duration.Seconds())-2, 1))
+		resp, err := hc.Get(url)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			done <- fmt.Errorf("GET %s: %s", url, resp.Status)
+			return
+		}
+		f, err := os.Create(filepath.Join(work, "apiserver-"+slug+".pprof"))
+		if err != nil {
+			done <- err
+			return
+		}
+		_, err = io.Copy(f, resp.Body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		done <- err
+	}()
+	return done
 }
 
 // guardPhase names the guard's measurement by what is installed.
