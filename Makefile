@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-apiserver-next bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -99,6 +99,17 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 60s); crashes land in 
 	FUZZTIME=$(FUZZTIME) bash test/fuzz/run.sh
 
 BENCH_SIZES ?= 100,1000,5000,10000
+# The next minor's kube-apiserver (test/tools/kube-next) under the same bench;
+# the rest of the control plane is TOOLS_DIR's (cp -s: links, not copies).
+NEXT_TOOLS_DIR ?= $(CURDIR)/bin/tools/k8s-next
+
+bench-apiserver-next: tools build ## bench-apiserver through Kubernetes 1.37's kube-apiserver (built from the Go module proxy, a few minutes cold)
+	@mkdir -p $(NEXT_TOOLS_DIR)
+	cp -rsf $(TOOLS_DIR)/. $(NEXT_TOOLS_DIR)/
+	rm -f $(NEXT_TOOLS_DIR)/kube-apiserver
+	cd test/tools/kube-next && GOWORK=off go build -trimpath -ldflags "-s -w" -o $(NEXT_TOOLS_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	go run ./test/bench/apiserver -tools $(NEXT_TOOLS_DIR) -guard $(BIN) -workdir bin/bench-apiserver-next -out bin/bench-apiserver-next.json
+
 bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)
 	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -sizes $(BENCH_SIZES)
 
