@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,15 +64,32 @@ type Guard struct {
 	done chan error
 }
 
-// FreePort asks the kernel for a free loopback port.
+// FreePort asks the kernel for a free loopback port, never one it has handed
+// out before in this process: a port is closed again until its user binds
+// it, and the kernel may offer it again meanwhile (two guards of one test
+// were once given the same port, one for its probes, one for its webhook).
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free loopback port that was not handed out already")
 }
+
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 // GuardCertDir is the guard's --cert-dir under its work folder: where it writes
 // its self-managed certificate, or where a test puts the files it serves with
