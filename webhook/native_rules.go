@@ -19,7 +19,7 @@ import (
 // (config/native/policies.yaml), which the API server enforces itself. The
 // guard evaluates the same policies in process where the API server does
 // not: in `deployguard check`, in the audit, in its webhook when it does not
-// enforce the refusals (Options.NativeInAPIServer false), and for the
+// enforce the refusals (Options.NativeEnforced false), and for the
 // warnings and bounds, which are not bound in the API server.
 
 // NativeSettings are the params the guard's policies read for o: what the

@@ -52,8 +52,10 @@ type Options struct {
 
 	// NativeInAPIServer says the guard's native policies (config/native)
 	// are installed, so the API server enforces them and the webhook does
-	// not evaluate them again.
+	// not evaluate them again. Native, when set, says whether the last check
+	// found them enforced (NativeEnforced reads both).
 	NativeInAPIServer bool
+	Native            *NativeEnforcement
 
 	// Quarantine is one of QuarantineEnforce, QuarantineWarn, QuarantineOff.
 	Quarantine string

@@ -51,7 +51,7 @@ type Stage struct {
 	With Policies
 	// Native evaluates deployguard-refusals (native_rules.go) in process
 	// too. The webhook leaves it to the API server where it is installed
-	// (Options.NativeInAPIServer); the warnings and bounds are the webhook's
+	// (Options.NativeEnforced); the warnings and bounds are the webhook's
 	// always.
 	Native bool
 }

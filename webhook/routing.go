@@ -56,7 +56,7 @@ type Enforced struct {
 // Rego policy is loaded.
 func (o *Options) Enforced(policies bool) Enforced {
 	return Enforced{
-		Refusals:         !o.NativeInAPIServer,
+		Refusals:         !o.NativeEnforced(),
 		Quarantine:       o.Quarantine == QuarantineEnforce,
 		Policies:         policies,
 		Bounds:           o.BoundsEnforce,

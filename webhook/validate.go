@@ -33,7 +33,7 @@ func (v validator) handle(ctx context.Context, req admission.Request) (admission
 		return resp, reason
 	}
 	stage := Validating
-	stage.Native = !v.w.Options.NativeInAPIServer
+	stage.Native = !v.w.Options.NativeEnforced()
 	rev := v.w.Review(ctx, r, stage)
 	if audited := auditedLines(rev.Findings); len(audited) > 0 {
 		ctrl.LoggerFrom(ctx).Info("audit-mode policy findings", "reason", "PolicyAudit",

@@ -23,8 +23,9 @@ const routeEvery = time.Minute
 // setupRouting keeps, in each leader term, the validating webhook's two
 // Deployment entries routed by what the guard enforces (webhook/routing.go):
 // once the policy ConfigMaps are loaded (before, an enforce-mode policy among
-// them would be routed away), then whenever the active policy set changes,
-// and every routeEvery. One replica writes, so that replicas of two versions
+// them would be routed away), then whenever the active policy set changes or
+// the API server starts or stops enforcing the native refusals, and every
+// routeEvery. One replica writes, so that replicas of two versions
 // in a rolling upgrade do not take turns.
 func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, eng *policy.Engine, loaded func() bool) {
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
@@ -54,6 +55,10 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 	retry := 5 * time.Second
 	for {
 		changed := eng.Changed() // before reading the set: no change is missed
+		var nativeChanged <-chan struct{} // nil: never
+		if opts.Native != nil {
+			nativeChanged = opts.Native.Changed()
+		}
 		e := opts.Enforced(enforcing(eng.Policies()))
 		wrote, err := guardwebhook.Route(ctx, rw, name, e)
 		next := routeEvery
@@ -90,6 +95,7 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-nativeChanged:
 		case <-time.After(next):
 		}
 	}

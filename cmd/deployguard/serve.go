@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -66,10 +67,11 @@ type serveFlags struct {
 	mutatingName   string
 	validatingName string
 
-	caValidity      time.Duration
-	certValidity    time.Duration
-	certSyncPeriod  time.Duration
-	certCheckPeriod time.Duration
+	caValidity        time.Duration
+	certValidity      time.Duration
+	certSyncPeriod    time.Duration
+	certCheckPeriod   time.Duration
+	nativeCheckPeriod time.Duration
 
 	metricsAddr    string
 	probeAddr      string
@@ -101,6 +103,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	fs.DurationVar(&f.caValidity, "self-managed-ca-validity", 365*24*time.Hour, "self-managed: validity of the CA (renewed at two thirds); shortened only by tests")
 	fs.DurationVar(&f.certValidity, "self-managed-cert-validity", 30*24*time.Hour, "self-managed: validity of the serving certificate (renewed at two thirds); shortened only by tests")
 	fs.DurationVar(&f.certSyncPeriod, "self-managed-sync-period", time.Minute, "self-managed: how often every replica checks the certificate Secret, its files and the injected CA bundle")
+	fs.DurationVar(&f.nativeCheckPeriod, "native-check-period", 30*time.Second, "how often every replica checks that the API server still enforces the native policies (config/native) as it would; until a check finds them gone, nobody refuses what they refuse")
 	fs.DurationVar(&f.certCheckPeriod, "cert-check-period", time.Minute, "how often the served certificate's expiry is read (metric deployguard_serving_certificate_expiry_seconds, warning event)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (0 to disable)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
@@ -294,7 +297,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	}); err != nil {
 		return nil, err
 	}
-	if err := setupNative(ctx, mgr, f.namespace, opts); err != nil {
+	if err := setupNative(ctx, mgr, f.namespace, opts, f.nativeCheckPeriod); err != nil {
 		return nil, err
 	}
 	hooks := &guardwebhook.Deployment{
@@ -319,7 +322,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 // as this guard would, otherwise the webhook too, so that they are never
 // left unchecked. A policy file that does not compile stops the guard here,
 // not at its first admission.
-func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options) error {
+func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options, every time.Duration) error {
 	if _, err := native.Load(); err != nil {
 		return fmt.Errorf("the native policies: %w", err)
 	}
@@ -332,24 +335,22 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 	if !opts.NativeInAPIServer {
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
-		ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, mgr.GetAPIReader(), namespace, opts)
-		switch {
-		case err != nil:
-			// Unknown: evaluating them in the webhook too is only slower.
-			log.Error(err, "cannot tell whether the API server enforces the native policies: the webhook evaluates the refusals")
-			opts.NativeInAPIServer = false
-		case !ok:
-			log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals", "why", why)
-			opts.NativeInAPIServer = false
+		opts.Native = guardwebhook.NewNativeEnforcement(false)
+		checkNative(ctx, mgr.GetAPIReader(), namespace, opts, log, true)
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			keepCheckingNative(ctx, mgr.GetAPIReader(), namespace, opts, log, every)
+			return nil
+		})); err != nil {
+			return err
 		}
 	}
 	switch ok, why, err := guardwebhook.NativeSelectorRepairInstalled(ctx, mgr.GetAPIReader(), namespace); {
 	case err != nil:
 		log.Error(err, "cannot tell whether the API server repairs empty selectors")
-	case !ok && opts.NativeInAPIServer:
+	case !ok && opts.NativeEnforced():
 		log.Info("the API server does not repair empty selectors as this guard would: the webhook repairs them, but only while it is up; "+
 			"with the guard down an empty selector is refused in the API server's words", "why", why, "reason", "SelectorRepairNotNative")
-	case ok && !opts.NativeInAPIServer:
+	case ok && !opts.NativeEnforced():
 		// The repair marks an unrepairable selector for the refusals to
 		// refuse: without them, that marker is admitted while the guard is
 		// down. With the guard up, its webhook refuses it.
@@ -359,6 +360,49 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 			"reason", "SelectorRepairWithoutRefusals")
 	}
 	return nil
+}
+
+// keepCheckingNative re-checks the native refusals every period (a check
+// costs three GETs) while the guard runs, so that a policy, binding or params deleted or
+// edited after the start makes the webhook evaluate the refusals itself
+// (and the leader route them to the failing-closed entry), and an install
+// completed after the start lets the API server have them again.
+func keepCheckingNative(ctx context.Context, r client.Reader, namespace string, opts *guardwebhook.Options, log logr.Logger, every time.Duration) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		checkNative(ctx, r, namespace, opts, log, false)
+	}
+}
+
+// checkNative records whether the API server enforces the native refusals
+// as this guard would, and says so at start and whenever that changes. When
+// it cannot tell, the webhook evaluates them too: that is only slower.
+func checkNative(ctx context.Context, r client.Reader, namespace string, opts *guardwebhook.Options, log logr.Logger, startup bool) {
+	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, r, namespace, opts)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		ok, why = false, "cannot tell: "+err.Error()
+	}
+	changed := opts.Native.Set(ok)
+	switch {
+	case ok && (changed || startup):
+		log.Info("the API server enforces the native policies as this guard would: the webhook leaves the refusals to it",
+			"reason", "NativePoliciesEnforced")
+	case !ok && changed:
+		// They were enforced: until this check, nobody refused what they
+		// refuse.
+		log.Error(nil, "the API server no longer enforces the native policies as this guard would: the webhook evaluates the refusals again",
+			"why", why, "reason", "NativePoliciesNotEnforced")
+	case !ok && startup:
+		log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals",
+			"why", why, "reason", "NativePoliciesNotEnforced")
+	}
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

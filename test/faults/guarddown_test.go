@@ -70,6 +70,7 @@ func TestGuardDown(t *testing.T) {
 		g, err := harness.StartGuard(harness.GuardOptions{
 			Binary: guardBin, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: config,
 			WebhookPort: s.webhookPort, ProbePort: s.probePort, Output: out, Env: harness.DeployedRuntimeEnv(),
+			ExtraArgs: []string{"--native-check-period=1s"},
 		})
 		require.NoError(t, err)
 		running = append(running, g)
@@ -123,6 +124,8 @@ func TestGuardDown(t *testing.T) {
 	// The leader leaves the default routing as installed.
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
 	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(false)), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
+
+	nativeLostWhileUp(ctx, t, admin, kubectl, def, allDown)
 
 	killAll()
 
@@ -190,6 +193,41 @@ func TestGuardDown(t *testing.T) {
 
 // condition is the expression of the matchCondition name of the validating
 // webhook entry hook.
+// nativeLostWhileUp deletes the refusals' binding while the guard runs: within
+// a check the guard's webhook refuses in the policy's place, in the same
+// words, and the leader routes every request to the failing-closed entry.
+// Put back, the refusals are the API server's again and the routing narrows.
+func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, kubectl func(...string) (string, error),
+	def *guardwebhook.Options, manifest string) {
+	t.Helper()
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	require.NoError(t, admin.Get(ctx, client.ObjectKey{Name: native.Refusals}, binding))
+	require.NoError(t, admin.Delete(ctx, binding))
+	dryRun := []string{"apply", "--dry-run=server", "-f", writeManifest(t, manifest)}
+	const words = "spec.strategy.rollingUpdate.maxUnavailable: 100% resolves to 3 of 3 replicas"
+	refusedBy := func(who string) func(ctx context.Context) (bool, string, error) {
+		return func(context.Context) (bool, string, error) {
+			out, err := kubectl(dryRun...)
+			return err != nil && strings.Contains(out, who) && strings.Contains(out, words), out, nil
+		}
+	}
+	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refusedBy(`admission webhook "enforce.deployments.deployguard.io" denied the request`))
+	lost := *def
+	lost.Native = guardwebhook.NewNativeEnforcement(false)
+	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
+		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
+		return got == guardwebhook.MustDecide(lost.Enforced(false)), got, nil
+	})
+
+	binding.ResourceVersion, binding.UID, binding.CreationTimestamp = "", "", metav1.Time{}
+	require.NoError(t, admin.Create(ctx, binding))
+	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
+		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
+		return got == guardwebhook.MustDecide(def.Enforced(false)), got, nil
+	})
+	waitFor(t, time.Minute, "the API server refuses again", refusedBy("ValidatingAdmissionPolicy 'deployguard-refusals'"))
+}
+
 func condition(ctx context.Context, t *testing.T, c client.Client, hook, name string) string {
 	t.Helper()
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}

@@ -1,0 +1,47 @@
+package webhook
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestNativeEnforced: the webhook leaves the refusals to the API server only
+// while the config says they are installed and the last check found them
+// enforced; a lost policy brings them back to the webhook and routes them to
+// the failing-closed entry.
+func TestNativeEnforced(t *testing.T) {
+	o := &Options{}
+	assert.False(t, o.NativeEnforced(), "not installed")
+	o.NativeInAPIServer = true
+	assert.True(t, o.NativeEnforced(), "installed, never checked (in-process callers)")
+
+	o.Native = NewNativeEnforcement(true)
+	assert.True(t, o.NativeEnforced())
+	assert.False(t, o.Enforced(false).Refusals)
+	assert.NotEqual(t, "true", MustDecide(o.Enforced(false)))
+
+	changed := o.Native.Changed()
+	assert.True(t, o.Native.Set(false), "lost")
+	select {
+	case <-changed:
+	default:
+		t.Fatal("a change closes Changed")
+	}
+	assert.False(t, o.NativeEnforced())
+	assert.True(t, o.Enforced(false).Refusals)
+	assert.Equal(t, "true", MustDecide(o.Enforced(false)), "the enforce entry takes every request")
+
+	again := o.Native.Changed()
+	assert.False(t, o.Native.Set(false), "no change")
+	select {
+	case <-again:
+		t.Fatal("no change, Changed stays open")
+	default:
+	}
+	assert.True(t, o.Native.Set(true), "back")
+	assert.True(t, o.NativeEnforced())
+
+	o.NativeInAPIServer = false
+	assert.False(t, o.NativeEnforced(), "the config's word comes first")
+}
