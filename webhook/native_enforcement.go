@@ -12,9 +12,10 @@ import (
 // evaluate the refusals itself again, and the leader routes them to the
 // enforce entry, instead of leaving them to nobody until the next start.
 type NativeEnforcement struct {
-	on      atomic.Bool
-	mu      sync.Mutex
-	changed chan struct{}
+	on       atomic.Bool
+	mu       sync.Mutex
+	changed  chan struct{}
+	onChange func(bool)
 }
 
 // NewNativeEnforcement starts with what the start-up check found.
@@ -27,12 +28,24 @@ func NewNativeEnforcement(on bool) *NativeEnforcement {
 // Enforced reports whether the API server enforces the refusals.
 func (n *NativeEnforcement) Enforced() bool { return n.on.Load() }
 
+// OnChange calls f with the current finding and with each new one (a
+// metric follows it).
+func (n *NativeEnforcement) OnChange(f func(bool)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.onChange = f
+	f(n.on.Load())
+}
+
 // Set records a check's finding and reports whether it changed.
 func (n *NativeEnforcement) Set(on bool) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.on.Load() == on {
 		return false
+	}
+	if n.onChange != nil {
+		n.onChange(on)
 	}
 	n.on.Store(on)
 	close(n.changed)

@@ -54,7 +54,8 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 	}
 	retry := 5 * time.Second
 	for {
-		changed := eng.Changed() // before reading the set: no change is missed
+		// Before reading what they say: no change is missed.
+		changed := eng.Changed()
 		var nativeChanged <-chan struct{} // nil: never
 		if opts.Native != nil {
 			nativeChanged = opts.Native.Changed()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -336,6 +337,22 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
 		opts.Native = guardwebhook.NewNativeEnforcement(false)
+		gauge := prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "deployguard_native_policies_enforced",
+			Help: "1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
+				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
+				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.",
+		})
+		if err := metrics.Registry.Register(gauge); err != nil {
+			return err
+		}
+		opts.Native.OnChange(func(on bool) {
+			if on {
+				gauge.Set(1)
+			} else {
+				gauge.Set(0)
+			}
+		})
 		checkNative(ctx, mgr.GetAPIReader(), namespace, opts, log, true)
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			keepCheckingNative(ctx, mgr.GetAPIReader(), namespace, opts, log, every)

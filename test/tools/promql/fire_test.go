@@ -79,3 +79,25 @@ func TestFireScaleUpStalled(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "inactive", f.State)
 }
+
+// The native-policies alert fires when a replica has found kube-apiserver not
+// enforcing the native refusals for the rule's two minutes, and not when it
+// enforces them again.
+func TestFireNativePoliciesNotEnforced(t *testing.T) {
+	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
+	scrape := func(v int) string {
+		p := filepath.Join(t.TempDir(), "metrics")
+		text := "# HELP deployguard_native_policies_enforced E.\n# TYPE deployguard_native_policies_enforced gauge\n" +
+			fmt.Sprintf("deployguard_native_policies_enforced %d\n", v)
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+		return p
+	}
+	f, err := fire([]string{rules}, "DeployGuardNativePoliciesNotEnforced", []string{scrape(1), scrape(0), scrape(0), scrape(0), scrape(0), scrape(0)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "firing", f.State)
+	assert.Contains(t, f.Annotations["summary"], "does not enforce deployguard's native refusals")
+
+	f, err = fire([]string{rules}, "DeployGuardNativePoliciesNotEnforced", []string{scrape(0), scrape(0), scrape(1), scrape(1)}, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "inactive", f.State)
+}
