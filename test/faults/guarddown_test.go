@@ -204,14 +204,19 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	require.NoError(t, admin.Get(ctx, client.ObjectKey{Name: native.Refusals}, binding))
 	require.NoError(t, admin.Delete(ctx, binding))
 	dryRun := []string{"apply", "--dry-run=server", "-f", writeManifest(t, manifest)}
-	const words = "spec.strategy.rollingUpdate.maxUnavailable: 100% resolves to 3 of 3 replicas"
-	refusedBy := func(who string) func(ctx context.Context) (bool, string, error) {
+	// The same message; the webhook renders it as the API server renders a
+	// field error ("field: Invalid value: message").
+	const words = "100% resolves to 3 of 3 replicas, so a rollout may take every replica down at once"
+	// kubectl prints the webhook's Invalid status as "The Deployment … is
+	// invalid: …", and the policy's refusal names the policy.
+	refused := func(byPolicy bool) func(ctx context.Context) (bool, string, error) {
 		return func(context.Context) (bool, string, error) {
 			out, err := kubectl(dryRun...)
-			return err != nil && strings.Contains(out, who) && strings.Contains(out, words), out, nil
+			named := strings.Contains(out, "ValidatingAdmissionPolicy 'deployguard-refusals'")
+			return err != nil && strings.Contains(out, words) && named == byPolicy, out, nil
 		}
 	}
-	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refusedBy(`admission webhook "enforce.deployments.deployguard.io" denied the request`))
+	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
 	lost := *def
 	lost.Native = guardwebhook.NewNativeEnforcement(false)
 	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
@@ -225,7 +230,7 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(def.Enforced(false)), got, nil
 	})
-	waitFor(t, time.Minute, "the API server refuses again", refusedBy("ValidatingAdmissionPolicy 'deployguard-refusals'"))
+	waitFor(t, time.Minute, "the API server refuses again", refused(true))
 }
 
 func condition(ctx context.Context, t *testing.T, c client.Client, hook, name string) string {
