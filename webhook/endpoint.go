@@ -35,15 +35,20 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.Webhook.ServeHTTP(w, r)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes))
 	var ar admissionv1.AdmissionReview
-	if err != nil || len(body) > maxReviewBytes || kjson.UnmarshalCaseSensitivePreserveInts(body, &ar) != nil ||
+	if err != nil || len(body) >= maxReviewBytes || kjson.UnmarshalCaseSensitivePreserveInts(body, &ar) != nil ||
 		ar.GroupVersionKind() != reviewV1 || ar.Request == nil {
-		// Replayed, with whatever was not read yet.
+		// Replayed, with whatever was not read yet, or the error the read
+		// ended with: the Webhook refuses a body of its limit or more.
+		rest := r.Body
+		if err != nil {
+			rest = io.NopCloser(failingReader{err})
+		}
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		}{io.MultiReader(bytes.NewReader(body), rest), r.Body}
 		e.Webhook.ServeHTTP(w, r)
 		return
 	}
@@ -60,3 +65,8 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctrl.Log.WithName("admission").Error(err, "unable to write the admission response")
 	}
 }
+
+// failingReader fails every read with err.
+type failingReader struct{ err error }
+
+func (f failingReader) Read([]byte) (int, error) { return 0, f.err }

@@ -2,6 +2,8 @@ package webhook
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -33,6 +35,9 @@ func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 		"truncated":              v1[:len(v1)/2],
 		"empty":                  nil,
 		"object of another kind": []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","object":{"kind":"Deployment","apiVersion":"apps/v1","spec":null}}}`),
+		// The Webhook's limit: a body of that size or more is refused.
+		"at the limit":    append(bytes.Repeat([]byte(" "), maxReviewBytes-len(v1)), v1...),
+		"under the limit": append(bytes.Repeat([]byte(" "), maxReviewBytes-1-len(v1)), v1...),
 	}
 	for name, body := range bodies {
 		for _, h := range []*Endpoint{mutating.(*Endpoint), validating.(*Endpoint)} {
@@ -50,6 +55,18 @@ func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 			}
 		}
 	}
+	// A body whose read fails half-way.
+	h := validating.(*Endpoint)
+	send := func(s http.Handler) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/", io.MultiReader(bytes.NewReader(v1[:100]), failingReader{errors.New("connection reset by peer")}))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, r)
+		return w
+	}
+	got, want := send(h), send(h.Webhook)
+	assert.Equal(t, want.Code, got.Code, "a failed read")
+	assert.Equal(t, want.Body.String(), got.Body.String(), "a failed read")
 }
 
 // BenchmarkEndpointDecoding: what the one-pass decoding saves on a

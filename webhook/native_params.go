@@ -18,11 +18,22 @@ import (
 // NativePoliciesEnforced reports whether kube-apiserver enforces the guard's
 // refusals policy as this guard would evaluate it: the policy is there with
 // the same expressions as the guard's, its binding denies and reads the
-// params ConfigMap in namespace, and that ConfigMap holds what o says. When
-// any of it is not so (not installed, an older policy left after an
-// upgrade, params of another namespace or not written), why says what, and
-// the webhook must evaluate the refusals itself, or nothing would.
+// params ConfigMap in namespace (NativeRefusalsBound), and that ConfigMap
+// holds what o says (NativeParamsCurrent). When any of it is not so (not
+// installed, an older policy left after an upgrade, params of another
+// namespace or not written), why says what, and the webhook must evaluate
+// the refusals itself, or nothing would.
 func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
+	if ok, why, err := NativeRefusalsBound(ctx, c, namespace); !ok || err != nil {
+		return ok, why, err
+	}
+	return NativeParamsCurrent(ctx, c, namespace, o)
+}
+
+// NativeRefusalsBound reports whether deployguard-refusals is installed with
+// this release's expressions and bound to deny with the params ConfigMap in
+// namespace.
+func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
 	rules, err := native.Load()
 	if err != nil {
 		return false, "", err
@@ -46,6 +57,12 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 	case ref == nil || ref.Name != nativeconfig.ParamsName || ref.Namespace != namespace:
 		return false, fmt.Sprintf("ValidatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.Refusals, namespace, nativeconfig.ParamsName), nil
 	}
+	return true, "", nil
+}
+
+// NativeParamsCurrent reports whether the params ConfigMap in namespace
+// holds what o says.
+func NativeParamsCurrent(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
 	cm := &corev1.ConfigMap{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nativeconfig.ParamsName}, cm); err != nil {
 		return notFound(err, "ConfigMap "+namespace+"/"+nativeconfig.ParamsName+" is not there")

@@ -39,6 +39,7 @@ import (
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -122,6 +123,9 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	}
 	if f.certMode != "files" && f.certMode != "self-managed" {
 		return nil, nil, fmt.Errorf("--cert-mode must be files or self-managed, not %q", f.certMode)
+	}
+	if f.nativeCheckPeriod <= 0 {
+		return nil, nil, fmt.Errorf("--native-check-period must be positive, not %s", f.nativeCheckPeriod)
 	}
 	for _, x := range cli.SplitList(f.ipAddresses) {
 		ip := net.ParseIP(x)
@@ -353,9 +357,10 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 				gauge.Set(0)
 			}
 		})
-		checkNative(ctx, mgr.GetAPIReader(), namespace, opts, log, true)
+		nc := &nativeChecker{r: mgr.GetAPIReader(), w: mgr.GetClient(), namespace: namespace, opts: opts, log: log}
+		nc.check(ctx, true)
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			keepCheckingNative(ctx, mgr.GetAPIReader(), namespace, opts, log, every)
+			nc.keepChecking(ctx, every)
 			return nil
 		})); err != nil {
 			return err
@@ -379,47 +384,92 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 	return nil
 }
 
-// keepCheckingNative re-checks the native refusals every period (a check
-// costs three GETs) while the guard runs, so that a policy, binding or params deleted or
-// edited after the start makes the webhook evaluate the refusals itself
-// (and the leader route them to the failing-closed entry), and an install
-// completed after the start lets the API server have them again.
-func keepCheckingNative(ctx context.Context, r client.Reader, namespace string, opts *guardwebhook.Options, log logr.Logger, every time.Duration) {
+// nativeChecker finds out whether the API server enforces the native
+// refusals as this guard would, and records it in opts.Native.
+type nativeChecker struct {
+	r         client.Reader
+	w         client.Client
+	namespace string
+	opts      *guardwebhook.Options
+	log       logr.Logger
+	erring    bool // the last check could not tell
+}
+
+// keepChecking re-checks every period (three GETs) while the guard runs, so
+// that a policy or binding deleted or edited after the start makes the
+// webhook evaluate the refusals itself (and the leader route them to the
+// failing-closed entry), and an install completed after the start lets the
+// API server have them again.
+func (n *nativeChecker) keepChecking(ctx context.Context, every time.Duration) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
 		}
-		checkNative(ctx, r, namespace, opts, log, false)
+		n.check(ctx, false)
 	}
 }
 
-// checkNative records whether the API server enforces the native refusals
-// as this guard would, and says so at start and whenever that changes. When
-// it cannot tell, the webhook evaluates them too: that is only slower.
-func checkNative(ctx context.Context, r client.Reader, namespace string, opts *guardwebhook.Options, log logr.Logger, startup bool) {
-	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, r, namespace, opts)
+// check records one finding and says so at start and whenever it changes.
+// Params deleted since the start are written again from the config file,
+// the one place they are set (without them the bound policy allows
+// everything), but only under this release's bound policy: an uninstall in
+// progress is not undone. Params that differ are left: during a rolling
+// change of the config, replicas of the old and the new config would take
+// turns; the replicas of the config they do not match evaluate the refusals
+// themselves meanwhile. A check that cannot
+// tell keeps the last finding (at start: the webhook evaluates the
+// refusals, which is only slower): a blip of the API server must not route
+// every write to the failing-closed entry.
+func (n *nativeChecker) check(ctx context.Context, startup bool) {
+	ok, why, err := guardwebhook.NativeRefusalsBound(ctx, n.r, n.namespace)
+	if err == nil && ok {
+		ok, why, err = guardwebhook.NativeParamsCurrent(ctx, n.r, n.namespace, n.opts)
+		if err == nil && !ok && !startup && n.paramsMissing(ctx) {
+			if werr := guardwebhook.ApplyNativeParams(ctx, n.w, n.namespace, n.opts); werr != nil {
+				n.log.Error(werr, "the native policies' params were deleted and could not be written again")
+			} else {
+				n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
+				ok, why, err = guardwebhook.NativeParamsCurrent(ctx, n.r, n.namespace, n.opts)
+			}
+		}
+	}
 	if ctx.Err() != nil {
 		return
 	}
 	if err != nil {
+		if !startup {
+			if !n.erring {
+				n.log.Error(err, "cannot tell whether the API server enforces the native policies: keeping the last finding",
+					"enforced", n.opts.Native.Enforced())
+			}
+			n.erring = true
+			return
+		}
 		ok, why = false, "cannot tell: "+err.Error()
 	}
-	changed := opts.Native.Set(ok)
+	n.erring = false
+	changed := n.opts.Native.Set(ok)
 	switch {
 	case ok && (changed || startup):
-		log.Info("the API server enforces the native policies as this guard would: the webhook leaves the refusals to it",
+		n.log.Info("the API server enforces the native policies as this guard would: the webhook leaves the refusals to it",
 			"reason", "NativePoliciesEnforced")
 	case !ok && changed:
 		// They were enforced: until this check, nobody refused what they
 		// refuse.
-		log.Error(nil, "the API server no longer enforces the native policies as this guard would: the webhook evaluates the refusals again",
+		n.log.Error(nil, "the API server no longer enforces the native policies as this guard would: the webhook evaluates the refusals again",
 			"why", why, "reason", "NativePoliciesNotEnforced")
 	case !ok && startup:
-		log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals",
+		n.log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals",
 			"why", why, "reason", "NativePoliciesNotEnforced")
 	}
+}
+
+// paramsMissing reports whether the params ConfigMap is gone.
+func (n *nativeChecker) paramsMissing(ctx context.Context) bool {
+	err := n.r.Get(ctx, client.ObjectKey{Namespace: n.namespace, Name: nativeconfig.ParamsName}, &corev1.ConfigMap{})
+	return apierrors.IsNotFound(err)
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

@@ -2,8 +2,10 @@ package faults
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -12,11 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -191,8 +195,6 @@ func TestGuardDown(t *testing.T) {
 	admitted("kube-system create", "create", "deployment", "sys", "--image=app:1", "-n", "kube-system")
 }
 
-// condition is the expression of the matchCondition name of the validating
-// webhook entry hook.
 // nativeLostWhileUp deletes the refusals' binding while the guard runs: within
 // a check the guard's webhook refuses in the policy's place, in the same
 // words, and the leader routes every request to the failing-closed entry.
@@ -203,6 +205,19 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	require.NoError(t, admin.Get(ctx, client.ObjectKey{Name: native.Refusals}, binding))
 	require.NoError(t, admin.Delete(ctx, binding))
+	restored := false
+	restore := func() error {
+		restored = true
+		b := binding.DeepCopy()
+		b.ResourceVersion, b.UID, b.CreationTimestamp = "", "", metav1.Time{}
+		return admin.Create(ctx, b)
+	}
+	// A failed wait must not leave the floor away for what follows.
+	t.Cleanup(func() {
+		if !restored {
+			_ = restore()
+		}
+	})
 	dryRun := []string{"apply", "--dry-run=server", "-f", writeManifest(t, manifest)}
 	// The same message; the webhook renders it as the API server renders a
 	// field error ("field: Invalid value: message").
@@ -224,15 +239,32 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 		return got == guardwebhook.MustDecide(lost.Enforced(false)), got, nil
 	})
 
-	binding.ResourceVersion, binding.UID, binding.CreationTimestamp = "", "", metav1.Time{}
-	require.NoError(t, admin.Create(ctx, binding))
+	require.NoError(t, restore())
 	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(def.Enforced(false)), got, nil
 	})
 	waitFor(t, time.Minute, "the API server refuses again", refused(true))
+
+	// The params deleted: without them the bound policy allows everything,
+	// so the guard writes them again from its config file.
+	params := &corev1.ConfigMap{}
+	key := client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}
+	require.NoError(t, admin.Get(ctx, key, params))
+	want := params.Data
+	require.NoError(t, admin.Delete(ctx, params))
+	waitFor(t, time.Minute, "the params written again", func(ctx context.Context) (bool, string, error) {
+		got := &corev1.ConfigMap{}
+		if err := admin.Get(ctx, key, got); err != nil {
+			return false, err.Error(), nil
+		}
+		return reflect.DeepEqual(got.Data, want), fmt.Sprint(got.Data), nil
+	})
+	waitFor(t, time.Minute, "the API server refuses with the params back", refused(true))
 }
 
+// condition is the expression of the matchCondition name of the validating
+// webhook entry hook.
 func condition(ctx context.Context, t *testing.T, c client.Client, hook, name string) string {
 	t.Helper()
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
