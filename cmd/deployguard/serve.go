@@ -15,8 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,12 +37,10 @@ import (
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
-	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
-	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // serveFlags are the process-level settings; the guard's policy knobs live in
@@ -320,156 +316,6 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
 	return &admissionParts{engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
-}
-
-// setupNative writes the native policies' params from the config file and
-// decides who evaluates the refusals: the API server when it enforces them
-// as this guard would, otherwise the webhook too, so that they are never
-// left unchecked. A policy file that does not compile stops the guard here,
-// not at its first admission.
-func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options, every time.Duration) error {
-	if _, err := native.Load(); err != nil {
-		return fmt.Errorf("the native policies: %w", err)
-	}
-	log := ctrl.Log.WithName("native")
-	// Written even when the config says they are not installed: an install
-	// that has them anyway must not refuse with another file's params.
-	if err := guardwebhook.ApplyNativeParams(ctx, mgr.GetClient(), namespace, opts); err != nil {
-		log.Error(err, "the native policies' params could not be written")
-	}
-	if !opts.NativeInAPIServer {
-		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
-	} else {
-		opts.Native = guardwebhook.NewNativeEnforcement(false)
-		gauge := prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "deployguard_native_policies_enforced",
-			Help: "1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
-				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
-				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.",
-		})
-		if err := metrics.Registry.Register(gauge); err != nil {
-			return err
-		}
-		opts.Native.OnChange(func(on bool) {
-			if on {
-				gauge.Set(1)
-			} else {
-				gauge.Set(0)
-			}
-		})
-		nc := &nativeChecker{r: mgr.GetAPIReader(), w: mgr.GetClient(), namespace: namespace, opts: opts, log: log}
-		nc.check(ctx, true)
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			nc.keepChecking(ctx, every)
-			return nil
-		})); err != nil {
-			return err
-		}
-	}
-	switch ok, why, err := guardwebhook.NativeSelectorRepairInstalled(ctx, mgr.GetAPIReader(), namespace); {
-	case err != nil:
-		log.Error(err, "cannot tell whether the API server repairs empty selectors")
-	case !ok && opts.NativeEnforced():
-		log.Info("the API server does not repair empty selectors as this guard would: the webhook repairs them, but only while it is up; "+
-			"with the guard down an empty selector is refused in the API server's words", "why", why, "reason", "SelectorRepairNotNative")
-	case ok && !opts.NativeEnforced():
-		// The repair marks an unrepairable selector for the refusals to
-		// refuse: without them, that marker is admitted while the guard is
-		// down. With the guard up, its webhook refuses it.
-		log.Error(nil, "MutatingAdmissionPolicy "+native.Selector+" is installed but the API server does not enforce "+native.Refusals+
-			": while the guard is down, a Deployment whose empty selector cannot be repaired is admitted selecting "+
-			native.LabelEmptySelector+"="+native.EmptySelectorRefused+"; install config/native whole, or remove "+native.Selector,
-			"reason", "SelectorRepairWithoutRefusals")
-	}
-	return nil
-}
-
-// nativeChecker finds out whether the API server enforces the native
-// refusals as this guard would, and records it in opts.Native.
-type nativeChecker struct {
-	r         client.Reader
-	w         client.Client
-	namespace string
-	opts      *guardwebhook.Options
-	log       logr.Logger
-	erring    bool // the last check could not tell
-}
-
-// keepChecking re-checks every period (three GETs) while the guard runs, so
-// that a policy or binding deleted or edited after the start makes the
-// webhook evaluate the refusals itself (and the leader route them to the
-// failing-closed entry), and an install completed after the start lets the
-// API server have them again.
-func (n *nativeChecker) keepChecking(ctx context.Context, every time.Duration) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(every):
-		}
-		n.check(ctx, false)
-	}
-}
-
-// check records one finding and says so at start and whenever it changes.
-// Params deleted since the start are written again from the config file,
-// the one place they are set (without them the bound policy allows
-// everything), but only under this release's bound policy: an uninstall in
-// progress is not undone. Params that differ are left: during a rolling
-// change of the config, replicas of the old and the new config would take
-// turns; the replicas of the config they do not match evaluate the refusals
-// themselves meanwhile. A check that cannot
-// tell keeps the last finding (at start: the webhook evaluates the
-// refusals, which is only slower): a blip of the API server must not route
-// every write to the failing-closed entry.
-func (n *nativeChecker) check(ctx context.Context, startup bool) {
-	ok, why, err := guardwebhook.NativeRefusalsBound(ctx, n.r, n.namespace)
-	if err == nil && ok {
-		ok, why, err = guardwebhook.NativeParamsCurrent(ctx, n.r, n.namespace, n.opts)
-		if err == nil && !ok && !startup && n.paramsMissing(ctx) {
-			if werr := guardwebhook.ApplyNativeParams(ctx, n.w, n.namespace, n.opts); werr != nil {
-				n.log.Error(werr, "the native policies' params were deleted and could not be written again")
-			} else {
-				n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
-				ok, why, err = guardwebhook.NativeParamsCurrent(ctx, n.r, n.namespace, n.opts)
-			}
-		}
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	if err != nil {
-		if !startup {
-			if !n.erring {
-				n.log.Error(err, "cannot tell whether the API server enforces the native policies: keeping the last finding",
-					"enforced", n.opts.Native.Enforced())
-			}
-			n.erring = true
-			return
-		}
-		ok, why = false, "cannot tell: "+err.Error()
-	}
-	n.erring = false
-	changed := n.opts.Native.Set(ok)
-	switch {
-	case ok && (changed || startup):
-		n.log.Info("the API server enforces the native policies as this guard would: the webhook leaves the refusals to it",
-			"reason", "NativePoliciesEnforced")
-	case !ok && changed:
-		// They were enforced: until this check, nobody refused what they
-		// refuse.
-		n.log.Error(nil, "the API server no longer enforces the native policies as this guard would: the webhook evaluates the refusals again",
-			"why", why, "reason", "NativePoliciesNotEnforced")
-	case !ok && startup:
-		n.log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals",
-			"why", why, "reason", "NativePoliciesNotEnforced")
-	}
-}
-
-// paramsMissing reports whether the params ConfigMap is gone.
-func (n *nativeChecker) paramsMissing(ctx context.Context) bool {
-	err := n.r.Get(ctx, client.ObjectKey{Namespace: n.namespace, Name: nativeconfig.ParamsName}, &corev1.ConfigMap{})
-	return apierrors.IsNotFound(err)
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it
