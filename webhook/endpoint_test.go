@@ -39,34 +39,29 @@ func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 		"at the limit":    append(bytes.Repeat([]byte(" "), maxReviewBytes-len(v1)), v1...),
 		"under the limit": append(bytes.Repeat([]byte(" "), maxReviewBytes-1-len(v1)), v1...),
 	}
+	same := func(what string, h *Endpoint, contentType string, body func() io.Reader) {
+		t.Helper()
+		send := func(s http.Handler) *httptest.ResponseRecorder {
+			r := httptest.NewRequest(http.MethodPost, "/", body())
+			r.Header.Set("Content-Type", contentType)
+			w := httptest.NewRecorder()
+			s.ServeHTTP(w, r)
+			return w
+		}
+		got, want := send(h), send(h.Webhook)
+		assert.Equal(t, want.Code, got.Code, "%s, %s", what, contentType)
+		assert.Equal(t, want.Body.String(), got.Body.String(), "%s, %s", what, contentType)
+	}
 	for name, body := range bodies {
 		for _, h := range []*Endpoint{mutating.(*Endpoint), validating.(*Endpoint)} {
 			for _, contentType := range []string{"application/json", "application/yaml"} {
-				send := func(s http.Handler) *httptest.ResponseRecorder {
-					r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
-					r.Header.Set("Content-Type", contentType)
-					w := httptest.NewRecorder()
-					s.ServeHTTP(w, r)
-					return w
-				}
-				got, want := send(h), send(h.Webhook)
-				assert.Equal(t, want.Code, got.Code, "%s, %s", name, contentType)
-				assert.Equal(t, want.Body.String(), got.Body.String(), "%s, %s", name, contentType)
+				same(name, h, contentType, func() io.Reader { return bytes.NewReader(body) })
 			}
 		}
 	}
-	// A body whose read fails half-way.
-	h := validating.(*Endpoint)
-	send := func(s http.Handler) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(http.MethodPost, "/", io.MultiReader(bytes.NewReader(v1[:100]), failingReader{errors.New("connection reset by peer")}))
-		r.Header.Set("Content-Type", "application/json")
-		w := httptest.NewRecorder()
-		s.ServeHTTP(w, r)
-		return w
-	}
-	got, want := send(h), send(h.Webhook)
-	assert.Equal(t, want.Code, got.Code, "a failed read")
-	assert.Equal(t, want.Body.String(), got.Body.String(), "a failed read")
+	same("a read that fails half-way", validating.(*Endpoint), "application/json", func() io.Reader {
+		return io.MultiReader(bytes.NewReader(v1[:100]), failingReader{errors.New("connection reset by peer")})
+	})
 }
 
 // BenchmarkEndpointDecoding: what the one-pass decoding saves on a

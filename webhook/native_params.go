@@ -19,7 +19,7 @@ import (
 // refusals policy as this guard would evaluate it: the policy is there with
 // the same expressions as the guard's, its binding denies and reads the
 // params ConfigMap in namespace (NativeRefusalsBound), and that ConfigMap
-// holds what o says (NativeParamsCurrent). When any of it is not so (not
+// holds what o says (nativeParamsCurrent). When any of it is not so (not
 // installed, an older policy left after an upgrade, params of another
 // namespace or not written), why says what, and the webhook must evaluate
 // the refusals itself, or nothing would.
@@ -27,7 +27,7 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 	if ok, why, err := NativeRefusalsBound(ctx, c, namespace); !ok || err != nil {
 		return ok, why, err
 	}
-	return NativeParamsCurrent(ctx, c, namespace, o)
+	return nativeParamsCurrent(ctx, c, namespace, o)
 }
 
 // NativeRefusalsBound reports whether deployguard-refusals is installed with
@@ -60,9 +60,9 @@ func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string)
 	return true, "", nil
 }
 
-// NativeParamsCurrent reports whether the params ConfigMap in namespace
+// nativeParamsCurrent reports whether the params ConfigMap in namespace
 // holds what o says.
-func NativeParamsCurrent(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
+func nativeParamsCurrent(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
 	cm := &corev1.ConfigMap{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nativeconfig.ParamsName}, cm); err != nil {
 		return notFound(err, "ConfigMap "+namespace+"/"+nativeconfig.ParamsName+" is not there")

@@ -109,27 +109,17 @@ func (n *nativeChecker) keepChecking(ctx context.Context, every time.Duration) {
 }
 
 // check records one finding and says so at start and whenever it changes.
-// Params deleted since the start are written again from the config file,
-// the one place they are set (without them the bound policy allows
-// everything), but only under this release's bound policy: an uninstall in
-// progress is not undone. Params that differ are left: during a rolling
-// change of the config, replicas of the old and the new config would take
-// turns; the replicas of the config they do not match evaluate the refusals
-// themselves meanwhile. A check that cannot
-// tell keeps the last finding (at start: the webhook evaluates the
-// refusals, which is only slower): a blip of the API server must not route
-// every write to the failing-closed entry.
+// A check that cannot tell keeps the last finding (at start: the webhook
+// evaluates the refusals, which is only slower): a blip of the API server
+// must not route every write to the failing-closed entry.
 func (n *nativeChecker) check(ctx context.Context, startup bool) {
-	ok, why, err := guardwebhook.NativeRefusalsBound(ctx, n.r, n.namespace)
-	if err == nil && ok {
-		ok, why, err = guardwebhook.NativeParamsCurrent(ctx, n.r, n.namespace, n.opts)
-		if err == nil && !ok && !startup && n.paramsMissing(ctx) {
-			if werr := guardwebhook.ApplyNativeParams(ctx, n.w, n.namespace, n.opts); werr != nil {
-				n.log.Error(werr, "the native policies' params were deleted and could not be written again")
-			} else {
-				n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
-				ok, why, err = guardwebhook.NativeParamsCurrent(ctx, n.r, n.namespace, n.opts)
-			}
+	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
+	if err == nil && !ok && !startup && n.paramsDeleted(ctx) {
+		if werr := guardwebhook.ApplyNativeParams(ctx, n.w, n.namespace, n.opts); werr != nil {
+			n.log.Error(werr, "the native policies' params were deleted and could not be written again")
+		} else {
+			n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
+			ok, why, err = guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
 		}
 	}
 	if ctx.Err() != nil {
@@ -163,8 +153,18 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 	}
 }
 
-// paramsMissing reports whether the params ConfigMap is gone.
-func (n *nativeChecker) paramsMissing(ctx context.Context) bool {
+// paramsDeleted reports whether the params ConfigMap is gone from under
+// this release's bound policy, which then allows everything: it is written
+// again from the config file, the one place it is set. Not when the policy
+// is gone too (an uninstall in progress is not undone), nor when the params
+// only differ: during a rolling change of the config, replicas of the old and
+// the new config would take turns, and the replicas whose config they do not
+// match evaluate the refusals themselves meanwhile.
+func (n *nativeChecker) paramsDeleted(ctx context.Context) bool {
 	err := n.r.Get(ctx, client.ObjectKey{Namespace: n.namespace, Name: nativeconfig.ParamsName}, &corev1.ConfigMap{})
-	return apierrors.IsNotFound(err)
+	if !apierrors.IsNotFound(err) {
+		return false
+	}
+	bound, _, err := guardwebhook.NativeRefusalsBound(ctx, n.r, n.namespace)
+	return err == nil && bound
 }

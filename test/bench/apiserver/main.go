@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -521,26 +520,7 @@ func profileAPIServer(o options, cfg *rest.Config, work, phase string) <-chan er
 			return (r < 'a' || r > 'z') && (r < '0' || r > '9')
 		}), "-")
 		url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(cfg.Host, "/"), max(int(o.duration.Seconds())-2, 1))
-		resp, err := hc.Get(url)
-		if err != nil {
-			done <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			done <- fmt.Errorf("GET %s: %s", url, resp.Status)
-			return
-		}
-		f, err := os.Create(filepath.Join(work, "apiserver-"+slug+".pprof"))
-		if err != nil {
-			done <- err
-			return
-		}
-		_, err = io.Copy(f, resp.Body)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		done <- err
+		done <- load.SaveURLWith(hc, url, filepath.Join(work, "apiserver-"+slug+".pprof"))
 	}()
 	return done
 }

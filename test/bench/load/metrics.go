@@ -135,7 +135,11 @@ func hasLabels(s *dto.Metric, want map[string]string) bool {
 
 // SaveURL fetches url into the file at path.
 func SaveURL(url, path string) error {
-	hc := &http.Client{Timeout: time.Minute}
+	return SaveURLWith(&http.Client{Timeout: time.Minute}, url, path)
+}
+
+// SaveURLWith is SaveURL through hc (an API server's authenticated client).
+func SaveURLWith(hc *http.Client, url, path string) error {
 	resp, err := hc.Get(url)
 	if err != nil {
 		return err
