@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -106,15 +108,19 @@ func TestOrphaningDeletionOfAGuardedDeploymentKeepsItsPods(t *testing.T) {
 func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, &corev1.ResourceQuota{
+	quota := &corev1.ResourceQuota{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pods"},
 		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("4")}},
-	}))
+	}
+	require.NoError(t, local.Client.Create(ctx, quota))
+	// Until the quota controller has counted the namespace, the API server
+	// refuses every pod ("status unknown for quota").
+	waitFor(t, time.Minute, "the quota was not counted", func(ctx context.Context) (bool, string, error) {
+		err := local.Client.Get(ctx, client.ObjectKeyFromObject(quota), quota)
+		return err == nil && quota.Status.Hard != nil, fmt.Sprint(quota.Status), err
+	})
 	d := deployment(ns, "quota", "app:1")
 	d.Spec.Replicas = ptr(int32(4))
-	// The ReplicaSet controller retries a pod create that the quota refused
-	// with exponential backoff (up to minutes on a loaded machine): a slow
-	// rollout here is not a failed one, so the deadline is upstream's.
 	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
 	d.Spec.Strategy = appsv1.DeploymentStrategy{} // upstream's default, as a manifest leaves it
 	require.NoError(t, local.Client.Create(ctx, d))
@@ -122,6 +128,8 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	assert.Equal(t, "25%", d.Spec.Strategy.RollingUpdate.MaxUnavailable.String(), "upstream's default kept")
 	assert.NotContains(t, d.Annotations, vocab.AnnotationDefaulted)
 
+	stop := retryPodCreates(t, ns)
+	defer stop()
 	out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "set", "image", "deployment/quota", "app=app:2", "-n", ns)
 	require.NoError(t, err, out)
 	d = waitAvailable(t, ns, "quota", 5*time.Minute)
@@ -133,6 +141,41 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 			assert.Equal(t, "app:2", p.Spec.Containers[0].Image)
 		}
 	}
+}
+
+// retryPodCreates touches, every few seconds, each ReplicaSet in ns that is
+// short of its pods, until stop is called. Each step of a rollout under a
+// full quota waits for an old pod to go; meanwhile every event on the new
+// ReplicaSet's pods makes the ReplicaSet controller try the create again,
+// fail, and double its backoff (5 ms doubled a dozen times or more: from 20 s
+// to past the progress deadline on a loaded machine). An update of the
+// ReplicaSet makes it try at once, as its backoff would later: how long
+// upstream waits is not what this test is about.
+func retryPodCreates(t *testing.T, ns string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n := 0
+		_ = wait.PollUntilContextCancel(ctx, 3*time.Second, false, func(ctx context.Context) (bool, error) {
+			var rss appsv1.ReplicaSetList
+			if err := local.Client.List(ctx, &rss, client.InNamespace(ns)); err != nil {
+				return false, nil //nolint:nilerr // a failed list is tried again
+			}
+			for i := range rss.Items {
+				rs := &rss.Items[i]
+				if rs.Spec.Replicas == nil || rs.Status.Replicas >= *rs.Spec.Replicas {
+					continue
+				}
+				n++
+				patch := fmt.Sprintf(`{"metadata":{"annotations":{"test.deployguard.io/retry":"%d"}}}`, n)
+				_ = local.Client.Patch(ctx, rs, client.RawPatch(types.MergePatchType, []byte(patch)))
+			}
+			return false, nil
+		})
+	}()
+	return func() { cancel(); <-done }
 }
 
 // writeTemp writes content to a file of the test's own.
