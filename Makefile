@@ -29,7 +29,7 @@ build: ## build bin/deployguard, and bin/kubectl-deployguard (the kubectl plugin
 
 tools: $(TOOLS_DIR)/.complete ## build the local control plane from the Go module proxy (cached)
 
-$(TOOLS_DIR)/.complete: test/tools/build.sh test/tools/kube/go.mod test/tools/etcd/go.mod test/tools/helm/go.mod test/tools/helm4/go.mod
+$(TOOLS_DIR)/.complete: test/tools/build.sh test/tools/kube-ldflags.sh test/tools/kube/go.mod test/tools/etcd/go.mod test/tools/helm/go.mod test/tools/helm4/go.mod
 	bash test/tools/build.sh $(TOOLS_DIR)
 	touch $@
 
@@ -107,7 +107,7 @@ bench-apiserver-next: tools build ## bench-apiserver through Kubernetes 1.37's k
 	@mkdir -p $(NEXT_TOOLS_DIR)
 	cp -rsf $(TOOLS_DIR)/. $(NEXT_TOOLS_DIR)/
 	rm -f $(NEXT_TOOLS_DIR)/kube-apiserver
-	cd test/tools/kube-next && GOWORK=off go build -trimpath -ldflags "-s -w" -o $(NEXT_TOOLS_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd test/tools/kube-next && GOWORK=off go build -trimpath -ldflags "$$(../kube-ldflags.sh .)" -o $(NEXT_TOOLS_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 	go run ./test/bench/apiserver -tools $(NEXT_TOOLS_DIR) -guard $(BIN) -workdir bin/bench-apiserver-next -out bin/bench-apiserver-next.json
 
 bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)

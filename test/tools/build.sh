@@ -17,9 +17,21 @@ flags=(-trimpath -ldflags "-s -w")
 
 need() { [[ ! -x "$out/$1" ]]; }
 
-if need kube-apiserver || need kube-controller-manager || need kube-scheduler || need kubectl; then
-	echo ">> building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes, several minutes cold)"
-	(cd "$here/kube" && go build "${flags[@]}" -o "$out/" \
+# The folder is named for the version it holds (the Makefile's K8S_VERSION);
+# the version built is the one test/tools/kube/go.mod pins.
+kube_version="$(cd "$here/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+case "$(basename "$out")" in
+k8s-v*) [[ "$(basename "$out")" == "k8s-$kube_version" ]] || {
+	echo "build.sh: $out is named for another version than the $kube_version test/tools/kube/go.mod pins: change both together" >&2
+	exit 1
+} ;;
+esac
+
+# Binaries built before they were stamped with their version are built again.
+stamped() { [[ "$("$out/kube-apiserver" --version 2>/dev/null)" == "Kubernetes $kube_version" ]]; }
+if need kube-apiserver || need kube-controller-manager || need kube-scheduler || need kubectl || ! stamped; then
+	echo ">> building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $kube_version (k8s.io/kubernetes, several minutes cold)"
+	(cd "$here/kube" && go build -trimpath -ldflags "$("$here/kube-ldflags.sh" "$here/kube")" -o "$out/" \
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-controller-manager \
 		k8s.io/kubernetes/cmd/kube-scheduler \
