@@ -2,6 +2,8 @@ package native
 
 import (
 	"context"
+	"math"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -9,8 +11,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/utils/ptr"
 )
 
 func policy(v ...admissionregistrationv1.Validation) *admissionregistrationv1.ValidatingAdmissionPolicy {
@@ -122,5 +126,64 @@ func BenchmarkEvaluate(b *testing.B) {
 		if ds := p.Evaluate(context.Background(), r); len(ds) != 0 {
 			b.Fatalf("decisions %+v", ds)
 		}
+	}
+}
+
+// An Ignore policy is run first without its messages (Policy.evaluate): what
+// it decides must be what the API server's validator decides in full, on
+// requests that pass, that fail one or several validations, and that the
+// guard's exemptions skip.
+func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recreate := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	recreate.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	outOfBounds := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	outOfBounds.Spec.RevisionHistoryLimit, outOfBounds.Spec.ProgressDeadlineSeconds = ptr.To[int32](500), ptr.To[int32](math.MaxInt32)
+	lowDeadline := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	lowDeadline.Spec.ProgressDeadlineSeconds = ptr.To[int32](5)
+	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated"}}
+	reqs := map[string]Request{
+		"passes":           {Operation: admission.Create, Object: rolling(3, intstr.FromString("25%"), intstr.FromString("25%")), User: alice},
+		"recreate":         {Operation: admission.Create, Object: recreate, User: alice},
+		"out of bounds":    {Operation: admission.Create, Object: outOfBounds, User: alice},
+		"deadline below":   {Operation: admission.Update, Object: lowDeadline, OldObject: recreate, User: alice},
+		"exempt namespace": {Operation: admission.Create, Object: outOfBounds, User: alice, Namespace: "kube-system"},
+		"the guard":        {Operation: admission.Update, Object: outOfBounds, OldObject: recreate, User: &user.DefaultInfo{Name: defaults.GuardUsername}},
+		"a delete":         {Operation: admission.Delete, OldObject: outOfBounds, User: alice},
+	}
+	settings := defaults
+	settings.ExemptNamespaces = []string{"kube-system"}
+	failed := 0
+	if r.compiled[Refusals].passes != nil {
+		t.Fatal("the refusals fail closed: their errors refuse, so they are always run in full")
+	}
+	for _, name := range []string{Warnings, Bounds} {
+		p := r.compiled[name]
+		if p.passes == nil {
+			t.Fatalf("%s is an Ignore policy and has a passing run", name)
+		}
+		full := *p
+		full.passes = nil
+		for what, req := range reqs {
+			if req.Namespace == "" {
+				req.Namespace = "shop"
+			}
+			req.Name, req.Params = "web", settings.Params().obj
+			in, err := inputOf(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, want := p.evaluate(context.Background(), in), full.evaluate(context.Background(), in)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s, %s: %+v, the full run %+v", name, what, got, want)
+			}
+			failed += len(want)
+		}
+	}
+	if failed < 4 {
+		t.Errorf("only %d validations failed: the requests no longer exercise the full run", failed)
 	}
 }
