@@ -117,8 +117,13 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 	if old == nil || mode == QuarantineOff {
 		return nil
 	}
+	q := vocab.QuarantinedTemplates(old)
+	if len(q) == 0 {
+		// Most updates: nothing to hash the templates for.
+		return nil
+	}
 	hash := vocab.TemplateHash(&d.Spec.Template)
-	if hash == vocab.TemplateHash(&old.Spec.Template) || !slices.Contains(vocab.QuarantinedTemplates(old), hash) {
+	if hash == vocab.TemplateHash(&old.Spec.Template) || !slices.Contains(q, hash) {
 		return nil
 	}
 	if d.Annotations[vocab.AnnotationAllowTemplate] == hash {
@@ -126,7 +131,7 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 			"bringing back quarantined pod template %s deliberately (annotation %s)", hash, vocab.AnnotationAllowTemplate))}
 	}
 	msg := quarantined(hash, "bring this exact template back")
-	if q := vocab.QuarantinedTemplates(old); q[len(q)-1] == hash && old.Annotations[vocab.AnnotationRolledBackTo] != "" &&
+	if q[len(q)-1] == hash && old.Annotations[vocab.AnnotationRolledBackTo] != "" &&
 		old.Annotations[vocab.AnnotationRollbackStatus] != "" {
 		// The rollback of this very template still stands: say why it
 		// failed, for a GitOps tool that shows only this message.
@@ -139,8 +144,12 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 // is on its own quarantine list, so it runs a template whose rollout failed
 // before and that the webhook would refuse to bring back.
 func checkStoredQuarantine(d *appsv1.Deployment, mode string) Findings {
+	q := vocab.QuarantinedTemplates(d)
+	if mode == QuarantineOff || len(q) == 0 {
+		return nil
+	}
 	hash := vocab.TemplateHash(&d.Spec.Template)
-	if mode == QuarantineOff || !slices.Contains(vocab.QuarantinedTemplates(d), hash) || d.Annotations[vocab.AnnotationAllowTemplate] == hash {
+	if !slices.Contains(q, hash) || d.Annotations[vocab.AnnotationAllowTemplate] == hash {
 		return nil
 	}
 	return quarantineFinding(quarantined(hash, "keep this exact template"), mode)
