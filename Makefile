@@ -107,7 +107,7 @@ bench-apiserver-next: tools build ## bench-apiserver through Kubernetes 1.37's k
 	@mkdir -p $(NEXT_TOOLS_DIR)
 	cp -rsf $(TOOLS_DIR)/. $(NEXT_TOOLS_DIR)/
 	rm -f $(NEXT_TOOLS_DIR)/kube-apiserver
-	cd test/tools/kube-next && GOWORK=off go build -trimpath -ldflags "$$(../kube-ldflags.sh .)" -o $(NEXT_TOOLS_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd test/tools/kube-next && flags="$$(../kube-ldflags.sh .)" && GOWORK=off go build -trimpath -ldflags "$$flags" -o $(NEXT_TOOLS_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 	go run ./test/bench/apiserver -tools $(NEXT_TOOLS_DIR) -guard $(BIN) -workdir bin/bench-apiserver-next -out bin/bench-apiserver-next.json
 
 bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)

@@ -121,6 +121,7 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	})
 	d := deployment(ns, "quota", "app:1")
 	d.Spec.Replicas = ptr(int32(4))
+	// A slow rollout here is not a failed one: the deadline is upstream's.
 	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
 	d.Spec.Strategy = appsv1.DeploymentStrategy{} // upstream's default, as a manifest leaves it
 	require.NoError(t, local.Client.Create(ctx, d))

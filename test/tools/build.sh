@@ -19,7 +19,7 @@ need() { [[ ! -x "$out/$1" ]]; }
 
 # The folder is named for the version it holds (the Makefile's K8S_VERSION);
 # the version built is the one test/tools/kube/go.mod pins.
-kube_version="$(cd "$here/kube" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+kube_version="$(cd "$here/kube" && GOWORK=off go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 case "$(basename "$out")" in
 k8s-v*) [[ "$(basename "$out")" == "k8s-$kube_version" ]] || {
 	echo "build.sh: $out is named for another version than the $kube_version test/tools/kube/go.mod pins: change both together" >&2
@@ -28,14 +28,20 @@ k8s-v*) [[ "$(basename "$out")" == "k8s-$kube_version" ]] || {
 esac
 
 # Binaries built before they were stamped with their version are built again.
-stamped() { [[ "$("$out/kube-apiserver" --version 2>/dev/null)" == "Kubernetes $kube_version" ]]; }
+stamped() { [[ -x "$out/kube-apiserver" && "$("$out/kube-apiserver" --version)" == "Kubernetes $kube_version" ]]; }
 if need kube-apiserver || need kube-controller-manager || need kube-scheduler || need kubectl || ! stamped; then
 	echo ">> building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $kube_version (k8s.io/kubernetes, several minutes cold)"
-	(cd "$here/kube" && go build -trimpath -ldflags "$("$here/kube-ldflags.sh" "$here/kube")" -o "$out/" \
+	# On a line of its own, so that a failure stops the build (set -e).
+	kube_ldflags="$("$here/kube-ldflags.sh" "$here/kube")"
+	(cd "$here/kube" && GOWORK=off go build -trimpath -ldflags "$kube_ldflags" -o "$out/" \
 		k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-controller-manager \
 		k8s.io/kubernetes/cmd/kube-scheduler \
 		k8s.io/kubernetes/cmd/kubectl)
+	stamped || {
+		echo "build.sh: $out/kube-apiserver --version does not say \"Kubernetes $kube_version\": the version stamp (test/tools/kube-ldflags.sh) no longer applies" >&2
+		exit 1
+	}
 fi
 
 if need etcd; then

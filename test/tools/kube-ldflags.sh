@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prints the -ldflags that stamp the Kubernetes binaries built from the module
 # in DIR (test/tools/kube, test/tools/kube-next) with the version of
-# k8s.io/kubernetes it pins, as upstream's release build does
-# (hack/lib/version.sh). Unstamped, kube-apiserver reports
+# k8s.io/kubernetes it pins: the version fields upstream's release build sets
+# (hack/lib/version.sh), but the commit, which a module does not carry.
+# Unstamped, kube-apiserver reports
 # v0.0.0-master+$Format:%H$: helm then refuses every chart with a kubeVersion
 # constraint, and kwokctl configures the components for version 0.0.0.
 #
@@ -10,7 +11,8 @@
 set -euo pipefail
 
 dir="${1:?usage: kube-ldflags.sh DIR}"
-read -r version time < <(cd "$dir" && GOWORK=off go list -m -f '{{.Version}} {{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)
+info="$(cd "$dir" && GOWORK=off go list -m -f '{{.Version}} {{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)"
+read -r version time <<<"$info"
 [[ "$version" =~ ^v([0-9]+)\.([0-9]+)\. ]] || { echo "kube-ldflags.sh: cannot read k8s.io/kubernetes's version in $dir: $version" >&2; exit 1; }
 major="${BASH_REMATCH[1]}" minor="${BASH_REMATCH[2]}"
 

@@ -40,7 +40,8 @@ type Policy struct {
 // plugin does (compilePolicy): its variables, match conditions, validations
 // and message expressions, in the strict-cost base environment of the
 // default compatibility version. A policy that does not compile is an error
-// here, where the API server would report it on the policy's status.
+// here, where the API server would report it on the policy's status; so is
+// one with audit annotations, which are not evaluated in process.
 func Compile(p *admissionregistrationv1.ValidatingAdmissionPolicy) (*Policy, error) {
 	hasParams := p.Spec.ParamKind != nil
 	exprVars := plugincel.OptionalVariableDeclarations{HasParams: hasParams, HasAuthorizer: false}
@@ -237,9 +238,11 @@ func toUnstructured(o runtime.Object) (runtime.Object, error) {
 // them, and most requests pass. So a policy whose failurePolicy is Ignore
 // is first run without its messages, and in full only when a validation did
 // not pass. That answers as the full run does
-// (TestThePassingRunAnswersAsTheFullRun): the one difference, message
-// expressions that exhaust the cost budget the validations left, is an
-// error in the full run, which under Ignore is no finding either.
+// (TestThePassingRunAnswersAsTheFullRun) but in one case: message
+// expressions that exhaust the cost budget the validations left (or fail
+// inside CEL) turn every validation of the full run into an error, where the
+// passing run returns nothing. Under Ignore the API server admits either way,
+// and nativeChecks drops the errors of Ignore policies.
 func (p *Policy) evaluate(ctx context.Context, in input) []Decision {
 	var params runtime.Object
 	if p.hasParams {

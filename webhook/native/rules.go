@@ -187,7 +187,8 @@ func (s Settings) Params() *Params {
 }
 
 // Evaluate runs the named policies on req with params, and returns what
-// failed, in policy and validation order.
+// failed, in policy and validation order. An Ignore policy whose message
+// expressions alone fail gives no error here (Policy.evaluate).
 func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, policies ...string) []Finding {
 	req.Params = params.obj
 	changed := req.Object != nil && req.OldObject != nil && !apiequality.Semantic.DeepEqual(req.Object.Spec.Template, req.OldObject.Spec.Template)
