@@ -63,13 +63,7 @@ func TestFireExceptionExpiringSoon(t *testing.T) {
 // (the report waited the progress deadline), and not when none is.
 func TestFireScaleUpStalled(t *testing.T) {
 	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
-	scrape := func(n int) string {
-		p := filepath.Join(t.TempDir(), "metrics")
-		text := "# HELP deployguard_scaleups_stalled Stalled.\n# TYPE deployguard_scaleups_stalled gauge\n" +
-			fmt.Sprintf("deployguard_scaleups_stalled %d\n", n)
-		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
-		return p
-	}
+	scrape := func(n int) string { return gaugeScrape(t, "deployguard_scaleups_stalled", n) }
 	f, err := fire([]string{rules}, "DeployGuardScaleUpStalled", []string{scrape(0), scrape(1)}, 30*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "firing", f.State)
@@ -85,13 +79,7 @@ func TestFireScaleUpStalled(t *testing.T) {
 // enforces them again.
 func TestFireNativePoliciesNotEnforced(t *testing.T) {
 	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
-	scrape := func(v int) string {
-		p := filepath.Join(t.TempDir(), "metrics")
-		text := "# HELP deployguard_native_policies_enforced E.\n# TYPE deployguard_native_policies_enforced gauge\n" +
-			fmt.Sprintf("deployguard_native_policies_enforced %d\n", v)
-		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
-		return p
-	}
+	scrape := func(v int) string { return gaugeScrape(t, "deployguard_native_policies_enforced", v) }
 	f, err := fire([]string{rules}, "DeployGuardNativePoliciesNotEnforced", []string{scrape(1), scrape(0), scrape(0), scrape(0), scrape(0), scrape(0)}, 30*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "firing", f.State)
@@ -100,4 +88,13 @@ func TestFireNativePoliciesNotEnforced(t *testing.T) {
 	f, err = fire([]string{rules}, "DeployGuardNativePoliciesNotEnforced", []string{scrape(0), scrape(0), scrape(1), scrape(1)}, 30*time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, "inactive", f.State)
+}
+
+// gaugeScrape writes a scrape of one gauge with value v, for fire.
+func gaugeScrape(t *testing.T, name string, v int) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "metrics")
+	text := fmt.Sprintf("# HELP %[1]s G.\n# TYPE %[1]s gauge\n%[1]s %[2]d\n", name, v)
+	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+	return p
 }
