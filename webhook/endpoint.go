@@ -6,17 +6,17 @@ import (
 	"io"
 	"net/http"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	admissionv1 "k8s.io/api/admission/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	kjson "sigs.k8s.io/json"
 )
 
 // Endpoint serves one webhook over HTTP as controller-runtime's
 // admission.Webhook does, with one pass less over each request: an
 // admission.k8s.io/v1 AdmissionReview sent as JSON, the only kind the API
 // server sends the guard (admissionReviewVersions: [v1]), is decoded
-// directly. The Webhook's universal deserializer first reads the whole body
+// directly, in one pass (decodeReview). The Webhook's universal deserializer first reads the whole body
 // once more to find its kind, about a tenth of the guard's CPU per admission
 // under load. Anything else (another version, another content type, a body
 // that does not decode) goes to the Webhook as it came, so that every error
@@ -36,9 +36,8 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes))
-	var ar admissionv1.AdmissionReview
-	if err != nil || len(body) >= maxReviewBytes || kjson.UnmarshalCaseSensitivePreserveInts(body, &ar) != nil ||
-		ar.GroupVersionKind() != reviewV1 || ar.Request == nil {
+	ar, ok := decodeReview(body)
+	if err != nil || len(body) >= maxReviewBytes || !ok {
 		// Replayed, with whatever was not read yet, or the error the read
 		// ended with: the Webhook refuses a body of its limit or more.
 		rest := r.Body
@@ -64,6 +63,16 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The connection failed: the API server sees it as such.
 		ctrl.Log.WithName("admission").Error(err, "unable to write the admission response")
 	}
+}
+
+// decodeReview decodes body if it is an admission.k8s.io/v1 AdmissionReview
+// with a request, in one pass (decodeDeployment says why v2's decoder).
+func decodeReview(body []byte) (admissionv1.AdmissionReview, bool) {
+	var ar admissionv1.AdmissionReview
+	if jsonv2.Unmarshal(body, &ar, v1Semantics) != nil || ar.GroupVersionKind() != reviewV1 || ar.Request == nil {
+		return admissionv1.AdmissionReview{}, false
+	}
+	return ar, true
 }
 
 // failingReader fails every read with err.

@@ -14,6 +14,7 @@ minimize="${FUZZMINIMIZE:-100x}"
 targets=(
 	"./webhook FuzzHandlers"
 	"./webhook FuzzDeployment"
+	"./webhook FuzzDecoding"
 	"./policy FuzzBuiltins"
 	"./policy FuzzLoad"
 	"./policy FuzzJSONValue"

@@ -1,0 +1,135 @@
+package webhook
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// corpusDeployments are the Deployments of the integration tier's corpora
+// (public charts, the upstream suite's manifests, the parity fixtures) and of
+// config/samples, as JSON.
+func corpusDeployments(t testing.TB) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for _, dir := range []string{"../test/integration/testdata", "../config/samples"} {
+		err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() || !strings.HasSuffix(path, ".yaml") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for i, doc := range strings.Split(string(b), "\n---") {
+				var meta struct{ Kind string }
+				if yaml.Unmarshal([]byte(doc), &meta) != nil || meta.Kind != "Deployment" {
+					continue
+				}
+				j, err := yaml.YAMLToJSON([]byte(doc))
+				require.NoError(t, err, path)
+				out[filepath.Base(path)+"#"+string(rune('0'+i%10))+strings.Repeat("'", i/10)] = j
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	require.Greater(t, len(out), 100, "the corpora's Deployments")
+	return out
+}
+
+// TestDecodingAsTheAPIMachinery: the guard's one-pass decoding (encoding/json/v2's
+// implementation) reads every Deployment, and every AdmissionReview, exactly
+// as the API machinery's decoder (sigs.k8s.io/json) does, on the corpora and
+// on what the API server never sends: duplicate or differently cased
+// members, unknown fields, invalid UTF-8, nulls, numbers out of range.
+func TestDecodingAsTheAPIMachinery(t *testing.T) {
+	bodies := corpusDeployments(t)
+	for name, d := range map[string]*appsv1.Deployment{"realistic": realistic(), "stored": stored(), "guarded": guarded()} {
+		bodies[name] = mustJSON(t, d)
+	}
+	edge := map[string]string{
+		"duplicate member":       `{"metadata":{"name":"a","name":"b"},"spec":{"replicas":1,"replicas":2}}`,
+		"member of another case": `{"Metadata":{"name":"a"},"spec":{"Replicas":3}}`,
+		"unknown members":        `{"metadata":{"name":"a","color":"red"},"spec":{"future":{"x":[1,2]},"replicas":2}}`,
+		"invalid UTF-8":          "{\"metadata\":{\"name\":\"a\",\"labels\":{\"k\":\"\xff\xfe\"}}}",
+		"escaped surrogate":      `{"metadata":{"name":"a\ud800"}}`,
+		"nulls":                  `{"metadata":null,"spec":{"selector":null,"replicas":null,"template":{"spec":{"containers":null}}}}`,
+		"empty":                  `{}`,
+		"replicas out of range":  `{"spec":{"replicas":4294967296}}`,
+		"replicas as a float":    `{"spec":{"replicas":1.5}}`,
+		"replicas as a string":   `{"spec":{"replicas":"3"}}`,
+		"replicas with exponent": `{"spec":{"replicas":1e2}}`,
+		"intstr forms":           `{"spec":{"strategy":{"rollingUpdate":{"maxSurge":1,"maxUnavailable":"25%"}}}}`,
+		"quantity":               `{"spec":{"template":{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"100m","memory":1024}}}]}}}}`,
+		"time":                   `{"metadata":{"creationTimestamp":"2026-11-24T10:00:00Z","deletionTimestamp":null}}`,
+		"bad time":               `{"metadata":{"creationTimestamp":"yesterday"}}`,
+		"managedFields":          `{"metadata":{"managedFields":[{"manager":"m","operation":"Apply","fieldsType":"FieldsV1","fieldsV1":{"f:spec":{"f:replicas":{}}}}]}}`,
+		"not an object":          `[]`,
+		"truncated":              `{"metadata":{"name":"a"`,
+		"trailing data":          `{} {}`,
+	}
+	for name, b := range edge {
+		bodies["edge: "+name] = []byte(b)
+	}
+	for name, b := range bodies {
+		want := &appsv1.Deployment{}
+		wantErr := kjson.UnmarshalCaseSensitivePreserveInts(b, want)
+		got, err := decodeDeployment(runtime.RawExtension{Raw: b})
+		if wantErr != nil {
+			assert.Error(t, err, "%s: the API machinery refuses it (%v)", name, wantErr)
+			continue
+		}
+		if assert.NoError(t, err, name) {
+			assert.Equal(t, want, got, name)
+		}
+	}
+
+	d := realistic()
+	for name, b := range map[string][]byte{
+		"create":  review(t, admissionv1.Create, d, nil),
+		"update":  review(t, admissionv1.Update, d, guarded()),
+		"delete":  review(t, admissionv1.Delete, nil, guarded()),
+		"options": bytes.Replace(review(t, admissionv1.Create, d, nil), []byte(`"operation":"CREATE"`), []byte(`"operation":"CREATE","options":{"kind":"CreateOptions","apiVersion":"meta.k8s.io/v1","dryRun":["All"]},"userInfo":{"username":"alice","groups":["dev"],"extra":{"scopes":["a","b"]}}`), 1),
+	} {
+		var want admissionv1.AdmissionReview
+		require.NoError(t, kjson.UnmarshalCaseSensitivePreserveInts(b, &want), name)
+		got, ok := decodeReview(b)
+		if assert.True(t, ok, "%s: decoded in one pass", name) {
+			assert.Equal(t, want, got, name)
+		}
+	}
+}
+
+// FuzzDecoding: on any bytes, the one-pass decoding of a Deployment refuses
+// what the API machinery refuses, and reads the same object from the rest.
+// Where v2 alone refuses, the request is refused as malformed: the API server
+// never sends such bytes.
+func FuzzDecoding(f *testing.F) {
+	for _, b := range corpusDeployments(f) {
+		f.Add(b)
+	}
+	f.Add([]byte(`{"metadata":{"name":"a","name":"b"},"spec":{"replicas":1}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		want := &appsv1.Deployment{}
+		wantErr := kjson.UnmarshalCaseSensitivePreserveInts(b, want)
+		got, err := decodeDeployment(runtime.RawExtension{Raw: b})
+		switch {
+		case wantErr != nil && err == nil:
+			t.Fatalf("the API machinery refuses it (%v), the guard reads it", wantErr)
+		case wantErr == nil && err == nil:
+			assert.Equal(t, want, got)
+		}
+	})
+}
