@@ -372,7 +372,17 @@ func BenchmarkValidatingDefaultInstall(b *testing.B) {
 	eng, err := policy.New(policy.Options{})
 	require.NoError(b, err)
 	require.NoError(b, eng.Load(context.Background(), policy.Builtins()))
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: RegoPolicies{Engine: eng}}
+	// The namespace holds 500 other Deployments, none overlapping: the
+	// request is admitted, as the bench's are.
+	var others []*appsv1.Deployment
+	for i := range 500 {
+		others = append(others, guarded(func(d *appsv1.Deployment) {
+			d.Name = fmt.Sprintf("other-%d", i)
+			d.Spec.Selector.MatchLabels["app.kubernetes.io/name"] = d.Name
+			d.Spec.Template.Labels["app.kubernetes.io/name"] = d.Name
+		}))
+	}
+	w := &Deployment{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
 	w.Options.NativeInAPIServer = true
 	_, validating := w.Handlers(nil)
 	no := false
@@ -386,6 +396,9 @@ func BenchmarkValidatingDefaultInstall(b *testing.B) {
 		"image-only-update": review(b, admissionv1.Update, image, d),
 	} {
 		b.Run(name, func(b *testing.B) {
+			if w := post(validating, body); !strings.Contains(w.Body.String(), `"allowed":true`) {
+				b.Fatalf("not admitted: %.500s", w.Body.String())
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				if w := post(validating, body); w.Code != http.StatusOK {
