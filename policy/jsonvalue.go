@@ -128,15 +128,11 @@ func (p *jsonParser) object(depth int, name string) (ast.Value, error) {
 		if p.i >= len(p.b) || p.b[p.i] != '"' {
 			return nil, p.errorf("expected a member name")
 		}
-		k, err := p.str()
+		key, err := p.key()
 		if err != nil {
 			return nil, err
 		}
-		key, ok := p.keys[k]
-		if !ok {
-			key = ast.StringTerm(k)
-			p.keys[k] = key
-		}
+		k := string(key.Value.(ast.String))
 		p.space()
 		if p.i >= len(p.b) || p.b[p.i] != ':' {
 			return nil, p.errorf("expected ':'")
@@ -297,37 +293,78 @@ func (p *jsonParser) skip(depth int) error {
 	}
 }
 
-// str reads a string. The common case, no escapes and valid UTF-8, is a slice
-// of the input; anything else goes through encoding/json's own unquoting, so
-// that escapes mean exactly what they mean to the API server.
+// key reads a member name as its term, shared by every member of that name
+// (p.keys). A name already seen costs no allocation.
+func (p *jsonParser) key() (*ast.Term, error) {
+	start := p.i
+	plain, ok, err := p.scanString()
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if t, seen := p.keys[string(plain)]; seen {
+			return t, nil
+		}
+	}
+	p.i = start
+	k, err := p.str()
+	if err != nil {
+		return nil, err
+	}
+	t := ast.StringTerm(k)
+	p.keys[k] = t
+	return t, nil
+}
+
+// str reads a string. The common case, no escapes and valid UTF-8, is a
+// copy of the input's bytes; anything else goes through encoding/json's own
+// unquoting, so that escapes mean exactly what they mean to the API server.
 func (p *jsonParser) str() (string, error) {
 	start := p.i
+	plain, ok, err := p.scanString()
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		return string(plain), nil
+	}
+	var s string
+	if err := json.Unmarshal(p.b[start:p.i], &s); err != nil {
+		p.i = start
+		return "", p.errorf("bad string: %v", err)
+	}
+	return s, nil
+}
+
+// scanString moves past the string at p.i and returns its content when it
+// means itself (no escapes, valid UTF-8), with ok set; otherwise ok is false
+// and the caller unquotes p.b[start:p.i].
+func (p *jsonParser) scanString() (plain []byte, ok bool, err error) {
+	start := p.i
 	p.i++ // "
-	escaped := false
+	escaped, ascii := false, true
 	for p.i < len(p.b) {
 		switch c := p.b[p.i]; {
 		case c == '"':
 			p.i++
-			raw := p.b[start:p.i]
-			if !escaped && utf8.Valid(raw) {
-				return string(raw[1 : len(raw)-1]), nil
+			content := p.b[start+1 : p.i-1]
+			if escaped || !ascii && !utf8.Valid(content) {
+				return nil, false, nil
 			}
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				p.i = start
-				return "", p.errorf("bad string: %v", err)
-			}
-			return s, nil
+			return content, true, nil
 		case c == '\\':
 			escaped = true
 			p.i += 2
 		case c < 0x20:
-			return "", p.errorf("control character in a string")
+			return nil, false, p.errorf("control character in a string")
+		case c >= 0x80:
+			ascii = false
+			p.i++
 		default:
 			p.i++
 		}
 	}
-	return "", p.errorf("unterminated string")
+	return nil, false, p.errorf("unterminated string")
 }
 
 func (p *jsonParser) number() (ast.Value, error) {
