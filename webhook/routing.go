@@ -4,8 +4,6 @@ import (
 	"strconv"
 	"strings"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -24,12 +22,7 @@ import (
 //     an overlap once the guard is back.
 //
 // The condition depends on the configuration and on the loaded policies, so
-// the guard rewrites it (Route) when they change, together with the
-// operations EnforceWebhook's rule names (EnforceOperations): the API server
-// evaluates an entry's matchConditions only for the operations its rules
-// match, and before Kubernetes 1.37 each evaluation converts the whole object
-// (and the stored one) once more. With the default configuration a CREATE
-// then never reaches the enforce entry's condition.
+// the guard rewrites it (Route) when they change.
 const (
 	EnforceWebhook  = "enforce.deployments.deployguard.io"
 	ValidateWebhook = "validate.deployments.deployguard.io"
@@ -108,23 +101,6 @@ func MustDecide(e Enforced) string {
 		return "false"
 	}
 	return strings.Join(terms, " || ")
-}
-
-// EnforceOperations are the operations EnforceWebhook's rule matches: every
-// operation for which MustDecide(e) may be true, and no other. A request of
-// another operation goes to ValidateWebhook, whose condition, MustDecide
-// negated, is then true. An entry must name an operation: with nothing
-// enforced it names CONNECT, which no Deployment request ever is.
-func EnforceOperations(e Enforced) []admissionregistrationv1.OperationType {
-	switch {
-	case e.Refusals:
-		return []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
-	case e.Policies || e.Bounds || e.Budgets:
-		return []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
-	case e.Quarantine:
-		return []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
-	}
-	return []admissionregistrationv1.OperationType{admissionregistrationv1.Connect}
 }
 
 // MayAdvise is ValidateWebhook's condition: the other requests.

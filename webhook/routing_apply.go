@@ -16,9 +16,9 @@ import (
 // without the other could send a request that must be judged nowhere.
 var ErrNotSplit = errors.New("the validating webhook configuration does not have both " + EnforceWebhook + " and " + ValidateWebhook)
 
-// Route writes e's conditions, and the operations of EnforceWebhook's rules,
-// into the validating webhook configuration name, in one update so that no
-// request ever matches both entries or neither. It writes only when they differ, and reports whether it did.
+// Route writes e's conditions into the validating webhook configuration
+// name, in one update so that no request ever matches both entries or
+// neither. It writes only when they differ, and reports whether it did.
 // The read goes to the API server (c reads uncached), so that a write
 // never starts from a stale copy.
 func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, error) {
@@ -34,8 +34,7 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 	before := vwc.DeepCopy()
 	a := setCondition(&vwc.Webhooks[enforce], MustDecideCondition, MustDecide(e))
 	b := setCondition(&vwc.Webhooks[validate], MayAdviseCondition, MayAdvise(e))
-	ops := setOperations(&vwc.Webhooks[enforce], EnforceOperations(e))
-	if !a && !b && !ops {
+	if !a && !b {
 		return false, nil
 	}
 	// The optimistic lock: a CA injected meanwhile is not written back
@@ -44,19 +43,6 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 		return false, fmt.Errorf("routing ValidatingWebhookConfiguration %s: %w", name, err)
 	}
 	return true, nil
-}
-
-// setOperations sets the operations of each of w's rules to ops, and reports
-// whether any changed.
-func setOperations(w *admissionregistrationv1.ValidatingWebhook, ops []admissionregistrationv1.OperationType) bool {
-	changed := false
-	for i := range w.Rules {
-		if !slices.Equal(w.Rules[i].Operations, ops) {
-			w.Rules[i].Operations = slices.Clone(ops)
-			changed = true
-		}
-	}
-	return changed
 }
 
 // ReadWriter reads and writes objects.
