@@ -311,6 +311,11 @@ func (p *jsonParser) key() (*ast.Term, error) {
 	if err != nil {
 		return nil, err
 	}
+	// An escaped name may be one seen unescaped ("\u0061" is "a"): the
+	// same term, so that a repeated member is found (hasDuplicateKey).
+	if t, seen := p.keys[k]; seen {
+		return t, nil
+	}
 	t := ast.StringTerm(k)
 	p.keys[k] = t
 	return t, nil

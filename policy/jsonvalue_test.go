@@ -34,7 +34,7 @@ var errTrailing = errors.New("trailing data")
 var jsonCorpus = []string{
 	`{}`, `[]`, `null`, `true`, `false`, `0`, `-1`, `12345678901234567890123`, `1.5e-3`, `-0.0`, `1E+2`,
 	`"plain"`, `"esc\"aped \\ \/ \n \t \u00e9 \ud83d\ude00"`, `"ünïcödé"`,
-	`{"a":1,"a":2}`, `{"metadata":{"name":"web","labels":{"app":"web"}},"spec":{"replicas":3,"template":{"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]}}}}`,
+	`{"a":1,"a":2}`, `{"a":1,"\u0061":2}`, `{"\u0061":1,"\u0061":2}`, `{"metadata":{"name":"web","labels":{"app":"web"}},"spec":{"replicas":3,"template":{"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]}}}}`,
 	` { "spaced" : [ 1 , 2 , { } , [ ] ] } `,
 }
 

@@ -61,6 +61,10 @@ func TestDecodingAsTheAPIMachinery(t *testing.T) {
 	}
 	edge := map[string]string{
 		"duplicate member":       `{"metadata":{"name":"a","name":"b"},"spec":{"replicas":1,"replicas":2}}`,
+		"duplicate list":         `{"spec":{"template":{"spec":{"containers":[{"name":"a","image":"x"}],"containers":[{"name":"b"}]}}}}`,
+		"duplicate then null":    `{"spec":{"minReadySeconds":5,"minReadySeconds":null}}`,
+		"duplicate object null":  `{"metadata":{"name":"a"},"metadata":null}`,
+		"duplicate map":          `{"metadata":{"labels":{"a":"1"},"labels":{"b":"2"}}}`,
 		"member of another case": `{"Metadata":{"name":"a"},"spec":{"Replicas":3}}`,
 		"unknown members":        `{"metadata":{"name":"a","color":"red"},"spec":{"future":{"x":[1,2]},"replicas":2}}`,
 		"invalid UTF-8":          "{\"metadata\":{\"name\":\"a\",\"labels\":{\"k\":\"\xff\xfe\"}}}",
@@ -121,6 +125,8 @@ func FuzzDecoding(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"metadata":{"name":"a","name":"b"},"spec":{"replicas":1}}`))
+	f.Add([]byte(`{"spec":{"template":{"spec":{"containers":[{"name":"a","image":"x"}],"containers":[{"name":"b"}]}}}}`))
+	f.Add([]byte(`{"spec":{"minReadySeconds":5,"minReadySeconds":null},"metadata":{"name":"a"},"metadata":null}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want := &appsv1.Deployment{}
 		wantErr := kjson.UnmarshalCaseSensitivePreserveInts(b, want)

@@ -28,6 +28,10 @@ type Endpoint struct {
 // maxReviewBytes is the Webhook's own limit on a request body.
 const maxReviewBytes = 7 * 1024 * 1024
 
+// maxPresized bounds the buffer allocated for a body from its announced
+// length: a review of a Deployment is tens of KB.
+const maxPresized = 256 * 1024
+
 var reviewV1 = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
 
 func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -36,8 +40,12 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, err := readBody(io.LimitReader(r.Body, maxReviewBytes), r.ContentLength)
-	ar, ok := decodeReview(body)
-	if err != nil || len(body) >= maxReviewBytes || !ok {
+	var ar admissionv1.AdmissionReview
+	ok := false
+	if err == nil && len(body) < maxReviewBytes {
+		ar, ok = decodeReview(body)
+	}
+	if !ok {
 		// Replayed, with whatever was not read yet, or the error the read
 		// ended with: the Webhook refuses a body of its limit or more.
 		rest := r.Body
@@ -78,11 +86,14 @@ func decodeReview(body []byte) (admissionv1.AdmissionReview, bool) {
 // readBody reads r to its end as io.ReadAll does, into a buffer of size
 // bytes to start with: the API server says how long its request is, and
 // io.ReadAll's doubling from 512 bytes allocates about twice a review's
-// size in copies.
+// size in copies. At most maxPresized bytes are allocated before they
+// arrive: a client that only announces a large body must not make the
+// guard hold that much memory for it.
 func readBody(r io.Reader, size int64) ([]byte, error) {
-	if size < 0 || size >= maxReviewBytes {
+	if size < 0 {
 		size = 512
 	}
+	size = min(size, maxPresized)
 	b := make([]byte, 0, size+1) // +1: the read that sees the end needs room
 	for {
 		n, err := r.Read(b[len(b):cap(b)])

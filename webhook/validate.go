@@ -8,6 +8,7 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -114,8 +115,11 @@ func decodeDeployment(raw runtime.RawExtension) (*appsv1.Deployment, error) {
 	return d, nil
 }
 
-// v1Semantics are the choices where encoding/json/v2 is stricter than the
-// API machinery's decoder by default: a duplicate member's last value wins,
-// and invalid UTF-8 is replaced, not refused. Names match case-sensitively
-// in both.
-var v1Semantics = jsonv2.JoinOptions(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+// v1Semantics are the choices where encoding/json/v2 differs from the API
+// machinery's decoder by default: a duplicate member is decoded into what
+// the first one set (merged, as v1 does), a null leaves a value that is not
+// a pointer, slice or map as it was, and invalid UTF-8 is replaced, not
+// refused. Names match case-sensitively in both. The API server sends none
+// of these; FuzzDecoding holds the two decoders to the same answers.
+var v1Semantics = jsonv2.JoinOptions(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true),
+	jsonv1.MergeWithLegacySemantics(true))
