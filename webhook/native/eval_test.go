@@ -187,3 +187,61 @@ func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
 		t.Errorf("only %d validations failed: the requests no longer exercise the full run", failed)
 	}
 }
+
+// TestTheJointPassingRunAnswersAsEachPolicy: the warnings and the bounds,
+// asked for together, give what each gives alone, on requests that pass and
+// requests that fail some of their validations; and they are joined (a
+// variable one of them defines differently would quietly undo that).
+func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.jointPasses([]string{Warnings, Bounds}) == nil {
+		t.Fatal("the warnings and the bounds are not joined: a variable they share differs, or one is no longer Ignore")
+	}
+	if r.jointPasses([]string{Refusals, Warnings, Bounds}) != nil {
+		t.Fatal("the refusals fail closed: they are never joined")
+	}
+	recreate := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	recreate.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	outOfBounds := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	outOfBounds.Spec.RevisionHistoryLimit, outOfBounds.Spec.ProgressDeadlineSeconds = ptr.To[int32](500), ptr.To[int32](math.MaxInt32)
+	lowDeadline := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	lowDeadline.Spec.ProgressDeadlineSeconds = ptr.To[int32](5)
+	noHistory := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
+	noHistory.Spec.RevisionHistoryLimit = ptr.To[int32](0)
+	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated", "ops"}}
+	passes := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
+	reqs := map[string]Request{
+		"passes":           {Operation: admission.Create, Object: passes, User: alice},
+		"an update":        {Operation: admission.Update, Object: passes, OldObject: recreate, User: alice},
+		"unchanged spec":   {Operation: admission.Update, Object: outOfBounds, OldObject: outOfBounds, User: alice},
+		"recreate":         {Operation: admission.Create, Object: recreate, User: alice},
+		"out of bounds":    {Operation: admission.Create, Object: outOfBounds, User: alice},
+		"no history":       {Operation: admission.Create, Object: noHistory, User: alice},
+		"deadline below":   {Operation: admission.Update, Object: lowDeadline, OldObject: recreate, User: alice},
+		"exempt namespace": {Operation: admission.Create, Object: outOfBounds, User: alice, Namespace: "kube-system"},
+		"exempt group":     {Operation: admission.Create, Object: recreate, User: &user.DefaultInfo{Name: "bob", Groups: []string{"legacy"}}},
+		"the guard":        {Operation: admission.Update, Object: outOfBounds, OldObject: recreate, User: &user.DefaultInfo{Name: defaults.GuardUsername}},
+	}
+	settings := defaults
+	settings.ExemptNamespaces, settings.ExemptGroups = []string{"kube-system"}, []string{"legacy"}
+	params := settings.Params()
+	found := 0
+	for what, req := range reqs {
+		if req.Namespace == "" {
+			req.Namespace = "shop"
+		}
+		req.Name = "web"
+		got := r.Evaluate(context.Background(), req, params, Warnings, Bounds)
+		want := append(r.Evaluate(context.Background(), req, params, Warnings), r.Evaluate(context.Background(), req, params, Bounds)...)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: together %+v, each alone %+v", what, got, want)
+		}
+		found += len(want)
+	}
+	if found < 5 {
+		t.Errorf("only %d findings: the requests no longer exercise the full runs", found)
+	}
+}

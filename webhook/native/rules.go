@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"sigs.k8s.io/yaml"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
@@ -89,6 +90,9 @@ type Rules struct {
 	Mutations []*admissionregistrationv1.MutatingAdmissionPolicy
 	compiled  map[string]*Policy
 	mutations map[string]*Mutation
+	// joint are the passing runs of several Ignore policies evaluated
+	// together, by their names joined with ",": see jointPasses.
+	joint sync.Map
 }
 
 // Load parses and compiles the guard's policies. The result is shared: the
@@ -197,6 +201,15 @@ func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, polic
 	if err != nil {
 		return []Finding{{Policy: policies[0], Message: err.Error(), Error: true}}
 	}
+	if j := r.jointPasses(policies); j != nil {
+		var params runtime.Object
+		if j.hasParams {
+			params = in.params
+		}
+		if admits(j.passes.Validate(ctx, deployments, in.attrs, params, in.namespace, celconfig.RuntimeCELCostBudget, nil)) {
+			return nil
+		}
+	}
 	var out []Finding
 	for _, name := range policies {
 		p, ok := r.compiled[name]
@@ -243,3 +256,76 @@ func splitField(m string) (string, string) {
 	}
 	return field, rest
 }
+
+// jointPasses is the passing run of the named policies as one: their
+// variables, each computed once (the warnings and the bounds share who is
+// checked, the costliest), and their validations, without messages. Most
+// writes pass every validation, and then one activation answers for all.
+// When any validation does not pass, or the run errs, each policy is
+// evaluated as before, so the answers are the same: a joint run within the
+// cost budget leaves each policy's own run within it too. Nil when the
+// policies cannot be joined: fewer than two, one whose failurePolicy is not
+// Ignore, one with match conditions, different params, or a variable name
+// two policies define differently.
+func (r *Rules) jointPasses(names []string) *Policy {
+	if len(names) < 2 {
+		return nil
+	}
+	key := strings.Join(names, ",")
+	if v, ok := r.joint.Load(key); ok {
+		j, _ := v.(*Policy)
+		return j
+	}
+	j := r.join(names)
+	if j == nil {
+		r.joint.Store(key, (*Policy)(nil))
+		return nil
+	}
+	r.joint.Store(key, j)
+	return j
+}
+
+func (r *Rules) join(names []string) *Policy {
+	var joint *admissionregistrationv1.ValidatingAdmissionPolicy
+	vars := map[string]string{}
+	for _, name := range names {
+		var p *admissionregistrationv1.ValidatingAdmissionPolicy
+		for _, x := range r.Policies {
+			if x.Name == name {
+				p = x
+			}
+		}
+		if p == nil || p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Ignore ||
+			len(p.Spec.MatchConditions) > 0 || len(p.Spec.AuditAnnotations) > 0 {
+			return nil
+		}
+		if joint == nil {
+			joint = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			joint.Name = key(names)
+			joint.Spec.FailurePolicy = p.Spec.FailurePolicy
+			joint.Spec.ParamKind = p.Spec.ParamKind
+		} else if !apiequality.Semantic.DeepEqual(joint.Spec.ParamKind, p.Spec.ParamKind) {
+			return nil
+		}
+		for _, v := range p.Spec.Variables {
+			if expr, ok := vars[v.Name]; ok {
+				if expr != v.Expression {
+					return nil
+				}
+				continue
+			}
+			vars[v.Name] = v.Expression
+			joint.Spec.Variables = append(joint.Spec.Variables, v)
+		}
+		for _, v := range p.Spec.Validations {
+			joint.Spec.Validations = append(joint.Spec.Validations, admissionregistrationv1.Validation{Expression: v.Expression, Message: "joint"})
+		}
+	}
+	c, err := Compile(joint)
+	if err != nil || c.passes == nil {
+		return nil
+	}
+	return c
+}
+
+func key(names []string) string { return "joint:" + strings.Join(names, ",") }
