@@ -2,10 +2,7 @@ package webhook
 
 import (
 	"bytes"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"strings"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,38 +11,22 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
+
+	"github.com/deployguard/deployguard/test/harness"
 )
 
-// corpusDeployments are the Deployments of the integration tier's corpora
-// (public charts, the upstream suite's manifests, the parity fixtures) and of
-// config/samples, as JSON.
+// corpusDeployments are the Deployments of the differential tests' corpora
+// (public charts, the upstream suite's manifests, the parity fixtures), as
+// the API server sends them: JSON of the typed object.
 func corpusDeployments(t testing.TB) map[string][]byte {
 	t.Helper()
-	out := map[string][]byte{}
-	for _, dir := range []string{"../test/integration/testdata", "../config/samples"} {
-		err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
-			if err != nil || e.IsDir() || !strings.HasSuffix(path, ".yaml") {
-				return err
-			}
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			for i, doc := range strings.Split(string(b), "\n---") {
-				var meta struct{ Kind string }
-				if yaml.Unmarshal([]byte(doc), &meta) != nil || meta.Kind != "Deployment" {
-					continue
-				}
-				j, err := yaml.YAMLToJSON([]byte(doc))
-				require.NoError(t, err, path)
-				out[filepath.Base(path)+"#"+string(rune('0'+i%10))+strings.Repeat("'", i/10)] = j
-			}
-			return nil
-		})
-		require.NoError(t, err)
+	ds, err := harness.CorpusDeployments()
+	require.NoError(t, err)
+	require.Greater(t, len(ds), 100, "the corpora's Deployments")
+	out := make(map[string][]byte, len(ds))
+	for i, d := range ds {
+		out[fmt.Sprintf("corpus %d %s/%s", i, d.Namespace, d.Name)] = mustJSON(t, d)
 	}
-	require.Greater(t, len(out), 100, "the corpora's Deployments")
 	return out
 }
 

@@ -82,3 +82,20 @@ func BenchmarkEndpointDecoding(b *testing.B) {
 		})
 	}
 }
+
+// TestReadBody: the body is read whole whatever length the request
+// announces, and an announced length allocates at most maxPresized before
+// the bytes arrive.
+func TestReadBody(t *testing.T) {
+	body := bytes.Repeat([]byte("x"), 3000)
+	for _, announced := range []int64{-1, 0, 10, 3000, 3001, maxReviewBytes + 1} {
+		b, err := readBody(bytes.NewReader(body), announced)
+		assert.NoError(t, err, "announced %d", announced)
+		assert.Equal(t, body, b, "announced %d", announced)
+	}
+	b, err := readBody(bytes.NewReader(body), maxReviewBytes-1)
+	assert.NoError(t, err)
+	assert.LessOrEqual(t, cap(b), maxPresized+1, "a large announced length is not allocated up front")
+	_, err = readBody(io.MultiReader(bytes.NewReader(body), failingReader{errors.New("reset")}), 3000)
+	assert.Error(t, err)
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -47,16 +46,8 @@ func selectorRepairsAgree(ctx context.Context, t *testing.T, c client.Client, ns
 	rules, err := native.Load()
 	require.NoError(t, err)
 
-	var inputs []*appsv1.Deployment
-	for _, pattern := range []string{"parity/*.yaml", "charts/*.yaml", "upstream/*.yaml"} {
-		files, err := filepath.Glob(filepath.Join(harness.RepoRoot(), "test", "integration", "testdata", pattern))
-		require.NoError(t, err)
-		for _, f := range files {
-			ds, err := harness.ReadDeployments(f)
-			require.NoError(t, err)
-			inputs = append(inputs, ds...)
-		}
-	}
+	inputs, err := harness.CorpusDeployments()
+	require.NoError(t, err)
 	corpora := len(inputs)
 	require.Greater(t, corpora, 100, "the corpora are there")
 	rng := rand.New(rand.NewPCG(25, 1124))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	appsv1 "k8s.io/api/apps/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -42,4 +43,25 @@ func ReadDeployments(path string) ([]*appsv1.Deployment, error) {
 		}
 		out = append(out, d)
 	}
+}
+
+// CorpusDeployments are the Deployments of the corpora the differential
+// tests share: test/integration/testdata's parity fixtures, public charts and
+// the upstream suite's manifests, in file order.
+func CorpusDeployments() ([]*appsv1.Deployment, error) {
+	var out []*appsv1.Deployment
+	for _, pattern := range []string{"parity/*.yaml", "charts/*.yaml", "upstream/*.yaml"} {
+		files, err := filepath.Glob(filepath.Join(RepoRoot(), "test", "integration", "testdata", pattern))
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range files {
+			ds, err := ReadDeployments(f)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ds...)
+		}
+	}
+	return out, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
 )
@@ -34,14 +34,8 @@ const fuzzCount = 400
 // the warnings policy's warnings (the webhook's).
 func TestNativePoliciesAgreeWithTheAPIServer(t *testing.T) {
 	ctx := context.Background()
-	var inputs []*appsv1.Deployment
-	for _, pattern := range []string{"parity/*.yaml", "charts/*.yaml", "upstream/*.yaml"} {
-		files, err := filepath.Glob(filepath.Join("testdata", pattern))
-		require.NoError(t, err)
-		for _, f := range files {
-			inputs = append(inputs, readCorpus(t, f)...)
-		}
-	}
+	inputs, err := harness.CorpusDeployments()
+	require.NoError(t, err)
 	corpora := len(inputs)
 	rng := rand.New(rand.NewPCG(25, 2026))
 	for i := range fuzzCount {

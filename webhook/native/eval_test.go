@@ -129,6 +129,19 @@ func BenchmarkEvaluate(b *testing.B) {
 	}
 }
 
+// advised are Deployments the warnings and bounds find something in: a
+// Recreate strategy for 3 replicas, a revision history and a deadline out of
+// bounds, a deadline under the minimum.
+func advised() (recreate, outOfBounds, lowDeadline *appsv1.Deployment) {
+	recreate = rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	recreate.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	outOfBounds = rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	outOfBounds.Spec.RevisionHistoryLimit, outOfBounds.Spec.ProgressDeadlineSeconds = ptr.To[int32](500), ptr.To[int32](math.MaxInt32)
+	lowDeadline = rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
+	lowDeadline.Spec.ProgressDeadlineSeconds = ptr.To[int32](5)
+	return recreate, outOfBounds, lowDeadline
+}
+
 // An Ignore policy is run first without its messages (Policy.evaluate): what
 // it decides must be what the API server's validator decides in full, on
 // requests that pass, that fail one or several validations, and that the
@@ -138,12 +151,7 @@ func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recreate := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
-	recreate.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	outOfBounds := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
-	outOfBounds.Spec.RevisionHistoryLimit, outOfBounds.Spec.ProgressDeadlineSeconds = ptr.To[int32](500), ptr.To[int32](math.MaxInt32)
-	lowDeadline := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
-	lowDeadline.Spec.ProgressDeadlineSeconds = ptr.To[int32](5)
+	recreate, outOfBounds, lowDeadline := advised()
 	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated"}}
 	reqs := map[string]Request{
 		"passes":           {Operation: admission.Create, Object: rolling(3, intstr.FromString("25%"), intstr.FromString("25%")), User: alice},
@@ -203,12 +211,7 @@ func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 	if r.jointPasses([]string{Refusals, Warnings, Bounds}) != nil {
 		t.Fatal("the refusals fail closed: they are never joined")
 	}
-	recreate := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
-	recreate.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	outOfBounds := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
-	outOfBounds.Spec.RevisionHistoryLimit, outOfBounds.Spec.ProgressDeadlineSeconds = ptr.To[int32](500), ptr.To[int32](math.MaxInt32)
-	lowDeadline := rolling(3, intstr.FromInt32(1), intstr.FromInt32(0))
-	lowDeadline.Spec.ProgressDeadlineSeconds = ptr.To[int32](5)
+	recreate, outOfBounds, lowDeadline := advised()
 	noHistory := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
 	noHistory.Spec.RevisionHistoryLimit = ptr.To[int32](0)
 	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated", "ops"}}

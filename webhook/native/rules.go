@@ -301,7 +301,7 @@ func (r *Rules) join(names []string) *Policy {
 		}
 		if joint == nil {
 			joint = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-			joint.Name = key(names)
+			joint.Name = "joint:" + strings.Join(names, ",")
 			joint.Spec.FailurePolicy = p.Spec.FailurePolicy
 			joint.Spec.ParamKind = p.Spec.ParamKind
 		} else if !apiequality.Semantic.DeepEqual(joint.Spec.ParamKind, p.Spec.ParamKind) {
@@ -327,5 +327,3 @@ func (r *Rules) join(names []string) *Policy {
 	}
 	return c
 }
-
-func key(names []string) string { return "joint:" + strings.Join(names, ",") }
