@@ -394,7 +394,7 @@ func TestInputLeavesOutOldObjectOnlyWhenUnread(t *testing.T) {
 				sources = append(sources, regoSource("x.rego", tt.module))
 			}
 			e := newEngine(t, Options{}, sources...)
-			assert.Equal(t, tt.reads, e.active.Load().readsOldObject)
+			assert.Equal(t, tt.reads, e.active.Load().reads.child("oldObject") != nil)
 			d, err := e.EvaluateRequest(context.Background(), Request{Operation: "UPDATE", Namespace: "team-a", Name: "shop", Object: cur, OldObject: old})
 			require.NoError(t, err)
 			if tt.module != "" && tt.reads {

@@ -47,18 +47,22 @@ type Input struct {
 
 // NewInput converts r. Objects are read as JSON, so that policies see exactly
 // the JSON shape of the API object, wherever the input was built.
-func NewInput(r Request) (*Input, error) { return newInput(r, true) }
+func NewInput(r Request) (*Input, error) { return newInput(r, wholeValue) }
 
-// newInput converts r; without withOldObject, input.oldObject is null (no
-// active policy reads it, and converting it is half the cost of an UPDATE).
-func newInput(r Request, withOldObject bool) (*Input, error) {
-	object, err := jsonDocument(r.Object)
-	if err != nil {
-		return nil, fmt.Errorf("object: %w", err)
+// newInput converts r, building of input.object and input.oldObject only
+// what reads reads (the active set's inputReads): an object no policy reads
+// is null, and converting the rest of a Deployment, its env above all, was
+// most of the cost of the input.
+func newInput(r Request, reads *projection) (*Input, error) {
+	var object, oldObject ast.Value = ast.Null{}, ast.Null{}
+	var err error
+	if part := reads.child("object"); part != nil {
+		if object, err = jsonDocument(r.Object, part); err != nil {
+			return nil, fmt.Errorf("object: %w", err)
+		}
 	}
-	var oldObject ast.Value = ast.Null{}
-	if withOldObject {
-		if oldObject, err = jsonDocument(r.OldObject); err != nil {
+	if part := reads.child("oldObject"); part != nil {
+		if oldObject, err = jsonDocument(r.OldObject, part); err != nil {
 			return nil, fmt.Errorf("oldObject: %w", err)
 		}
 	}
@@ -105,9 +109,9 @@ func (in *Input) MarshalJSON() ([]byte, error) {
 	return json.Marshal(doc)
 }
 
-// jsonDocument converts an object to the Rego value of its JSON: null when
-// absent, numbers exact.
-func jsonDocument(obj any) (ast.Value, error) {
+// jsonDocument converts an object to the Rego value of its JSON, as far as
+// reads reads it: null when absent, numbers exact.
+func jsonDocument(obj any, reads *projection) (ast.Value, error) {
 	var raw []byte
 	switch o := obj.(type) {
 	case nil:
@@ -142,7 +146,7 @@ func jsonDocument(obj any) (ast.Value, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return ast.Null{}, nil
 	}
-	v, err := apiObjectValue(raw)
+	v, err := apiObjectValue(raw, reads)
 	if err != nil {
 		return nil, fmt.Errorf("decoding JSON: %w", err)
 	}

@@ -16,7 +16,7 @@ import (
 // an admission's policy cost went (decoding the object twice over). Numbers
 // keep their literal text (ast.Number), so integers stay exact. Malformed
 // JSON is an error that says where.
-func jsonValue(b []byte) (ast.Value, error) { return parseJSON(b, false) }
+func jsonValue(b []byte) (ast.Value, error) { return parseJSON(b, false, wholeValue) }
 
 // apiObjectValue is jsonValue for an API object, without its
 // metadata.managedFields: the server-side apply bookkeeping, which mirrors
@@ -24,12 +24,14 @@ func jsonValue(b []byte) (ast.Value, error) { return parseJSON(b, false) }
 // Deployment needs. The API server sets it before admission; leaving it out
 // also makes the webhook's input the one `deployguard check` builds from a
 // manifest.
-func apiObjectValue(b []byte) (ast.Value, error) { return parseJSON(b, true) }
+func apiObjectValue(b []byte, reads *projection) (ast.Value, error) { return parseJSON(b, true, reads) }
 
-func parseJSON(b []byte, skipManagedFields bool) (ast.Value, error) {
+// parseJSON converts b; of its members and elements, only what reads reads
+// is built, the rest checked.
+func parseJSON(b []byte, skipManagedFields bool, reads *projection) (ast.Value, error) {
 	p := jsonParser{b: b, keys: make(map[string]*ast.Term, 64), skipManagedFields: skipManagedFields}
 	p.space()
-	v, err := p.value(0, "")
+	v, err := p.value(0, "", reads)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +77,7 @@ func (p *jsonParser) space() {
 
 // value parses a value at depth; key is the member name it is the value of
 // ("" for the document and array elements).
-func (p *jsonParser) value(depth int, key string) (ast.Value, error) {
+func (p *jsonParser) value(depth int, key string, reads *projection) (ast.Value, error) {
 	if depth > maxDepth {
 		return nil, p.errorf("nested deeper than %d", maxDepth)
 	}
@@ -84,9 +86,9 @@ func (p *jsonParser) value(depth int, key string) (ast.Value, error) {
 	}
 	switch c := p.b[p.i]; {
 	case c == '{':
-		return p.object(depth, key)
+		return p.object(depth, key, reads)
 	case c == '[':
-		return p.array(depth)
+		return p.array(depth, reads)
 	case c == '"':
 		s, err := p.str()
 		if err != nil {
@@ -114,7 +116,7 @@ func (p *jsonParser) literal(word string, v ast.Value) (ast.Value, error) {
 	return v, nil
 }
 
-func (p *jsonParser) object(depth int, name string) (ast.Value, error) {
+func (p *jsonParser) object(depth int, name string, reads *projection) (ast.Value, error) {
 	p.i++ // {
 	base := len(p.items)
 	defer func() { p.items = p.items[:base] }()
@@ -139,12 +141,13 @@ func (p *jsonParser) object(depth int, name string) (ast.Value, error) {
 		}
 		p.i++
 		p.space()
-		if p.skipManagedFields && depth == 1 && name == "metadata" && k == "managedFields" {
+		child := reads.child(k)
+		if child == nil || p.skipManagedFields && depth == 1 && name == "metadata" && k == "managedFields" {
 			if err := p.skip(depth + 1); err != nil {
 				return nil, err
 			}
 		} else {
-			v, err := p.value(depth+1, k)
+			v, err := p.value(depth+1, k, child)
 			if err != nil {
 				return nil, err
 			}
@@ -201,7 +204,7 @@ func hasDuplicateKey(items [][2]*ast.Term) bool {
 	return false
 }
 
-func (p *jsonParser) array(depth int) (ast.Value, error) {
+func (p *jsonParser) array(depth int, reads *projection) (ast.Value, error) {
 	p.i++ // [
 	base := len(p.terms)
 	defer func() { p.terms = p.terms[:base] }()
@@ -210,10 +213,16 @@ func (p *jsonParser) array(depth int) (ast.Value, error) {
 		p.i++
 		return ast.NewArray(), nil
 	}
-	for {
+	for i := 0; ; i++ {
 		p.space()
-		v, err := p.value(depth+1, "")
-		if err != nil {
+		// An element nothing reads keeps its place, as null.
+		var v ast.Value = ast.Null{}
+		if child := reads.element(i); child != nil {
+			var err error
+			if v, err = p.value(depth+1, "", child); err != nil {
+				return nil, err
+			}
+		} else if err := p.skip(depth + 1); err != nil {
 			return nil, err
 		}
 		p.terms = append(p.terms, ast.NewTerm(v))
@@ -248,8 +257,18 @@ func (p *jsonParser) skip(depth int) error {
 		open, end = '{', '}'
 	case '[':
 		open, end = '[', ']'
+	case '"':
+		// A string is checked, not copied; one with escapes is unquoted as
+		// str does, so that the same input fails with the same error.
+		start := p.i
+		if _, ok, err := p.scanString(); err != nil || ok {
+			return err
+		}
+		p.i = start
+		_, err := p.str()
+		return err
 	default:
-		_, err := p.value(depth, "")
+		_, err := p.value(depth, "", wholeValue)
 		return err
 	}
 	p.i++

@@ -83,10 +83,65 @@ func FuzzJSONValue(f *testing.F) {
 		if err == nil && want.Compare(got) != 0 {
 			t.Fatalf("jsonValue %v, encoding/json %v, on %q", got, want, b)
 		}
-		if _, apiErr := apiObjectValue(b); (apiErr == nil) != (err == nil) {
+		whole, apiErr := apiObjectValue(b, wholeValue)
+		if (apiErr == nil) != (err == nil) {
 			t.Fatalf("apiObjectValue error %v, jsonValue error %v, on %q", apiErr, err, b)
 		}
+		// What a projection leaves out is checked as strictly, and what it
+		// keeps is built as the whole value has it.
+		part, partErr := apiObjectValue(b, fuzzReads)
+		if (partErr == nil) != (apiErr == nil) {
+			t.Fatalf("projected error %v, whole error %v, on %q", partErr, apiErr, b)
+		}
+		if partErr == nil {
+			if want := projected(whole, fuzzReads); want.Compare(part) != 0 {
+				t.Fatalf("projected %v, want %v, on %q", part, want, b)
+			}
+		}
 	})
+}
+
+// fuzzReads reads a few members, by name, by index and through any.
+var fuzzReads = func() *projection {
+	p := &projection{}
+	for _, path := range [][]step{
+		{{key: "spec"}, {key: "template"}, {key: "spec"}, {key: "containers"}, {any: true}, {key: "image"}},
+		{{key: "metadata"}, {key: "name"}},
+		{{key: "a"}, {key: "1"}, {key: "b"}},
+		{{any: true}, {key: "x"}},
+	} {
+		p.add(path)
+	}
+	p.touch([]step{{key: "status"}, {any: true}})
+	p.normalize()
+	return p
+}()
+
+// projected is v as a projection reads it: the reference for the parser.
+func projected(v ast.Value, p *projection) ast.Value {
+	if p.whole {
+		return v
+	}
+	switch x := v.(type) {
+	case ast.Object:
+		out := ast.NewObject()
+		x.Foreach(func(k, m *ast.Term) {
+			if c := p.child(string(k.Value.(ast.String))); c != nil {
+				out.Insert(k, ast.NewTerm(projected(m.Value, c)))
+			}
+		})
+		return out
+	case *ast.Array:
+		out := make([]*ast.Term, x.Len())
+		for i := range x.Len() {
+			out[i] = ast.NullTerm()
+			if c := p.element(i); c != nil {
+				out[i] = ast.NewTerm(projected(x.Elem(i).Value, c))
+			}
+		}
+		return ast.NewArray(out...)
+	}
+	return v
 }
 
 // BenchmarkJSONValue compares the one-pass conversion with the encoding/json
@@ -118,10 +173,10 @@ func TestAPIObjectValueLeavesOutManagedFields(t *testing.T) {
 	without := `{"metadata":{"name":"web","labels":{"app":"web"}},"spec":{"managedFields":"kept: not metadata's"}}`
 	want, err := jsonValue([]byte(without))
 	require.NoError(t, err)
-	got, err := apiObjectValue([]byte(withMF))
+	got, err := apiObjectValue([]byte(withMF), wholeValue)
 	require.NoError(t, err)
 	assert.Equal(t, 0, want.Compare(got), "got %v", got)
 
-	_, err = apiObjectValue([]byte(`{"metadata":{"managedFields":[{"manager":}]}}`))
+	_, err = apiObjectValue([]byte(`{"metadata":{"managedFields":[{"manager":}]}}`), wholeValue)
 	assert.Error(t, err, "what is left out is still checked")
 }

@@ -14,9 +14,9 @@ import (
 type preparedSet struct {
 	policies []preparedPolicy // enabled policies, sorted by name
 	disabled []string         // names compiled but not evaluated
-	// readsOldObject: some module may read input.oldObject; without one, the
-	// input is built without it (converting it is half an UPDATE's cost).
-	readsOldObject bool
+	// reads is what the set's modules can read of input (inputReads): the
+	// input is built of that only.
+	reads *projection
 }
 
 // preparedPolicy is one policy ready to evaluate.
@@ -36,7 +36,7 @@ type preparedPolicy struct {
 // than one for the set, lets an error or time-out be pinned on its policy
 // while the others still decide.
 func prepare(ctx context.Context, cs *compiledSet, opts Options, m *metrics) (*preparedSet, error) {
-	set := &preparedSet{readsOldObject: readsOldObject(cs.compiler.Modules)}
+	set := &preparedSet{reads: inputReads(cs.compiler.Modules, cs.compiler)}
 	// One empty store for the set: policies read only input.
 	store := inmem.New()
 	for _, p := range cs.policies {
@@ -78,48 +78,4 @@ func policyQuery(p policyModule) ast.Body {
 		exprs = append(exprs, ast.Assign.Expr(ast.VarTerm(rule), ast.NewTerm(ref)))
 	}
 	return ast.NewBody(exprs...)
-}
-
-// readsOldObject reports whether any module may read input.oldObject: a
-// reference to it, to input as a whole (a bare input term: assigned, passed
-// to a function), or to a member of input chosen at evaluation time.
-// Conservative: unsure means yes.
-func readsOldObject(modules map[string]*ast.Module) bool {
-	reads := false
-	var vis *ast.GenericVisitor
-	vis = ast.NewGenericVisitor(func(x any) bool {
-		if reads {
-			return true
-		}
-		switch v := x.(type) {
-		case ast.Ref:
-			if !v[0].Equal(ast.InputRootDocument) {
-				return false // its terms are visited: data.x[input] reads input
-			}
-			if len(v) == 1 {
-				reads = true
-				return true
-			}
-			if key, ok := v[1].Value.(ast.String); !ok || key == "oldObject" {
-				reads = true
-				return true
-			}
-			// input.object…: only the index terms after it may read more.
-			for _, t := range v[2:] {
-				vis.Walk(t)
-			}
-			return true
-		case ast.Var:
-			reads = v.Equal(ast.InputRootDocument.Value)
-			return reads
-		}
-		return false
-	})
-	for _, m := range modules {
-		vis.Walk(m)
-		if reads {
-			return true
-		}
-	}
-	return false
 }

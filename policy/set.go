@@ -35,7 +35,7 @@ func (s Set) EvaluateRequest(ctx context.Context, r Request, only func(name stri
 		s.e.metrics.exempt.Inc()
 		return Decision{Exempt: true, ExemptReason: reason}, nil
 	}
-	in, err := newInput(r, s.set.readsOldObject)
+	in, err := newInput(r, s.set.reads)
 	if err != nil {
 		return Decision{}, err
 	}
