@@ -45,7 +45,7 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("policy options: %w", err)
 	}
 	e := &Engine{opts: opts, metrics: newMetrics(), changed: make(chan struct{})}
-	e.active.Store(&preparedSet{})
+	e.active.Store(&preparedSet{reads: wholeValue})
 	return e, nil
 }
 

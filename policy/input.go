@@ -50,17 +50,21 @@ type Input struct {
 func NewInput(r Request) (*Input, error) { return newInput(r, wholeValue) }
 
 // newInput converts r, building of input.object and input.oldObject only
-// what reads reads (the active set's inputReads): an object no policy reads
-// is null, and converting the rest of a Deployment, its env above all, was
+// what reads reads (the active set's inputReads): an oldObject no policy
+// reads is null, and converting the rest of a Deployment, its env above all, was
 // most of the cost of the input.
 func newInput(r Request, reads *projection) (*Input, error) {
-	var object, oldObject ast.Value = ast.Null{}, ast.Null{}
-	var err error
-	if part := reads.child("object"); part != nil {
-		if object, err = jsonDocument(r.Object, part); err != nil {
-			return nil, fmt.Errorf("object: %w", err)
-		}
+	// The object is always checked, read or not: a malformed one is an
+	// error whatever the set.
+	part := reads.child("object")
+	if part == nil {
+		part = &projection{}
 	}
+	object, err := jsonDocument(r.Object, part)
+	if err != nil {
+		return nil, fmt.Errorf("object: %w", err)
+	}
+	var oldObject ast.Value = ast.Null{}
 	if part := reads.child("oldObject"); part != nil {
 		if oldObject, err = jsonDocument(r.OldObject, part); err != nil {
 			return nil, fmt.Errorf("oldObject: %w", err)

@@ -258,15 +258,7 @@ func (p *jsonParser) skip(depth int) error {
 	case '[':
 		open, end = '[', ']'
 	case '"':
-		// A string is checked, not copied; one with escapes is unquoted as
-		// str does, so that the same input fails with the same error.
-		start := p.i
-		if _, ok, err := p.scanString(); err != nil || ok {
-			return err
-		}
-		p.i = start
-		_, err := p.str()
-		return err
+		return p.skipString()
 	default:
 		_, err := p.value(depth, "", wholeValue)
 		return err
@@ -283,7 +275,7 @@ func (p *jsonParser) skip(depth int) error {
 			if p.i >= len(p.b) || p.b[p.i] != '"' {
 				return p.errorf("expected a member name")
 			}
-			if _, err := p.str(); err != nil {
+			if err := p.skipString(); err != nil {
 				return err
 			}
 			p.space()
@@ -298,7 +290,10 @@ func (p *jsonParser) skip(depth int) error {
 		}
 		p.space()
 		if p.i >= len(p.b) {
-			return p.errorf("unexpected end")
+			if open == '{' {
+				return p.errorf("unexpected end in an object")
+			}
+			return p.errorf("unexpected end in an array")
 		}
 		switch p.b[p.i] {
 		case ',':
@@ -310,6 +305,18 @@ func (p *jsonParser) skip(depth int) error {
 			return p.errorf("expected ',' or %q", end)
 		}
 	}
+}
+
+// skipString checks a string, copying nothing; one with escapes is unquoted
+// as str does, so that the same input fails with the same error.
+func (p *jsonParser) skipString() error {
+	start := p.i
+	if _, ok, err := p.scanString(); err != nil || ok {
+		return err
+	}
+	p.i = start
+	_, err := p.str()
+	return err
 }
 
 // key reads a member name as its term, shared by every member of that name

@@ -191,6 +191,9 @@ type scope struct {
 	// side of, in the whole rule: one binds; two compare two values.
 	sides map[ast.Var]int
 	known known
+	// changed: the binding sweep bound a variable; uses: the sweeps record
+	// uses now.
+	changed, uses bool
 }
 
 // known is what the expressions evaluated so far say of the variables: a
@@ -223,24 +226,51 @@ func (a *readsAnalysis) rule(r *ast.Rule, params map[int]paths) {
 			return
 		}
 		s := &scope{bound: map[ast.Var]paths{}, binding: map[*ast.Expr]ast.Var{}, sides: map[ast.Var]int{}}
-		for i, ps := range params {
-			if i >= len(r.Head.Args) {
-				a.wholeAll(ps)
-				continue
-			}
-			if v, ok := r.Head.Args[i].Value.(ast.Var); ok && !v.IsWildcard() {
-				s.bound[v] = ps
-				s.sides[v] = 2 // a parameter is bound already: an "=" compares
-			} else {
-				a.wholeAll(ps)
-			}
+		// A variable that holds a value before any expression runs (a
+		// parameter, an every's key and value) is compared by "=", never
+		// bound: it counts as two sides.
+		inArgs := map[ast.Var]int{}
+		for _, arg := range r.Head.Args {
+			ast.WalkVars(arg, func(v ast.Var) bool {
+				inArgs[v]++
+				s.sides[v] += 2
+				return false
+			})
 		}
 		ast.WalkExprs(r, func(e *ast.Expr) bool {
 			if v, _, ok := candidate(e); ok {
 				s.sides[v]++
 			}
+			if every, ok := e.Terms.(*ast.Every); ok {
+				for _, t := range []*ast.Term{every.Key, every.Value} {
+					if t != nil {
+						ast.WalkVars(t, func(v ast.Var) bool {
+							s.sides[v] += 2
+							return false
+						})
+					}
+				}
+			}
 			return false
 		})
+		for i, ps := range params {
+			// A parameter stands for the part only when it is a plain
+			// variable of its own; f(x, x) or f({"a": x}) unifies it.
+			if i < len(r.Head.Args) {
+				if v, ok := r.Head.Args[i].Value.(ast.Var); ok && !v.IsWildcard() && inArgs[v] == 1 {
+					s.bound[v] = ps
+					continue
+				}
+			}
+			a.wholeAll(ps)
+		}
+		// Every binding, in every nested body, before any use: a use seen
+		// before its variable is known to be bound would read nothing.
+		for s.changed = true; s.changed; {
+			s.changed = false
+			a.body(s, r.Body, known{})
+		}
+		s.uses = true
 		a.body(s, r.Body, known{})
 		h := r.Head
 		if h.Key != nil {
@@ -271,36 +301,50 @@ func candidate(e *ast.Expr) (ast.Var, ast.Ref, bool) {
 	return "", nil, false
 }
 
-// body analyses the expressions of one body, first its bindings (to a fixed
-// point, whatever their order), then every use. outer is what the enclosing
-// body knew where the body stands.
+// body sweeps the expressions of one body in order, with what the
+// expressions before each say of the variables: binding them (the nested
+// bodies too) until s.uses, then recording every use. outer is what the
+// enclosing body knew where the body stands.
 func (a *readsAnalysis) body(s *scope, b ast.Body, outer known) {
 	saved := s.known
 	defer func() { s.known = saved }()
-	sweep := func(f func(e *ast.Expr)) {
-		s.known = outer.copy()
-		for _, e := range b {
-			f(e)
-			a.domains(s, e)
+	s.known = outer.copy()
+	for _, e := range b {
+		if s.uses {
+			a.expr(s, e)
+		} else {
+			a.bind(s, e)
 		}
+		a.domains(s, e)
 	}
-	for changed := true; changed; {
-		changed = false
-		sweep(func(e *ast.Expr) {
-			v, r, ok := candidate(e)
-			if !ok || s.sides[v] != 1 {
-				return
-			}
-			if _, already := s.bound[v]; already {
-				return
-			}
+}
+
+// bind records the binding e makes, if any, and those of its nested bodies.
+func (a *readsAnalysis) bind(s *scope, e *ast.Expr) {
+	if v, r, ok := candidate(e); ok && s.sides[v] == 1 {
+		if _, already := s.bound[v]; !already {
 			if ps, ok := a.refPaths(s, r); ok {
 				s.bound[v], s.binding[e] = ps, v
-				changed = true
+				s.changed = true
 			}
-		})
+		}
 	}
-	sweep(func(e *ast.Expr) { a.expr(s, e) })
+	vis := ast.NewGenericVisitor(func(x any) bool {
+		switch c := x.(type) {
+		case *ast.ArrayComprehension:
+			a.body(s, c.Body, s.known)
+		case *ast.SetComprehension:
+			a.body(s, c.Body, s.known)
+		case *ast.ObjectComprehension:
+			a.body(s, c.Body, s.known)
+		case *ast.Every:
+			a.body(s, c.Body, s.known)
+		default:
+			return false
+		}
+		return true
+	})
+	vis.Walk(e)
 }
 
 // domains records what a positive expression says of its variables.

@@ -144,6 +144,14 @@ var readsModules = []string{
 	`deny contains "keys" if { some k, _ in input.object.metadata.labels; startswith(k, "team") }`,
 	`deny contains "mounts" if { every c in input.object.spec.template.spec.containers { count(c.volumeMounts) > 1 } }`,
 	`deny contains sprintf("%d", [count(input.object.spec.template.spec.containers[1].env)]) if true`,
+	// A variable that holds a value before its "=": a parameter, a repeated
+	// or pattern parameter, an every's value, an outer variable in a closure.
+	"same_labels(l) if l = input.object.metadata.labels\n\ndeny contains \"labels changed\" if not same_labels(object.get(input.oldObject, [\"metadata\", \"labels\"], {}))",
+	"has_port(p) if input.object.spec.template.spec.containers[_].ports[_] = p\n\ndeny contains \"port\" if has_port({\"containerPort\": 8080, \"name\": \"http\", \"protocol\": \"TCP\"})",
+	`deny contains "every" if { every want in [{"app": "shop"}] { want = input.object.metadata.labels } }`,
+	`deny contains "closure" if { d := {"app": "shop"}; [1 | d = input.object.metadata.labels] != [] }`,
+	"same(x, x) := true\n\ndeny contains \"selector\" if not same(input.object.spec.selector.matchLabels, input.object.spec.template.metadata.labels)",
+	"app({\"app\": x}) := x\n\ndeny contains app(input.object.metadata.labels) if true",
 }
 
 // The input built of what the set reads decides every request as the whole
@@ -185,12 +193,28 @@ func TestProjectedInputDecidesAsTheWholeInput(t *testing.T) {
 	assert.Greater(t, findings, compared/4, "the comparison must cover requests with findings")
 }
 
+// An engine that has loaded nothing builds the whole input, and an object
+// that no policy reads is still checked.
+func TestInputBeforeAnyLoadAndUnreadObject(t *testing.T) {
+	e, err := New(Options{})
+	require.NoError(t, err)
+	d, err := e.EvaluateRequest(context.Background(), Request{Operation: "CREATE", Namespace: "a", Name: "b", Object: deployment(goodContainer("web"))})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed())
+
+	e = newEngine(t, Options{}, regoSource("x.rego", "package deployguard.x\n\ndeny contains \"x\" if input.operation == \"DELETE\"\n"))
+	assert.Nil(t, e.active.Load().reads.child("object"))
+	_, err = e.EvaluateRequest(context.Background(), Request{Operation: "CREATE", Namespace: "a", Name: "b", Object: []byte(`{"spec":`)})
+	assert.ErrorContains(t, err, "object: decoding JSON")
+}
+
 // variants are Deployments that the built-ins and readsModules find
 // something in.
 func variants() []*appsv1.Deployment {
 	c := func(name string) corev1.Container {
 		return corev1.Container{Name: name, Image: "registry.example.com/" + name,
-			Env: []corev1.EnvVar{{Name: "SETTING_03", Value: "x"}, {Name: "B"}, {Name: "C"}, {Name: "D"}, {Name: "E"}, {Name: "F"}}}
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+			Env:   []corev1.EnvVar{{Name: "SETTING_03", Value: "x"}, {Name: "B"}, {Name: "C"}, {Name: "D"}, {Name: "E"}, {Name: "F"}}}
 	}
 	d := deployment(c("c0"), c("c1"))
 	d.Spec.Paused = true
@@ -205,5 +229,9 @@ func variants() []*appsv1.Deployment {
 	latest.Spec.Replicas = ptr.To[int32](0)
 	good := deployment(goodContainer("web"))
 	good.Name = strings.Repeat("g", 3)
-	return []*appsv1.Deployment{d, latest, good}
+	// Labels set apart, so that the selector and the pod labels differ.
+	apart := deployment(goodContainer("web"))
+	apart.Name = "apart"
+	apart.Spec.Template.Labels = map[string]string{"app": "shop", "tier": "web"}
+	return []*appsv1.Deployment{d, latest, good, apart}
 }
