@@ -104,7 +104,7 @@ func (in *Input) Request() Request {
 }
 
 // MarshalJSON renders the input document exactly as policies see it, for
-// "check --show-input" and for writing Rego tests from real requests.
+// writing Rego tests from real requests (NewInput builds it whole).
 func (in *Input) MarshalJSON() ([]byte, error) {
 	doc, err := ast.JSON(in.value)
 	if err != nil {
