@@ -50,25 +50,17 @@ type Input struct {
 func NewInput(r Request) (*Input, error) { return newInput(r, wholeValue) }
 
 // newInput converts r, building of input.object and input.oldObject only
-// what reads reads (the active set's inputReads): an oldObject no policy
+// what reads reads (the active set's inputReads): an object no policy
 // reads is null, and converting the rest of a Deployment, its env above all, was
 // most of the cost of the input.
 func newInput(r Request, reads *projection) (*Input, error) {
-	// The object is always checked, read or not: a malformed one is an
-	// error whatever the set.
-	part := reads.child("object")
-	if part == nil {
-		part = &projection{}
-	}
-	object, err := jsonDocument(r.Object, part)
+	object, err := inputPart(r.Object, reads, "object")
 	if err != nil {
-		return nil, fmt.Errorf("object: %w", err)
+		return nil, err
 	}
-	var oldObject ast.Value = ast.Null{}
-	if part := reads.child("oldObject"); part != nil {
-		if oldObject, err = jsonDocument(r.OldObject, part); err != nil {
-			return nil, fmt.Errorf("oldObject: %w", err)
-		}
+	oldObject, err := inputPart(r.OldObject, reads, "oldObject")
+	if err != nil {
+		return nil, err
 	}
 	// Empty collections rather than null, so a rule can index them without
 	// first checking that they exist.
@@ -111,6 +103,25 @@ func (in *Input) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	return json.Marshal(doc)
+}
+
+// inputPart is the member name of input for obj, as far as reads reads it.
+// An object no policy reads is null, but checked all the same: a malformed
+// one is an error whatever the set reads.
+func inputPart(obj any, reads *projection, name string) (ast.Value, error) {
+	part := reads.child(name)
+	check := part
+	if check == nil {
+		check = &projection{}
+	}
+	v, err := jsonDocument(obj, check)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if part == nil {
+		return ast.Null{}, nil
+	}
+	return v, nil
 }
 
 // jsonDocument converts an object to the Rego value of its JSON, as far as

@@ -259,6 +259,8 @@ func (p *jsonParser) skip(depth int) error {
 		open, end = '[', ']'
 	case '"':
 		return p.skipString()
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return p.scanNumber()
 	default:
 		_, err := p.value(depth, "", wholeValue)
 		return err
@@ -400,6 +402,19 @@ func (p *jsonParser) scanString() (plain []byte, ok bool, err error) {
 
 func (p *jsonParser) number() (ast.Value, error) {
 	start := p.i
+	if err := p.scanNumber(); err != nil {
+		return nil, err
+	}
+	lit := string(p.b[start:p.i])
+	if _, err := strconv.ParseFloat(lit, 64); err != nil && !isRangeErr(err) {
+		return nil, p.errorf("bad number %q", lit)
+	}
+	return ast.Number(lit), nil
+}
+
+// scanNumber moves past a number, checking its grammar (all that
+// strconv.ParseFloat could refuse but for its range).
+func (p *jsonParser) scanNumber() error {
 	if p.b[p.i] == '-' {
 		p.i++
 	}
@@ -413,15 +428,15 @@ func (p *jsonParser) number() (ast.Value, error) {
 	}
 	intStart := p.i
 	if digits() == 0 {
-		return nil, p.errorf("bad number")
+		return p.errorf("bad number")
 	}
 	if p.b[intStart] == '0' && p.i-intStart > 1 {
-		return nil, p.errorf("leading zero in a number")
+		return p.errorf("leading zero in a number")
 	}
 	if p.i < len(p.b) && p.b[p.i] == '.' {
 		p.i++
 		if digits() == 0 {
-			return nil, p.errorf("bad fraction")
+			return p.errorf("bad fraction")
 		}
 	}
 	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
@@ -430,14 +445,10 @@ func (p *jsonParser) number() (ast.Value, error) {
 			p.i++
 		}
 		if digits() == 0 {
-			return nil, p.errorf("bad exponent")
+			return p.errorf("bad exponent")
 		}
 	}
-	lit := string(p.b[start:p.i])
-	if _, err := strconv.ParseFloat(lit, 64); err != nil && !isRangeErr(err) {
-		return nil, p.errorf("bad number %q", lit)
-	}
-	return ast.Number(lit), nil
+	return nil
 }
 
 func isRangeErr(err error) bool {

@@ -206,6 +206,9 @@ func TestInputBeforeAnyLoadAndUnreadObject(t *testing.T) {
 	assert.Nil(t, e.active.Load().reads.child("object"))
 	_, err = e.EvaluateRequest(context.Background(), Request{Operation: "CREATE", Namespace: "a", Name: "b", Object: []byte(`{"spec":`)})
 	assert.ErrorContains(t, err, "object: decoding JSON")
+	assert.Nil(t, e.active.Load().reads.child("oldObject"))
+	_, err = e.EvaluateRequest(context.Background(), Request{Operation: "UPDATE", Namespace: "a", Name: "b", Object: deployment(goodContainer("web")), OldObject: []byte(`{`)})
+	assert.ErrorContains(t, err, "oldObject: decoding JSON")
 }
 
 // variants are Deployments that the built-ins and readsModules find
