@@ -37,8 +37,11 @@ func (p *projection) child(key string) *projection {
 // element is child for array element i; the common case, no index named,
 // allocates nothing.
 func (p *projection) element(i int) *projection {
-	if p.whole || len(p.members) == 0 {
-		return p.child("")
+	if p.whole {
+		return p
+	}
+	if len(p.members) == 0 {
+		return p.any
 	}
 	return p.child(strconv.Itoa(i))
 }
@@ -185,8 +188,8 @@ type scope struct {
 	// bound: variables bound to parts of input, by a binding expression
 	// ("x = input.a.b" in compiled form).
 	bound map[ast.Var]paths
-	// binding: the expressions that bind, by their variable.
-	binding map[*ast.Expr]ast.Var
+	// binding: the expressions that bind.
+	binding map[*ast.Expr]bool
 	// sides counts the candidate bindings each variable is the variable
 	// side of, in the whole rule: one binds; two compare two values.
 	sides map[ast.Var]int
@@ -225,7 +228,7 @@ func (a *readsAnalysis) rule(r *ast.Rule, params map[int]paths) {
 		if a.budget--; a.budget < 0 {
 			return
 		}
-		s := &scope{bound: map[ast.Var]paths{}, binding: map[*ast.Expr]ast.Var{}, sides: map[ast.Var]int{}}
+		s := &scope{bound: map[ast.Var]paths{}, binding: map[*ast.Expr]bool{}, sides: map[ast.Var]int{}}
 		// A variable that holds a value before any expression runs (a
 		// parameter, an every's key and value) is compared by "=", never
 		// bound: it counts as two sides.
@@ -324,7 +327,7 @@ func (a *readsAnalysis) bind(s *scope, e *ast.Expr) {
 	if v, r, ok := candidate(e); ok && s.sides[v] == 1 {
 		if _, already := s.bound[v]; !already {
 			if ps, ok := a.refPaths(s, r); ok {
-				s.bound[v], s.binding[e] = ps, v
+				s.bound[v], s.binding[e] = ps, true
 				s.changed = true
 			}
 		}
@@ -354,14 +357,8 @@ func (a *readsAnalysis) domains(s *scope, e *ast.Expr) {
 	}
 	if t, ok := e.Terms.(*ast.Term); ok {
 		// "C[k]" alone: k is a key of C.
-		if r, ok := t.Value.(ast.Ref); ok && len(r) >= 2 {
-			if k, ok := r[len(r)-1].Value.(ast.Var); ok {
-				if coll := a.constant(s, r[:len(r)-1]); coll != nil {
-					if keys, ok := keysOf(coll); ok {
-						s.known.domain[k] = keys
-					}
-				}
-			}
+		if r, ok := t.Value.(ast.Ref); ok {
+			a.indexDomain(s, r)
 		}
 		return
 	}
@@ -380,22 +377,34 @@ func (a *readsAnalysis) domains(s *scope, e *ast.Expr) {
 				s.known.literal[v] = o[1]
 			}
 		case ast.Ref:
-			k, isVar := x[len(x)-1].Value.(ast.Var)
-			if len(x) < 2 || !isVar {
-				continue
-			}
-			coll := a.constant(s, x[:len(x)-1])
-			if coll == nil {
-				continue
-			}
-			if keys, ok := keysOf(coll); ok {
-				s.known.domain[k] = keys
-			}
-			if vals, ok := valuesOf(coll); ok {
-				s.known.domain[v] = vals
+			// "v = C[k]": v is also a value of C.
+			if coll := a.indexDomain(s, x); coll != nil {
+				if vals, ok := valuesOf(coll); ok {
+					s.known.domain[v] = vals
+				}
 			}
 		}
 	}
+}
+
+// indexDomain: r is C[k] with C a constant collection and k a variable,
+// which can then only be a key of C. It returns C, or nil.
+func (a *readsAnalysis) indexDomain(s *scope, r ast.Ref) *ast.Term {
+	if len(r) < 2 {
+		return nil
+	}
+	k, ok := r[len(r)-1].Value.(ast.Var)
+	if !ok {
+		return nil
+	}
+	coll := a.constant(s, r[:len(r)-1])
+	if coll == nil {
+		return nil
+	}
+	if keys, ok := keysOf(coll); ok {
+		s.known.domain[k] = keys
+	}
+	return coll
 }
 
 // constant is the ground collection r stands for: a variable bound to a
@@ -527,7 +536,7 @@ func (a *readsAnalysis) wholeAll(ps paths) {
 
 // expr records the uses of an expression.
 func (a *readsAnalysis) expr(s *scope, e *ast.Expr) {
-	if _, ok := s.binding[e]; ok {
+	if s.binding[e] {
 		// Its variable stands for the part; only the index terms read.
 		_, r, _ := candidate(e)
 		for _, t := range r[1:] {
