@@ -170,6 +170,18 @@ func TestCallerCancellation(t *testing.T) {
 	assert.Contains(t, got.Denied[0].Message, "the request was abandoned: context canceled")
 }
 
+// TestCallerGivesUpMidway: a caller that gives up while a policy runs stops
+// it, whatever budget the policy has left, and the policy fails as abandoned.
+func TestCallerGivesUpMidway(t *testing.T) {
+	e := newEngine(t, Options{EvalTimeout: time.Hour}, regoSource("slow.rego", slowPolicy))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	got := e.Evaluate(ctx, createInput(t, deployment(goodContainer("web"))))
+	require.Len(t, got.Denied, 1, "an abandoned request is not a pass")
+	assert.True(t, got.Denied[0].EvalFailed)
+	assert.Contains(t, got.Denied[0].Message, "the request was abandoned: context deadline exceeded")
+}
+
 func TestExemptions(t *testing.T) {
 	ex := Exemptions{
 		Namespaces: []string{"kube-system"},

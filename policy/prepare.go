@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
 
@@ -17,6 +17,8 @@ type preparedSet struct {
 	// reads is what the set's modules can read of input (inputReads): the
 	// input is built of that only.
 	reads *projection
+	// store is the set's data: empty, policies read only input.
+	store storage.Store
 }
 
 // preparedPolicy is one policy ready to evaluate.
@@ -27,7 +29,7 @@ type preparedPolicy struct {
 	// severity and category from the METADATA, "" when absent.
 	severity, category string
 	digest             string
-	query              rego.PreparedEvalQuery
+	query              compiledQuery
 	rules              []string
 	meter              policyMeter
 }
@@ -35,20 +37,14 @@ type preparedPolicy struct {
 // prepare builds one query per enabled policy. A query per policy, rather
 // than one for the set, lets an error or time-out be pinned on its policy
 // while the others still decide.
-func prepare(ctx context.Context, cs *compiledSet, opts Options, m *metrics) (*preparedSet, error) {
-	set := &preparedSet{reads: inputReads(cs.compiler.Modules, cs.compiler)}
-	// One empty store for the set: policies read only input.
-	store := inmem.New()
+func prepare(_ context.Context, cs *compiledSet, opts Options, m *metrics) (*preparedSet, error) {
+	set := &preparedSet{reads: inputReads(cs.compiler.Modules, cs.compiler), store: inmem.New()}
 	for _, p := range cs.policies {
 		if opts.disabled(p.name) {
 			set.disabled = append(set.disabled, p.name)
 			continue
 		}
-		q, err := rego.New(
-			rego.Compiler(cs.compiler),
-			rego.Store(store),
-			rego.ParsedQuery(policyQuery(p)),
-		).PrepareForEval(ctx)
+		q, err := compileQuery(cs.compiler, policyQuery(p))
 		if err != nil {
 			return nil, fmt.Errorf("preparing policy %q from %s: %w", p.name, p.source, err)
 		}
@@ -78,4 +74,35 @@ func policyQuery(p policyModule) ast.Body {
 		exprs = append(exprs, ast.Assign.Expr(ast.VarTerm(rule), ast.NewTerm(ref)))
 	}
 	return ast.NewBody(exprs...)
+}
+
+// compiledQuery is a policy's query as the evaluator runs it, and the names
+// of the variables it binds (the compiler renames them).
+type compiledQuery struct {
+	body          ast.Body
+	compiler      *ast.Compiler
+	queryCompiler ast.QueryCompiler
+	names         map[ast.Var]string
+}
+
+// compileQuery compiles body against c as OPA's rego package prepares a
+// query for evaluation (no package, no imports, print statements off).
+func compileQuery(c *ast.Compiler, body ast.Body) (compiledQuery, error) {
+	qc := c.QueryCompiler().WithStrict(false)
+	compiled, err := qc.Compile(body)
+	if err != nil {
+		return compiledQuery{}, err
+	}
+	names := map[ast.Var]string{}
+	for _, expr := range body {
+		if v, ok := expr.Operand(0).Value.(ast.Var); ok {
+			names[v] = string(v)
+		}
+	}
+	for renamed, v := range qc.RewrittenVars() {
+		if _, ok := names[v]; ok {
+			names[renamed] = string(v)
+		}
+	}
+	return compiledQuery{body: compiled, compiler: c, queryCompiler: qc, names: names}, nil
 }
