@@ -90,9 +90,64 @@ func TestDecodingAsTheAPIMachinery(t *testing.T) {
 	} {
 		var want admissionv1.AdmissionReview
 		require.NoError(t, kjson.UnmarshalCaseSensitivePreserveInts(b, &want), name)
-		got, ok := decodeReview(b)
+		got, ok := decodeReview(b, false)
 		if assert.True(t, ok, "%s: decoded in one pass", name) {
 			assert.Equal(t, want, got, name)
+		}
+		typed, ok := decodeReview(b, true)
+		if assert.True(t, ok, "%s: decoded with its objects", name) {
+			for _, o := range []*runtime.RawExtension{&typed.Request.Object, &typed.Request.OldObject} {
+				if len(o.Raw) > 0 {
+					d, err := decodeDeployment(runtime.RawExtension{Raw: o.Raw})
+					require.NoError(t, err, name)
+					assert.Equal(t, d, o.Object, name)
+				}
+				o.Object = nil
+			}
+			assert.Equal(t, want, typed, name)
+		}
+	}
+	for name, b := range bodies {
+		sameObjects(t, name, b)
+	}
+}
+
+// sameObjects: a review of object (any bytes) decodes with its objects as
+// Deployments when, and only when, the object decodes on its own; then with
+// the same bytes and the same Deployment.
+func sameObjects(t *testing.T, name string, object []byte) {
+	t.Helper()
+	for _, member := range []string{"object", "oldObject"} {
+		b := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","options":{"kind":"CreateOptions"},"` + member + `": ` + string(object) + `}}`)
+		plain, ok := decodeReview(b, false)
+		typed, typedOK := decodeReview(b, true)
+		if !ok {
+			assert.False(t, typedOK, "%s in %s", name, member)
+			continue
+		}
+		raw := plain.Request.Object
+		if member == "oldObject" {
+			raw = plain.Request.OldObject
+		}
+		want, err := decodeDeployment(raw)
+		if !typedOK {
+			assert.Error(t, err, "%s in %s: refused with the review, so refused alone", name, member)
+			continue
+		}
+		got := typed.Request.Object
+		if member == "oldObject" {
+			got = typed.Request.OldObject
+		}
+		assert.Equal(t, string(raw.Raw), string(got.Raw), "%s in %s", name, member)
+		rest := *typed.Request
+		rest.Object.Object, rest.OldObject.Object = nil, nil
+		assert.Equal(t, *plain.Request, rest, "%s in %s: the rest of the request as decoded alone", name, member)
+		if len(raw.Raw) == 0 {
+			assert.Nil(t, got.Object, "%s in %s", name, member)
+			continue
+		}
+		if assert.NoError(t, err, "%s in %s", name, member) {
+			assert.Equal(t, want, got.Object, "%s in %s", name, member)
 		}
 	}
 }
@@ -118,5 +173,6 @@ func FuzzDecoding(f *testing.F) {
 		case wantErr == nil && err == nil:
 			assert.Equal(t, want, got)
 		}
+		sameObjects(t, "fuzzed", b)
 	})
 }

@@ -108,6 +108,9 @@ func decodeDeployment(raw runtime.RawExtension) (*appsv1.Deployment, error) {
 	if len(raw.Raw) == 0 {
 		return nil, errors.New("no object")
 	}
+	if d, ok := raw.Object.(*appsv1.Deployment); ok {
+		return d, nil // decoded with the review (Endpoint.Deployments)
+	}
 	d := &appsv1.Deployment{}
 	if err := jsonv2.Unmarshal(raw.Raw, d, v1Semantics); err != nil {
 		return nil, err
