@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -177,18 +179,34 @@ func (f Finding) Line() string {
 // converted once.
 type Params struct{ obj runtime.Object }
 
-// Params are s for Evaluate. The caller decides what a bound does.
+// Params are s for Evaluate. The caller decides what a bound does. The
+// webhook asks on every write for the same settings: the last params built
+// are kept, and given again while the data is the same. Params are never
+// changed once built.
 func (s Settings) Params() *Params {
-	data := map[string]any{}
-	for k, v := range s.Data() {
+	d := s.Data()
+	if last := lastParams.Load(); last != nil && maps.Equal(last.data, d) {
+		return last.params
+	}
+	data := make(map[string]any, len(d))
+	for k, v := range d {
 		data[k] = v
 	}
-	return &Params{obj: &unstructured.Unstructured{Object: map[string]any{
+	p := &Params{obj: &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"name": nativeconfig.ParamsName},
 		"data":     data,
 	}}}
+	lastParams.Store(&builtParams{data: d, params: p})
+	return p
 }
+
+type builtParams struct {
+	data   map[string]string
+	params *Params
+}
+
+var lastParams atomic.Pointer[builtParams]
 
 // Evaluate runs the named policies on req with params, and returns what
 // failed, in policy and validation order. An Ignore policy whose message

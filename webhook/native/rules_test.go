@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -225,5 +226,24 @@ func TestATemplateOnlyUpdateIsChecked(t *testing.T) {
 	}
 	if fs := evaluate(t, Request{Operation: admission.Update, Object: old.DeepCopy(), OldObject: old}, defaults, Refusals); len(fs) != 0 {
 		t.Errorf("no change: %+v", fs)
+	}
+}
+
+// TestParamsFollowTheSettings: the params kept from the last call are given
+// only for the same settings; a change of config gives the new values.
+func TestParamsFollowTheSettings(t *testing.T) {
+	other := defaults
+	other.ExemptNamespaces = []string{"legacy"}
+	for _, s := range []Settings{defaults, other, other, defaults} {
+		u, _ := s.Params().obj.(*unstructured.Unstructured)
+		data, _ := u.Object["data"].(map[string]any)
+		for k, v := range s.Data() {
+			if data[k] != v {
+				t.Errorf("params %s = %v, want %q", k, data[k], v)
+			}
+		}
+	}
+	if first, again := defaults.Params(), defaults.Params(); first != again {
+		t.Error("the same settings build their params again")
 	}
 }
