@@ -84,7 +84,14 @@ type halt struct {
 	over      atomic.Bool
 }
 
-func (h *halt) Cancel()         { h.over.Store(true) }
+// Cancel is the budget's: it counts only if the caller has not given up
+// first, so that the failure names what stopped the policy first.
+func (h *halt) Cancel() {
+	if !h.abandoned.Load() {
+		h.over.Store(true)
+	}
+}
+
 func (h *halt) Cancelled() bool { return h.over.Load() || h.abandoned.Load() }
 
 // evaluate runs p's query on input, as OPA's rego package evaluates a
@@ -137,11 +144,13 @@ func (p *preparedPolicy) evaluate(ctx context.Context, store storage.Store, inpu
 		return nil
 	})
 	if err != nil {
-		switch {
+		// The watch of ctx runs on a goroutine of its own: a caller who has
+		// given up may not have been noticed yet.
+		switch cause := context.Cause(ctx); {
 		case h.over.Load():
 			return outcome{err: fmt.Errorf("it did not finish within its time budget of %v", budget)}
-		case abandoned.Load():
-			return outcome{err: fmt.Errorf("the request was abandoned: %w", context.Cause(ctx))}
+		case abandoned.Load() || cause != nil:
+			return outcome{err: fmt.Errorf("the request was abandoned: %w", cause)}
 		}
 		// OPA's error already names the source and line of the failing rule.
 		return outcome{err: err}

@@ -114,41 +114,74 @@ func TestDecodingAsTheAPIMachinery(t *testing.T) {
 
 // sameObjects: a review of object (any bytes) decodes with its objects as
 // Deployments when, and only when, the object decodes on its own; then with
-// the same bytes and the same Deployment.
+// the same bytes and the same Deployment (sameReview).
 func sameObjects(t *testing.T, name string, object []byte) {
 	t.Helper()
 	for _, member := range []string{"object", "oldObject"} {
-		b := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","options":{"kind":"CreateOptions"},"` + member + `": ` + string(object) + `}}`)
-		plain, ok := decodeReview(b, false)
-		typed, typedOK := decodeReview(b, true)
-		if !ok {
-			assert.False(t, typedOK, "%s in %s", name, member)
+		sameReview(t, name+" in "+member, []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","options":{"kind":"CreateOptions"},"`+member+`": `+string(object)+`}}`))
+	}
+}
+
+// sameReview: body, any bytes, decodes with its objects as Deployments
+// (decodeReview's deployments) as it decodes without, but where an object
+// does not decode as a Deployment: then not at all, and the handler, given
+// the body by the Webhook, refuses that object as it would have. Decoded,
+// each object has the bytes it has without, and the Deployment they decode
+// to alone.
+func sameReview(t *testing.T, name string, body []byte) {
+	t.Helper()
+	plain, ok := decodeReview(body, false)
+	typed, typedOK := decodeReview(body, true)
+	if !ok {
+		assert.False(t, typedOK, name)
+		return
+	}
+	if !typedOK {
+		_, errObject := decodeDeployment(plain.Request.Object)
+		_, errOld := decodeDeployment(plain.Request.OldObject)
+		notDeployment := func(raw runtime.RawExtension, err error) bool { return len(raw.Raw) > 0 && err != nil }
+		assert.True(t, notDeployment(plain.Request.Object, errObject) || notDeployment(plain.Request.OldObject, errOld),
+			"%s: refused with the review, so an object is refused alone", name)
+		return
+	}
+	rest := *typed.Request
+	for _, o := range []struct{ want, got runtime.RawExtension }{
+		{plain.Request.Object, typed.Request.Object}, {plain.Request.OldObject, typed.Request.OldObject},
+	} {
+		assert.Equal(t, string(o.want.Raw), string(o.got.Raw), name)
+		if len(o.want.Raw) == 0 {
+			assert.Nil(t, o.got.Object, name)
 			continue
 		}
-		raw := plain.Request.Object
-		if member == "oldObject" {
-			raw = plain.Request.OldObject
+		want, err := decodeDeployment(o.want)
+		if assert.NoError(t, err, name) {
+			assert.Equal(t, want, o.got.Object, name)
 		}
-		want, err := decodeDeployment(raw)
-		if !typedOK {
-			assert.Error(t, err, "%s in %s: refused with the review, so refused alone", name, member)
-			continue
-		}
-		got := typed.Request.Object
-		if member == "oldObject" {
-			got = typed.Request.OldObject
-		}
-		assert.Equal(t, string(raw.Raw), string(got.Raw), "%s in %s", name, member)
-		rest := *typed.Request
-		rest.Object.Object, rest.OldObject.Object = nil, nil
-		assert.Equal(t, *plain.Request, rest, "%s in %s: the rest of the request as decoded alone", name, member)
-		if len(raw.Raw) == 0 {
-			assert.Nil(t, got.Object, "%s in %s", name, member)
-			continue
-		}
-		if assert.NoError(t, err, "%s in %s", name, member) {
-			assert.Equal(t, want, got.Object, "%s in %s", name, member)
-		}
+	}
+	rest.Object.Object, rest.OldObject.Object = nil, nil
+	assert.Equal(t, *plain.Request, rest, "%s: the rest of the request as decoded alone", name)
+}
+
+// TestReviewShapes: reviews the API server never sends decode with their
+// objects as without, or go to the Webhook, never to a panic.
+func TestReviewShapes(t *testing.T) {
+	const head = `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",`
+	obj := `{"metadata":{"name":"a"},"spec":{"replicas":2}}`
+	for name, body := range map[string]string{
+		"request null":                    head + `"request":null}`,
+		"no request":                      head + `"x":1}`,
+		"request null, then a request":    head + `"request":null,"request":{"uid":"1","object":` + obj + `}}`,
+		"a request, then null":            head + `"request":{"uid":"1","object":` + obj + `},"request":null}`,
+		"two requests":                    head + `"request":{"uid":"1","object":` + obj + `},"request":{"name":"b"}}`,
+		"request not an object":           head + `"request":"x"}`,
+		"an object, then null":            head + `"request":{"uid":"1","object":` + obj + `,"object":null}}`,
+		"null, then an object":            head + `"request":{"uid":"1","object":null,"object":` + obj + `}}`,
+		"two objects":                     head + `"request":{"uid":"1","object":{"metadata":{"name":"a"}},"object":` + obj + `}}`,
+		"an object not a Deployment":      head + `"request":{"uid":"1","object":{"spec":{"replicas":"x"}}}}`,
+		"an object that is not an object": head + `"request":{"uid":"1","object":[1]}}`,
+		"kind after the request":          `{"request":{"uid":"1","oldObject":` + obj + `},"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`,
+	} {
+		sameReview(t, name, []byte(body))
 	}
 }
 
@@ -174,5 +207,6 @@ func FuzzDecoding(f *testing.F) {
 			assert.Equal(t, want, got)
 		}
 		sameObjects(t, "fuzzed", b)
+		sameReview(t, "fuzzed review", b)
 	})
 }

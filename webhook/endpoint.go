@@ -103,7 +103,27 @@ func decodeReview(body []byte, deployments bool) (admissionv1.AdmissionReview, b
 // Deployments as they are read.
 type deploymentReview struct {
 	metav1.TypeMeta `json:",inline"`
-	Request         *deploymentRequest `json:"request,omitempty"`
+	Request         requestMember `json:"request"`
+}
+
+// requestMember is the review's request, decoded as the pointer of
+// admissionv1.AdmissionReview is: none until a request member is read, none
+// again after a null one, and a repeated member decoded into the first.
+type requestMember struct {
+	body []byte // the whole review, which the decoder reads
+	req  *deploymentRequest
+}
+
+func (m *requestMember) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	if dec.PeekKind() == 'n' {
+		_, err := dec.ReadToken()
+		m.req = nil
+		return err
+	}
+	if m.req == nil {
+		m.req = &deploymentRequest{Object: deploymentObject{body: m.body}, OldObject: deploymentObject{body: m.body}}
+	}
+	return jsonv2.UnmarshalDecode(dec, m.req, v1Semantics)
 }
 
 type deploymentRequest struct {
@@ -113,8 +133,8 @@ type deploymentRequest struct {
 }
 
 // deploymentObject is one object of the review: its bytes, as
-// RawExtension's UnmarshalJSON keeps them (none for null), and the
-// Deployment they decode to.
+// RawExtension's UnmarshalJSON keeps them (a null member changes nothing),
+// and the Deployment they decode to.
 type deploymentObject struct {
 	body []byte // the whole review, which the decoder reads
 	raw  runtime.RawExtension
@@ -123,7 +143,6 @@ type deploymentObject struct {
 func (o *deploymentObject) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 	if dec.PeekKind() == 'n' {
 		_, err := dec.ReadToken()
-		o.raw = runtime.RawExtension{}
 		return err
 	}
 	start := dec.InputOffset()
@@ -137,12 +156,12 @@ func (o *deploymentObject) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 }
 
 func decodeDeploymentReview(body []byte) (admissionv1.AdmissionReview, bool) {
-	dr := deploymentReview{Request: &deploymentRequest{Object: deploymentObject{body: body}, OldObject: deploymentObject{body: body}}}
-	if jsonv2.Unmarshal(body, &dr, v1Semantics) != nil || dr.GroupVersionKind() != reviewV1 {
+	dr := deploymentReview{Request: requestMember{body: body}}
+	if jsonv2.Unmarshal(body, &dr, v1Semantics) != nil || dr.GroupVersionKind() != reviewV1 || dr.Request.req == nil {
 		return admissionv1.AdmissionReview{}, false
 	}
-	req := dr.Request.AdmissionRequest
-	req.Object, req.OldObject = dr.Request.Object.raw, dr.Request.OldObject.raw
+	req := dr.Request.req.AdmissionRequest
+	req.Object, req.OldObject = dr.Request.req.Object.raw, dr.Request.req.OldObject.raw
 	return admissionv1.AdmissionReview{TypeMeta: dr.TypeMeta, Request: &req}, true
 }
 
