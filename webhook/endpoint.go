@@ -23,9 +23,9 @@ import (
 // directly, in one pass (decodeReview), with its objects for the handlers of
 // Deployments. The Webhook's universal deserializer first reads the whole
 // body once more to find its kind, about a tenth of the guard's CPU per
-// admission under load. Anything else (another version, another content type, a body
-// that does not decode) goes to the Webhook as it came, so that every error
-// answer is the Webhook's own.
+// admission under load. Anything else (another version, another content
+// type, a body that does not decode) goes to the Webhook as it came, so that
+// every error answer is the Webhook's own.
 type Endpoint struct {
 	*admission.Webhook
 	// Deployments decodes the review's object and oldObject as apps/v1
