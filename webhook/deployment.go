@@ -31,6 +31,9 @@ type Deployment struct {
 	Budgets BudgetSource
 	// Now is the clock exceptions expire by; nil is time.Now.
 	Now func() time.Time
+	// BodyTimeout bounds how long each webhook request's body may take to
+	// arrive; zero is DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
 
 // Exceptions finds the PolicyExceptions active at now that cover d.

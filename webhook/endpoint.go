@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -33,7 +34,18 @@ type Endpoint struct {
 	// Raw; decodeDeployment takes it): decoding the review and then the
 	// object read every byte of the object twice.
 	Deployments bool
+	// BodyTimeout bounds how long a request's body may take to arrive once
+	// its headers have; zero is DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
+
+// DefaultBodyTimeout is how long a webhook request's body may take to
+// arrive. The API server writes it at once and gives up on the call after
+// the webhook's timeoutSeconds (at most 30 s); only a broken or hostile
+// client is slower, and without a bound each such connection would hold a
+// goroutine and the body's buffer (up to maxPresized) for as long as it
+// liked. The server's own ReadHeaderTimeout bounds only the headers.
+const DefaultBodyTimeout = 10 * time.Second
 
 // maxReviewBytes is the Webhook's own limit on a request body.
 const maxReviewBytes = 7 * 1024 * 1024
@@ -45,6 +57,15 @@ const maxPresized = 256 * 1024
 var reviewV1 = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
 
 func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Go's server lifts the deadline itself once the body has been read to
+	// its end (its background read starts there), so the handling after it
+	// is not bounded by it. The error is ErrNotSupported only where there is
+	// no connection to bound (a test's recorder).
+	timeout := e.BodyTimeout
+	if timeout <= 0 {
+		timeout = DefaultBodyTimeout
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout))
 	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Type") != "application/json" {
 		e.Webhook.ServeHTTP(w, r)
 		return
@@ -61,6 +82,9 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rest := r.Body
 		if err != nil {
 			rest = io.NopCloser(failingReader{err})
+			// The rest of the body is still on the connection, or the
+			// connection broke: the next request cannot be read from it.
+			w.Header().Set("Connection", "close")
 		}
 		r.Body = struct {
 			io.Reader

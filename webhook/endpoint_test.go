@@ -2,14 +2,21 @@ package webhook
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 // TestEndpointAnswersAsTheWebhook: the one-pass decoding changes nothing a
@@ -98,4 +105,101 @@ func TestReadBody(t *testing.T) {
 	assert.LessOrEqual(t, cap(b), maxPresized+1, "a large announced length is not allocated up front")
 	_, err = readBody(io.MultiReader(bytes.NewReader(body), failingReader{errors.New("reset")}), 3000)
 	assert.Error(t, err)
+}
+
+// TestStalledBodyIsCutOff: a client that sends a review's headers and then
+// stops (a broken client, or one that means harm: anyone who reaches the
+// port can) has its request ended once the body timeout passes, while
+// another connection is answered as usual in the meantime. Through Go's
+// HTTP server over TLS, as the guard serves.
+func TestStalledBodyIsCutOff(t *testing.T) {
+	_, validating := servers(t)
+	ep := validating.(*Endpoint)
+	ep.BodyTimeout = 200 * time.Millisecond
+	srv := httptest.NewTLSServer(ep)
+	defer srv.Close()
+
+	conn, err := tls.Dial("tcp", srv.Listener.Addr().String(), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a test server's own certificate
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"kind\":")
+	require.NoError(t, err)
+
+	// Another client is served while the first one stalls.
+	resp, err := srv.Client().Post(srv.URL, "application/json", bytes.NewReader(review(t, admissionv1.Create, stored(), nil)))
+	require.NoError(t, err)
+	out, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+	assert.Contains(t, string(out), `"allowed":false`, "the other client's answer: the overlap with the index's Deployment")
+
+	// The stalled request ends: an error answer, then the connection
+	// closes, though the 100 KB that were announced never arrive. The
+	// deadline here only stops the test from hanging.
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(20*time.Second)))
+	rest, err := io.ReadAll(conn)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the stalled request's connection is still open after 20 s (read %q)", rest)
+	}
+	assert.Contains(t, string(rest), "Connection: close")
+	assert.Contains(t, string(rest), `"allowed":false`)
+	assert.Contains(t, string(rest), "i/o timeout")
+}
+
+// TestHandlingOutlastsTheBodyDeadline: the body's deadline ends with the
+// body. A request whose handling takes longer than the body timeout (a slow
+// Rego policy within its budget) keeps its context: Go's server reads on in
+// the background once the body is in, and a deadline still set there would
+// cancel the context (the server lifts it as that read starts).
+func TestHandlingOutlastsTheBodyDeadline(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	ep := &Endpoint{BodyTimeout: timeout, Webhook: &admission.Webhook{Handler: admission.HandlerFunc(
+		func(ctx context.Context, _ admission.Request) admission.Response {
+			select {
+			case <-ctx.Done():
+				return admission.Denied("the request's context ended: " + context.Cause(ctx).Error())
+			case <-time.After(5 * timeout):
+				return admission.Allowed("")
+			}
+		})}}
+	srv := httptest.NewTLSServer(ep)
+	defer srv.Close()
+	resp, err := srv.Client().Post(srv.URL, "application/json", bytes.NewReader(review(t, admissionv1.Create, stored(), nil)))
+	require.NoError(t, err)
+	out, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Contains(t, string(out), `"allowed":true`)
+}
+
+// TestStalledBodyIsCutOffOverHTTP2: the same over HTTP/2 (serve's --http2),
+// where the deadline is the stream's and the connection carries on.
+func TestStalledBodyIsCutOffOverHTTP2(t *testing.T) {
+	_, validating := servers(t)
+	ep := validating.(*Endpoint)
+	ep.BodyTimeout = 200 * time.Millisecond
+	srv := httptest.NewUnstartedServer(ep)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+
+	stalled, feed := io.Pipe()
+	defer feed.Close()
+	go func() { _, _ = feed.Write([]byte(`{"kind":`)) }() // and nothing more
+	req, err := http.NewRequest(http.MethodPost, srv.URL, stalled)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.ContentLength = 100000
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // only stops the test from hanging
+	defer cancel()
+	resp, err := srv.Client().Do(req.WithContext(ctx))
+	require.NoError(t, err, "the stalled request gets no answer")
+	out, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, 2, resp.ProtoMajor)
+	assert.Contains(t, string(out), `"allowed":false`)
+	assert.Contains(t, string(out), "i/o timeout")
 }

@@ -25,8 +25,8 @@ const (
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
 func (w *Deployment) Handlers(m *Metrics) (mutating, validating *Endpoint) {
-	mutating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{w: w}.handle, m)}, Deployments: true}
-	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{w: w}.handle, m)}, Deployments: true}
+	mutating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{w: w}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
+	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{w: w}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
 	return mutating, validating
 }
 
@@ -42,7 +42,7 @@ func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(ht
 	srv.Register(MutatePath, wrap(mutating))
 	srv.Register(ValidatePath, wrap(validating))
 	if w.Budgets != nil {
-		srv.Register(BudgetPath, wrap(&Endpoint{Webhook: w.BudgetHandler(m)}))
+		srv.Register(BudgetPath, wrap(&Endpoint{Webhook: w.BudgetHandler(m), BodyTimeout: w.BodyTimeout}))
 	}
 }
 

@@ -166,6 +166,9 @@ func guardConfig() config.Config {
 	return c
 }
 
+// suiteBodyTimeout is how long the suite's guard waits for a request's body.
+const suiteBodyTimeout = 2 * time.Second
+
 // startGuard serves the guard's real handlers on envtest's webhook address.
 func startGuard(ctx context.Context) (func(), error) {
 	o := &testEnv.WebhookInstallOptions
@@ -228,6 +231,9 @@ func startGuard(ctx context.Context) (func(), error) {
 		Policies:        guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 		Exceptions:      exceptions,
+		// Shorter than serve's, so that TestStalledClientsDoNotStopAdmission
+		// waits two seconds for it, not ten.
+		BodyTimeout: suiteBodyTimeout,
 	}).SetupWithManager(mgr, m, nil)
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -1,0 +1,70 @@
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+)
+
+// TestStalledClientsDoNotStopAdmission: clients that reach the webhook port,
+// send a review's headers and then stop (broken, or meaning harm) neither
+// stop the API server's calls in the meantime nor stay open: each is
+// answered with an error and its connection closed once the body timeout
+// passes. Through controller-runtime's webhook server, as serve runs it.
+func TestStalledClientsDoNotStopAdmission(t *testing.T) {
+	ctx := context.Background()
+	o := &testEnv.WebhookInstallOptions
+	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
+
+	const stalledClients = 50
+	var conns []*tls.Conn
+	for range stalledClients {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}) //nolint:gosec // the suite's own certificate
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{\"kind\":",
+			guardwebhook.MutatePath)
+		require.NoError(t, err)
+		conns = append(conns, conn)
+	}
+	sent := time.Now()
+
+	// Meanwhile the API server's calls are answered: the empty selector is
+	// repaired by the mutating webhook.
+	ns := newNamespace(t, nil)
+	d := deployment(ns, "shop", func(d *appsv1.Deployment) {
+		d.Spec.Selector = nil
+		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "shop"}
+	})
+	require.NoError(t, k8s.Create(ctx, d))
+	got := &appsv1.Deployment{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), got))
+	assert.Equal(t, map[string]string{"app.kubernetes.io/name": "shop"}, got.Spec.Selector.MatchLabels)
+
+	// Every stalled request is answered with an error, and its connection
+	// closed, soon after the timeout. The read deadline only stops the test
+	// from hanging.
+	for i, conn := range conns {
+		require.NoError(t, conn.SetReadDeadline(sent.Add(suiteBodyTimeout+20*time.Second)))
+		rest, err := io.ReadAll(conn)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("stalled client %d: its connection is still open %s after it stalled (read %q)", i, time.Since(sent).Round(time.Second), rest)
+		}
+		assert.Contains(t, string(rest), "Connection: close", "stalled client %d", i)
+		assert.Contains(t, string(rest), "i/o timeout", "stalled client %d", i)
+	}
+}
