@@ -57,15 +57,7 @@ const maxPresized = 256 * 1024
 var reviewV1 = admissionv1.SchemeGroupVersion.WithKind("AdmissionReview")
 
 func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// Go's server lifts the deadline itself once the body has been read to
-	// its end (its background read starts there), so the handling after it
-	// is not bounded by it. The error is ErrNotSupported only where there is
-	// no connection to bound (a test's recorder).
-	timeout := e.BodyTimeout
-	if timeout <= 0 {
-		timeout = DefaultBodyTimeout
-	}
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout))
+	setBodyDeadline(w, r, e.BodyTimeout)
 	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Type") != "application/json" {
 		e.Webhook.ServeHTTP(w, r)
 		return
@@ -79,18 +71,26 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		// Replayed, with whatever was not read yet, or the error the read
 		// ended with: the Webhook refuses a body of its limit or more.
-		rest := r.Body
+		orig, rest := r.Body, r.Body
 		if err != nil {
 			rest = io.NopCloser(failingReader{err})
-			// The rest of the body is still on the connection, or the
-			// connection broke: the next request cannot be read from it.
-			w.Header().Set("Connection", "close")
+			// HTTP/1.1: the rest of the body is still on the connection,
+			// or the connection broke; the next request cannot be read
+			// from it. (HTTP/2 frames each stream: its connection carries
+			// on, and a Connection header would close it for every stream.)
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close")
+			}
 		}
 		r.Body = struct {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(body), rest), r.Body}
 		e.Webhook.ServeHTTP(w, r)
+		// The server looks at the request's own body once the handler
+		// returns, to tell whether the connection can be read on (a body
+		// over the limit was not read to its end).
+		r.Body = orig
 		return
 	}
 	_ = r.Body.Close()
@@ -214,6 +214,34 @@ func readBody(r io.Reader, size int64) ([]byte, error) {
 			b = append(b, 0)[:len(b)]
 		}
 	}
+}
+
+// WithBodyTimeout bounds how long a request's body may take to arrive, for
+// a handler on the webhook port that is not an Endpoint (which bounds its
+// own): d zero is DefaultBodyTimeout.
+func WithBodyTimeout(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		setBodyDeadline(w, r, d)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// setBodyDeadline sets the connection's read deadline d (zero:
+// DefaultBodyTimeout) from now when the request has a body. Go's server
+// lifts it once the body has been read to its end (its background read
+// starts there, and an HTTP/2 stream's timer does nothing after it), so the
+// handling after the body is not bounded by it. Without a body the
+// background read has already begun, and a deadline met there would cancel
+// the request's context: none is set. The error is ErrNotSupported only
+// where there is no connection to bound (a test's recorder).
+func setBodyDeadline(w http.ResponseWriter, r *http.Request, d time.Duration) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	if d <= 0 {
+		d = DefaultBodyTimeout
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
 }
 
 // failingReader fails every read with err.

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/policy"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
 )
 
@@ -16,7 +18,8 @@ import (
 // exceptions of the configured namespace (nil without the CRD).
 func setupExceptions(ctx context.Context, mgr ctrl.Manager, cfg config.Config, guardNamespace string, eng *policy.Engine, stop *gracefulStop) (*exception.Index, error) {
 	return exception.SetupWithManager(ctx, mgr, cfg.ExceptionsNamespace(guardNamespace),
-		func() exception.Limits { return cfg.ExceptionLimits(guardNamespace, config.PolicyNames(eng)) }, stop.CloseConnections)
+		func() exception.Limits { return cfg.ExceptionLimits(guardNamespace, config.PolicyNames(eng)) },
+		func(h http.Handler) http.Handler { return stop.CloseConnections(guardwebhook.WithBodyTimeout(0, h)) })
 }
 
 // setupExceptionExpiry counts the exceptions by state on every replica and,

@@ -315,6 +315,10 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
 	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
+	// Any other path is not found, once its body has come or its time is
+	// up: Go's server reads a refused request's body on, to reuse the
+	// connection, and would wait for a stalled one for ever.
+	mgr.GetWebhookServer().Register("/", guardwebhook.WithBodyTimeout(0, http.NotFoundHandler()))
 	return &admissionParts{engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
 }
 

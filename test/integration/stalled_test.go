@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -42,17 +43,21 @@ func TestStalledClientsDoNotStopAdmission(t *testing.T) {
 	}
 	sent := time.Now()
 
-	// Meanwhile the API server's calls are answered: the empty selector is
-	// repaired by the mutating webhook.
+	// Meanwhile the API server's calls are answered, before any stalled
+	// request has timed out: the guard's mutating webhook marks what it
+	// defaulted (the native selector repair alone would not).
 	ns := newNamespace(t, nil)
 	d := deployment(ns, "shop", func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "shop"}
 	})
 	require.NoError(t, k8s.Create(ctx, d))
+	answered := time.Since(sent)
 	got := &appsv1.Deployment{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), got))
 	assert.Equal(t, map[string]string{"app.kubernetes.io/name": "shop"}, got.Spec.Selector.MatchLabels)
+	assert.Equal(t, "spec.selector", got.Annotations[vocab.AnnotationDefaulted], "the guard's webhook answered")
+	assert.Less(t, answered, suiteBodyTimeout, "the create waited for the stalled requests to time out")
 
 	// Every stalled request is answered with an error, and its connection
 	// closed, soon after the timeout. The read deadline only stops the test

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,6 +22,8 @@ import (
 
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/exception"
 )
 
 // Short lifetimes: the serving certificate (9s) is renewed about every 6s and
@@ -100,6 +104,40 @@ func TestSelfManaged(t *testing.T) {
 		assert.GreaterOrEqual(t, len(seen.signingCAs()), 2, "the CA rotated at least once under load")
 		assert.Empty(t, seen.bundleErrors)
 		assert.False(t, l.Guard.Exited(), "the guard is still running")
+	})
+
+	t.Run("a stalled request body is cut off on every path", func(t *testing.T) {
+		// Whoever reaches the port can send a request's headers and stall:
+		// on the webhooks' paths and any other, the guard ends the request
+		// once its body timeout (10 s) has passed, and closes the
+		// connection. The read deadline only stops the test from hanging.
+		paths := map[string]string{
+			guardwebhook.ValidatePath: "i/o timeout",
+			exception.WebhookPath:     "i/o timeout",
+			"/no-such-webhook":        "404",
+			guardwebhook.BudgetPath:   "i/o timeout",
+			guardwebhook.MutatePath:   "i/o timeout",
+		}
+		conns := map[string]*tls.Conn{}
+		for path := range paths {
+			conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}) //nolint:gosec // only the answer is looked at
+			require.NoError(t, err)
+			defer conn.Close()
+			_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{\"kind\":", path)
+			require.NoError(t, err)
+			conns[path] = conn
+		}
+		stalled := time.Now()
+		for path, conn := range conns {
+			require.NoError(t, conn.SetReadDeadline(stalled.Add(guardwebhook.DefaultBodyTimeout+30*time.Second)))
+			rest, err := io.ReadAll(conn)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("%s: the stalled request's connection is still open %s later (read %q)", path, time.Since(stalled).Round(time.Second), rest)
+			}
+			assert.Contains(t, string(rest), paths[path], "%s", path)
+		}
+		t.Logf("every stalled request ended, the last %s after it stalled", time.Since(stalled).Round(100*time.Millisecond))
 	})
 
 	t.Run("expiry metric follows the served certificate", func(t *testing.T) {
