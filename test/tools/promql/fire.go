@@ -76,7 +76,10 @@ func fire(rulesFiles []string, alert string, scrapes []string, step time.Duratio
 			return out, fmt.Errorf("evaluating %s: %w", alert, err)
 		}
 	}
-	if rule.For > 0 {
+	// Once more after the rule's `for`, when the scrapes were too few for
+	// it; not when it already fires: a rate over a window past the last
+	// scrape is empty, and would resolve what fired.
+	if rule.For > 0 && !firingNow(ar) {
 		if _, err := ar.Eval(context.Background(), 0, at.Add(time.Duration(rule.For)), query, nil, 0); err != nil {
 			return out, fmt.Errorf("evaluating %s: %w", alert, err)
 		}
@@ -89,6 +92,15 @@ func fire(rulesFiles []string, alert string, scrapes []string, step time.Duratio
 		}
 	}
 	return out, nil
+}
+
+func firingNow(ar *rules.AlertingRule) bool {
+	for _, a := range ar.ActiveAlerts() {
+		if a.State == rules.StateFiring {
+			return true
+		}
+	}
+	return false
 }
 
 func findAlert(files []string, alert string) (rulefmt.Rule, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,4 +98,54 @@ func gaugeScrape(t *testing.T, name string, v int) string {
 	text := fmt.Sprintf("# HELP %[1]s G.\n# TYPE %[1]s gauge\n%[1]s %[2]d\n", name, v)
 	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
 	return p
+}
+
+// The native-policy alert fires when kube-apiserver counts a compile or
+// budget error of a deployguard policy, or an error a policy of failurePolicy
+// Ignore admitted, or a failed mutation; not on ordinary refusals, nor on
+// another project's policy.
+func TestFireNativePolicyErrors(t *testing.T) {
+	rules := filepath.Join("..", "..", "..", "config", "monitoring", "prometheusrule.yaml")
+	scrape := func(series string, n int) string {
+		p := filepath.Join(t.TempDir(), "metrics")
+		vap := []string{
+			`apiserver_validating_admission_policy_check_total{policy="deployguard-refusals",policy_binding="deployguard-refusals",error_type="invalid_error",enforcement_action="deny"} ` + fmt.Sprint(10*n),
+			`apiserver_validating_admission_policy_check_total{policy="another-teams-policy",policy_binding="b",error_type="out_of_budget",enforcement_action="deny"} ` + fmt.Sprint(n),
+		}
+		mutating := []string{
+			`apiserver_mutating_admission_policy_check_total{policy="deployguard-selector",policy_binding="deployguard-selector",error_type="no_error"} ` + fmt.Sprint(5*n),
+		}
+		switch {
+		case strings.HasPrefix(series, "apiserver_validating"):
+			vap = append(vap, series+" "+fmt.Sprint(n))
+		case series != "":
+			mutating = append(mutating, series+" "+fmt.Sprint(n))
+		}
+		text := "# HELP apiserver_validating_admission_policy_check_total C.\n# TYPE apiserver_validating_admission_policy_check_total counter\n" +
+			strings.Join(vap, "\n") + "\n" +
+			"# HELP apiserver_mutating_admission_policy_check_total C.\n# TYPE apiserver_mutating_admission_policy_check_total counter\n" +
+			strings.Join(mutating, "\n") + "\n"
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+		return p
+	}
+	run := func(series string) Firing {
+		var scrapes []string
+		for n := range 14 {
+			scrapes = append(scrapes, scrape(series, n))
+		}
+		f, err := fire([]string{rules}, "DeployGuardNativePolicyErrors", scrapes, 30*time.Second)
+		require.NoError(t, err)
+		return f
+	}
+	for name, series := range map[string]string{
+		"refusals out of budget":  `apiserver_validating_admission_policy_check_total{policy="deployguard-refusals",policy_binding="deployguard-refusals",error_type="out_of_budget",enforcement_action="deny"}`,
+		"refusals not compiling":  `apiserver_validating_admission_policy_check_total{policy="deployguard-refusals",policy_binding="deployguard-refusals",error_type="compile_error",enforcement_action="deny"}`,
+		"warnings erroring":       `apiserver_validating_admission_policy_check_total{policy="deployguard-warnings",policy_binding="deployguard-warnings",error_type="invalid_error",enforcement_action="allow"}`,
+		"selector repair failing": `apiserver_mutating_admission_policy_check_total{policy="deployguard-selector",policy_binding="deployguard-selector",error_type="invalid_error"}`,
+	} {
+		f := run(series)
+		assert.Equal(t, "firing", f.State, name)
+		assert.Contains(t, f.Annotations["summary"], "fails in kube-apiserver", name)
+	}
+	assert.Equal(t, "inactive", run("").State, "ordinary refusals, successful repairs, another project's policy")
 }
