@@ -52,6 +52,20 @@ type options struct {
 	webhooks                   string
 	exceptions                 int
 	native                     bool
+	guardEnv                   envFlag
+}
+
+// envFlag collects -guard-env KEY=VALUE, repeatable.
+type envFlag []string
+
+func (e *envFlag) String() string { return strings.Join(*e, " ") }
+
+func (e *envFlag) Set(v string) error {
+	if !strings.Contains(v, "=") {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	*e = append(*e, v)
+	return nil
 }
 
 // phase is one configuration's measurement.
@@ -77,6 +91,7 @@ func main() {
 	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
 	flag.IntVar(&o.exceptions, "exceptions", 1000, "PolicyExceptions in the cluster for the last phase (0: no exception phases)")
 	flag.BoolVar(&o.native, "native", true, "install config/native with the guard, as the default install does (false: the webhooks alone, as before the native policies)")
+	flag.Var(&o.guardEnv, "guard-env", "KEY=VALUE for the guard's environment, after the deployed runtime settings (repeatable; e.g. GOMAXPROCS=1)")
 	flag.BoolVar(&o.pprof, "pprof", true, "take a CPU profile of the guard under load (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
 	// The harness logs through controller-runtime; the bench reports only
@@ -610,7 +625,7 @@ func startGuard(ctx context.Context, o options, cluster *harness.Cluster, c clie
 	}
 	g, err := harness.StartGuard(harness.GuardOptions{
 		Binary: o.guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(filepath.Dir(cluster.WorkDir), "guard"),
-		WebhookPort: port, Env: harness.DeployedRuntimeEnv(), Output: log, ExtraArgs: args,
+		WebhookPort: port, Env: append(harness.DeployedRuntimeEnv(), o.guardEnv...), Output: log, ExtraArgs: args,
 	})
 	if err != nil {
 		return nil, err
