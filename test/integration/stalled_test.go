@@ -3,9 +3,6 @@ package integration
 import (
 	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"testing"
@@ -17,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -33,12 +31,9 @@ func TestStalledClientsDoNotStopAdmission(t *testing.T) {
 	const stalledClients = 50
 	var conns []*tls.Conn
 	for range stalledClients {
-		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}) //nolint:gosec // the suite's own certificate
+		conn, err := harness.StallRequest(addr, guardwebhook.MutatePath)
 		require.NoError(t, err)
 		defer conn.Close()
-		_, err = fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{\"kind\":",
-			guardwebhook.MutatePath)
-		require.NoError(t, err)
 		conns = append(conns, conn)
 	}
 	sent := time.Now()
@@ -63,13 +58,9 @@ func TestStalledClientsDoNotStopAdmission(t *testing.T) {
 	// closed, soon after the timeout. The read deadline only stops the test
 	// from hanging.
 	for i, conn := range conns {
-		require.NoError(t, conn.SetReadDeadline(sent.Add(suiteBodyTimeout+20*time.Second)))
-		rest, err := io.ReadAll(conn)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			t.Fatalf("stalled client %d: its connection is still open %s after it stalled (read %q)", i, time.Since(sent).Round(time.Second), rest)
-		}
-		assert.Contains(t, string(rest), "Connection: close", "stalled client %d", i)
-		assert.Contains(t, string(rest), "i/o timeout", "stalled client %d", i)
+		rest, err := harness.ReadUntilClosed(conn, sent.Add(suiteBodyTimeout+20*time.Second))
+		require.NoError(t, err, "stalled client %d", i)
+		assert.Contains(t, rest, "Connection: close", "stalled client %d", i)
+		assert.Contains(t, rest, "i/o timeout", "stalled client %d", i)
 	}
 }
