@@ -71,6 +71,13 @@ func FuzzJSONValue(f *testing.F) {
 	require.NoError(f, err)
 	f.Add(raw)
 	f.Add([]byte(`{"metadata":{"managedFields":[{"manager":"m","fieldsV1":{"f:a":{}}}]}}`))
+	// Escapes in what is skipped, checked in place: as the API server
+	// writes them, and each way one can be invalid.
+	f.Add([]byte(`{"metadata":{"managedFields":[{"fieldsV1":{"k:{\"name\":\"c\"}":{".":{}},"\u00e9\/\b\f\n\r\t\\":{}}}]}}`))
+	for _, bad := range []string{`\x`, `\u12`, `\u12g4`, `\`, `\u`, "\\\x01"} {
+		f.Add([]byte(`{"metadata":{"managedFields":["a` + bad + `"]}}`))
+		f.Add([]byte(`{"spec":{"paused":"` + bad + `"}}`))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := jsonValue(b)
 		want, wantErr := viaEncodingJSON(b)
