@@ -346,7 +346,7 @@ func validEscapes(content []byte) bool {
 				return false
 			}
 			for _, h := range content[i+1 : i+5] {
-				if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+				if !isHex(h) {
 					return false
 				}
 			}
@@ -442,6 +442,8 @@ func (p *jsonParser) scanString() (plain []byte, ok bool, err error) {
 	}
 	return nil, false, p.errorf("unterminated string")
 }
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
 
 // plainByte marks the bytes that mean themselves inside a string: ASCII,
 // neither a control character, a quote nor a backslash.

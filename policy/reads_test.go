@@ -235,3 +235,27 @@ func variants() []*appsv1.Deployment {
 	apart.Spec.Template.Labels = map[string]string{"app": "shop", "tier": "web"}
 	return []*appsv1.Deployment{d, latest, good, apart}
 }
+
+// A set reads only the spec when nothing of its policies reads the rest of
+// the object, the old object or who asks; the built-ins are such a set.
+func TestReadsOnlySpec(t *testing.T) {
+	assert.True(t, newEngine(t, Options{}, Builtins()...).Active().ReadsOnlySpec(), "the built-in policies")
+	assert.True(t, newEngine(t, Options{}).Active().ReadsOnlySpec(), "no policies")
+	for src, want := range map[string]bool{
+		`deny contains "x" if input.object.spec.replicas < 2`:                                                       true,
+		`deny contains msg if { input.object.spec.paused; msg := sprintf("%s/%s", [input.namespace, input.name]) }`: true,
+		`deny contains "x" if not input.object.metadata.annotations.owner`:                                          false,
+		`deny contains "x" if input.object.metadata.labels[_] == "x"`:                                               false,
+		`deny contains "x" if input.oldObject.spec.replicas > input.object.spec.replicas`:                           false,
+		`deny contains "x" if input.userInfo.username == "alice"`:                                                   false,
+		`deny contains "x" if input.operation == "UPDATE"`:                                                          false,
+		`deny contains "x" if input.object.status.replicas == 0`:                                                    false,
+		`deny contains "x" if { some k; input.object[k].x }`:                                                        false,
+		`deny contains "x" if { some k; input[k] == 1 }`:                                                            false,
+		`deny contains "x" if count(input) > 0`:                                                                     false,
+		`deny contains "x" if count(input.object) > 0`:                                                              false,
+	} {
+		e := newEngine(t, Options{}, Source{Name: "p.rego", Module: "package deployguard.p\n\n" + src + "\n"})
+		assert.Equal(t, want, e.Active().ReadsOnlySpec(), src)
+	}
+}

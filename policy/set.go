@@ -19,6 +19,39 @@ type Set struct {
 // Active returns the active set.
 func (e *Engine) Active() Set { return Set{e: e, set: e.active.Load()} }
 
+// ReadsOnlySpec reports whether the set's policies read nothing of a
+// request but input.object.spec, input.name and input.namespace (which no
+// update changes): then an update that leaves the spec as it was gets the
+// findings of the write that set it, and the webhook need not be asked
+// again (webhook.MayAdvise). What the analysis cannot bound reads
+// everything.
+func (s Set) ReadsOnlySpec() bool {
+	r := s.set.reads
+	if r == nil {
+		return true
+	}
+	if r.whole || r.any != nil {
+		return false
+	}
+	for k, m := range r.members {
+		switch k {
+		case "name", "namespace":
+		case "object":
+			if m.whole || m.any != nil {
+				return false
+			}
+			for k := range m.members {
+				if k != "spec" {
+					return false
+				}
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // Policies lists the set's evaluated policies, sorted by name.
 func (s Set) Policies() []PolicyInfo {
 	infos := make([]PolicyInfo, len(s.set.policies))

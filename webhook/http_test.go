@@ -98,7 +98,7 @@ func withManagedFields(t testing.TB, d *appsv1.Deployment) *appsv1.Deployment {
 	d.ManagedFields = []metav1.ManagedFieldsEntry{{
 		Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "apps/v1",
 		Time: &metav1.Time{Time: time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)}, FieldsType: "FieldsV1",
-		FieldsV1: &metav1.FieldsV1{Raw: fields},
+		FieldsV1: metav1.NewFieldsV1(string(fields)),
 	}}
 	return d
 }

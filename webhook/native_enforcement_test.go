@@ -18,8 +18,8 @@ func TestNativeEnforced(t *testing.T) {
 
 	o.Native = NewNativeEnforcement(true)
 	assert.True(t, o.NativeEnforced())
-	assert.False(t, o.Enforced(false).Refusals)
-	assert.NotEqual(t, "true", MustDecide(o.Enforced(false)))
+	assert.False(t, o.Enforced(LoadedPolicies{}).Refusals)
+	assert.NotEqual(t, "true", MustDecide(o.Enforced(LoadedPolicies{})))
 
 	changed := o.Native.Changed()
 	assert.True(t, o.Native.Set(false), "lost")
@@ -29,8 +29,8 @@ func TestNativeEnforced(t *testing.T) {
 		t.Fatal("a change closes Changed")
 	}
 	assert.False(t, o.NativeEnforced())
-	assert.True(t, o.Enforced(false).Refusals)
-	assert.Equal(t, "true", MustDecide(o.Enforced(false)), "the enforce entry takes every request")
+	assert.True(t, o.Enforced(LoadedPolicies{}).Refusals)
+	assert.Equal(t, "true", MustDecide(o.Enforced(LoadedPolicies{})), "the enforce entry takes every request")
 
 	again := o.Native.Changed()
 	assert.False(t, o.Native.Set(false), "no change")

@@ -8,8 +8,8 @@ import (
 )
 
 // The validating webhook for Deployments is two entries of one configuration
-// that call the same handler: the API server sends each request to exactly
-// one of them, by complementary matchConditions.
+// that call the same handler: the API server sends each request to at most
+// one of them, by their matchConditions.
 //
 //   - EnforceWebhook (failurePolicy Fail) receives the requests that an
 //     enforced rule needing the guard's state may refuse: a quarantined
@@ -19,7 +19,11 @@ import (
 //   - ValidateWebhook (failurePolicy Ignore) receives the rest: overlaps,
 //     warnings, advice. With the guard down they are admitted; the native
 //     policies still refuse what needs only the object, and the audit reports
-//     an overlap once the guard is back.
+//     an overlap once the guard is back. An update that leaves the spec as
+//     it was reaches neither entry when no enforced rule applies and no
+//     loaded policy reads more than the spec: the guard would have nothing
+//     to add to what it said when the spec was written (an annotation, a
+//     label, a finalizer written by a GitOps tool or by the guard itself).
 //
 // The condition depends on the configuration and on the loaded policies, so
 // the guard rewrites it (Route) when they change.
@@ -42,6 +46,11 @@ type Enforced struct {
 	Quarantine bool
 	// Policies: a loaded Rego policy is in enforce mode.
 	Policies bool
+	// PoliciesBeyondSpec: a loaded Rego policy, whatever its mode, reads
+	// more of a request than the object's spec (policy.Set.ReadsOnlySpec),
+	// so that an update of the metadata alone may get findings. Not an
+	// enforced rule: it widens only ValidateWebhook.
+	PoliciesBeyondSpec bool
 	// Bounds refuse a revision history or progress deadline outside them.
 	Bounds bool
 	// Budgets refuse a Deployment that a PodDisruptionBudget makes
@@ -52,16 +61,26 @@ type Enforced struct {
 	GuardUsername                                   string
 }
 
-// Enforced is what o enforces, with policies saying whether an enforce-mode
-// Rego policy is loaded.
-func (o *Options) Enforced(policies bool) Enforced {
+// LoadedPolicies is what the routing needs to know of the loaded Rego
+// policies.
+type LoadedPolicies struct {
+	// Enforce: one of them is in enforce mode.
+	Enforce bool
+	// BeyondSpec: one of them reads more of a request than the object's
+	// spec (policy.Set.ReadsOnlySpec is false).
+	BeyondSpec bool
+}
+
+// Enforced is what o enforces, with the loaded policies p.
+func (o *Options) Enforced(p LoadedPolicies) Enforced {
 	return Enforced{
-		Refusals:         !o.NativeEnforced(),
-		Quarantine:       o.Quarantine == QuarantineEnforce,
-		Policies:         policies,
-		Bounds:           o.BoundsEnforce,
-		Budgets:          o.DisruptionBudgets == BudgetsEnforce,
-		ExemptNamespaces: o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
+		Refusals:           !o.NativeEnforced(),
+		Quarantine:         o.Quarantine == QuarantineEnforce,
+		Policies:           p.Enforce,
+		PoliciesBeyondSpec: p.BeyondSpec,
+		Bounds:             o.BoundsEnforce,
+		Budgets:            o.DisruptionBudgets == BudgetsEnforce,
+		ExemptNamespaces:   o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
 		GuardUsername: o.GuardUsername,
 	}
 }
@@ -103,8 +122,19 @@ func MustDecide(e Enforced) string {
 	return strings.Join(terms, " || ")
 }
 
-// MayAdvise is ValidateWebhook's condition: the other requests.
-func MayAdvise(e Enforced) string { return "!(" + MustDecide(e) + ")" }
+// MayAdvise is ValidateWebhook's condition: the other requests, but an
+// update that leaves the spec as it was. On such an update the guard's own
+// checks have nothing to say (check: the overlap, the quarantine, the
+// bounds, the warnings and the budgets all follow the spec), so only a
+// policy that reads more than the spec could; the policies that read only
+// the spec said their piece when it was written.
+func MayAdvise(e Enforced) string {
+	rest := "!(" + MustDecide(e) + ")"
+	if e.PoliciesBeyondSpec || e.Refusals {
+		return rest
+	}
+	return rest + " && " + specChanged
+}
 
 // specChanged: a CREATE, or an update that changes the spec (the gate of
 // check).

@@ -17,8 +17,8 @@ import (
 var ErrNotSplit = errors.New("the validating webhook configuration does not have both " + EnforceWebhook + " and " + ValidateWebhook)
 
 // Route writes e's conditions into the validating webhook configuration
-// name, in one update so that no request ever matches both entries or
-// neither. It writes only when they differ, and reports whether it did.
+// name, in one update so that no request ever matches both entries, nor
+// neither when the guard must decide it. It writes only when they differ, and reports whether it did.
 // The read goes to the API server (c reads uncached), so that a write
 // never starts from a stale copy.
 func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, error) {

@@ -60,7 +60,7 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 		if opts.Native != nil {
 			nativeChanged = opts.Native.Changed()
 		}
-		e := opts.Enforced(enforcing(eng.Policies()))
+		e := opts.Enforced(loadedPolicies(eng.Active()))
 		wrote, err := guardwebhook.Route(ctx, rw, name, e)
 		next := routeEvery
 		switch {
@@ -110,4 +110,9 @@ func enforcing(ps []policy.PolicyInfo) bool {
 		}
 	}
 	return false
+}
+
+// loadedPolicies is what the routing needs to know of the set s.
+func loadedPolicies(s policy.Set) guardwebhook.LoadedPolicies {
+	return guardwebhook.LoadedPolicies{Enforce: enforcing(s.Policies()), BeyondSpec: !s.ReadsOnlySpec()}
 }

@@ -127,7 +127,7 @@ func TestGuardDown(t *testing.T) {
 	require.NoError(t, admin.Create(ctx, held))
 	// The leader leaves the default routing as installed.
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
-	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(false)), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
+	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
 
 	nativeLostWhileUp(ctx, t, admin, kubectl, def, allDown)
 
@@ -178,7 +178,7 @@ func TestGuardDown(t *testing.T) {
 	// killed leader's lease runs out first), it routes every write that
 	// policy may refuse to the enforce entry.
 	start(lb.slots[2], enforcingConfig)
-	enforcing := def.Enforced(true)
+	enforcing := def.Enforced(guardwebhook.LoadedPolicies{Enforce: true})
 	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(enforcing) &&
@@ -236,13 +236,13 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	lost.Native = guardwebhook.NewNativeEnforcement(false)
 	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(lost.Enforced(false)), got, nil
+		return got == guardwebhook.MustDecide(lost.Enforced(guardwebhook.LoadedPolicies{})), got, nil
 	})
 
 	require.NoError(t, restore())
 	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(def.Enforced(false)), got, nil
+		return got == guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), got, nil
 	})
 	waitFor(t, time.Minute, "the API server refuses again", refused(true))
 

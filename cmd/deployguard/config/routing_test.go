@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"os"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -30,7 +32,11 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 	require.NotNil(t, vwc)
 	opts := Default().WebhookOptions("system:serviceaccount:deployguard-system:deployguard")
 	opts.NativeInAPIServer = true
-	e := opts.Enforced(false)
+	// The built-in policies, in their default modes, are what is loaded.
+	eng, err := policy.New(policy.Options{})
+	require.NoError(t, err)
+	require.NoError(t, eng.Load(context.Background(), policy.Builtins()))
+	e := opts.Enforced(guardwebhook.LoadedPolicies{BeyondSpec: !eng.Active().ReadsOnlySpec()})
 	want := map[string][2]string{
 		guardwebhook.EnforceWebhook:  {guardwebhook.MustDecideCondition, guardwebhook.MustDecide(e)},
 		guardwebhook.ValidateWebhook: {guardwebhook.MayAdviseCondition, guardwebhook.MayAdvise(e)},

@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem: with the
+// built-in policies, which read only the spec, `kubectl annotate` costs no
+// webhook call and repeats no warning, while an image change is judged.
+// Once a platform team hot-loads a policy that reads the metadata, the
+// guard's leader routes such updates to the guard again, and kubectl shows
+// that policy's warning; once it is removed, they skip the guard again.
+func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	d := deployment(ns, "web", "registry.example.com/shop/web:1.0.0")
+	d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
+	require.NoError(t, local.Client.Create(ctx, d))
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, append(args, "-n", ns)...)
+		require.NoError(t, err, out)
+		return out
+	}
+	const noProbe = `container "app" has no readinessProbe`
+
+	// The built-in probes policy (warn) is asked about a spec change only.
+	out := kubectl("set", "image", "deployment/web", "app=registry.example.com/shop/web:1.0.1")
+	assert.Contains(t, out, noProbe, "an image change is judged")
+	out = kubectl("annotate", "deployment", "web", "note=1")
+	assert.NotContains(t, out, "Warning:", "an annotation reaches no webhook while no policy reads it")
+
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-routing-owner", Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
+		Data: map[string]string{"owner.rego": fmt.Sprintf(`# METADATA
+# custom:
+#   mode: warn
+package deployguard.e2eowner
+
+import rego.v1
+
+deny contains {"msg": "annotate the Deployment with its owner", "field": "metadata.annotations.owner"} if {
+	input.object.metadata.namespace == %q
+	not input.object.metadata.annotations.owner
+}
+`, ns)},
+	}
+	require.NoError(t, local.Client.Create(ctx, cm))
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			_ = local.Client.Delete(context.Background(), cm)
+		}
+	})
+
+	// Each try writes a new value: an update that changes the metadata only.
+	note := 1
+	annotate := func() string {
+		note++
+		return kubectl("annotate", "--overwrite", "deployment", "web", fmt.Sprintf("note=%d", note))
+	}
+	waitFor(t, time.Minute, "an annotation never reached the policy that reads it", func(context.Context) (bool, string, error) {
+		out := annotate()
+		return strings.Contains(out, "annotate the Deployment with its owner"), out, nil
+	})
+	// Asked, the guard runs every loaded policy.
+	out = annotate()
+	assert.Contains(t, out, noProbe)
+	out = kubectl("annotate", "deployment", "web", "owner=checkout")
+	assert.NotContains(t, out, "with its owner", "the policy is satisfied")
+
+	require.NoError(t, local.Client.Delete(ctx, cm))
+	deleted = true
+	waitFor(t, time.Minute, "annotations still reach the guard once no policy reads them", func(context.Context) (bool, string, error) {
+		out := annotate()
+		return !strings.Contains(out, "Warning:"), out, nil
+	})
+}
