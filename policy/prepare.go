@@ -17,6 +17,10 @@ type preparedSet struct {
 	// reads is what the set's modules can read of input (inputReads): the
 	// input is built of that only.
 	reads *projection
+	// nondeterministic: a module calls a builtin whose result may differ
+	// from one evaluation to the next on the same input (time.now_ns,
+	// rand.intn, uuid.rfc4122, …).
+	nondeterministic bool
 	// store is the set's data: empty, policies read only input.
 	store storage.Store
 }
@@ -38,7 +42,8 @@ type preparedPolicy struct {
 // than one for the set, lets an error or time-out be pinned on its policy
 // while the others still decide.
 func prepare(_ context.Context, cs *compiledSet, opts Options, m *metrics) (*preparedSet, error) {
-	set := &preparedSet{reads: inputReads(cs.compiler.Modules, cs.compiler), store: inmem.New()}
+	set := &preparedSet{reads: inputReads(cs.compiler.Modules, cs.compiler), nondeterministic: callsNondeterministic(cs.compiler.Modules),
+		store: inmem.New()}
 	for _, p := range cs.policies {
 		if opts.disabled(p.name) {
 			set.disabled = append(set.disabled, p.name)
@@ -105,4 +110,19 @@ func compileQuery(c *ast.Compiler, body ast.Body) (compiledQuery, error) {
 		}
 	}
 	return compiledQuery{body: compiled, compiler: c, queryCompiler: qc, names: names}, nil
+}
+
+// callsNondeterministic reports whether a module refers to a builtin that
+// OPA marks nondeterministic.
+func callsNondeterministic(modules map[string]*ast.Module) bool {
+	found := false
+	for _, m := range modules {
+		ast.WalkRefs(m, func(r ast.Ref) bool {
+			if b, ok := ast.BuiltinMap[r.String()]; ok && b.Nondeterministic {
+				found = true
+			}
+			return found
+		})
+	}
+	return found
 }

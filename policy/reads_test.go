@@ -254,6 +254,8 @@ func TestReadsOnlySpec(t *testing.T) {
 		`deny contains "x" if { some k; input[k] == 1 }`:                                                            false,
 		`deny contains "x" if count(input) > 0`:                                                                     false,
 		`deny contains "x" if count(input.object) > 0`:                                                              false,
+		`deny contains "x" if { input.object.spec.paused; time.now_ns() > 0 }`:                                      false,
+		`deny contains "x" if { input.object.spec.paused; rand.intn("k", 2) == 1 }`:                                 false,
 	} {
 		e := newEngine(t, Options{}, Source{Name: "p.rego", Module: "package deployguard.p\n\n" + src + "\n"})
 		assert.Equal(t, want, e.Active().ReadsOnlySpec(), src)

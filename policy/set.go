@@ -21,11 +21,14 @@ func (e *Engine) Active() Set { return Set{e: e, set: e.active.Load()} }
 
 // ReadsOnlySpec reports whether the set's policies read nothing of a
 // request but input.object.spec, input.name and input.namespace (which no
-// update changes): then an update that leaves the spec as it was gets the
-// findings of the write that set it, and the webhook need not be asked
-// again (webhook.MayAdvise). What the analysis cannot bound reads
-// everything.
+// update changes), and call no nondeterministic builtin: then an update
+// that leaves the spec as it was gets the findings the spec got, and the
+// webhook need not be asked again (webhook.MayAdvise). What the analysis
+// cannot bound reads everything.
 func (s Set) ReadsOnlySpec() bool {
+	if s.set.nondeterministic {
+		return false
+	}
 	r := s.set.reads
 	if r == nil {
 		return true

@@ -31,7 +31,8 @@ const (
 	EnforceWebhook  = "enforce.deployments.deployguard.io"
 	ValidateWebhook = "validate.deployments.deployguard.io"
 	// MustDecideCondition is EnforceWebhook's matchCondition and
-	// MayAdviseCondition ValidateWebhook's: one is the other negated.
+	// MayAdviseCondition ValidateWebhook's: the negation of the first,
+	// narrowed (MayAdvise).
 	MustDecideCondition = "guard-must-decide"
 	MayAdviseCondition  = "guard-may-advise"
 )
@@ -123,17 +124,22 @@ func MustDecide(e Enforced) string {
 }
 
 // MayAdvise is ValidateWebhook's condition: the other requests, but an
-// update that leaves the spec as it was. On such an update the guard's own
-// checks have nothing to say (check: the overlap, the quarantine, the
-// bounds, the warnings and the budgets all follow the spec), so only a
-// policy that reads more than the spec could; the policies that read only
-// the spec said their piece when it was written.
+// update that leaves the spec, the finalizers and the cleanup annotation as
+// they were. On such an update the guard's own checks have nothing to say
+// (check: the overlap, the quarantine, the bounds, the warnings and the
+// budgets all follow the spec), so only a policy that reads more than the
+// spec could; the policies that read only the spec judged it when it was
+// written. The finalizer rules judge the metadata: a replica that finds the
+// API server no longer enforcing them evaluates them itself until the leader
+// routes every request to EnforceWebhook, so those updates still come.
 func MayAdvise(e Enforced) string {
 	rest := "!(" + MustDecide(e) + ")"
 	if e.PoliciesBeyondSpec || e.Refusals {
 		return rest
 	}
-	return rest + " && " + specChanged
+	cleanup := "metadata.?annotations[?" + quote(vocab.AnnotationCleanup) + "]"
+	return rest + " && (" + specChanged + " || " + changed("metadata.finalizers") + " || " +
+		"(object." + cleanup + " != oldObject." + cleanup + "))"
 }
 
 // specChanged: a CREATE, or an update that changes the spec (the gate of

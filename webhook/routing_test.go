@@ -67,6 +67,10 @@ func TestRouting(t *testing.T) {
 	scaled.Spec.Replicas = ptr(int32(7))
 	annotated := base.DeepCopy()
 	annotated.Annotations["team"] = "a"
+	finalized := base.DeepCopy()
+	finalized.Finalizers = append(finalized.Finalizers, vocab.FinalizerDrain)
+	cleanupAsked := base.DeepCopy()
+	cleanupAsked.Annotations[vocab.AnnotationCleanup] = "drain"
 	relabelled := base.DeepCopy()
 	relabelled.Spec.Template.Labels["tier"] = "web"
 	noLabels := base.DeepCopy()
@@ -90,6 +94,9 @@ func TestRouting(t *testing.T) {
 	imageUpdate := req{name: "image change", op: admission.Update, obj: image(base), old: base}
 	scale := req{name: "scale", op: admission.Update, obj: scaled, old: base}
 	metadata := req{name: "annotation change", op: admission.Update, obj: annotated, old: base}
+	finalizer := req{name: "finalizer added", op: admission.Update, obj: finalized, old: base}
+	unfinalize := req{name: "finalizer removed", op: admission.Update, obj: base, old: finalized}
+	cleanup := req{name: "cleanup annotation written", op: admission.Update, obj: cleanupAsked, old: base}
 	del := req{name: "delete", op: admission.Delete, old: base}
 	quarantine := req{name: "template change of a quarantined Deployment", op: admission.Update, obj: image(quarantinedOld), old: quarantinedOld}
 	quarantineMeta := req{name: "annotation change of a quarantined Deployment", op: admission.Update, obj: quarantinedOld, old: quarantinedOld}
@@ -120,6 +127,9 @@ func TestRouting(t *testing.T) {
 			with(create, false), with(imageUpdate, false), with(scale, false), with(metadata, false, quiet), with(del, false),
 			with(quarantine, true), with(quarantineMeta, false, quiet), with(quarantine, true, in("legacy")), with(quarantine, true, as(guard)),
 			with(metadata, false, quiet, as(guard)), with(metadata, false, quiet, in("legacy")),
+			// The finalizer rules judge these: a replica that finds them no
+			// longer enforced by the API server evaluates them itself.
+			with(finalizer, false), with(unfinalize, false), with(cleanup, false), with(finalizer, false, as(guard)),
 		}},
 		{"a policy that reads the metadata", nil, LoadedPolicies{BeyondSpec: true}, []req{
 			with(create, false), with(imageUpdate, false), with(metadata, false), with(quarantineMeta, false), with(quarantine, true),
@@ -134,6 +144,9 @@ func TestRouting(t *testing.T) {
 			with(create, true), with(imageUpdate, true), with(scale, true), with(metadata, true), with(del, false),
 			with(create, false, in("legacy")), with(imageUpdate, false, as(guard)), with(imageUpdate, false, as(exemptGroup)),
 			with(imageUpdate, true, as(noGroups)), with(quarantine, true, in("legacy")), with(metadata, false, quiet, in("legacy")),
+		}},
+		{"an enforced Rego policy that reads the metadata", nil, LoadedPolicies{Enforce: true, BeyondSpec: true}, []req{
+			with(metadata, true), with(metadata, false, in("legacy")), with(metadata, false, as(guard)), with(create, false, in("legacy")),
 		}},
 		{"enforced bounds", func(o *Options) { o.BoundsEnforce = true }, LoadedPolicies{}, []req{
 			with(create, true), with(imageUpdate, true), with(metadata, false, quiet), with(del, false), with(create, false, in("legacy")),

@@ -85,7 +85,7 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 			told = ""
 			log.Info("Validating webhook routed: with the guard down, these requests are refused and the others admitted",
 				"validatingWebhookConfiguration", name, "webhook", guardwebhook.EnforceWebhook,
-				"condition", guardwebhook.MustDecide(e), "reason", "WebhookRouted")
+				"condition", guardwebhook.MustDecide(e), "advised", guardwebhook.MayAdvise(e), "reason", "WebhookRouted")
 		default:
 			told = ""
 		}

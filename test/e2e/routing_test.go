@@ -40,7 +40,7 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	out := kubectl("set", "image", "deployment/web", "app=registry.example.com/shop/web:1.0.1")
 	assert.Contains(t, out, noProbe, "an image change is judged")
 	out = kubectl("annotate", "deployment", "web", "note=1")
-	assert.NotContains(t, out, "Warning:", "an annotation reaches no webhook while no policy reads it")
+	assert.NotContains(t, out, "Warning:", "an annotation is not judged (no warning) while no policy reads it")
 
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "e2e-routing-owner", Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
