@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
@@ -113,16 +114,25 @@ func compileQuery(c *ast.Compiler, body ast.Body) (compiledQuery, error) {
 }
 
 // callsNondeterministic reports whether a module refers to a builtin that
-// OPA marks nondeterministic.
+// OPA marks nondeterministic, or to one that reads the clock without the
+// mark (clockBuiltins).
 func callsNondeterministic(modules map[string]*ast.Module) bool {
 	found := false
 	for _, m := range modules {
 		ast.WalkRefs(m, func(r ast.Ref) bool {
-			if b, ok := ast.BuiltinMap[r.String()]; ok && b.Nondeterministic {
+			name := r.String()
+			if b, ok := ast.BuiltinMap[name]; ok && (b.Nondeterministic || slices.Contains(clockBuiltins, name)) {
 				found = true
 			}
 			return found
 		})
+		if found {
+			break
+		}
 	}
 	return found
 }
+
+// clockBuiltins verify certificates against the current time when given
+// none, though OPA does not mark them nondeterministic.
+var clockBuiltins = []string{"crypto.x509.parse_and_verify_certificates", "crypto.x509.parse_and_verify_certificates_with_options"}

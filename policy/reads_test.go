@@ -256,6 +256,7 @@ func TestReadsOnlySpec(t *testing.T) {
 		`deny contains "x" if count(input.object) > 0`:                                                              false,
 		`deny contains "x" if { input.object.spec.paused; time.now_ns() > 0 }`:                                      false,
 		`deny contains "x" if { input.object.spec.paused; rand.intn("k", 2) == 1 }`:                                 false,
+		`deny contains "x" if { input.object.spec.paused; crypto.x509.parse_and_verify_certificates("x")[0] }`:      false,
 	} {
 		e := newEngine(t, Options{}, Source{Name: "p.rego", Module: "package deployguard.p\n\n" + src + "\n"})
 		assert.Equal(t, want, e.Active().ReadsOnlySpec(), src)

@@ -540,7 +540,8 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 
 // After `deployguard uninstall`, every Deployment the guard guarded can be
 // deleted without the guard; other controllers' finalizers are left alone.
-// The guard and its webhooks are put back afterwards for the other tests.
+// The guard, its webhooks and the native policies are put back afterwards
+// for the other tests.
 func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
@@ -564,8 +565,19 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 		if err := harness.InstallWebhooks(ctx, local.Client, local.Guard.URL, nil); err != nil {
 			t.Errorf("reinstalling the webhooks: %v", err)
 		}
+		native := !local.Opts.WithoutNativePolicies
+		if native {
+			if out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "-k", harness.NativeDir()); err != nil {
+				t.Errorf("reinstalling the native policies: %v\n%s", err, out)
+			}
+		}
 		if err := local.StartGuard(ctx, port); err != nil {
 			t.Errorf("restarting the guard: %v", err)
+		}
+		if native {
+			if err := harness.WaitForNativePolicies(ctx, local.Client, "default", time.Minute); err != nil {
+				t.Errorf("the native policies after their reinstall: %v", err)
+			}
 		}
 	})
 

@@ -9,11 +9,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
 // TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem: with the
@@ -24,6 +27,14 @@ import (
 // that policy's warning; once it is removed, they skip the guard again.
 func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	ctx := context.Background()
+	// The default install's routing: the native refusals enforced by the
+	// API server, the built-in policies only.
+	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce}
+	narrow := guardwebhook.MayAdvise(def.Enforced(guardwebhook.LoadedPolicies{}))
+	waitFor(t, time.Minute, "the validating webhook never routed as for a default install", func(ctx context.Context) (bool, string, error) {
+		got := advised(ctx, t)
+		return got == narrow, got, nil
+	})
 	ns := newNamespace(t, nil)
 	d := deployment(ns, "web", "registry.example.com/shop/web:1.0.0")
 	d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
@@ -87,4 +98,22 @@ deny contains {"msg": "annotate the Deployment with its owner", "field": "metada
 		out := annotate()
 		return !strings.Contains(out, "Warning:"), out, nil
 	})
+}
+
+// advised is the validate entry's routing condition as installed.
+func advised(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
+	for _, w := range vwc.Webhooks {
+		if w.Name != guardwebhook.ValidateWebhook {
+			continue
+		}
+		for _, c := range w.MatchConditions {
+			if c.Name == guardwebhook.MayAdviseCondition {
+				return c.Expression
+			}
+		}
+	}
+	return ""
 }

@@ -2,6 +2,7 @@ package native
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -66,6 +67,11 @@ func TestStrategyFenceposts(t *testing.T) {
 		{"99% of 2 rounds down to 1", 2, intstr.FromString("25%"), intstr.FromString("99%"), ""},
 		{"one replica may go", 1, intstr.FromString("25%"), intstr.FromString("100%"), ""},
 		{"a huge maxSurge percentage never overflows", 3, intstr.FromString("99999999999999999999%"), intstr.FromString("25%"), ""},
+		// The API server and the Deployment controller read leading zeros
+		// as nothing.
+		{"leading zeros", 4, intstr.FromString("0000000025%"), intstr.FromString("000000050%"), ""},
+		{"leading zeros, all", 4, intstr.FromString("0%"), intstr.FromString("0000000100%"), "0000000100% resolves to 4 of 4 replicas"},
+		{"a huge count of zeros", 2, intstr.FromString("25%"), intstr.FromString("00000000000000000000000000000050%"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := evaluate(t, Request{Operation: admission.Create, Object: rolling(tc.replicas, tc.surge, tc.unavailable)}, defaults, Refusals)
@@ -98,6 +104,26 @@ func TestCleanupStepsAgreeWithTheReconciler(t *testing.T) {
 		if err != nil && len(fs) > 0 && !strings.Contains(fs[0].Message, strings.TrimSuffix(err.Error(), ".")) {
 			t.Errorf("%q: policy says %q, the reconciler %q", v, fs[0].Message, err)
 		}
+	}
+}
+
+// A message the API server will not show (one with a line break, or over
+// 5 KiB) gives way to the validation's static message, which still names
+// the field and what to do, never to the expression's text.
+func TestUnshowableMessagesFallBackToTheStaticOnes(t *testing.T) {
+	d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+	d.Annotations = map[string]string{vocab.AnnotationCleanup: "rec\nord"}
+	fs := evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
+	if len(fs) != 1 || fs[0].Field != "metadata.annotations[deployguard.io/cleanup]" || !strings.Contains(fs[0].Message, `the steps are "record" and "drain"`) {
+		t.Fatalf("%+v", fs)
+	}
+	d = rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+	for i := range 400 {
+		d.Finalizers = append(d.Finalizers, fmt.Sprintf("deployguard.io/unknown-finalizer-%03d", i))
+	}
+	fs = evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
+	if len(fs) != 1 || fs[0].Field != "metadata.finalizers" || !strings.Contains(fs[0].Message, "supported values") || len(fs[0].Message) > 5*1024 {
+		t.Fatalf("%+v", fs)
 	}
 }
 
