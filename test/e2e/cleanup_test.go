@@ -570,6 +570,16 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 			if out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "-k", harness.NativeDir()); err != nil {
 				t.Errorf("reinstalling the native policies: %v\n%s", err, out)
 			}
+			// kube-apiserver stops reading ConfigMap params for good once no
+			// binding names that kind (kubernetes/kubernetes#130887): the
+			// reinstalled refusals would find no params and allow
+			// everything until it restarts (webhook/README.md says so).
+			if err := local.Cluster.StopControlPlane(ctx); err != nil {
+				t.Errorf("stopping the control plane: %v", err)
+			}
+			if err := local.Cluster.StartControlPlane(ctx); err != nil {
+				t.Errorf("starting the control plane: %v", err)
+			}
 		}
 		if err := local.StartGuard(ctx, port); err != nil {
 			t.Errorf("restarting the guard: %v", err)

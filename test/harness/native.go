@@ -93,8 +93,11 @@ func WaitForNativePolicies(ctx context.Context, c client.Client, namespace strin
 	}
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		last = c.Create(ctx, d.DeepCopy(), client.DryRunAll)
-		return last != nil && strings.Contains(last.Error(), "ValidatingAdmissionPolicy '"+native.Refusals+"'"), nil
+		err := c.Create(ctx, d.DeepCopy(), client.DryRunAll)
+		if ctx.Err() == nil {
+			last = err // not the poll's own deadline: the API server's answer
+		}
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+native.Refusals+"'"), nil
 	})
 	if err != nil {
 		return fmt.Errorf("the API server does not enforce the native policies: %w (last answer: %w)", err, last)
