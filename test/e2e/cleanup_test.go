@@ -540,9 +540,12 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 
 // After `deployguard uninstall`, every Deployment the guard guarded can be
 // deleted without the guard; other controllers' finalizers are left alone.
-// The guard, its webhooks and the native policies are put back afterwards
-// for the other tests.
+// On a cluster of its own: kube-apiserver stops reading ConfigMap params for
+// good once the refusals' binding is gone (kubernetes/kubernetes#130887), so
+// the shared cluster's native policies could not be put back for the other
+// tests without a restart, which kwok's nodes do not survive promptly.
 func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
+	ownCluster(t, "uninstall")
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
 	const keep = "e2e.deployguard.io/keep"
@@ -553,43 +556,6 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	waitAvailable(t, ns, "plain", time.Minute)
 	waitAvailable(t, ns, "shared", time.Minute)
 	require.Equal(t, append([]string{keep}, vocab.CanonicalFinalizers()...), get(ctx, t, ns, "shared").Finalizers)
-
-	port := local.Guard.Opts.WebhookPort
-	t.Cleanup(func() {
-		// The webhook configurations first (the guard injects its CA into them
-		// when it starts), then a fresh guard.
-		ctx := context.Background()
-		if !local.Guard.Exited() {
-			_ = local.Guard.Stop()
-		}
-		if err := harness.InstallWebhooks(ctx, local.Client, local.Guard.URL, nil); err != nil {
-			t.Errorf("reinstalling the webhooks: %v", err)
-		}
-		native := !local.Opts.WithoutNativePolicies
-		if native {
-			if out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "-k", harness.NativeDir()); err != nil {
-				t.Errorf("reinstalling the native policies: %v\n%s", err, out)
-			}
-			// kube-apiserver stops reading ConfigMap params for good once no
-			// binding names that kind (kubernetes/kubernetes#130887): the
-			// reinstalled refusals would find no params and allow
-			// everything until it restarts (webhook/README.md says so).
-			if err := local.Cluster.StopControlPlane(ctx); err != nil {
-				t.Errorf("stopping the control plane: %v", err)
-			}
-			if err := local.Cluster.StartControlPlane(ctx); err != nil {
-				t.Errorf("starting the control plane: %v", err)
-			}
-		}
-		if err := local.StartGuard(ctx, port); err != nil {
-			t.Errorf("restarting the guard: %v", err)
-		}
-		if native {
-			if err := harness.WaitForNativePolicies(ctx, local.Client, "default", time.Minute); err != nil {
-				t.Errorf("the native policies after their reinstall: %v", err)
-			}
-		}
-	})
 
 	out, err := guard(ctx, t, "uninstall", "--dry-run")
 	require.NoError(t, err, out)
