@@ -94,8 +94,8 @@ func WaitForNativePolicies(ctx context.Context, c client.Client, namespace strin
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		err := c.Create(ctx, d.DeepCopy(), client.DryRunAll)
-		if ctx.Err() == nil {
-			last = err // not the poll's own deadline: the API server's answer
+		if _, status := err.(apierrors.APIStatus); err == nil || status {
+			last = err // the API server's answer, not the client's deadline
 		}
 		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+native.Refusals+"'"), nil
 	})
