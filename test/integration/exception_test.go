@@ -61,9 +61,13 @@ func loadExceptTeam(t *testing.T, ns ...string) string {
 	}
 	require.NoError(t, k8s.Create(ctx, cm))
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), cm) })
+	// From this ConfigMap: the one an earlier test loaded under the same
+	// name may still be in the set until its deletion has been seen, and
+	// then, for a moment, neither is.
+	source := "configmap/" + cm.Namespace + "/" + cm.Name + "/"
 	require.Eventually(t, func() bool {
 		for _, p := range engine.Policies() {
-			if p.Name == "exceptteam" {
+			if p.Name == "exceptteam" && strings.HasPrefix(p.Source, source) {
 				return true
 			}
 		}
