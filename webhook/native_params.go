@@ -9,6 +9,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
@@ -28,6 +29,43 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 		return ok, why, err
 	}
 	return nativeParamsCurrent(ctx, c, namespace, o)
+}
+
+// NativeFloorProbe asks kube-apiserver itself whether it enforces
+// deployguard-refusals as this guard would: a dry-run create (through w) of
+// FloorProbe, in a namespace the refusals' binding (read through r) applies
+// to, whose answer JudgeFloorProbe reads. NativePoliciesEnforced reads the
+// objects; this reads the behaviour, which can differ (see FloorProbe).
+func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *Options) (ProbeVerdict, string) {
+	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := r.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
+		return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.Refusals + ": " + err.Error()
+	}
+	var nsSelector *metav1.LabelSelector
+	if mr := b.Spec.MatchResources; mr != nil {
+		if s := mr.ObjectSelector; s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
+			return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + native.Refusals + " selects Deployments by their labels: no probe can stand for them"
+		}
+		nsSelector = mr.NamespaceSelector
+	}
+	var namespaces metav1.PartialObjectMetadataList
+	namespaces.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+	if err := w.List(ctx, &namespaces); err != nil {
+		return ProbeUnknown, "listing namespaces: " + err.Error()
+	}
+	ns, err := ProbeNamespace(nsSelector, namespaces.Items)
+	switch {
+	case err != nil:
+		return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + native.Refusals + "'s namespaceSelector: " + err.Error()
+	case ns == "":
+		return ProbeUnknown, "no namespace that ValidatingAdmissionPolicyBinding " + native.Refusals + " applies to"
+	}
+	d := FloorProbe(ns)
+	want := o.FloorProbeRefusal(ctx, d)
+	if want == "" {
+		return ProbeUnknown, "this guard would admit the probe itself"
+	}
+	return JudgeFloorProbe(w.Create(ctx, d, client.DryRunAll), want)
 }
 
 // NativeRefusalsBound reports whether deployguard-refusals is installed with

@@ -90,10 +90,12 @@ type nativeChecker struct {
 	opts      *guardwebhook.Options
 	log       logr.Logger
 	erring    bool // the last check could not tell
+	probeMute bool // the last probe could not tell, and said so
 }
 
-// keepChecking re-checks every period (three GETs) while the guard runs, so
-// that a policy or binding deleted or edited after the start makes the
+// keepChecking re-checks every period (four GETs and a dry-run create)
+// while the guard runs, so that a policy or binding deleted or edited after
+// the start, or one the API server stopped enforcing, makes the
 // webhook evaluate the refusals itself (and the leader route them to the
 // failing-closed entry), and an install completed after the start lets the
 // API server have them again.
@@ -121,6 +123,9 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 			n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
 			ok, why, err = guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
 		}
+	}
+	if err == nil && ok {
+		ok, why = n.probe(ctx)
 	}
 	if ctx.Err() != nil {
 		return
@@ -151,6 +156,30 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 		n.log.Info("the API server does not enforce the native policies as this guard would: the webhook evaluates the refusals",
 			"why", why, "reason", "NativePoliciesNotEnforced")
 	}
+}
+
+// probe asks the API server itself, once the objects say it enforces the
+// refusals: they can all be in place while it does not (see
+// guardwebhook.FloorProbe). A probe that cannot tell (RBAC without create
+// on Deployments, another webhook refusing first, no namespace the binding
+// applies to) leaves the objects' finding, and says so once.
+func (n *nativeChecker) probe(ctx context.Context) (bool, string) {
+	v, why := guardwebhook.NativeFloorProbe(ctx, n.r, n.w, n.opts)
+	switch v {
+	case guardwebhook.ProbeNotEnforced:
+		n.probeMute = false
+		return false, why + ". If its binding or params were deleted and written again since kube-apiserver started, " +
+			"kube-apiserver may no longer read the params (kubernetes/kubernetes#130887): restart kube-apiserver"
+	case guardwebhook.ProbeUnknown:
+		if !n.probeMute && ctx.Err() == nil {
+			n.log.Info("cannot confirm by a dry run that the API server enforces the native policies: going by their objects",
+				"why", why, "reason", "NativeProbeInconclusive")
+		}
+		n.probeMute = true
+	default:
+		n.probeMute = false
+	}
+	return true, ""
 }
 
 // paramsDeleted reports whether the params ConfigMap is gone from under

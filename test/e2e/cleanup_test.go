@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -21,12 +22,15 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // drainTimeout is cleanup.drainTimeout in the suite's guard config.
@@ -545,7 +549,7 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 // the shared cluster's native policies could not be put back for the other
 // tests without a restart, which kwok's nodes do not survive promptly.
 func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
-	ownCluster(t, "uninstall")
+	_, logPath := ownCluster(t, "uninstall")
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
 	const keep = "e2e.deployguard.io/keep"
@@ -595,4 +599,35 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	d.Finalizers = nil
 	require.NoError(t, local.Client.Patch(ctx, d, patch))
 	waitGone(t, ns, "shared", 10*time.Second)
+
+	// Installed again without a restart of kube-apiserver, which then no
+	// longer reads the refusals' params (kubernetes/kubernetes#130887) and,
+	// by parameterNotFoundAction: Allow, admits everything, while the
+	// policy, its binding and its params are all in place. The guard finds
+	// out by asking the API server (its floor probe), says why, and
+	// refuses itself what the floor would; an API server without that bug
+	// refuses it itself. Either way, the strategy is refused.
+	require.NoError(t, harness.InstallWebhooks(ctx, local.Client, local.Guard.URL, nil))
+	out, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "-k", harness.NativeDir())
+	require.NoError(t, err, out)
+	require.NoError(t, local.StartGuard(ctx, local.Guard.Opts.WebhookPort))
+	allDown := deployment(ns, "all-down", "app:1")
+	allDown.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%")), MaxSurge: ptr(intstr.FromInt32(0))}
+	var last error
+	require.Eventually(t, func() bool {
+		last = local.Client.Create(ctx, allDown.DeepCopy(), client.DryRunAll)
+		return last != nil && strings.Contains(last.Error(), "may take every replica down at once")
+	}, time.Minute, 100*time.Millisecond, "an all-replicas-down strategy after the reinstall: %v", last)
+	t.Logf("after the reinstall: %v", last)
+	if strings.Contains(last.Error(), "ValidatingAdmissionPolicy '"+native.Refusals+"'") {
+		return // this kube-apiserver reads the params again
+	}
+	assert.Contains(t, last.Error(), `admission webhook "`+guardwebhook.EnforceWebhook+`" denied the request`, "the guard refuses, failing closed")
+	logs, err := os.ReadFile(logPath)
+	require.NoError(t, err)
+	assert.Contains(t, string(logs), "kube-apiserver admitted a dry-run create that "+native.Refusals+" refuses")
+	assert.Contains(t, string(logs), "kubernetes/kubernetes#130887", "the guard's log says what to do")
+	_, metrics, err := local.Guard.Get(local.Guard.Metrics, "/metrics")
+	require.NoError(t, err)
+	assert.Contains(t, metrics, "\ndeployguard_native_policies_enforced 0\n")
 }

@@ -1,0 +1,70 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/test/harness"
+	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// The floor probe reads what kube-apiserver does, not what its objects say.
+// With config/native installed it finds the refusals enforced. Then the
+// binding skips Deployments: the policy, the binding and the params are all
+// still there and current, as when kube-apiserver stopped reading the params
+// (kubernetes/kubernetes#130887), so the objects' check still says enforced,
+// and only the probe finds out, and says what it saw.
+func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
+	ctx := context.Background()
+	o := guardConfig().WebhookOptions(guardUser)
+	v, why := guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
+	require.Equal(t, guardwebhook.ProbeEnforced, v, why)
+
+	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, b))
+	orig := b.Spec.DeepCopy()
+	t.Cleanup(func() {
+		ctx := context.Background()
+		require.NoError(t, wait.PollUntilContextTimeout(ctx, tick, waitShort, true, func(ctx context.Context) (bool, error) {
+			cur := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			if err := k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, cur); err != nil {
+				return false, nil
+			}
+			cur.Spec = *orig
+			return k8s.Update(ctx, cur) == nil, nil
+		}))
+		require.NoError(t, harness.WaitForNativePolicies(ctx, k8s, "default", time.Minute))
+	})
+	b.Spec.MatchResources.ExcludeResourceRules = []admissionregistrationv1.NamedRuleWithOperations{{
+		RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.OperationAll},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"v1"}, Resources: []string{"deployments"}},
+		},
+	}}
+	require.NoError(t, k8s.Update(ctx, b))
+
+	ok, objWhy, err := guardwebhook.NativePoliciesEnforced(ctx, k8s, harness.GuardNamespace, o)
+	require.NoError(t, err)
+	require.True(t, ok, "the objects still say enforced: %s", objWhy)
+	// The API server takes a moment to act on the binding it was given.
+	require.Eventually(t, func() bool {
+		v, why = guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
+		return v == guardwebhook.ProbeNotEnforced
+	}, waitShort, tick, "the probe finds the refusals not enforced: %v %s", v, why)
+	t.Log(why)
+	assert.Contains(t, why, native.Refusals)
+	assert.Contains(t, why, guardwebhook.FloorProbeFinalizer)
+	// What the probe sent was a dry run: nothing was stored.
+	var stored appsv1.DeploymentList
+	require.NoError(t, k8s.List(ctx, &stored, client.MatchingLabels(guardwebhook.FloorProbe("default").Labels)))
+	assert.Empty(t, stored.Items)
+}
