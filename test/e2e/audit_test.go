@@ -45,9 +45,7 @@ func TestAuditCommand(t *testing.T) {
 		}
 		require.NoError(t, local.Client.Create(ctx, d))
 	}
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "e2e-audit-team", Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
-		Data: map[string]string{"team.rego": fmt.Sprintf(`# METADATA
+	hotLoadPolicy(ctx, t, "e2e-audit-team", "team.rego", fmt.Sprintf(`# METADATA
 # custom:
 #   mode: audit
 #   severity: high
@@ -60,10 +58,7 @@ deny contains {"msg": "every Deployment needs a team label", "field": "metadata.
 	input.object.metadata.namespace == %q
 	not input.object.metadata.labels.team
 }
-`, ns)},
-	}
-	require.NoError(t, local.Client.Create(ctx, cm))
-	t.Cleanup(func() { _ = local.Client.Delete(context.Background(), cm) })
+`, ns))
 
 	var report auditJSON
 	waitFor(t, time.Minute, "the audit never reported the two Deployments without a team", func(ctx context.Context) (bool, string, error) {
@@ -103,4 +98,17 @@ deny contains {"msg": "every Deployment needs a team label", "field": "metadata.
 	out, err := local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "get", "policyreport", "-n", ns)
 	require.NoError(t, err, out)
 	assert.True(t, strings.Contains(out, "deployguard"), "kubectl get policyreport shows the guard's report:\n%s", out)
+}
+
+// hotLoadPolicy writes a policy ConfigMap in the guard's namespace, as a
+// platform team hot-loads a policy, and deletes it when the test ends.
+func hotLoadPolicy(ctx context.Context, t *testing.T, name, file, rego string) *corev1.ConfigMap {
+	t.Helper()
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
+		Data:       map[string]string{file: rego},
+	}
+	require.NoError(t, local.Client.Create(ctx, cm))
+	t.Cleanup(func() { _ = local.Client.Delete(context.Background(), cm) })
+	return cm
 }

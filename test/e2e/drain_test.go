@@ -29,17 +29,29 @@ import (
 
 // kubectlApply applies manifest with the cluster's kubectl and returns what
 // it printed, warnings included: what a user sees.
-func kubectlApply(ctx context.Context, t *testing.T, manifest string) string {
+func kubectlApply(ctx context.Context, t *testing.T, manifest string, args ...string) string {
 	t.Helper()
 	tools, err := harness.ToolsDir("kubectl")
 	require.NoError(t, err)
-	cmd := exec.CommandContext(ctx, filepath.Join(tools, "kubectl"), "apply", "-f", "-")
+	cmd := exec.CommandContext(ctx, filepath.Join(tools, "kubectl"), append([]string{"apply", "-f", "-"}, args...)...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+local.Cluster.Kubeconfig)
 	cmd.Stdin = strings.NewReader(manifest)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Run(), "%s", out.String())
 	return out.String()
+}
+
+// kubectlApplyWarned applies manifest once a server-side dry run of it
+// carries warning: the guard reads budgets and Deployments from its caches,
+// which see an object written by the previous command a moment later.
+func kubectlApplyWarned(ctx context.Context, t *testing.T, manifest, warning string) string {
+	t.Helper()
+	waitFor(t, 30*time.Second, "the dry run never carried the warning", func(ctx context.Context) (bool, string, error) {
+		out := kubectlApply(ctx, t, manifest, "--dry-run=server")
+		return strings.Contains(out, warning), out, nil
+	})
+	return kubectlApply(ctx, t, manifest)
 }
 
 // drainJSON is the part of `deployguard status --drain NODE -o json` the test reads.
@@ -76,7 +88,8 @@ spec:
 	// The budget first, as Helm orders them: no Deployment yet, nothing to say.
 	out := kubectlApply(ctx, t, budget("1"))
 	assert.NotContains(t, out, "Warning")
-	out = kubectlApply(ctx, t, fmt.Sprintf(`apiVersion: apps/v1
+	replicasWarning := `Warning: spec.replicas: PodDisruptionBudget "single" (minAvailable: 1) allows no eviction of 1 pod of Deployment "single" (1 replica): no node that runs one of them can be drained`
+	out = kubectlApplyWarned(ctx, t, fmt.Sprintf(`apiVersion: apps/v1
 kind: Deployment
 metadata: {name: single, namespace: %s}
 spec:
@@ -86,12 +99,13 @@ spec:
     metadata: {labels: {app: single}}
     spec:
       containers: [{name: app, image: "app:1"}]
-`, ns))
-	assert.Contains(t, out, `Warning: spec.replicas: PodDisruptionBudget "single" (minAvailable: 1) allows no eviction of 1 pod of Deployment "single" (1 replica): no node that runs one of them can be drained`)
+`, ns), replicasWarning)
+	assert.Contains(t, out, replicasWarning)
 	assert.Contains(t, out, "raise replicas to 2 or more")
 	// The budget rewritten as a percentage that still rounds up to every pod.
-	out = kubectlApply(ctx, t, budget(`"50%"`))
-	assert.Contains(t, out, `Warning: spec.minAvailable: this budget (minAvailable: 50%) allows no eviction of the 1 pod of Deployment "single" (1 replica)`)
+	minWarning := `Warning: spec.minAvailable: this budget (minAvailable: 50%) allows no eviction of the 1 pod of Deployment "single" (1 replica)`
+	out = kubectlApplyWarned(ctx, t, budget(`"50%"`), minWarning)
+	assert.Contains(t, out, minWarning)
 
 	waitAvailable(t, ns, "single", time.Minute)
 	var pdb policyv1.PodDisruptionBudget

@@ -10,12 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/reconciler/vocab"
-	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 )
 
@@ -53,9 +49,7 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	out = kubectl("annotate", "deployment", "web", "note=1")
 	assert.NotContains(t, out, "Warning:", "an annotation is not judged (no warning) while no policy reads it")
 
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "e2e-routing-owner", Namespace: harness.GuardNamespace, Labels: map[string]string{vocab.LabelPolicy: "true"}},
-		Data: map[string]string{"owner.rego": fmt.Sprintf(`# METADATA
+	cm := hotLoadPolicy(ctx, t, "e2e-routing-owner", "owner.rego", fmt.Sprintf(`# METADATA
 # custom:
 #   mode: warn
 package deployguard.e2eowner
@@ -66,15 +60,7 @@ deny contains {"msg": "annotate the Deployment with its owner", "field": "metada
 	input.object.metadata.namespace == %q
 	not input.object.metadata.annotations.owner
 }
-`, ns)},
-	}
-	require.NoError(t, local.Client.Create(ctx, cm))
-	deleted := false
-	t.Cleanup(func() {
-		if !deleted {
-			_ = local.Client.Delete(context.Background(), cm)
-		}
-	})
+`, ns))
 
 	// Each try writes a new value: an update that changes the metadata only.
 	note := 1
@@ -93,7 +79,6 @@ deny contains {"msg": "annotate the Deployment with its owner", "field": "metada
 	assert.NotContains(t, out, "with its owner", "the policy is satisfied")
 
 	require.NoError(t, local.Client.Delete(ctx, cm))
-	deleted = true
 	waitFor(t, time.Minute, "annotations still reach the guard once no policy reads them", func(context.Context) (bool, string, error) {
 		out := annotate()
 		return !strings.Contains(out, "Warning:"), out, nil

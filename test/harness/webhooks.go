@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 // WebhookConfigurations reads the deployed config/webhook manifests, so that
@@ -130,8 +133,10 @@ func urlConfig(base string, cc admissionregistrationv1.WebhookClientConfig, ca [
 }
 
 // WaitForWebhooks waits until the API server calls the guard: a server-side dry
-// run of a Deployment with no selector is repaired by the mutating webhook only
-// once the API server trusts and reaches the guard.
+// run of a Deployment with no selector comes back marked by the mutating
+// webhook (vocab.AnnotationDefaulted) only once the API server trusts and
+// reaches the guard. A selector alone proves nothing: the native
+// deployguard-selector policy repairs it without the guard.
 func WaitForWebhooks(ctx context.Context, c client.Client, namespace string, timeout time.Duration) error {
 	probe := func() *appsv1.Deployment {
 		return &appsv1.Deployment{
@@ -153,13 +158,14 @@ func WaitForWebhooks(ctx context.Context, c client.Client, namespace string, tim
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		d := probe()
 		last = c.Create(ctx, d, client.DryRunAll)
-		return last == nil && d.Spec.Selector != nil, nil
+		return last == nil && d.Spec.Selector != nil &&
+			slices.Contains(strings.Split(d.Annotations[vocab.AnnotationDefaulted], ","), "spec.selector"), nil
 	})
 	if err != nil {
 		if last != nil {
 			return fmt.Errorf("the API server does not reach the guard's webhooks: %w (last error: %w)", err, last)
 		}
-		return fmt.Errorf("the API server does not reach the guard's webhooks: %w (the mutating webhook set no selector)", err)
+		return fmt.Errorf("the API server does not reach the guard's webhooks: %w (the mutating webhook did not repair the selector)", err)
 	}
 	return nil
 }
