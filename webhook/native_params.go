@@ -32,10 +32,12 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 }
 
 // NativeFloorProbe asks kube-apiserver itself whether it enforces
-// deployguard-refusals as this guard would: a dry-run create (through w) of
-// FloorProbe, in a namespace the refusals' binding (read through r) applies
-// to, whose answer JudgeFloorProbe reads. NativePoliciesEnforced reads the
-// objects; this reads the behaviour, which can differ (see FloorProbe).
+// deployguard-refusals: a dry-run create (through w) of FloorProbe in
+// o.NativeProbeNamespace, which must be a namespace the refusals' binding
+// applies to, whose answer JudgeFloorProbe reads. Everything else is read
+// through r, uncached: it also runs before the guard's caches start.
+// NativePoliciesEnforced reads the objects; this reads the behaviour, which
+// can differ (see FloorProbe).
 func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *Options) (ProbeVerdict, string) {
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	if err := r.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
@@ -48,24 +50,54 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 		}
 		nsSelector = mr.NamespaceSelector
 	}
-	var namespaces metav1.PartialObjectMetadataList
-	namespaces.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
-	if err := w.List(ctx, &namespaces); err != nil {
-		return ProbeUnknown, "listing namespaces: " + err.Error()
+	name := o.NativeProbeNamespace
+	if name == "" {
+		name = metav1.NamespaceDefault
 	}
-	ns, err := ProbeNamespace(nsSelector, namespaces.Items)
-	switch {
+	ns := &metav1.PartialObjectMetadata{}
+	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		return ProbeUnknown, "reading namespace " + name + " (nativePolicies.probeNamespace): " + err.Error()
+	}
+	switch applies, err := BindingApplies(nsSelector, ns); {
 	case err != nil:
 		return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + native.Refusals + "'s namespaceSelector: " + err.Error()
-	case ns == "":
-		return ProbeUnknown, "no namespace that ValidatingAdmissionPolicyBinding " + native.Refusals + " applies to"
+	case !applies:
+		return ProbeUnknown, "namespace " + name + " (nativePolicies.probeNamespace) is being deleted, or is not one ValidatingAdmissionPolicyBinding " +
+			native.Refusals + " applies to: set nativePolicies.probeNamespace to one it does"
 	}
-	d := FloorProbe(ns)
+	d := FloorProbe(name)
 	want := o.FloorProbeRefusal(ctx, d)
 	if want == "" {
 		return ProbeUnknown, "this guard would admit the probe itself"
 	}
-	return JudgeFloorProbe(w.Create(ctx, d, client.DryRunAll), want)
+	return JudgeFloorProbe(w.Create(ctx, d, client.DryRunAll), want, func(hook string) bool {
+		if hook == EnforceWebhook || hook == ValidateWebhook {
+			return true
+		}
+		// Names are unique only within a configuration: a name that a
+		// mutating webhook has too could have refused before the policy.
+		var mutating admissionregistrationv1.MutatingWebhookConfigurationList
+		var validating admissionregistrationv1.ValidatingWebhookConfigurationList
+		if r.List(ctx, &mutating) != nil || r.List(ctx, &validating) != nil {
+			return false
+		}
+		for _, c := range mutating.Items {
+			for _, wh := range c.Webhooks {
+				if wh.Name == hook {
+					return false
+				}
+			}
+		}
+		for _, c := range validating.Items {
+			for _, wh := range c.Webhooks {
+				if wh.Name == hook {
+					return true
+				}
+			}
+		}
+		return false
+	})
 }
 
 // NativeRefusalsBound reports whether deployguard-refusals is installed with

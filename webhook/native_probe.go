@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -81,23 +80,33 @@ func (o *Options) FloorProbeRefusal(ctx context.Context, d *appsv1.Deployment) s
 type ProbeVerdict int
 
 const (
-	// ProbeUnknown: something else answered first (a transport error, RBAC,
-	// another admission plugin or webhook): the probe tells nothing.
+	// ProbeUnknown: something that runs before the policy answered (a
+	// transport error, RBAC, a mutating webhook, the namespace), or the
+	// probe could not be sent: it tells nothing.
 	ProbeUnknown ProbeVerdict = iota
-	// ProbeEnforced: deployguard-refusals refused it, as this guard would.
+	// ProbeEnforced: deployguard-refusals refused it.
 	ProbeEnforced
-	// ProbeNotEnforced: deployguard-refusals let it through, or refused it
-	// otherwise than this guard would.
+	// ProbeNotEnforced: deployguard-refusals let it through: it was
+	// admitted, or reached what runs after the policy.
 	ProbeNotEnforced
 )
 
+// FloorProbeConfirmations is how many probes in a row must find the
+// refusals enforced before a replica that found them not enforced leaves
+// them to the API server again: with several kube-apiservers behind one
+// address, each probe reaches one of them, and each is restarted in turn.
+const FloorProbeConfirmations = 3
+
 // JudgeFloorProbe reads the API server's answer to the probe's dry-run
-// create (err; nil when admitted) against want, FloorProbeRefusal's line.
-// ValidatingAdmissionPolicies are evaluated after every mutating webhook and
-// before every validating one, so a refusal by this guard's validating
-// webhook means the policy let the probe through; any other refusal may
-// have come first.
-func JudgeFloorProbe(err error, want string) (ProbeVerdict, string) {
+// create (err; nil when admitted). The admission chain stops at its first
+// refusal, and runs mutating webhooks, then ValidatingAdmissionPolicies,
+// then validating webhooks, then ResourceQuota: a refusal by the policy
+// says it is enforced (in whatever words: its finalizer rule reads no
+// params, and without params the policy does not run at all); a refusal by,
+// or a failed call to, a validating webhook (validating says which names
+// are) or a quota says the policy let the probe through. Anything else came
+// first, or from elsewhere. why says what was seen.
+func JudgeFloorProbe(err error, want string, validating func(name string) bool) (ProbeVerdict, string) {
 	if err == nil {
 		return ProbeNotEnforced, fmt.Sprintf("kube-apiserver admitted a dry-run create that %s refuses (a Deployment with the finalizer %s)",
 			native.Refusals, FloorProbeFinalizer)
@@ -107,72 +116,85 @@ func JudgeFloorProbe(err error, want string) (ProbeVerdict, string) {
 		return ProbeUnknown, "the dry-run create failed: " + err.Error()
 	}
 	st := s.Status()
-	prefix := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '"
+	by := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '" + native.Refusals + "' denied request: "
+	lines := []string{st.Message}
 	if st.Details != nil {
 		for _, c := range st.Details.Causes {
-			if !strings.HasPrefix(c.Message, prefix) {
-				continue
-			}
-			_, got, _ := strings.Cut(c.Message, " denied request: ")
-			if got == want {
-				return ProbeEnforced, ""
-			}
-			return ProbeNotEnforced, fmt.Sprintf("kube-apiserver refused a dry-run create with %s's %q where this guard says %q: it evaluates the policy with other params",
-				native.Refusals, got, want)
+			lines = append(lines, c.Message)
 		}
 	}
-	if name, ok := deniedByWebhook(st.Message); ok && slices.Contains([]string{EnforceWebhook, ValidateWebhook}, name) {
-		return ProbeNotEnforced, fmt.Sprintf("kube-apiserver let through to this guard's webhook %s a dry-run create that %s refuses (a Deployment with the finalizer %s)",
-			name, native.Refusals, FloorProbeFinalizer)
+	for _, l := range lines {
+		if i := strings.Index(l, by); i >= 0 {
+			if got := l[i+len(by):]; got != want {
+				return ProbeEnforced, fmt.Sprintf("%s refused the probe in other words than this guard's: %q, not %q", native.Refusals, got, want)
+			}
+			return ProbeEnforced, ""
+		}
+	}
+	if name, failed, ok := webhookOf(st.Message); ok && validating(name) {
+		what := "refused"
+		if failed {
+			what = "was called for"
+		}
+		return ProbeNotEnforced, fmt.Sprintf("the validating webhook %s %s a dry-run create that %s refuses (a Deployment with the finalizer %s): "+
+			"kube-apiserver calls validating webhooks only after the policy admitted the request", name, what, native.Refusals, FloorProbeFinalizer)
+	}
+	if strings.Contains(st.Message, "exceeded quota: ") {
+		return ProbeNotEnforced, fmt.Sprintf("a ResourceQuota refused a dry-run create that %s refuses (a Deployment with the finalizer %s): "+
+			"kube-apiserver checks quotas only after the policy admitted the request", native.Refusals, FloorProbeFinalizer)
 	}
 	return ProbeUnknown, "the dry-run create was answered before " + native.Refusals + " could be seen: " + st.Message
 }
 
-// deniedByWebhook is the name of the webhook that refused, from the API
-// server's words: admission webhook "NAME" denied the request.
-func deniedByWebhook(msg string) (string, bool) {
-	rest, ok := strings.CutPrefix(msg, `admission webhook "`)
-	if !ok {
-		return "", false
+// webhookOf is the webhook the API server's words name: one that refused
+// (admission webhook "NAME" denied the request) or whose call failed
+// (failed calling webhook "NAME").
+func webhookOf(msg string) (name string, failed, ok bool) {
+	for _, m := range []struct {
+		prefix string
+		failed bool
+	}{{`admission webhook "`, false}, {`failed calling webhook "`, true}} {
+		if _, rest, found := strings.Cut(msg, m.prefix); found {
+			if name, _, found := strings.Cut(rest, `"`); found {
+				return name, m.failed, true
+			}
+		}
 	}
-	name, _, ok := strings.Cut(rest, `" denied the request`)
-	return name, ok
+	return "", false, false
 }
 
-// ProbeNamespace picks where the probe can see the policy: a namespace the
-// binding's namespaceSelector matches (nil matches all) that is not being
-// deleted, "default" when it is one, else the first by name. "" when none is.
-func ProbeNamespace(selector *metav1.LabelSelector, namespaces []metav1.PartialObjectMetadata) (string, error) {
+// FloorEnforced is one check's finding from its probe's verdict v and the
+// last conclusive verdict: a probe that cannot tell keeps the last
+// conclusive one (a blip of the API server, or of the guard's own webhook,
+// must not hand the refusals back to an API server that does not enforce
+// them), and with none yet the objects' finding, enforced, stands.
+func FloorEnforced(v, lastConclusive ProbeVerdict) (enforced bool, conclusive ProbeVerdict) {
+	if v == ProbeUnknown {
+		v = lastConclusive
+	}
+	return v != ProbeNotEnforced, v
+}
+
+// BindingApplies reports whether a binding whose namespaceSelector is
+// selector (nil: every namespace) applies to ns, and ns is not being
+// deleted (no create is admitted there).
+func BindingApplies(selector *metav1.LabelSelector, ns *metav1.PartialObjectMetadata) (bool, error) {
+	if ns.DeletionTimestamp != nil {
+		return false, nil
+	}
 	sel := labels.Everything()
 	if selector != nil {
 		s, err := metav1.LabelSelectorAsSelector(selector)
 		if err != nil {
-			return "", err
+			return false, err
 		}
 		sel = s
 	}
-	var fit []string
-	for i := range namespaces {
-		ns := &namespaces[i]
-		if ns.DeletionTimestamp != nil {
-			continue
-		}
-		l := labels.Set(ns.Labels)
-		// The API server labels every namespace with its name; a
-		// namespace of the cache may predate it.
-		if _, ok := l[corev1.LabelMetadataName]; !ok {
-			l = labels.Merge(l, labels.Set{corev1.LabelMetadataName: ns.Name})
-		}
-		if sel.Matches(l) {
-			fit = append(fit, ns.Name)
-		}
+	l := labels.Set(ns.Labels)
+	// The API server labels every namespace with its name, which the
+	// shipped selector reads.
+	if _, ok := l[corev1.LabelMetadataName]; !ok {
+		l = labels.Merge(l, labels.Set{corev1.LabelMetadataName: ns.Name})
 	}
-	if slices.Contains(fit, metav1.NamespaceDefault) {
-		return metav1.NamespaceDefault, nil
-	}
-	slices.Sort(fit)
-	if len(fit) == 0 {
-		return "", nil
-	}
-	return fit[0], nil
+	return sel.Matches(l), nil
 }

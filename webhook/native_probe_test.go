@@ -39,8 +39,8 @@ func TestFloorProbeRefusal(t *testing.T) {
 func TestJudgeFloorProbe(t *testing.T) {
 	const want = `metadata.finalizers: "deployguard.io/floor-probe" is not one of deployguard's finalizers`
 	gr := schema.GroupResource{Group: "apps", Resource: "deployments"}
-	policyDenial := func(msg string) error {
-		line := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '" + native.Refusals + "' denied request: " + msg
+	policyDenial := func(policy, binding, msg string) error {
+		line := "ValidatingAdmissionPolicy '" + policy + "' with binding '" + binding + "' denied request: " + msg
 		err := apierrors.NewForbidden(gr, "", errors.New(line))
 		err.ErrStatus.Reason = metav1.StatusReasonInvalid
 		err.ErrStatus.Details.Causes = append(err.ErrStatus.Details.Causes, metav1.StatusCause{Message: line})
@@ -50,37 +50,73 @@ func TestJudgeFloorProbe(t *testing.T) {
 		return &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 422, Reason: metav1.StatusReasonInvalid,
 			Message: `admission webhook "` + name + `" denied the request: Deployment.apps "x" is invalid: metadata.finalizers: nope`}}
 	}
+	failedCall := func(name string) error {
+		return apierrors.NewInternalError(errors.New(`failed calling webhook "` + name + `": failed to call webhook: Post "https://deployguard-webhook.deployguard-system.svc:443/validate-apps-v1-deployment?timeout=3s": context deadline exceeded`))
+	}
+	validating := func(name string) bool {
+		return name == EnforceWebhook || name == ValidateWebhook || name == "validate.kyverno.svc"
+	}
 	for _, tc := range []struct {
 		name    string
 		err     error
 		verdict ProbeVerdict
 		why     string
 	}{
-		{"refused by the policy as the guard would", policyDenial(want), ProbeEnforced, ""},
+		{"refused by the policy as the guard would", policyDenial(native.Refusals, native.Refusals, want), ProbeEnforced, ""},
+		// Its finalizer rule reads no params, and without params the
+		// policy does not run: a fallback message or another rule failing
+		// first still says it is enforced.
+		{"refused by the policy in other words", policyDenial(native.Refusals, native.Refusals, "metadata.finalizers: a finalizer in deployguard.io/ is not one of deployguard's finalizers"), ProbeEnforced, "other words"},
 		{"admitted", nil, ProbeNotEnforced, "admitted a dry-run create"},
-		{"refused by the policy otherwise", policyDenial("spec.selector: something else"), ProbeNotEnforced, "other params"},
-		{"refused by the guard's enforcing webhook", webhookDenial(EnforceWebhook), ProbeNotEnforced, "let through to this guard's webhook"},
-		{"refused by the guard's advising webhook", webhookDenial(ValidateWebhook), ProbeNotEnforced, "let through"},
+		{"refused by the guard's enforcing webhook", webhookDenial(EnforceWebhook), ProbeNotEnforced, "validating webhook " + EnforceWebhook + " refused"},
+		{"refused by the guard's advising webhook", webhookDenial(ValidateWebhook), ProbeNotEnforced, "after the policy"},
+		{"the guard's enforcing webhook could not be called", failedCall(EnforceWebhook), ProbeNotEnforced, "was called for"},
+		{"refused by another validating webhook", webhookDenial("validate.kyverno.svc"), ProbeNotEnforced, "validate.kyverno.svc"},
+		{"refused by a quota", apierrors.NewForbidden(gr, "x", errors.New("exceeded quota: q, requested: count/deployments.apps=1, used: count/deployments.apps=5, limited: count/deployments.apps=5")),
+			ProbeNotEnforced, "ResourceQuota"},
 		{"refused by a mutating webhook, before the policy", webhookDenial("default.deployments.deployguard.io"), ProbeUnknown, "before"},
-		{"refused by another webhook", webhookDenial("validate.kyverno.svc"), ProbeUnknown, "before"},
-		{"refused by another policy", apierrors.NewForbidden(gr, "", errors.New("ValidatingAdmissionPolicy 'team' with binding 'team' denied request: no")), ProbeUnknown, "before"},
+		{"a mutating webhook could not be called", failedCall("mutate.kyverno.svc"), ProbeUnknown, "before"},
+		{"refused by another policy", policyDenial("team", "team", "no"), ProbeUnknown, "before"},
+		{"refused by another binding of the policy", policyDenial(native.Refusals, "copy", want), ProbeUnknown, "before"},
 		{"forbidden by RBAC", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "deployments"`)), ProbeUnknown, "cannot create"},
 		{"invalid for the API server", apierrors.NewInvalid(schema.GroupKind{Group: "apps", Kind: "Deployment"}, "x",
 			field.ErrorList{field.Required(field.NewPath("spec", "selector"), "")}), ProbeUnknown, "before"},
-		{"a timeout", apierrors.NewTimeoutError("the webhook did not answer", 1), ProbeUnknown, "before"},
+		{"a timeout", apierrors.NewTimeoutError("the request did not complete", 1), ProbeUnknown, "before"},
 		{"no answer", context.DeadlineExceeded, ProbeUnknown, "failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, why := JudgeFloorProbe(tc.err, want)
+			v, why := JudgeFloorProbe(tc.err, want, validating)
 			assert.Equal(t, tc.verdict, v, why)
 			assert.Contains(t, why, tc.why)
 		})
 	}
 }
 
-func TestProbeNamespace(t *testing.T) {
-	ns := func(name string, l map[string]string, deleting bool) metav1.PartialObjectMetadata {
-		m := metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
+// A probe that cannot tell keeps the last conclusive verdict: neither a
+// blip nor the guard's own webhook being away hands the refusals back.
+func TestFloorEnforced(t *testing.T) {
+	for _, tc := range []struct {
+		v, last        ProbeVerdict
+		enforced       bool
+		lastConclusive ProbeVerdict
+	}{
+		{ProbeEnforced, ProbeUnknown, true, ProbeEnforced},
+		{ProbeNotEnforced, ProbeUnknown, false, ProbeNotEnforced},
+		{ProbeUnknown, ProbeUnknown, true, ProbeUnknown}, // the objects' finding stands
+		{ProbeUnknown, ProbeNotEnforced, false, ProbeNotEnforced},
+		{ProbeUnknown, ProbeEnforced, true, ProbeEnforced},
+		{ProbeEnforced, ProbeNotEnforced, true, ProbeEnforced},
+		{ProbeNotEnforced, ProbeEnforced, false, ProbeNotEnforced},
+	} {
+		enforced, last := FloorEnforced(tc.v, tc.last)
+		assert.Equal(t, tc.enforced, enforced, "%v after %v", tc.v, tc.last)
+		assert.Equal(t, tc.lastConclusive, last, "%v after %v", tc.v, tc.last)
+	}
+}
+
+func TestBindingApplies(t *testing.T) {
+	ns := func(name string, l map[string]string, deleting bool) *metav1.PartialObjectMetadata {
+		m := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
 		if l == nil {
 			m.Labels = map[string]string{corev1.LabelMetadataName: name}
 		}
@@ -94,28 +130,27 @@ func TestProbeNamespace(t *testing.T) {
 		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", "deployguard-system"}},
 		{Key: "deployguard.io/guard", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"disabled"}},
 	}}
-	all := []metav1.PartialObjectMetadata{ns("kube-system", nil, false), ns("deployguard-system", nil, false), ns("shop", nil, false), ns("default", nil, false), ns("billing", nil, false)}
 	for _, tc := range []struct {
 		name string
 		sel  *metav1.LabelSelector
-		nss  []metav1.PartialObjectMetadata
-		want string
+		ns   *metav1.PartialObjectMetadata
+		want bool
 	}{
-		{"default first", shipped, all, "default"},
-		{"else the first by name", shipped, all[:3:3], "shop"},
-		{"not one the binding skips", shipped, append(all[:2:2], ns("billing", map[string]string{"deployguard.io/guard": "disabled"}, false)), ""},
-		{"not one being deleted", shipped, append(all[:2:2], ns("default", nil, true), ns("shop", nil, false)), "shop"},
-		{"every namespace without a selector", nil, all[:1], "kube-system"},
-		{"the name label, even where the cache lacks it", &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: "shop"}},
-			[]metav1.PartialObjectMetadata{ns("shop", map[string]string{}, false)}, "shop"},
-		{"none", shipped, nil, ""},
+		{"a guarded namespace", shipped, ns("default", nil, false), true},
+		{"a system namespace", shipped, ns("kube-system", nil, false), false},
+		{"the guard's own", shipped, ns("deployguard-system", nil, false), false},
+		{"one labelled disabled", shipped, ns("shop", map[string]string{"deployguard.io/guard": "disabled"}, false), false},
+		{"one being deleted", shipped, ns("shop", nil, true), false},
+		{"every namespace without a selector", nil, ns("kube-system", nil, false), true},
+		{"the name label, even where the object lacks it", &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: "shop"}},
+			ns("shop", map[string]string{}, false), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ProbeNamespace(tc.sel, tc.nss)
+			got, err := BindingApplies(tc.sel, tc.ns)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
 		})
 	}
-	_, err := ProbeNamespace(&metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Sideways"}}}, all)
+	_, err := BindingApplies(&metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Sideways"}}}, ns("shop", nil, false))
 	assert.Error(t, err)
 }

@@ -56,6 +56,9 @@ type Options struct {
 	// found them enforced (NativeEnforced reads both).
 	NativeInAPIServer bool
 	Native            *NativeEnforcement
+	// NativeProbeNamespace is where the floor probe is dry-run created
+	// (NativeFloorProbe); "" is "default".
+	NativeProbeNamespace string
 
 	// Quarantine is one of QuarantineEnforce, QuarantineWarn, QuarantineOff.
 	Quarantine string

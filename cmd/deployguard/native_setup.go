@@ -90,8 +90,15 @@ type nativeChecker struct {
 	opts      *guardwebhook.Options
 	log       logr.Logger
 	erring    bool // the last check could not tell
-	probeMute bool // the last probe could not tell, and said so
+	// lastProbe is the last conclusive verdict of the floor probe, and
+	// probeMute says an inconclusive one was logged since.
+	lastProbe guardwebhook.ProbeVerdict
+	probeMute bool
 }
+
+// probeTimeout bounds one check's probes: a hung call must not stop the
+// checks for good.
+const probeTimeout = 20 * time.Second
 
 // keepChecking re-checks every period (four GETs and a dry-run create)
 // while the guard runs, so that a policy or binding deleted or edited after
@@ -125,7 +132,7 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 		}
 	}
 	if err == nil && ok {
-		ok, why = n.probe(ctx)
+		ok, why = n.probe(ctx, startup)
 	}
 	if ctx.Err() != nil {
 		return
@@ -160,26 +167,47 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 
 // probe asks the API server itself, once the objects say it enforces the
 // refusals: they can all be in place while it does not (see
-// guardwebhook.FloorProbe). A probe that cannot tell (RBAC without create
-// on Deployments, another webhook refusing first, no namespace the binding
-// applies to) leaves the objects' finding, and says so once.
-func (n *nativeChecker) probe(ctx context.Context) (bool, string) {
-	v, why := guardwebhook.NativeFloorProbe(ctx, n.r, n.w, n.opts)
-	switch v {
-	case guardwebhook.ProbeNotEnforced:
-		n.probeMute = false
-		return false, why + ". If its binding or params were deleted and written again since kube-apiserver started, " +
-			"kube-apiserver may no longer read the params (kubernetes/kubernetes#130887): restart kube-apiserver"
-	case guardwebhook.ProbeUnknown:
-		if !n.probeMute && ctx.Err() == nil {
-			n.log.Info("cannot confirm by a dry run that the API server enforces the native policies: going by their objects",
-				"why", why, "reason", "NativeProbeInconclusive")
-		}
-		n.probeMute = true
-	default:
-		n.probeMute = false
+// guardwebhook.FloorProbe). Having found them not enforced, it needs
+// FloorProbeConfirmations probes in a row to find them enforced again. A
+// probe that cannot tell (RBAC without create in the probe namespace,
+// another webhook refusing first) keeps the last conclusive verdict, or the
+// objects' finding when there is none, and says so once.
+func (n *nativeChecker) probe(ctx context.Context, startup bool) (bool, string) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	tries := 1
+	if n.lastProbe == guardwebhook.ProbeNotEnforced {
+		tries = guardwebhook.FloorProbeConfirmations
 	}
-	return true, ""
+	v, why := guardwebhook.ProbeUnknown, ""
+	for range tries {
+		if v, why = guardwebhook.NativeFloorProbe(ctx, n.r, n.w, n.opts); v != guardwebhook.ProbeEnforced {
+			break
+		}
+	}
+	enforced, conclusive := guardwebhook.FloorEnforced(v, n.lastProbe)
+	switch {
+	case v != guardwebhook.ProbeUnknown:
+		n.probeMute = false
+		if v == guardwebhook.ProbeEnforced && why != "" {
+			n.log.V(1).Info("the API server enforces the native refusals", "note", why)
+		}
+	case !n.probeMute && ctx.Err() == nil:
+		n.log.Info("cannot confirm by a dry run whether the API server enforces the native policies: keeping the last finding",
+			"why", why, "enforced", enforced, "reason", "NativeProbeInconclusive")
+		// At start the guard's own webhook is not serving yet: a later
+		// probe may tell, and its failure must be said too.
+		n.probeMute = !startup
+	}
+	n.lastProbe = conclusive
+	if enforced {
+		return true, ""
+	}
+	if v == guardwebhook.ProbeUnknown {
+		why = "the last dry-run probe found them not enforced, and this one could not tell: " + why
+	}
+	return false, why + ". If the refusals' binding or params were deleted and written again since kube-apiserver started, " +
+		"kube-apiserver may no longer read the params (kubernetes/kubernetes#130887): restart kube-apiserver"
 }
 
 // paramsDeleted reports whether the params ConfigMap is gone from under

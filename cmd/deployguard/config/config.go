@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -53,6 +54,11 @@ type NativePolicies struct {
 	// Installed is true by default, as the install ships them. A guard that
 	// finds them missing at start evaluates them itself whatever this says.
 	Installed bool `yaml:"installed"`
+	// ProbeNamespace is where the guard dry-run creates its floor probe
+	// (webhook/README.md, "Floor probe"): a namespace the refusals' binding
+	// applies to, and the only one where the guard's role may create
+	// Deployments. "default" by default.
+	ProbeNamespace string `yaml:"probeNamespace"`
 }
 
 // DisruptionBudgets configures the drain check: a PodDisruptionBudget that
@@ -255,7 +261,7 @@ func Default() Config {
 		Audit:      Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
 
 		DisruptionBudgets: DisruptionBudgets{Mode: "warn"},
-		NativePolicies:    NativePolicies{Installed: true},
+		NativePolicies:    NativePolicies{Installed: true, ProbeNamespace: "default"},
 	}
 }
 
@@ -398,6 +404,10 @@ func (c *Config) Validate() field.ErrorList {
 		}
 	}
 
+	if errs1123 := validation.IsDNS1123Label(c.NativePolicies.ProbeNamespace); len(errs1123) > 0 {
+		errs = append(errs, field.Invalid(field.NewPath("nativePolicies", "probeNamespace"), c.NativePolicies.ProbeNamespace,
+			"must be a namespace name: "+strings.Join(errs1123, "; ")))
+	}
 	if !oneOf(c.Rollback.Quarantine, "enforce", "warn", "off") {
 		errs = append(errs, field.NotSupported(field.NewPath("rollback", "quarantine"), c.Rollback.Quarantine, []string{"enforce", "warn", "off"}))
 	}

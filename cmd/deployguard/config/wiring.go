@@ -29,6 +29,7 @@ func (c Config) WebhookOptions(guardUser string) *guardwebhook.Options {
 		ExemptUsernames:         c.Exemptions.Usernames,
 		ExemptGroups:            c.Exemptions.Groups,
 		NativeInAPIServer:       c.NativePolicies.Installed,
+		NativeProbeNamespace:    c.NativePolicies.ProbeNamespace,
 	}
 }
 
