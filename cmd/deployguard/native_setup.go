@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -54,7 +55,16 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 				gauge.Set(0)
 			}
 		})
-		nc := &nativeChecker{r: mgr.GetAPIReader(), w: mgr.GetClient(), namespace: namespace, opts: opts, log: log}
+		conclusive := prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "deployguard_native_probe_conclusive",
+			Help: "1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver " +
+				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering " +
+				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false.",
+		})
+		if err := metrics.Registry.Register(conclusive); err != nil {
+			return err
+		}
+		nc := &nativeChecker{r: mgr.GetAPIReader(), w: mgr.GetClient(), namespace: namespace, opts: opts, log: log, conclusive: conclusive}
 		nc.check(ctx, true)
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			nc.keepChecking(ctx, every)
@@ -92,13 +102,19 @@ type nativeChecker struct {
 	erring    bool // the last check could not tell
 	// lastProbe is the last conclusive verdict of the floor probe, and
 	// probeMute says an inconclusive one was logged since.
-	lastProbe guardwebhook.ProbeVerdict
-	probeMute bool
+	lastProbe  guardwebhook.ProbeVerdict
+	probeMute  bool
+	conclusive prometheus.Gauge // whether the last probe could tell
 }
 
 // probeTimeout bounds one check's probes: a hung call must not stop the
 // checks for good.
 const probeTimeout = 20 * time.Second
+
+// probeSettle is how long a probe that newly finds the refusals not
+// enforced is tried again: the API server reads params written a moment
+// ago (at the guard's start, or after they were deleted) a moment later.
+const probeSettle = 3 * time.Second
 
 // keepChecking re-checks every period (four GETs and a dry-run create)
 // while the guard runs, so that a policy or binding deleted or edited after
@@ -123,16 +139,28 @@ func (n *nativeChecker) keepChecking(ctx context.Context, every time.Duration) {
 // must not route every write to the failing-closed entry.
 func (n *nativeChecker) check(ctx context.Context, startup bool) {
 	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
+	rewritten := false
 	if err == nil && !ok && !startup && n.paramsDeleted(ctx) {
 		if werr := guardwebhook.ApplyNativeParams(ctx, n.w, n.namespace, n.opts); werr != nil {
 			n.log.Error(werr, "the native policies' params were deleted and could not be written again")
 		} else {
 			n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
 			ok, why, err = guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
+			rewritten = true
 		}
 	}
-	if err == nil && ok {
+	switch {
+	case err == nil && ok && rewritten:
+		// kube-apiserver reads the new params a moment later, and its
+		// policy allows everything meanwhile: the next check probes.
+		ok, _ = guardwebhook.FloorEnforced(guardwebhook.ProbeUnknown, n.lastProbe)
+	case err == nil && ok:
 		ok, why = n.probe(ctx, startup)
+	case err == nil:
+		// Objects missing or changed: when they are back (the very change
+		// that trips kubernetes/kubernetes#130887), the API server must
+		// prove it enforces them before it has the refusals again.
+		n.lastProbe = guardwebhook.ProbeNotEnforced
 	}
 	if ctx.Err() != nil {
 		return
@@ -167,13 +195,16 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 
 // probe asks the API server itself, once the objects say it enforces the
 // refusals: they can all be in place while it does not (see
-// guardwebhook.FloorProbe). Having found them not enforced, it needs
-// FloorProbeConfirmations probes in a row to find them enforced again. A
-// probe that cannot tell (RBAC without create in the probe namespace,
-// another webhook refusing first) keeps the last conclusive verdict, or the
-// objects' finding when there is none, and says so once.
-func (n *nativeChecker) probe(ctx context.Context, startup bool) (bool, string) {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+// guardwebhook.FloorProbe). A probe that finds them not enforced where the
+// last did not is tried again for probeSettle, for the API server reads a
+// policy's params a moment after they are written. Having found them not
+// enforced, it needs FloorProbeConfirmations probes in a row to find them
+// enforced again. A probe that cannot tell (RBAC without create in the
+// probe namespace, another webhook refusing first) keeps the last
+// conclusive verdict, or the objects' finding when there is none, says so
+// once, and sets the conclusive gauge to 0.
+func (n *nativeChecker) probe(parent context.Context, startup bool) (bool, string) {
+	ctx, cancel := context.WithTimeout(parent, probeTimeout)
 	defer cancel()
 	tries := 1
 	if n.lastProbe == guardwebhook.ProbeNotEnforced {
@@ -185,6 +216,17 @@ func (n *nativeChecker) probe(ctx context.Context, startup bool) (bool, string) 
 			break
 		}
 	}
+	if v == guardwebhook.ProbeNotEnforced && n.lastProbe != guardwebhook.ProbeNotEnforced {
+		_ = wait.PollUntilContextTimeout(ctx, probeSettle/10, probeSettle, false, func(ctx context.Context) (bool, error) {
+			if again, _ := guardwebhook.NativeFloorProbe(ctx, n.r, n.w, n.opts); again == guardwebhook.ProbeEnforced {
+				v = again
+			}
+			return v == guardwebhook.ProbeEnforced, nil
+		})
+	}
+	if n.conclusive != nil {
+		n.conclusive.Set(map[bool]float64{true: 1, false: 0}[v != guardwebhook.ProbeUnknown])
+	}
 	enforced, conclusive := guardwebhook.FloorEnforced(v, n.lastProbe)
 	switch {
 	case v != guardwebhook.ProbeUnknown:
@@ -192,7 +234,7 @@ func (n *nativeChecker) probe(ctx context.Context, startup bool) (bool, string) 
 		if v == guardwebhook.ProbeEnforced && why != "" {
 			n.log.V(1).Info("the API server enforces the native refusals", "note", why)
 		}
-	case !n.probeMute && ctx.Err() == nil:
+	case !n.probeMute && parent.Err() == nil:
 		n.log.Info("cannot confirm by a dry run whether the API server enforces the native policies: keeping the last finding",
 			"why", why, "enforced", enforced, "reason", "NativeProbeInconclusive")
 		// At start the guard's own webhook is not serving yet: a later
@@ -202,9 +244,6 @@ func (n *nativeChecker) probe(ctx context.Context, startup bool) (bool, string) 
 	n.lastProbe = conclusive
 	if enforced {
 		return true, ""
-	}
-	if v == guardwebhook.ProbeUnknown {
-		why = "the last dry-run probe found them not enforced, and this one could not tell: " + why
 	}
 	return false, why + ". If the refusals' binding or params were deleted and written again since kube-apiserver started, " +
 		"kube-apiserver may no longer read the params (kubernetes/kubernetes#130887): restart kube-apiserver"
