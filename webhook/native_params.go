@@ -71,7 +71,16 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 	if want == "" {
 		return ProbeUnknown, "this guard would admit the probe itself"
 	}
-	return JudgeFloorProbe(w.Create(ctx, d, client.DryRunAll), want, func(hook string) bool {
+	// The params' resourceVersion, read before the probe: a change written
+	// between the two reads is one the API server may not have read yet,
+	// and the probe is tried again then (nativeChecker).
+	params := &metav1.PartialObjectMetadata{}
+	params.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+	paramsRV := ""
+	if r.Get(ctx, client.ObjectKey{Namespace: paramsNamespace(b), Name: nativeconfig.ParamsName}, params) == nil {
+		paramsRV = params.ResourceVersion
+	}
+	return JudgeFloorProbe(w.Create(ctx, d, client.DryRunAll), want, paramsRV, func(hook string) bool {
 		if hook == EnforceWebhook || hook == ValidateWebhook {
 			return true
 		}
@@ -98,6 +107,14 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 		}
 		return false
 	})
+}
+
+// paramsNamespace is where b reads its params ConfigMap.
+func paramsNamespace(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) string {
+	if b.Spec.ParamRef != nil {
+		return b.Spec.ParamRef.Namespace
+	}
+	return ""
 }
 
 // NativeRefusalsBound reports whether deployguard-refusals is installed with

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/webhook/native"
 )
 
@@ -106,7 +107,12 @@ const FloorProbeConfirmations = 3
 // or a failed call to, a validating webhook (validating says which names
 // are) or a quota says the policy let the probe through. Anything else came
 // first, or from elsewhere. why says what was seen.
-func JudgeFloorProbe(err error, want string, validating func(name string) bool) (ProbeVerdict, string) {
+//
+// The policy's refusal of the probe names the resourceVersion of the params
+// it read; paramsRV, when known, is the params ConfigMap's own: a
+// kube-apiserver that stopped reading the params keeps evaluating an older
+// one.
+func JudgeFloorProbe(err error, want, paramsRV string, validating func(name string) bool) (ProbeVerdict, string) {
 	if err == nil {
 		return ProbeNotEnforced, fmt.Sprintf("kube-apiserver admitted a dry-run create that %s refuses (a Deployment with the finalizer %s)",
 			native.Refusals, FloorProbeFinalizer)
@@ -125,8 +131,13 @@ func JudgeFloorProbe(err error, want string, validating func(name string) bool) 
 	}
 	for _, l := range lines {
 		if i := strings.Index(l, by); i >= 0 {
-			if got := l[i+len(by):]; got != want {
-				return ProbeEnforced, fmt.Sprintf("%s refused the probe in other words than this guard's: %q, not %q", native.Refusals, got, want)
+			got, rv, named := paramsVersion(l[i+len(by):])
+			if named && paramsRV != "" && rv != paramsRV {
+				return ProbeNotEnforced, fmt.Sprintf("kube-apiserver evaluates %s with its params at resourceVersion %q, while ConfigMap %s is at %q: "+
+					"it no longer reads them", native.Refusals, rv, nativeconfig.ParamsName, paramsRV)
+			}
+			if w, _, _ := paramsVersion(want); got != w {
+				return ProbeEnforced, fmt.Sprintf("%s refused the probe in other words than this guard's: %q, not %q", native.Refusals, got, w)
 			}
 			return ProbeEnforced, ""
 		}
@@ -144,6 +155,17 @@ func JudgeFloorProbe(err error, want string, validating func(name string) bool) 
 			"kube-apiserver checks quotas only after the policy admitted the request", native.Refusals, FloorProbeFinalizer)
 	}
 	return ProbeUnknown, "the dry-run create was answered before " + native.Refusals + " could be seen: " + st.Message
+}
+
+// paramsVersion splits the probe's refusal into its words and the params'
+// resourceVersion it names: "… (params RV)".
+func paramsVersion(line string) (words, rv string, named bool) {
+	const mark = " (params "
+	i := strings.LastIndex(line, mark)
+	if i < 0 || !strings.HasSuffix(line, ")") {
+		return line, "", false
+	}
+	return line[:i], line[i+len(mark) : len(line)-1], true
 }
 
 // webhookOf is the webhook the API server's words name: one that refused

@@ -29,15 +29,21 @@ func TestFloorProbeRefusal(t *testing.T) {
 		{},
 	} {
 		got := o.FloorProbeRefusal(ctx, d)
-		assert.Equal(t, `metadata.finalizers: "`+FloorProbeFinalizer+`" is not one of deployguard's finalizers: supported values: "deployguard.io/record", "deployguard.io/drain"`, got)
+		// In process the params have no resourceVersion.
+		assert.Equal(t, `metadata.finalizers: "`+FloorProbeFinalizer+`" is reserved for deployguard's probe of this policy (params )`, got)
 	}
 	without := d.DeepCopy()
 	without.Finalizers = nil
 	assert.Empty(t, (&Options{}).FloorProbeRefusal(ctx, without), "nothing else about the probe is refused")
+	other := d.DeepCopy()
+	other.Finalizers = append(other.Finalizers, "deployguard.io/nope")
+	assert.Equal(t, `metadata.finalizers: "`+FloorProbeFinalizer+`", "deployguard.io/nope" are not deployguard's finalizers: supported values: "deployguard.io/record", "deployguard.io/drain"`,
+		(&Options{}).FloorProbeRefusal(ctx, other), "with another finalizer, the usual words")
 }
 
 func TestJudgeFloorProbe(t *testing.T) {
-	const want = `metadata.finalizers: "deployguard.io/floor-probe" is not one of deployguard's finalizers`
+	const words = `metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy`
+	const want = words + " (params )"
 	gr := schema.GroupResource{Group: "apps", Resource: "deployments"}
 	policyDenial := func(policy, binding, msg string) error {
 		line := "ValidatingAdmissionPolicy '" + policy + "' with binding '" + binding + "' denied request: " + msg
@@ -62,7 +68,9 @@ func TestJudgeFloorProbe(t *testing.T) {
 		verdict ProbeVerdict
 		why     string
 	}{
-		{"refused by the policy as the guard would", policyDenial(native.Refusals, native.Refusals, want), ProbeEnforced, ""},
+		{"refused by the policy as the guard would", policyDenial(native.Refusals, native.Refusals, words+" (params 42)"), ProbeEnforced, ""},
+		// kubernetes/kubernetes#130887: the params it read last.
+		{"refused by the policy with older params", policyDenial(native.Refusals, native.Refusals, words+" (params 17)"), ProbeNotEnforced, `resourceVersion "17"`},
 		// Its finalizer rule reads no params, and without params the
 		// policy does not run: a fallback message or another rule failing
 		// first still says it is enforced.
@@ -77,7 +85,7 @@ func TestJudgeFloorProbe(t *testing.T) {
 		{"refused by a mutating webhook, before the policy", webhookDenial("default.deployments.deployguard.io"), ProbeUnknown, "before"},
 		{"a mutating webhook could not be called", failedCall("mutate.kyverno.svc"), ProbeUnknown, "before"},
 		{"refused by another policy", policyDenial("team", "team", "no"), ProbeUnknown, "before"},
-		{"refused by another binding of the policy", policyDenial(native.Refusals, "copy", want), ProbeUnknown, "before"},
+		{"refused by another binding of the policy", policyDenial(native.Refusals, "copy", words+" (params 42)"), ProbeUnknown, "before"},
 		{"forbidden by RBAC", apierrors.NewForbidden(gr, "", errors.New(`User "x" cannot create resource "deployments"`)), ProbeUnknown, "cannot create"},
 		{"invalid for the API server", apierrors.NewInvalid(schema.GroupKind{Group: "apps", Kind: "Deployment"}, "x",
 			field.ErrorList{field.Required(field.NewPath("spec", "selector"), "")}), ProbeUnknown, "before"},
@@ -85,11 +93,22 @@ func TestJudgeFloorProbe(t *testing.T) {
 		{"no answer", context.DeadlineExceeded, ProbeUnknown, "failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, why := JudgeFloorProbe(tc.err, want, validating)
+			v, why := JudgeFloorProbe(tc.err, want, "42", validating)
 			assert.Equal(t, tc.verdict, v, why)
 			assert.Contains(t, why, tc.why)
 		})
 	}
+}
+
+// Without the ConfigMap's resourceVersion (it could not be read), the
+// params the policy read are not compared.
+func TestJudgeFloorProbeWithoutParamsVersion(t *testing.T) {
+	line := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '" + native.Refusals + "' denied request: " +
+		`metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params 17)`
+	err := apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "", errors.New(line))
+	v, why := JudgeFloorProbe(err, `metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params )`, "", nil)
+	assert.Equal(t, ProbeEnforced, v, why)
+	assert.Empty(t, why)
 }
 
 // A probe that cannot tell keeps the last conclusive verdict: neither a

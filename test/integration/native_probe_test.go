@@ -9,9 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
@@ -28,6 +30,13 @@ func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 	o := guardConfig().WebhookOptions(guardUser)
 	v, why := guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
 	require.Equal(t, guardwebhook.ProbeEnforced, v, why)
+	// The refusal names the params the API server read: the ConfigMap as
+	// it is now.
+	params := &corev1.ConfigMap{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}, params))
+	err := k8s.Create(ctx, guardwebhook.FloorProbe("default"), client.DryRunAll)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `"deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params `+params.ResourceVersion+`)`)
 
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, b))
