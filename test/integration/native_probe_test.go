@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -76,4 +80,82 @@ func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 	var stored appsv1.DeploymentList
 	require.NoError(t, k8s.List(ctx, &stored, client.MatchingLabels(guardwebhook.FloorProbe("default").Labels)))
 	assert.Empty(t, stored.Items)
+}
+
+// kubernetes/kubernetes#130887, its other face: once no binding has named
+// a policy with a ConfigMap paramKind for a moment, kube-apiserver stops the
+// ConfigMap informer it started for them, and keeps the params it read last.
+// Both bindings (the refusals' and the selector repair's: either policy
+// plugin may have started the shared informer) are deleted, the params
+// changed, the bindings created again, each second, until the probe finds
+// the policy reading params older than the ConfigMap's. (Only the params'
+// metadata changes: later tests see the same refusals and repairs.)
+func TestFloorProbeSeesParamsTheAPIServerNoLongerReads(t *testing.T) {
+	ctx := context.Background()
+	o := guardConfig().WebhookOptions(guardUser)
+	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, vb))
+	mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Selector}, mb))
+	bindings := []client.Object{vb, mb}
+	fresh := func(o client.Object) client.Object {
+		c := o.DeepCopyObject().(client.Object)
+		c.SetResourceVersion("")
+		c.SetUID("")
+		c.SetCreationTimestamp(metav1.Time{})
+		return c
+	}
+	create := func(ctx context.Context) error {
+		for _, b := range bindings {
+			if err := k8s.Create(ctx, fresh(b)); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+		}
+		return nil
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if err := create(ctx); err != nil {
+			t.Errorf("restoring the bindings: %v", err)
+		}
+		require.NoError(t, harness.WaitForNativePolicies(ctx, k8s, "default", time.Minute))
+	})
+	key := client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}
+	var v guardwebhook.ProbeVerdict
+	var why string
+	tries := 0
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, false, func(ctx context.Context) (bool, error) {
+		tries++
+		params := &corev1.ConfigMap{}
+		if err := k8s.Get(ctx, key, params); err != nil {
+			return false, err
+		}
+		if params.Annotations == nil {
+			params.Annotations = map[string]string{}
+		}
+		params.Annotations["test.deployguard.io/try"] = fmt.Sprint(tries)
+		if err := k8s.Update(ctx, params); err != nil {
+			return false, nil
+		}
+		if err := create(ctx); err != nil {
+			return false, err
+		}
+		// Until the API server has the binding again, the probe is admitted.
+		_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+			v, why = guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
+			return !strings.Contains(why, "admitted"), nil
+		})
+		if v == guardwebhook.ProbeNotEnforced && strings.Contains(why, "resourceVersion") {
+			return true, nil
+		}
+		for _, b := range bindings {
+			cur := b.DeepCopyObject().(client.Object)
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(b), cur); err == nil {
+				_ = k8s.Delete(ctx, cur)
+			}
+		}
+		return false, nil
+	})
+	require.NoError(t, err, "after %d tries: %v %s", tries, v, why)
+	t.Logf("after %d tries: %s", tries, why)
 }
