@@ -71,16 +71,19 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 	if want == "" {
 		return ProbeUnknown, "this guard would admit the probe itself"
 	}
-	// The params' resourceVersion, read before the probe: a change written
-	// between the two reads is one the API server may not have read yet,
-	// and the probe is tried again then (nativeChecker).
-	params := &metav1.PartialObjectMetadata{}
-	params.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-	paramsRV := ""
-	if r.Get(ctx, client.ObjectKey{Namespace: paramsNamespace(b), Name: nativeconfig.ParamsName}, params) == nil {
-		paramsRV = params.ResourceVersion
+	// The params' resourceVersion, read before and after the probe, to
+	// compare with the one the policy read.
+	paramsRV := func() string {
+		params := &metav1.PartialObjectMetadata{}
+		params.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+		if r.Get(ctx, client.ObjectKey{Namespace: paramsNamespace(b), Name: nativeconfig.ParamsName}, params) != nil {
+			return ""
+		}
+		return params.ResourceVersion
 	}
-	return JudgeFloorProbe(w.Create(ctx, d, client.DryRunAll), want, paramsRV, func(hook string) bool {
+	before := paramsRV()
+	answer := w.Create(ctx, d, client.DryRunAll)
+	return JudgeFloorProbe(answer, want, before, paramsRV(), func(hook string) bool {
 		if hook == EnforceWebhook || hook == ValidateWebhook {
 			return true
 		}

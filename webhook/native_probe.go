@@ -109,10 +109,11 @@ const FloorProbeConfirmations = 3
 // first, or from elsewhere. why says what was seen.
 //
 // The policy's refusal of the probe names the resourceVersion of the params
-// it read; paramsRV, when known, is the params ConfigMap's own: a
-// kube-apiserver that stopped reading the params keeps evaluating an older
-// one.
-func JudgeFloorProbe(err error, want, paramsRV string, validating func(name string) bool) (ProbeVerdict, string) {
+// it read; before and after, when known, are the params ConfigMap's own,
+// read before and after the probe: a kube-apiserver that stopped reading
+// the params keeps evaluating an older one. Params written during the
+// probe tell nothing.
+func JudgeFloorProbe(err error, want, before, after string, validating func(name string) bool) (ProbeVerdict, string) {
 	if err == nil {
 		return ProbeNotEnforced, fmt.Sprintf("kube-apiserver admitted a dry-run create that %s refuses (a Deployment with the finalizer %s)",
 			native.Refusals, FloorProbeFinalizer)
@@ -132,9 +133,13 @@ func JudgeFloorProbe(err error, want, paramsRV string, validating func(name stri
 	for _, l := range lines {
 		if i := strings.Index(l, by); i >= 0 {
 			got, rv, named := paramsVersion(l[i+len(by):])
-			if named && paramsRV != "" && rv != paramsRV {
-				return ProbeNotEnforced, fmt.Sprintf("kube-apiserver evaluates %s with its params at resourceVersion %q, while ConfigMap %s is at %q: "+
-					"it no longer reads them", native.Refusals, rv, nativeconfig.ParamsName, paramsRV)
+			switch {
+			case !named || after == "" || rv == after:
+			case before != after:
+				return ProbeUnknown, fmt.Sprintf("ConfigMap %s was written during the probe (resourceVersion %q, then %q)", nativeconfig.ParamsName, before, after)
+			default:
+				return ProbeNotEnforced, fmt.Sprintf("kube-apiserver evaluates %s with params at resourceVersion %q, while ConfigMap %s is at %q: "+
+					"it no longer reads them", native.Refusals, rv, nativeconfig.ParamsName, after)
 			}
 			if w, _, _ := paramsVersion(want); got != w {
 				return ProbeEnforced, fmt.Sprintf("%s refused the probe in other words than this guard's: %q, not %q", native.Refusals, got, w)

@@ -93,7 +93,7 @@ func TestJudgeFloorProbe(t *testing.T) {
 		{"no answer", context.DeadlineExceeded, ProbeUnknown, "failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, why := JudgeFloorProbe(tc.err, want, "42", validating)
+			v, why := JudgeFloorProbe(tc.err, want, "42", "42", validating)
 			assert.Equal(t, tc.verdict, v, why)
 			assert.Contains(t, why, tc.why)
 		})
@@ -106,9 +106,16 @@ func TestJudgeFloorProbeWithoutParamsVersion(t *testing.T) {
 	line := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '" + native.Refusals + "' denied request: " +
 		`metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params 17)`
 	err := apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "", errors.New(line))
-	v, why := JudgeFloorProbe(err, `metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params )`, "", nil)
+	want := `metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params )`
+	v, why := JudgeFloorProbe(err, want, "", "", nil)
 	assert.Equal(t, ProbeEnforced, v, why)
 	assert.Empty(t, why)
+	// Written during the probe: it tells nothing.
+	v, why = JudgeFloorProbe(err, want, "17", "18", nil)
+	assert.Equal(t, ProbeUnknown, v, why)
+	// The ConfigMap the policy read is the one after the probe.
+	v, why = JudgeFloorProbe(err, want, "16", "17", nil)
+	assert.Equal(t, ProbeEnforced, v, why)
 }
 
 // A probe that cannot tell keeps the last conclusive verdict: neither a

@@ -85,7 +85,8 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 		// down. With the guard up, its webhook refuses it.
 		log.Error(nil, "MutatingAdmissionPolicy "+native.Selector+" is installed but the API server does not enforce "+native.Refusals+
 			": while the guard is down, a Deployment whose empty selector cannot be repaired is admitted selecting "+
-			native.LabelEmptySelector+"="+native.EmptySelectorRefused+"; install config/native whole, or remove "+native.Selector,
+			native.LabelEmptySelector+"="+native.EmptySelectorRefused+"; install config/native whole, or remove "+native.Selector+
+			" (and then restart kube-apiserver: kubernetes/kubernetes#130887)",
 			"reason", "SelectorRepairWithoutRefusals")
 	}
 	return nil

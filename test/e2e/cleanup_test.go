@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -626,14 +627,25 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond, "an all-replicas-down strategy after the reinstall: %v", last)
 	t.Logf("after the reinstall: %v", last)
 	if strings.Contains(last.Error(), byPolicy) {
-		return // this kube-apiserver reads the params again
+		// Refused with the params it kept from before the uninstall, or
+		// with those it reads again: its refusal of the probe names them.
+		params := &corev1.ConfigMap{}
+		require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}, params))
+		err := local.Client.Create(ctx, guardwebhook.FloorProbe(ns), client.DryRunAll)
+		require.Error(t, err)
+		if strings.Contains(err.Error(), "(params "+params.ResourceVersion+")") {
+			return // this kube-apiserver reads the params again
+		}
 	}
 	waitFor(t, 30*time.Second, "the guard's log says what it found and what to do", func(context.Context) (bool, string, error) {
 		logs, err := os.ReadFile(logPath)
 		if err != nil {
 			return false, "", err
 		}
-		return strings.Contains(string(logs), "kube-apiserver admitted a dry-run create that "+native.Refusals+" refuses") &&
+		// Without params it admits everything; with those it read before
+		// the uninstall it refuses with them.
+		return (strings.Contains(string(logs), "kube-apiserver admitted a dry-run create that "+native.Refusals+" refuses") ||
+			strings.Contains(string(logs), "it no longer reads them")) &&
 			strings.Contains(string(logs), "kubernetes/kubernetes#130887"), "", nil
 	})
 	_, metrics, err := local.Guard.Get(local.Guard.Metrics, "/metrics")

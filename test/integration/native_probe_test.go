@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/test/harness"
@@ -85,73 +86,74 @@ func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 // kubernetes/kubernetes#130887, its other face: once no binding has named
 // a policy with a ConfigMap paramKind for a moment, kube-apiserver stops the
 // ConfigMap informer it started for them, and keeps the params it read last.
-// Both bindings (the refusals' and the selector repair's: either policy
-// plugin may have started the shared informer) are deleted, the params
-// changed, the bindings created again, each second, until the probe finds
-// the policy reading params older than the ConfigMap's. (Only the params'
-// metadata changes: later tests see the same refusals and repairs.)
+// On a kube-apiserver of its own, which it leaves in that state: both
+// bindings (the refusals' and the selector repair's: either policy plugin
+// may have started the shared informer) are deleted, the params changed,
+// the bindings created again, each second, until the probe finds the policy
+// reading params older than the ConfigMap's, twice a second apart (a live
+// informer a moment behind would have caught up).
 func TestFloorProbeSeesParamsTheAPIServerNoLongerReads(t *testing.T) {
 	ctx := context.Background()
+	tools, err := harness.ToolsDir("kube-apiserver", "etcd")
+	require.NoError(t, err)
+	env := &envtest.Environment{BinaryAssetsDirectory: tools}
+	own, err := env.Start()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = env.Stop() })
+	c, err := client.New(own, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: harness.GuardNamespace}}))
 	o := guardConfig().WebhookOptions(guardUser)
+	require.NoError(t, harness.InstallNativePolicies(ctx, c, o.NativeSettings()))
+
 	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, vb))
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: native.Refusals}, vb))
 	mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Selector}, mb))
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: native.Selector}, mb))
 	bindings := []client.Object{vb, mb}
-	fresh := func(o client.Object) client.Object {
-		c := o.DeepCopyObject().(client.Object)
-		c.SetResourceVersion("")
-		c.SetUID("")
-		c.SetCreationTimestamp(metav1.Time{})
-		return c
-	}
-	create := func(ctx context.Context) error {
-		for _, b := range bindings {
-			if err := k8s.Create(ctx, fresh(b)); err != nil && !apierrors.IsAlreadyExists(err) {
-				return err
-			}
-		}
-		return nil
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		if err := create(ctx); err != nil {
-			t.Errorf("restoring the bindings: %v", err)
-		}
-		require.NoError(t, harness.WaitForNativePolicies(ctx, k8s, "default", time.Minute))
-	})
 	key := client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}
 	var v guardwebhook.ProbeVerdict
-	var why string
+	var why, stale string
 	tries := 0
-	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, false, func(ctx context.Context) (bool, error) {
+	// Each try leaves the bindings deleted until the next, a second later.
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if stale != "" {
+			if v, why = guardwebhook.NativeFloorProbe(ctx, c, c, o); v == guardwebhook.ProbeNotEnforced && why == stale {
+				return true, nil
+			}
+			stale = ""
+		}
 		tries++
 		params := &corev1.ConfigMap{}
-		if err := k8s.Get(ctx, key, params); err != nil {
+		if err := c.Get(ctx, key, params); err != nil {
 			return false, err
 		}
-		if params.Annotations == nil {
-			params.Annotations = map[string]string{}
-		}
-		params.Annotations["test.deployguard.io/try"] = fmt.Sprint(tries)
-		if err := k8s.Update(ctx, params); err != nil {
+		params.Annotations = map[string]string{"test.deployguard.io/try": fmt.Sprint(tries)}
+		if err := c.Update(ctx, params); err != nil {
 			return false, nil
 		}
-		if err := create(ctx); err != nil {
-			return false, err
+		for _, b := range bindings {
+			n := b.DeepCopyObject().(client.Object)
+			n.SetResourceVersion("")
+			n.SetUID("")
+			n.SetCreationTimestamp(metav1.Time{})
+			if err := c.Create(ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
+				return false, err
+			}
 		}
 		// Until the API server has the binding again, the probe is admitted.
 		_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
-			v, why = guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
+			v, why = guardwebhook.NativeFloorProbe(ctx, c, c, o)
 			return !strings.Contains(why, "admitted"), nil
 		})
 		if v == guardwebhook.ProbeNotEnforced && strings.Contains(why, "resourceVersion") {
-			return true, nil
+			stale = why
+			return false, nil
 		}
 		for _, b := range bindings {
 			cur := b.DeepCopyObject().(client.Object)
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(b), cur); err == nil {
-				_ = k8s.Delete(ctx, cur)
+			if err := c.Get(ctx, client.ObjectKeyFromObject(b), cur); err == nil {
+				_ = c.Delete(ctx, cur)
 			}
 		}
 		return false, nil
