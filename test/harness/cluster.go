@@ -136,9 +136,30 @@ func (c *Cluster) StopControlPlane(ctx context.Context) error {
 	return c.kwokctl(ctx, "stop", "cluster")
 }
 
-// StartControlPlane starts them again and returns once the cluster is ready.
+// StartControlPlane starts them again and returns once kube-apiserver
+// answers. kwokctl exits 0 even when the cluster never became ready (it
+// only logs it): a kube-apiserver that does not answer is started once more
+// (one was seen to stay down after a restart on a loaded machine), and then
+// the error carries its log.
 func (c *Cluster) StartControlPlane(ctx context.Context) error {
-	return c.kwokctl(ctx, "start", "cluster", "--wait", "2m")
+	var last error
+	for attempt := range 2 {
+		if attempt > 0 {
+			_ = c.kwokctl(ctx, "stop", "cluster")
+		}
+		if err := c.kwokctl(ctx, "start", "cluster", "--wait", "2m"); err != nil {
+			last = err
+			continue
+		}
+		if _, err := c.Kubectl(ctx, c.Kubeconfig, "get", "--raw", "/readyz"); err != nil {
+			last = fmt.Errorf("kube-apiserver does not answer after kwokctl start: %w\n--- end of the kube-apiserver log ---\n%s",
+				err, c.ComponentLog(ctx, "kube-apiserver", 3000))
+			fmt.Fprintln(c.out, last)
+			continue
+		}
+		return nil
+	}
+	return last
 }
 
 func (c *Cluster) kwokctl(ctx context.Context, args ...string) error {
