@@ -93,9 +93,11 @@ const (
 )
 
 // FloorProbeConfirmations is how many probes in a row must find the
-// refusals enforced before a replica that found them not enforced leaves
-// them to the API server again: with several kube-apiservers behind one
-// address, each probe reaches one of them, and each is restarted in turn.
+// refusals enforced before a replica that found them not enforced, or
+// found their objects missing or changed, leaves them to the API server
+// again: one refusal right after a change may be a moment's. (The probes
+// share the replica's connection, so they reach the kube-apiserver it
+// talks to, not each of several.)
 const FloorProbeConfirmations = 3
 
 // JudgeFloorProbe reads the API server's answer to the probe's dry-run
