@@ -224,6 +224,9 @@ func sameExpressions(a, b *admissionregistrationv1.ValidatingAdmissionPolicy) bo
 		for _, v := range p.Spec.Variables {
 			out = append(out, v.Name, v.Expression)
 		}
+		for _, c := range p.Spec.MatchConditions {
+			out = append(out, "matchCondition "+c.Name, c.Expression)
+		}
 		for _, v := range p.Spec.Validations {
 			r := ""
 			if v.Reason != nil {

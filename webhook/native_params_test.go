@@ -35,6 +35,9 @@ func installed(t *testing.T, o *Options) (*admissionregistrationv1.ValidatingAdm
 	for i := range p.Spec.Variables {
 		p.Spec.Variables[i].Expression = strings.ReplaceAll(p.Spec.Variables[i].Expression, "\n", "\n\n")
 	}
+	for i := range p.Spec.MatchConditions {
+		p.Spec.MatchConditions[i].Expression = strings.ReplaceAll(p.Spec.MatchConditions[i].Expression, "\n", "\n\n")
+	}
 	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
 	require.NoError(t, err)
 	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
@@ -59,6 +62,12 @@ func TestNativePoliciesEnforced(t *testing.T) {
 		}, "ValidatingAdmissionPolicyBinding deployguard-refusals is not installed"},
 		{"an older policy", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
 			p.Spec.Validations = p.Spec.Validations[1:]
+			return []client.Object{p, b, cm}
+		}, "is not this version's"},
+		// A match condition that leaves out what a validation refuses
+		// (here: everything) disables the refusals as surely.
+		{"a narrowed match condition", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			p.Spec.MatchConditions[0].Expression = "false"
 			return []client.Object{p, b, cm}
 		}, "is not this version's"},
 		{"params of another namespace", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {

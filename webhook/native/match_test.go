@@ -1,0 +1,192 @@
+package native_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+	"github.com/deployguard/deployguard/webhook/native"
+)
+
+// The refusals' match condition only spares the API server work: every
+// request it leaves out, each validation admits. Every request below is
+// decided by the policy as installed and by the same policy without its
+// match condition, and both must decide alike, in the same words. The
+// ordinary writes must be left out, or the condition spares nothing.
+func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
+	rules, err := native.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var installed *admissionregistrationv1.ValidatingAdmissionPolicy
+	for _, p := range rules.Policies {
+		if p.Name == native.Refusals {
+			installed = p
+		}
+	}
+	if installed == nil || len(installed.Spec.MatchConditions) == 0 {
+		t.Fatalf("%s has no match condition", native.Refusals)
+	}
+	unmatched := installed.DeepCopy()
+	unmatched.Spec.MatchConditions = nil
+	// The match condition alone: refused exactly when it matches.
+	matches := installed.DeepCopy()
+	matches.Spec.Validations = []admissionregistrationv1.Validation{{Expression: "false", Message: "matched"}}
+	compile := func(p *admissionregistrationv1.ValidatingAdmissionPolicy) *native.Policy {
+		c, err := native.Compile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	with, without, matcher := compile(installed), compile(unmatched), compile(matches)
+
+	corpus, err := harness.CorpusDeployments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(25, 1))
+	var bases []*appsv1.Deployment
+	for _, d := range corpus {
+		bases = append(bases, d)
+	}
+	for i := range 600 {
+		bases = append(bases, varied(rng, i))
+	}
+	guard := native.Settings{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
+		BreakGlassGroups: []string{"platform-admins"}, ExemptNamespaces: []string{"legacy"},
+		ExemptUsernames: []string{"ci-bot"}, ExemptGroups: []string{"migrations"},
+		StableLabelKeys: []string{"app.kubernetes.io/name", "app"}}
+	users := []user.Info{
+		&user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated"}},
+		&user.DefaultInfo{Name: "bob", Groups: []string{"platform-admins", "system:authenticated"}},
+		&user.DefaultInfo{Name: "ci-bot"},
+		&user.DefaultInfo{Name: guard.GuardUsername},
+		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"},
+		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:deployment-controller"},
+	}
+	params := []runtime.Object{guard.ConfigMap("deployguard-system"), native.Settings{}.ConfigMap("deployguard-system")}
+
+	ctx := context.Background()
+	compared, refused, plainCreates, plainSkipped := 0, 0, 0, 0
+	for i, d := range bases {
+		for _, req := range requests(rng, d) {
+			req.Namespace, req.Name = "shop", fmt.Sprintf("d-%d", i)
+			if rng.IntN(8) == 0 {
+				req.Namespace = "legacy"
+			}
+			req.User = users[rng.IntN(len(users))]
+			req.Params = params[rng.IntN(len(params))]
+			got, want := with.Evaluate(ctx, req), without.Evaluate(ctx, req)
+			if !slices.Equal(got, want) {
+				t.Errorf("%s %s by %s: with the match condition %+v, without %+v", req.Operation, req.Name, req.User.GetName(), got, want)
+			}
+			compared++
+			if len(want) > 0 {
+				refused++
+			}
+			if i < len(corpus) && req.Operation == admission.Create && req.Object.Finalizers == nil && req.Object.Annotations[vocab.AnnotationCleanup] == "" {
+				plainCreates++
+				if len(matcher.Evaluate(ctx, req)) == 0 {
+					plainSkipped++
+				}
+			}
+		}
+	}
+	t.Logf("%d requests compared, %d refused; %d of %d plain creates of the corpora left out", compared, refused, plainSkipped, plainCreates)
+	if refused == 0 || refused == compared {
+		t.Errorf("the requests do not exercise the validations: %d refused of %d", refused, compared)
+	}
+	// Some corpus manifests set maxUnavailable to every replica: those
+	// match, as they must. The others are left out.
+	if plainSkipped*10 < plainCreates*9 {
+		t.Errorf("only %d of %d plain creates of the corpora are left out", plainSkipped, plainCreates)
+	}
+}
+
+// requests are the writes of d the refusals tell apart: its create, updates
+// that change it (or not) from a varied stored object, one while it is being
+// deleted, and its deletion.
+func requests(rng *rand.Rand, d *appsv1.Deployment) []native.Request {
+	d = d.DeepCopy()
+	old := d.DeepCopy()
+	switch rng.IntN(3) {
+	case 0:
+		old = varied(rng, 0)
+	case 1:
+		old.Spec.Replicas = ptr(int32(rng.IntN(4)))
+	}
+	deleting := old.DeepCopy()
+	deleting.DeletionTimestamp = &metav1.Time{}
+	deleting.Finalizers = append(deleting.Finalizers, vocab.FinalizerRecord, vocab.FinalizerDrain)
+	removed := deleting.DeepCopy()
+	removed.DeletionTimestamp = &metav1.Time{}
+	removed.Finalizers = removed.Finalizers[:len(removed.Finalizers)-rng.IntN(3)]
+	return []native.Request{
+		{Operation: admission.Create, Object: d},
+		{Operation: admission.Update, Object: d, OldObject: old},
+		{Operation: admission.Update, Object: d, OldObject: d.DeepCopy()},
+		{Operation: admission.Update, Object: removed, OldObject: deleting},
+		{Operation: admission.Delete, OldObject: d},
+	}
+}
+
+// varied is a Deployment with what the refusals read drawn at random:
+// replicas, strategy, finalizers, the cleanup, protection and selector
+// marks.
+func varied(rng *rand.Rand, i int) *appsv1.Deployment {
+	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("v-%d", i)}}
+	if rng.IntN(5) > 0 {
+		d.Spec.Replicas = ptr(int32(rng.IntN(6)))
+	}
+	ios := func() *intstr.IntOrString {
+		if rng.IntN(6) == 0 {
+			return nil
+		}
+		x := intstr.Parse(pick("0", "1", "2", "3", "5", "0%", "10%", "25%", "50%", "99%", "100%", "0100%", "250%", "x"))
+		return &x
+	}
+	switch rng.IntN(5) {
+	case 0:
+		d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	case 1:
+	default:
+		d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.DeploymentStrategyType(pick("RollingUpdate", "", "Recreate")),
+			RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: ios(), MaxUnavailable: ios()}}
+	}
+	if rng.IntN(3) == 0 {
+		d.Finalizers = []string{pick(vocab.FinalizerRecord, vocab.FinalizerDrain, "deployguard.io/backup",
+			"deployguard.io/floor-probe", "deployguard.io/", "example.com/keep")}
+	}
+	a := map[string]string{}
+	if rng.IntN(3) == 0 {
+		a[vocab.AnnotationCleanup] = pick("record", "drain,record", "none", "none,drain", "backup", " Record ", "")
+	}
+	if rng.IntN(4) == 0 {
+		a[vocab.AnnotationProtected] = pick("true", "false", "")
+	}
+	if len(a) > 0 {
+		d.Annotations = a
+	}
+	labels := map[string]string{"app": "web"}
+	if rng.IntN(6) == 0 {
+		labels["deployguard.io/empty-selector"] = pick("refused", "repaired", "")
+	}
+	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+	return d
+}
+
+func ptr[T any](v T) *T { return &v }
