@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -97,7 +98,7 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 			if len(want) > 0 {
 				refused++
 			}
-			if i < len(corpus) && req.Operation == admission.Create && req.Object.Finalizers == nil && req.Object.Annotations[vocab.AnnotationCleanup] == "" {
+			if i < len(corpus) && req.Operation == admission.Create && plain(req.Object) {
 				plainCreates++
 				if len(matcher.Evaluate(ctx, req)) == 0 {
 					plainSkipped++
@@ -114,6 +115,25 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	if plainSkipped*10 < plainCreates*9 {
 		t.Errorf("only %d of %d plain creates of the corpora are left out", plainSkipped, plainCreates)
 	}
+	// Where the config sets cleanup steps, every Deployment carries the
+	// guard's finalizers and its cleanup annotation: an image change is
+	// still left out.
+	old := corpus[0].DeepCopy()
+	old.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain}
+	old.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
+	cur := old.DeepCopy()
+	cur.Spec.Template.Spec.Containers[0].Image += "-next"
+	req := native.Request{Operation: admission.Update, Object: cur, OldObject: old, Namespace: "shop", Name: old.Name,
+		User: users[0], Params: params[0]}
+	if ds := matcher.Evaluate(ctx, req); len(ds) != 0 {
+		t.Errorf("an image change of a Deployment with the guard's cleanup is matched: %+v", ds)
+	}
+}
+
+// plain: d carries nothing the refusals read but its strategy.
+func plain(d *appsv1.Deployment) bool {
+	_, cleanup := d.Annotations[vocab.AnnotationCleanup]
+	return d.Finalizers == nil && !cleanup
 }
 
 // requests are the writes of d the refusals tell apart: its create, updates
@@ -129,10 +149,10 @@ func requests(rng *rand.Rand, d *appsv1.Deployment) []native.Request {
 		old.Spec.Replicas = ptr(int32(rng.IntN(4)))
 	}
 	deleting := old.DeepCopy()
-	deleting.DeletionTimestamp = &metav1.Time{}
+	deleting.DeletionTimestamp = &deletedAt
 	deleting.Finalizers = append(deleting.Finalizers, vocab.FinalizerRecord, vocab.FinalizerDrain)
 	removed := deleting.DeepCopy()
-	removed.DeletionTimestamp = &metav1.Time{}
+	removed.DeletionTimestamp = &deletedAt
 	removed.Finalizers = removed.Finalizers[:len(removed.Finalizers)-rng.IntN(3)]
 	return []native.Request{
 		{Operation: admission.Create, Object: d},
@@ -156,7 +176,8 @@ func varied(rng *rand.Rand, i int) *appsv1.Deployment {
 		if rng.IntN(6) == 0 {
 			return nil
 		}
-		x := intstr.Parse(pick("0", "1", "2", "3", "5", "0%", "10%", "25%", "50%", "99%", "100%", "0100%", "250%", "x"))
+		x := intstr.Parse(pick("0", "1", "2", "3", "5", "0%", "10%", "25%", "50%", "99%", "100%", "0100%", "250%",
+			"000000050%", "123456789%", "x", "1000", "abcd"))
 		return &x
 	}
 	switch rng.IntN(5) {
@@ -188,5 +209,7 @@ func varied(rng *rand.Rand, i int) *appsv1.Deployment {
 	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
 	return d
 }
+
+var deletedAt = metav1.NewTime(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))
 
 func ptr[T any](v T) *T { return &v }
