@@ -479,6 +479,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"no replica", "replicas=0", "/replicas"},
 		{"a time-out above the API server's 30s", "webhooks.mutating.timeoutSeconds=31", "/webhooks/mutating/timeoutSeconds"},
 		{"a policy that is not a ConfigMap's keys", "policies.team=deny", "/policies/team"},
+		// The guard refuses it at start; the probe's Role would go to default.
+		{"no namespace for the floor probe", "config.nativePolicies.probeNamespace=", "/config/nativePolicies/probeNamespace"},
+		{"a probe namespace that is not a namespace name", "config.nativePolicies.probeNamespace=Team_A", "/config/nativePolicies/probeNamespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(filepath.Join(tools, "helm"), "template", release, chartDir(), "--set", tc.set)
