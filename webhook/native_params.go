@@ -8,6 +8,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -137,6 +138,9 @@ func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string)
 	if !sameExpressions(got, want) {
 		return false, "ValidatingAdmissionPolicy " + native.Refusals + " is not this version's (install config/native of this release)", nil
 	}
+	if what := otherScope(got, want); what != "" {
+		return false, "ValidatingAdmissionPolicy " + native.Refusals + " is not this version's: its " + what + " differs (install config/native of this release)", nil
+	}
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	if err := c.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
 		return notFound(err, "ValidatingAdmissionPolicyBinding "+native.Refusals+" is not installed")
@@ -240,6 +244,61 @@ func sameExpressions(a, b *admissionregistrationv1.ValidatingAdmissionPolicy) bo
 		return out
 	}
 	return slices.Equal(flat(a), flat(b))
+}
+
+// otherScope names what of a's failure policy, params kind and match
+// constraints differs from b's, the API server's defaults applied to both;
+// "" when nothing does. A policy that fails open, or matches fewer requests
+// (no DELETE, an object selector), refuses less with the same expressions.
+func otherScope(a, b *admissionregistrationv1.ValidatingAdmissionPolicy) string {
+	failurePolicy := func(p *admissionregistrationv1.ValidatingAdmissionPolicy) admissionregistrationv1.FailurePolicyType {
+		if p.Spec.FailurePolicy == nil {
+			return admissionregistrationv1.Fail
+		}
+		return *p.Spec.FailurePolicy
+	}
+	if failurePolicy(a) != failurePolicy(b) {
+		return "failurePolicy"
+	}
+	if !apiequality.Semantic.DeepEqual(a.Spec.ParamKind, b.Spec.ParamKind) {
+		return "paramKind"
+	}
+	// The match constraints as the API server stores them: scope "*",
+	// matchPolicy Equivalent and empty selectors when not set.
+	constraints := func(p *admissionregistrationv1.ValidatingAdmissionPolicy) admissionregistrationv1.MatchResources {
+		var m admissionregistrationv1.MatchResources
+		if p.Spec.MatchConstraints != nil {
+			m = *p.Spec.MatchConstraints.DeepCopy()
+		}
+		for _, rules := range [][]admissionregistrationv1.NamedRuleWithOperations{m.ResourceRules, m.ExcludeResourceRules} {
+			for i := range rules {
+				if rules[i].Scope == nil {
+					all := admissionregistrationv1.AllScopes
+					rules[i].Scope = &all
+				}
+				if len(rules[i].ResourceNames) == 0 {
+					rules[i].ResourceNames = nil
+				}
+			}
+		}
+		if len(m.ExcludeResourceRules) == 0 {
+			m.ExcludeResourceRules = nil
+		}
+		if m.MatchPolicy == nil {
+			equivalent := admissionregistrationv1.Equivalent
+			m.MatchPolicy = &equivalent
+		}
+		for _, sel := range []**metav1.LabelSelector{&m.NamespaceSelector, &m.ObjectSelector} {
+			if *sel != nil && len((*sel).MatchLabels) == 0 && len((*sel).MatchExpressions) == 0 {
+				*sel = nil
+			}
+		}
+		return m
+	}
+	if !apiequality.Semantic.DeepEqual(constraints(a), constraints(b)) {
+		return "matchConstraints"
+	}
+	return ""
 }
 
 func notFound(err error, why string) (bool, string, error) {

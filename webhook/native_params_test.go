@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -70,6 +71,31 @@ func TestNativePoliciesEnforced(t *testing.T) {
 			p.Spec.MatchConditions[0].Expression = "false"
 			return []client.Object{p, b, cm}
 		}, "is not this version's"},
+		// Stored as the API server defaults it: the same policy.
+		{"as the API server stores it", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			all, equivalent := admissionregistrationv1.AllScopes, admissionregistrationv1.Equivalent
+			for i := range p.Spec.MatchConstraints.ResourceRules {
+				p.Spec.MatchConstraints.ResourceRules[i].Scope = &all
+			}
+			p.Spec.MatchConstraints.MatchPolicy = &equivalent
+			p.Spec.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{}
+			p.Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{}
+			return []client.Object{p, b, cm}
+		}, ""},
+		// The same expressions, refusing less.
+		{"a policy that fails open", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			ignore := admissionregistrationv1.Ignore
+			p.Spec.FailurePolicy = &ignore
+			return []client.Object{p, b, cm}
+		}, "its failurePolicy differs"},
+		{"a policy that no longer matches deletions", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			p.Spec.MatchConstraints.ResourceRules[0].Operations = []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+			return []client.Object{p, b, cm}
+		}, "its matchConstraints differs"},
+		{"a policy narrowed by an object selector", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			p.Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"guarded": "true"}}
+			return []client.Object{p, b, cm}
+		}, "its matchConstraints differs"},
 		{"params of another namespace", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
 			b.Spec.ParamRef.Namespace = "elsewhere"
 			return []client.Object{p, b, cm}
