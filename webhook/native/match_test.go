@@ -59,10 +59,7 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(25, 1))
-	var bases []*appsv1.Deployment
-	for _, d := range corpus {
-		bases = append(bases, d)
-	}
+	bases := slices.Clone(corpus)
 	for i := range 600 {
 		bases = append(bases, varied(rng, i))
 	}
