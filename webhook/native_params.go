@@ -270,19 +270,14 @@ func otherScope(a, b *admissionregistrationv1.ValidatingAdmissionPolicy) string 
 		if p.Spec.MatchConstraints != nil {
 			m = *p.Spec.MatchConstraints.DeepCopy()
 		}
+		// (Semantic.DeepEqual takes nil and empty lists as equal.)
 		for _, rules := range [][]admissionregistrationv1.NamedRuleWithOperations{m.ResourceRules, m.ExcludeResourceRules} {
 			for i := range rules {
 				if rules[i].Scope == nil {
 					all := admissionregistrationv1.AllScopes
 					rules[i].Scope = &all
 				}
-				if len(rules[i].ResourceNames) == 0 {
-					rules[i].ResourceNames = nil
-				}
 			}
-		}
-		if len(m.ExcludeResourceRules) == 0 {
-			m.ExcludeResourceRules = nil
 		}
 		if m.MatchPolicy == nil {
 			equivalent := admissionregistrationv1.Equivalent

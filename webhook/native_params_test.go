@@ -76,7 +76,9 @@ func TestNativePoliciesEnforced(t *testing.T) {
 			all, equivalent := admissionregistrationv1.AllScopes, admissionregistrationv1.Equivalent
 			for i := range p.Spec.MatchConstraints.ResourceRules {
 				p.Spec.MatchConstraints.ResourceRules[i].Scope = &all
+				p.Spec.MatchConstraints.ResourceRules[i].ResourceNames = []string{}
 			}
+			p.Spec.MatchConstraints.ExcludeResourceRules = []admissionregistrationv1.NamedRuleWithOperations{}
 			p.Spec.MatchConstraints.MatchPolicy = &equivalent
 			p.Spec.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{}
 			p.Spec.MatchConstraints.ObjectSelector = &metav1.LabelSelector{}

@@ -39,13 +39,11 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
 		opts.Native = guardwebhook.NewNativeEnforcement(false)
-		gauge := prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "deployguard_native_policies_enforced",
-			Help: "1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
-				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
-				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.",
-		})
-		if err := metrics.Registry.Register(gauge); err != nil {
+		gauge, err := registeredGauge("deployguard_native_policies_enforced",
+			"1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not "+
+				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, "+
+				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.")
+		if err != nil {
 			return err
 		}
 		opts.Native.OnChange(func(on bool) {
@@ -55,13 +53,11 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 				gauge.Set(0)
 			}
 		})
-		conclusive := prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "deployguard_native_probe_conclusive",
-			Help: "1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver " +
-				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering " +
-				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false.",
-		})
-		if err := metrics.Registry.Register(conclusive); err != nil {
+		conclusive, err := registeredGauge("deployguard_native_probe_conclusive",
+			"1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver "+
+				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering "+
+				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false.")
+		if err != nil {
 			return err
 		}
 		nc := &nativeChecker{r: mgr.GetAPIReader(), w: mgr.GetClient(), namespace: namespace, opts: opts, log: log, conclusive: conclusive}
@@ -264,4 +260,10 @@ func (n *nativeChecker) paramsDeleted(ctx context.Context) bool {
 	}
 	bound, _, err := guardwebhook.NativeRefusalsBound(ctx, n.r, n.namespace)
 	return err == nil && bound
+}
+
+// registeredGauge is a gauge registered with the manager's metrics.
+func registeredGauge(name, help string) (prometheus.Gauge, error) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	return g, metrics.Registry.Register(g)
 }
