@@ -77,13 +77,38 @@ func stalledMessage(d *appsv1.Deployment, decision, failed string) string {
 // nil. A Stalled condition of another reason is another controller's, and
 // left alone.
 func guardStalled(s *appsv1.DeploymentStatus) *appsv1.DeploymentCondition {
-	for i := range s.Conditions {
-		c := &s.Conditions[i]
-		if c.Type == vocab.ConditionStalled && c.Reason == vocab.ReasonAutoRollback {
-			return c
-		}
+	if i := StalledIndex(s); i >= 0 {
+		return &s.Conditions[i]
 	}
 	return nil
+}
+
+// StalledIndex is the index of the guard's Stalled condition in the
+// Deployment's conditions, or -1.
+func StalledIndex(s *appsv1.DeploymentStatus) int {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type == vocab.ConditionStalled && s.Conditions[i].Reason == vocab.ReasonAutoRollback {
+			return i
+		}
+	}
+	return -1
+}
+
+// VerdictDue reports whether the status write from old to d records d's
+// generation as observed while the guard's Stalled condition is on it, and
+// names the ReplicaSet the rollback restored (what DecideVerdict compares
+// the template with; "" when the rollback is not recorded). Deploying tools
+// read a new spec's outcome from that write on (kstatus, so Helm 4 and
+// Flux, reads conditions once observedGeneration is the generation). The
+// Deployment controller makes it right after recording the newRS, and it
+// copies every condition: a verdict ended by the reconciler after the newRS
+// is recorded can land after it, and a fix then reads as failed. The
+// guard's status webhook decides the verdict in this write instead.
+func VerdictDue(old, d *appsv1.Deployment) (restored string, due bool) {
+	if guardStalled(&d.Status) == nil || !specObserved(d) || old.Status.ObservedGeneration == d.Generation {
+		return "", false
+	}
+	return d.Annotations[vocab.AnnotationRolledBackTo], true
 }
 
 // reconcileVerdict brings the Stalled condition in line with DecideVerdict.

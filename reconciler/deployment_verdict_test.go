@@ -246,3 +246,45 @@ func TestNoVerdictWithoutARollback(t *testing.T) {
 		})
 	}
 }
+
+func TestVerdictDue(t *testing.T) {
+	withStalled := func(d *appsv1.Deployment) {
+		d.Status.Conditions = append(d.Status.Conditions,
+			appsv1.DeploymentCondition{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue},
+			appsv1.DeploymentCondition{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback})
+	}
+	newGeneration := func(d *appsv1.Deployment) { d.Generation = 4 }
+	observed := func(d *appsv1.Deployment) { d.Status.ObservedGeneration = d.Generation }
+	tests := []struct {
+		name     string
+		old, d   *appsv1.Deployment
+		wantDue  bool
+		wantName string
+	}{
+		{name: "the write that observes a new generation, verdict on it",
+			old: deployment(rolledBack, withStalled, newGeneration), d: deployment(rolledBack, withStalled, newGeneration, observed),
+			wantDue: true, wantName: "web-h2"},
+		{name: "no verdict on it",
+			old: deployment(rolledBack, newGeneration), d: deployment(rolledBack, newGeneration, observed)},
+		{name: "another controller's Stalled condition",
+			old: deployment(newGeneration), d: deployment(newGeneration, observed, func(d *appsv1.Deployment) {
+				d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: "SomethingElse"})
+			})},
+		{name: "the generation was observed already (a later status write)",
+			old: deployment(rolledBack, withStalled), d: deployment(rolledBack, withStalled)},
+		{name: "the new generation not observed yet (the newRS recorded)",
+			old: deployment(rolledBack, withStalled, newGeneration), d: deployment(rolledBack, withStalled, newGeneration)},
+		{name: "a verdict without its rollback recorded",
+			old: deployment(withStalled, newGeneration), d: deployment(withStalled, newGeneration, observed), wantDue: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name, due := VerdictDue(tt.old, tt.d)
+			assert.Equal(t, tt.wantDue, due)
+			assert.Equal(t, tt.wantName, name)
+			if due {
+				assert.Equal(t, 1, StalledIndex(&tt.d.Status))
+			}
+		})
+	}
+}

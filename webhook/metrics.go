@@ -21,7 +21,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "deployguard_admission_requests_total",
-			Help: "Admission requests for Deployments (webhook mutating, validating) and PodDisruptionBudgets (webhook disruption-budget) by webhook, " +
+			Help: "Admission requests for Deployments (webhook mutating, validating; verdict for their status writes) and PodDisruptionBudgets (webhook disruption-budget) by webhook, " +
 				"operation, result (allowed, patched, denied, error) " +
 				"and reason: none when allowed or patched; otherwise what refused it, one of malformed, selector, overlap, strategy, revision-history, " +
 				"progress-deadline, finalizers, quarantine, protected, policy, disruption-budget, internal (denials by policy: deployguard_policy_decisions_total).",

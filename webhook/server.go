@@ -30,6 +30,12 @@ func (w *Deployment) Handlers(m *Metrics) (mutating, validating *Endpoint) {
 	return mutating, validating
 }
 
+// VerdictHandler returns the status webhook's handler (see verdict),
+// instrumented; ReplicaSets must be set.
+func (w *Deployment) VerdictHandler(m *Metrics) *Endpoint {
+	return &Endpoint{Webhook: &admission.Webhook{Handler: instrument("verdict", deploymentKind, verdict{replicaSets: w.ReplicaSets}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
+}
+
 // SetupWithManager registers both webhooks on the manager's webhook server,
 // each through wrap when it is set (serve's closes kept-alive connections
 // while it stops). serve and the integration tier both set them up here.
@@ -41,6 +47,9 @@ func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(ht
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, wrap(mutating))
 	srv.Register(ValidatePath, wrap(validating))
+	if w.ReplicaSets != nil {
+		srv.Register(VerdictPath, wrap(w.VerdictHandler(m)))
+	}
 	if w.Budgets != nil {
 		srv.Register(BudgetPath, wrap(&Endpoint{Webhook: w.BudgetHandler(m), BodyTimeout: w.BodyTimeout}))
 	}

@@ -307,6 +307,9 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 		Budgets:         budgets,
 		Policies:        guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
+		// Uncached: the status webhook reads one ReplicaSet a few times per
+		// rollback, and every replica serves it, leader or not.
+		ReplicaSets: mgr.GetAPIReader(),
 	}
 	if exceptions != nil {
 		hooks.Exceptions = exceptions

@@ -76,8 +76,11 @@ func TestHelm4(t *testing.T) {
 	assert.Contains(t, r.Stdout, "STATUS: failed", "%s", r)
 
 	// The fix, deployed the same way, reads as deployed: the verdict on the
-	// rolled-back revision ends before kstatus can read the new generation
-	// as observed.
+	// rolled-back revision ends in the very write that records the new
+	// generation as observed (the guard's status webhook), so no client can
+	// read the fix as failed.
+	stale := staleVerdictWatch(ctx, t, ns, "shop-web")
 	r = command(ctx, helm, "upgrade", "shop", chart, "-n", ns, "--set", "image.tag=1.28", "--wait", "--timeout", "2m")
 	assert.Zero(t, r.Code, "fixed deploy after a rollback: helm v4 --wait: %s", r)
+	assert.Empty(t, stale(), "the fix was observed with the rolled-back revision's verdict on it")
 }

@@ -304,3 +304,43 @@ func logMeasured(t *testing.T, tool string, decided, ended time.Time) {
 	t.Helper()
 	t.Logf("MEASURED %s: failed %.1fs after the guard's decision", tool, ended.Sub(decided).Seconds())
 }
+
+// staleVerdictWatch watches Deployment ns/name from now on, and returns a
+// function that stops the watch and lists every state it saw in which a
+// generation later than now's is observed with the guard's rollback verdict
+// still on it: a deploying tool reading that state reads the new spec as
+// failed. The watch sees every state the API server stores, which a poll
+// could miss.
+func staleVerdictWatch(ctx context.Context, t *testing.T, ns, name string) (stop func() []string) {
+	t.Helper()
+	cfg, err := local.Cluster.RESTConfig()
+	require.NoError(t, err)
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
+	require.NoError(t, err)
+	d := &appsv1.Deployment{}
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d))
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns),
+		client.MatchingFields{"metadata.name": name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: d.ResourceVersion}})
+	require.NoError(t, err)
+	var stale []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			got, ok := ev.Object.(*appsv1.Deployment)
+			if !ok || got.Generation <= d.Generation || got.Status.ObservedGeneration != got.Generation {
+				continue
+			}
+			if c := stalled(got); c != nil && c.Reason == vocab.ReasonAutoRollback {
+				stale = append(stale, fmt.Sprintf("resourceVersion %s: %s", got.ResourceVersion, describe(got)))
+			}
+		}
+	}()
+	return func() []string {
+		w.Stop()
+		cancel()
+		<-done
+		return stale
+	}
+}

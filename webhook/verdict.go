@@ -1,0 +1,81 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// VerdictPath is where the status webhook is served; config/webhook uses the
+// same.
+const VerdictPath = "/mutate-apps-v1-deployment-status"
+
+// verdict serves the mutating webhook of Deployment status writes. It ends
+// the guard's rollback verdict (the Stalled condition) inside the write that
+// records a new spec as observed, when that spec ends it (reconciler's
+// DecideVerdict, the reconciler's own decision), so that no client ever
+// reads the new generation as observed with the old verdict on it. The
+// reconciler ends it too, after the Deployment controller has recorded the
+// newRS; this write is the one the controller makes right after, and a
+// reconciler a moment late lost it to the controller: Helm 4 then aborted
+// the deploy of a fix as failed.
+//
+// The API server sends it only those writes (the entry's matchCondition), so
+// it reads one ReplicaSet, from the API server, a few times per rollback.
+// Anything it cannot decide it lets through unchanged: the reconciler
+// decides later, as it did before.
+type verdict struct{ replicaSets client.Reader }
+
+func (v verdict) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
+	if req.Operation != admissionv1.Update || req.SubResource != "status" {
+		return admission.Allowed(""), reasonNone
+	}
+	r, _, resp, reason := decodeRequest(req)
+	if r.Object == nil {
+		return resp, reason
+	}
+	d := r.Object
+	restoredName, due := reconciler.VerdictDue(r.OldObject, d)
+	if !due {
+		return admission.Allowed(""), reasonNone
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("deployment", klog.KObj(d), "user", req.UserInfo.Username)
+	var rss []*appsv1.ReplicaSet
+	if restoredName != "" {
+		rs := &appsv1.ReplicaSet{}
+		err := v.replicaSets.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: restoredName}, rs)
+		switch {
+		case err == nil:
+			rss = append(rss, rs)
+		case apierrors.IsNotFound(err):
+			// DecideVerdict reads a restored ReplicaSet that is gone as a new
+			// template, as the reconciler does from the same answer.
+		default:
+			log.Info("Could not read the restored ReplicaSet; the reconciler will decide the rollback verdict", "replicaSet", restoredName, "error", err.Error())
+			return admission.Allowed(""), reasonNone
+		}
+	}
+	decided := reconciler.DecideVerdict(d, rss)
+	if decided.Stalled {
+		return admission.Allowed(""), reasonNone
+	}
+	path := fmt.Sprintf("/status/conditions/%d", reconciler.StalledIndex(&d.Status))
+	log.Info("Rollback no longer reported, in the write that observes the new generation", "why", decided.Why,
+		"generation", d.Generation, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
+	// The test op fails the patch, rather than remove another condition,
+	// should the list not be the one decoded.
+	return admission.Patched("",
+		jsonpatch.NewOperation("test", path+"/reason", vocab.ReasonAutoRollback),
+		jsonpatch.NewOperation("remove", path, nil)), reasonNone
+}
