@@ -297,6 +297,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		d.Annotations = RollbackAnnotations(d, dec.Target)
 		d.Annotations[vocab.AnnotationRolledBackRevision] = formatRevision(dec.FailedRevision)
 		d.Annotations[vocab.AnnotationRolledBackTo] = dec.Target.Name
+		setLabel(d, vocab.LabelRolledBack, formatRevision(dec.FailedRevision))
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
 			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
 		if dec.Evidence != "" {

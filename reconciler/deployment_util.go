@@ -96,14 +96,24 @@ func specObserved(d *appsv1.Deployment) bool { return d.Status.ObservedGeneratio
 // recorded the newRS of the Deployment's spec in its Progressing condition
 // ("Created new replica set %q", "Found new replica set %q", "ReplicaSet %q
 // is progressing."). It does so before it records the observed generation,
-// in an update of its own: from then on a write of ours loses it nothing,
-// and one that ends the rollback verdict lands before any client can read
-// the new generation as observed with the old verdict still on it.
+// in an update of its own: from then on a write of ours loses it nothing.
+// The write that records the observed generation follows within
+// milliseconds, and copies every condition: the guard's verdict webhook
+// ends the rollback verdict in that write (VerdictDue), and the reconciler's
+// own end is the fallback for when the webhook could not.
 func newReplicaSetRecorded(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
 	newRS := FindNewReplicaSet(d, rss)
 	c := progressingCondition(d)
 	return newRS != nil && c != nil && c.Status == corev1.ConditionTrue && c.Reason != vocab.NewReplicaSetAvailable &&
 		strings.Contains(c.Message, strconv.Quote(newRS.Name))
+}
+
+// setLabel sets the label k of d to v.
+func setLabel(d *appsv1.Deployment, k, v string) {
+	if d.Labels == nil {
+		d.Labels = map[string]string{}
+	}
+	d.Labels[k] = v
 }
 
 // setCondition sets the condition of c.Type, as upstream's

@@ -103,9 +103,12 @@ func StalledIndex(s *appsv1.DeploymentStatus) int {
 // Deployment controller makes it right after recording the newRS, and it
 // copies every condition: a verdict ended by the reconciler after the newRS
 // is recorded can land after it, and a fix then reads as failed. The
-// guard's status webhook decides the verdict in this write instead.
+// guard's status webhook decides the verdict in this write instead. A
+// Deployment being deleted is left to the cleanup, as the reconciler leaves
+// it.
 func VerdictDue(old, d *appsv1.Deployment) (restored string, due bool) {
-	if guardStalled(&d.Status) == nil || !specObserved(d) || old.Status.ObservedGeneration == d.Generation {
+	if guardStalled(&d.Status) == nil || d.DeletionTimestamp != nil ||
+		!specObserved(d) || old.Status.ObservedGeneration == d.Generation {
 		return "", false
 	}
 	return d.Annotations[vocab.AnnotationRolledBackTo], true
@@ -132,6 +135,15 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 		if reported {
 			log.Info("Rollback reported on the Deployment's status", "condition", vocab.ConditionStalled, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
 		}
+		if _, ok := d.Labels[vocab.LabelRolledBack]; !ok {
+			// A rollback by an earlier release, which set no label: without
+			// it the verdict webhook never sees this Deployment's status.
+			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			setLabel(d, vocab.LabelRolledBack, d.Annotations[vocab.AnnotationRolledBackRevision])
+			if err := r.Client.Patch(ctx, d, patch); err != nil {
+				return fmt.Errorf("labelling the rolled-back Deployment: %w", err)
+			}
+		}
 	case cur != nil:
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		removeCondition(&d.Status, vocab.ConditionStalled)
@@ -143,6 +155,7 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 	if v.Clear {
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		delete(d.Annotations, vocab.AnnotationRolledBackTo)
+		delete(d.Labels, vocab.LabelRolledBack)
 		if err := r.Client.Patch(ctx, d, patch); err != nil {
 			return fmt.Errorf("forgetting the rollback: %w", err)
 		}

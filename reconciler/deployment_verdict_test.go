@@ -174,6 +174,7 @@ func TestVerdictEnds(t *testing.T) {
 			e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
 			require.NoError(t, e.reconcile())
 			require.NotNil(t, e.stalled())
+			assert.Equal(t, "3", e.deployment().Labels[vocab.LabelRolledBack], "listed by kubectl get -l, and sent to the verdict webhook")
 
 			got := e.deployment()
 			tt.change(got)
@@ -193,6 +194,7 @@ func TestVerdictEnds(t *testing.T) {
 			require.NoError(t, e.reconcile())
 			assert.Nil(t, e.stalled(), "the Deployment no longer reads as failed, before a client can read its new generation as observed")
 			assert.NotContains(t, e.deployment().Annotations, vocab.AnnotationRolledBackTo)
+			assert.NotContains(t, e.deployment().Labels, vocab.LabelRolledBack)
 
 			// Coming back to the restored template later does not bring
 			// the old verdict back.
@@ -203,6 +205,20 @@ func TestVerdictEnds(t *testing.T) {
 			assert.Nil(t, e.stalled())
 		})
 	}
+}
+
+// A verdict an earlier release reported has no label: the reconciler adds
+// it, so that the verdict webhook sees the Deployment's status writes.
+func TestAStandingVerdictGetsItsLabel(t *testing.T) {
+	d := deployment(rolledBack, func(d *appsv1.Deployment) {
+		d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{
+			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback})
+	})
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+	require.NoError(t, e.reconcile())
+	assert.Equal(t, "3", e.deployment().Labels[vocab.LabelRolledBack])
+	require.NotNil(t, e.stalled(), "the verdict stands")
 }
 
 // Upstream's status is left as upstream's wherever the guard does not roll
@@ -274,6 +290,10 @@ func TestVerdictDue(t *testing.T) {
 			old: deployment(rolledBack, withStalled), d: deployment(rolledBack, withStalled)},
 		{name: "the new generation not observed yet (the newRS recorded)",
 			old: deployment(rolledBack, withStalled, newGeneration), d: deployment(rolledBack, withStalled, newGeneration)},
+		{name: "being deleted",
+			old: deployment(rolledBack, withStalled, newGeneration), d: deployment(rolledBack, withStalled, newGeneration, observed, func(d *appsv1.Deployment) {
+				d.DeletionTimestamp = &metav1.Time{Time: t0}
+			})},
 		{name: "a verdict without its rollback recorded",
 			old: deployment(withStalled, newGeneration), d: deployment(withStalled, newGeneration, observed), wantDue: true},
 	}

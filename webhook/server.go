@@ -33,7 +33,21 @@ func (w *Deployment) Handlers(m *Metrics) (mutating, validating *Endpoint) {
 // VerdictHandler returns the status webhook's handler (see verdict),
 // instrumented; ReplicaSets must be set.
 func (w *Deployment) VerdictHandler(m *Metrics) *Endpoint {
-	return &Endpoint{Webhook: &admission.Webhook{Handler: instrument("verdict", deploymentKind, verdict{replicaSets: w.ReplicaSets}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
+	return &Endpoint{Webhook: &admission.Webhook{Handler: neverRefuse(instrument("verdict", deploymentKind, verdict{replicaSets: w.ReplicaSets}.handle, m))},
+		Deployments: true, BodyTimeout: w.BodyTimeout}
+}
+
+// neverRefuse admits, unchanged, whatever next refuses or fails on
+// (counted and logged by instrument): the API server takes a webhook's
+// refusal as final whatever its failurePolicy, and a status write refused
+// would stop the Deployment controller's rollout of that Deployment.
+func neverRefuse(next admission.Handler) admission.Handler {
+	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
+		if resp := next.Handle(ctx, req); resp.Allowed {
+			return resp
+		}
+		return admission.Allowed("")
+	})
 }
 
 // SetupWithManager registers both webhooks on the manager's webhook server,

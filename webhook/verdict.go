@@ -8,6 +8,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,10 +32,12 @@ const VerdictPath = "/mutate-apps-v1-deployment-status"
 // reconciler a moment late lost it to the controller: Helm 4 then aborted
 // the deploy of a fix as failed.
 //
-// The API server sends it only those writes (the entry's matchCondition), so
-// it reads one ReplicaSet, from the API server, a few times per rollback.
-// Anything it cannot decide it lets through unchanged: the reconciler
-// decides later, as it did before.
+// The API server sends it only the status writes of Deployments labelled
+// vocab.LabelRolledBack (the entry's objectSelector, which costs it no
+// conversion), and of those only the writes VerdictDue names (the entry's
+// matchCondition): a few per rollback. It reads one ReplicaSet from the API
+// server for each. It never refuses: a status write it cannot decide goes
+// through unchanged, and the reconciler decides later, as it did before.
 type verdict struct{ replicaSets client.Reader }
 
 func (v verdict) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
@@ -45,37 +48,45 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 	if r.Object == nil {
 		return resp, reason
 	}
-	d := r.Object
-	restoredName, due := reconciler.VerdictDue(r.OldObject, d)
+	if r.Object.ResourceVersion != "" && r.Object.ResourceVersion != r.OldObject.ResourceVersion {
+		// The write will conflict; the API server admits its retry again.
+		return admission.Allowed(""), reasonNone
+	}
+	// A status write stores only the status (and the metadata): the verdict
+	// is decided on the spec and generation it leaves in place, whatever
+	// copy the writer sent.
+	d := *r.Object
+	d.Spec, d.Generation = r.OldObject.Spec, r.OldObject.Generation
+	restoredName, due := reconciler.VerdictDue(r.OldObject, &d)
 	if !due {
 		return admission.Allowed(""), reasonNone
 	}
-	log := ctrl.LoggerFrom(ctx).WithValues("deployment", klog.KObj(d), "user", req.UserInfo.Username)
+	log := ctrl.LoggerFrom(ctx).WithValues("deployment", klog.KObj(&d), "user", req.UserInfo.Username)
 	var rss []*appsv1.ReplicaSet
 	if restoredName != "" {
 		rs := &appsv1.ReplicaSet{}
 		err := v.replicaSets.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: restoredName}, rs)
 		switch {
-		case err == nil:
+		case err == nil && metav1.IsControlledBy(rs, &d):
 			rss = append(rss, rs)
-		case apierrors.IsNotFound(err):
-			// DecideVerdict reads a restored ReplicaSet that is gone as a new
-			// template, as the reconciler does from the same answer.
+		case err == nil, apierrors.IsNotFound(err):
+			// Not the Deployment's: DecideVerdict reads the restored
+			// ReplicaSet as gone, as the reconciler does, which lists only
+			// the ReplicaSets the Deployment controls.
 		default:
 			log.Info("Could not read the restored ReplicaSet; the reconciler will decide the rollback verdict", "replicaSet", restoredName, "error", err.Error())
 			return admission.Allowed(""), reasonNone
 		}
 	}
-	decided := reconciler.DecideVerdict(d, rss)
+	decided := reconciler.DecideVerdict(&d, rss)
 	if decided.Stalled {
 		return admission.Allowed(""), reasonNone
 	}
-	path := fmt.Sprintf("/status/conditions/%d", reconciler.StalledIndex(&d.Status))
-	log.Info("Rollback no longer reported, in the write that observes the new generation", "why", decided.Why,
-		"generation", d.Generation, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
-	// The test op fails the patch, rather than remove another condition,
-	// should the list not be the one decoded.
-	return admission.Patched("",
-		jsonpatch.NewOperation("test", path+"/reason", vocab.ReasonAutoRollback),
-		jsonpatch.NewOperation("remove", path, nil)), reasonNone
+	if !r.DryRun {
+		log.Info("Rollback no longer reported, in the write that observes the new generation", "why", decided.Why,
+			"generation", d.Generation, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
+	}
+	// The index is into the very list the API server patches: the
+	// request's object, decoded from the same bytes.
+	return admission.Patched("", jsonpatch.NewOperation("remove", fmt.Sprintf("/status/conditions/%d", reconciler.StalledIndex(&d.Status)), nil)), reasonNone
 }

@@ -29,14 +29,17 @@ import (
 // (TestAFixIsNeverObservedUnderTheOldVerdict).
 func TestVerdictHandler(t *testing.T) {
 	restored := &appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-restored"},
-		Spec:       appsv1.ReplicaSetSpec{Template: stored().Spec.Template},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-restored", OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "uid-web", Controller: ptr(true)}}},
+		Spec: appsv1.ReplicaSetSpec{Template: stored().Spec.Template},
 	}
+	orphan := restored.DeepCopy()
+	orphan.OwnerReferences = nil
 	// rolledBack is the Deployment at generation 5 after the rollback (with
 	// image, when set, applied), its status observed up to observed.
 	rolledBack := func(image string, observed int64) *appsv1.Deployment {
 		d := stored(func(d *appsv1.Deployment) {
-			d.Generation = 5
+			d.Generation, d.UID, d.ResourceVersion = 5, "uid-web", "10"
 			d.Annotations = map[string]string{vocab.AnnotationRolledBackTo: "web-restored", vocab.AnnotationRolledBackRevision: "4"}
 			d.Status.ObservedGeneration = observed
 			d.Status.Conditions = []appsv1.DeploymentCondition{
@@ -53,34 +56,57 @@ func TestVerdictHandler(t *testing.T) {
 	readFails := interceptor.Funcs{Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
 		return errors.New("connection refused")
 	}}
+	with := func(d *appsv1.Deployment, mut func(*appsv1.Deployment)) *appsv1.Deployment { mut(d); return d }
 	tests := []struct {
 		name        string
 		old, d      *appsv1.Deployment
-		subresource string
+		notStatus   bool
 		funcs       interceptor.Funcs
+		rs          *appsv1.ReplicaSet
+		dryRun      bool
 		wantRemoved bool
 	}{
-		{name: "a fix observed", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), subresource: "status", wantRemoved: true},
-		{name: "the restored template observed", old: rolledBack("", 4), d: rolledBack("", 5), subresource: "status"},
-		{name: "a fix, not observed yet", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 4), subresource: "status"},
-		{name: "a fix observed, the ReplicaSet unreadable", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), subresource: "status", funcs: readFails},
-		{name: "not a status write", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5)},
+		{name: "a fix observed", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), wantRemoved: true},
+		{name: "the restored template observed", old: rolledBack("", 4), d: rolledBack("", 5)},
+		{name: "a fix, not observed yet", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 4)},
+		{name: "a fix observed, the ReplicaSet unreadable", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), funcs: readFails},
+		{name: "the restored template observed, the ReplicaSet gone", old: rolledBack("", 4), d: rolledBack("", 5), rs: &appsv1.ReplicaSet{}, wantRemoved: true},
+		{name: "the restored template observed, the ReplicaSet not the Deployment's", old: rolledBack("", 4), d: rolledBack("", 5), rs: orphan, wantRemoved: true},
+		{name: "the restored template observed, the rollback accepted", old: rolledBack("", 4),
+			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationAcceptRollback] = "4" }), wantRemoved: true},
+		{name: "a verdict without its rollback recorded", old: rolledBack("", 4),
+			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { delete(d.Annotations, vocab.AnnotationRolledBackTo) }), wantRemoved: true},
+		{name: "a write of another template than the stored one", old: rolledBack("", 4), d: rolledBack("web:fixed", 5)},
+		{name: "a write that will conflict", old: rolledBack("web:fixed", 4),
+			d: with(rolledBack("web:fixed", 5), func(d *appsv1.Deployment) { d.ResourceVersion = "9" })},
+		{name: "a dry run", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), dryRun: true, wantRemoved: true},
+		{name: "not a status write", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), notStatus: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			scheme := runtime.NewScheme()
 			require.NoError(t, clientgoscheme.AddToScheme(scheme))
-			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(restored.DeepCopy()).WithInterceptorFuncs(tt.funcs).Build()
+			b := fake.NewClientBuilder().WithScheme(scheme).WithInterceptorFuncs(tt.funcs)
+			switch {
+			case tt.rs == nil:
+				b = b.WithObjects(restored.DeepCopy())
+			case tt.rs.Name != "":
+				b = b.WithObjects(tt.rs)
+			}
 			raw, err := json.Marshal(tt.d)
 			require.NoError(t, err)
 			oldRaw, err := json.Marshal(tt.old)
 			require.NoError(t, err)
+			sub := "status"
+			if tt.notStatus {
+				sub = ""
+			}
 			req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-				Kind: deploymentKind.gvk, Operation: admissionv1.Update, SubResource: tt.subresource,
-				Namespace: "shop", Name: "web",
+				Kind: deploymentKind.gvk, Operation: admissionv1.Update, SubResource: sub,
+				Namespace: "shop", Name: "web", DryRun: &tt.dryRun,
 				Object: runtime.RawExtension{Raw: raw}, OldObject: runtime.RawExtension{Raw: oldRaw},
 			}}
-			resp, reason := verdict{replicaSets: c}.handle(context.Background(), req)
+			resp, reason := verdict{replicaSets: b.Build()}.handle(context.Background(), req)
 			require.True(t, resp.Allowed, "a status write is never refused")
 			assert.Equal(t, reasonNone, reason)
 			if !tt.wantRemoved {
@@ -98,15 +124,25 @@ func TestVerdictHandler(t *testing.T) {
 			want := tt.d.DeepCopy()
 			want.Status.Conditions = []appsv1.DeploymentCondition{want.Status.Conditions[0], want.Status.Conditions[2]}
 			assert.Equal(t, want, got, "only the guard's Stalled condition is removed")
+		})
+	}
+}
 
-			// Applied to another list, the patch fails rather than remove
-			// another condition.
-			other := tt.d.DeepCopy()
-			other.Status.Conditions[1].Reason = "SomeoneElse"
-			otherRaw, err := json.Marshal(other)
-			require.NoError(t, err)
-			_, err = patch.Apply(otherRaw)
-			assert.Error(t, err)
+// The status webhook admits what it cannot read, unchanged: a refusal of a
+// status write, whatever the failurePolicy, would stop the Deployment
+// controller's rollout.
+func TestVerdictWebhookNeverRefuses(t *testing.T) {
+	h := (&Deployment{ReplicaSets: fake.NewClientBuilder().Build()}).VerdictHandler(nil)
+	for name, req := range map[string]admissionv1.AdmissionRequest{
+		"an object that does not decode": {Kind: deploymentKind.gvk, Operation: admissionv1.Update, SubResource: "status",
+			Object: runtime.RawExtension{Raw: []byte(`{"spec":"x"}`)}, OldObject: runtime.RawExtension{Raw: []byte(`{}`)}},
+		"no oldObject": {Kind: deploymentKind.gvk, Operation: admissionv1.Update, SubResource: "status", Object: runtime.RawExtension{Raw: []byte(`{}`)}},
+		"another kind": {Kind: budgetKind.gvk, Operation: admissionv1.Update, SubResource: "status", Object: runtime.RawExtension{Raw: []byte(`{}`)}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := h.Webhook.Handle(context.Background(), admission.Request{AdmissionRequest: req})
+			assert.True(t, resp.Allowed)
+			assert.Empty(t, resp.Patches)
 		})
 	}
 }

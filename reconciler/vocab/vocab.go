@@ -241,6 +241,12 @@ const (
 	LabelGuard = Domain + "/guard"
 	// LabelGuardDisabled is the value of LabelGuard that opts a namespace out.
 	LabelGuardDisabled = "disabled"
+	// LabelRolledBack, on a Deployment, says the guard's rollback verdict
+	// stands (AnnotationRolledBackTo; its value is the failed revision). It
+	// lets the API server send the guard the status writes of those
+	// Deployments alone (the verdict webhook's objectSelector), and lets a
+	// person list them: kubectl get deploy -A -l deployguard.io/rolled-back.
+	LabelRolledBack = Domain + "/rolled-back"
 	// LabelPolicy set to "true" on a ConfigMap in the guard's namespace makes its
 	// data a Rego policy.
 	LabelPolicy = Domain + "/policy"

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -309,8 +311,8 @@ func logMeasured(t *testing.T, tool string, decided, ended time.Time) {
 // function that stops the watch and lists every state it saw in which a
 // generation later than now's is observed with the guard's rollback verdict
 // still on it: a deploying tool reading that state reads the new spec as
-// failed. The watch sees every state the API server stores, which a poll
-// could miss.
+// failed; and a watch that ended early, or failed. The watch sees every
+// state the API server stores, which a poll could miss.
 func staleVerdictWatch(ctx context.Context, t *testing.T, ns, name string) (stop func() []string) {
 	t.Helper()
 	cfg, err := local.Cluster.RESTConfig()
@@ -323,11 +325,23 @@ func staleVerdictWatch(ctx context.Context, t *testing.T, ns, name string) (stop
 	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns),
 		client.MatchingFields{"metadata.name": name}, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: d.ResourceVersion}})
 	require.NoError(t, err)
-	var stale []string
+	var (
+		stale    []string
+		stopping atomic.Bool
+	)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer func() {
+			if !stopping.Load() {
+				stale = append(stale, "the watch ended before the deploy did: not every state was seen")
+			}
+		}()
 		for ev := range w.ResultChan() {
+			if ev.Type == watch.Error {
+				stale = append(stale, fmt.Sprintf("the watch failed: %v", ev.Object))
+				continue
+			}
 			got, ok := ev.Object.(*appsv1.Deployment)
 			if !ok || got.Generation <= d.Generation || got.Status.ObservedGeneration != got.Generation {
 				continue
@@ -338,6 +352,7 @@ func staleVerdictWatch(ctx context.Context, t *testing.T, ns, name string) (stop
 		}
 	}()
 	return func() []string {
+		stopping.Store(true)
 		w.Stop()
 		cancel()
 		<-done

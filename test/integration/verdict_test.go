@@ -34,6 +34,12 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 		change    func(t *testing.T, d *appsv1.Deployment)
 		wantClear bool
 	}{
+		// Rolled back by an earlier release, which set no label: the API
+		// server does not call the guard (the reconciler labels it).
+		{name: "a fixed template, the Deployment not labelled", change: func(t *testing.T, d *appsv1.Deployment) {
+			delete(d.Labels, vocab.LabelRolledBack)
+			d.Spec.Template.Spec.Containers[0].Image = "nginx:1.27.4"
+		}},
 		{name: "a fixed template", wantClear: true, change: func(t *testing.T, d *appsv1.Deployment) {
 			d.Spec.Template.Spec.Containers[0].Image = "nginx:1.27.4"
 		}},
@@ -85,7 +91,7 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 // rolledBackDeployment creates Deployment name as the guard's rollback leaves
 // it: running the template of its ReplicaSet name-restored (revision 1)
 // after revision 2 failed, the rollback recorded in its annotations and
-// reported as the guard's Stalled condition on its status.
+// reported as the guard's Stalled condition on its status, and labelled.
 func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
 	d := deployment(ns, name)
@@ -95,8 +101,9 @@ func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string) *a
 	rs := &appsv1.ReplicaSet{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: ns, Name: name + "-" + hash,
-			Labels:      map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: hash},
-			Annotations: map[string]string{vocab.RevisionAnnotation: "1"},
+			Labels:          map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: hash},
+			Annotations:     map[string]string{vocab.RevisionAnnotation: "1"},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(d, appsv1.SchemeGroupVersion.WithKind("Deployment"))},
 		},
 		Spec: appsv1.ReplicaSetSpec{Replicas: ptr(int32(0)), Selector: d.Spec.Selector.DeepCopy(), Template: *d.Spec.Template.DeepCopy()},
 	}
@@ -112,6 +119,10 @@ func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string) *a
 	}
 	d.Annotations[vocab.AnnotationRolledBackTo] = rs.Name
 	d.Annotations[vocab.AnnotationRolledBackRevision] = "2"
+	if d.Labels == nil {
+		d.Labels = map[string]string{}
+	}
+	d.Labels[vocab.LabelRolledBack] = "2"
 	require.NoError(t, k8s.Update(ctx, d))
 	now := metav1.Now()
 	d.Status.ObservedGeneration = d.Generation
