@@ -140,7 +140,7 @@ func TestVerdictWebhookNeverRefuses(t *testing.T) {
 		"another kind": {Kind: budgetKind.gvk, Operation: admissionv1.Update, SubResource: "status", Object: runtime.RawExtension{Raw: []byte(`{}`)}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			resp := h.Webhook.Handle(context.Background(), admission.Request{AdmissionRequest: req})
+			resp := h.Handle(context.Background(), admission.Request{AdmissionRequest: req})
 			assert.True(t, resp.Allowed)
 			assert.Empty(t, resp.Patches)
 		})
