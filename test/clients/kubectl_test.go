@@ -113,6 +113,10 @@ func TestKubectl(t *testing.T) {
 	assert.Contains(t, st.Message, "ImagePullBackOff")
 	assert.Contains(t, guardEvents(ctx, t, ns, "web"), "AutoRollback: "+d.Annotations[vocab.AnnotationRollbackStatus], "the Event carries the guard's reason")
 
+	// kubectl lists the rolled-back Deployments by the guard's label.
+	r = kubectl(ctx, "get", "deployments", "-n", ns, "-l", vocab.LabelRolledBack, "-o", "name")
+	assert.Equal(t, "deployment.apps/web", strings.TrimSpace(r.Stdout), "%s", r)
+
 	// A step started after the rollback still fails, naming the reason.
 	r = command(ctx, plugin, "deployguard", "rollout", "status", "deploy/web", "-n", ns, "--timeout=60s", "-o", "json")
 	assert.Equal(t, 1, r.Code, "after the rollback: %s", r)
@@ -136,15 +140,18 @@ func TestKubectl(t *testing.T) {
 
 	// A fixed template rolls out and ends the verdict.
 	fixed := writeFile(t, "fixed.yaml", webManifest(ns, "web", fixedImage))
+	stale := staleVerdictWatch(ctx, t, ns, "web")
 	r = kubectl(ctx, "apply", "-f", fixed)
 	require.Zero(t, r.Code, "%s", r)
 	r = command(ctx, plugin, "deployguard", "rollout", "status", "deploy/web", "-n", ns, "--timeout=120s")
 	assert.Zero(t, r.Code, "fixed deploy: %s", r)
 	r = kubectl(ctx, "rollout", "status", "deploy/web", "-n", ns, "--timeout=120s")
 	assert.Zero(t, r.Code, "fixed deploy: %s", r)
+	assert.Empty(t, stale(), "the fix was observed with the rolled-back revision's verdict on it")
 	waitFor(t, 30*time.Second, "the verdict did not end with the fixed template", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "web")
-		return stalled(d) == nil, describe(d), nil
+		_, labelled := d.Labels[vocab.LabelRolledBack]
+		return stalled(d) == nil && !labelled, describe(d), nil
 	})
 }
 

@@ -339,7 +339,9 @@ func staleVerdictWatch(ctx context.Context, t *testing.T, ns, name string) (stop
 		}()
 		for ev := range w.ResultChan() {
 			if ev.Type == watch.Error {
-				stale = append(stale, fmt.Sprintf("the watch failed: %v", ev.Object))
+				if !stopping.Load() { // stopping it ends the stream with an error
+					stale = append(stale, fmt.Sprintf("the watch failed: %v", ev.Object))
+				}
 				continue
 			}
 			got, ok := ev.Object.(*appsv1.Deployment)
