@@ -232,7 +232,7 @@ func (r *DeploymentReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return r.reconcileDelete(ctx, d, ns)
 	}
 	if ns.Disabled {
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.releaseVerdict(ctx, d)
 	}
 	return r.reconcile(ctx, d)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -101,6 +102,7 @@ var restoreSkipAnnotations = map[string]bool{
 	vocab.AnnotationDefaulted:                   true,
 	vocab.AnnotationKnownGoodRevision:           true,
 	vocab.AnnotationRolledBackRevision:          true,
+	vocab.AnnotationRolledBackTo:                true,
 	vocab.AnnotationRollbackStatus:              true,
 	vocab.AnnotationHandledDeadline:             true,
 	vocab.AnnotationDrainStarted:                true,
@@ -108,6 +110,17 @@ var restoreSkipAnnotations = map[string]bool{
 	vocab.AnnotationSkipCleanup:                 true,
 	vocab.AnnotationKnownGood:                   true,
 	vocab.AnnotationKnownGoodHash:               true,
+}
+
+// withoutRolledBack is labels without the guard's rollback verdict, which
+// is about the deleted object (a copy when there was one to remove).
+func withoutRolledBack(labels map[string]string) map[string]string {
+	if _, ok := labels[vocab.LabelRolledBack]; !ok {
+		return labels
+	}
+	out := maps.Clone(labels)
+	delete(out, vocab.LabelRolledBack)
+	return out
 }
 
 // RestorableDeployment is the Deployment a record recreates: name, namespace,
@@ -120,7 +133,7 @@ func RestorableDeployment(d *appsv1.Deployment) *appsv1.Deployment {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      d.Name,
 			Namespace: d.Namespace,
-			Labels:    d.Labels,
+			Labels:    withoutRolledBack(d.Labels),
 		},
 		Spec: *d.Spec.DeepCopy(),
 	}

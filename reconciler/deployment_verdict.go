@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -122,7 +123,26 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 	if !specObserved(d) && !newReplicaSetRecorded(d, rss) {
 		return nil
 	}
-	v := DecideVerdict(d, rss)
+	return r.applyVerdict(ctx, d, DecideVerdict(d, rss))
+}
+
+// releaseVerdict ends the guard's verdict on a Deployment of a namespace
+// opted out of the guard: nothing there ends it otherwise, and the
+// Deployment controller copies the condition into every status it writes,
+// so that every later deploy would read as failed. Nothing is written for a
+// Deployment without one.
+func (r *DeploymentReconciler) releaseVerdict(ctx context.Context, d *appsv1.Deployment) error {
+	_, labelled := d.Labels[vocab.LabelRolledBack]
+	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
+	if !specObserved(d) || (guardStalled(&d.Status) == nil && !labelled && !recorded) {
+		return nil
+	}
+	return r.applyVerdict(ctx, d, Verdict{Clear: true, Why: "the namespace is opted out of the guard"})
+}
+
+// applyVerdict brings the Deployment's condition, label and annotation in
+// line with v.
+func (r *DeploymentReconciler) applyVerdict(ctx context.Context, d *appsv1.Deployment, v Verdict) error {
 	cur := guardStalled(&d.Status)
 	log := ctrl.LoggerFrom(ctx)
 
@@ -138,23 +158,33 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 		if _, ok := d.Labels[vocab.LabelRolledBack]; !ok {
 			// A rollback by an earlier release, which set no label: without
 			// it the verdict webhook never sees this Deployment's status.
+			// Best effort: the reconciler still ends the verdict without it.
 			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			setLabel(d, vocab.LabelRolledBack, d.Annotations[vocab.AnnotationRolledBackRevision])
 			if err := r.Client.Patch(ctx, d, patch); err != nil {
-				return fmt.Errorf("labelling the rolled-back Deployment: %w", err)
+				log.Info("Could not label the rolled-back Deployment; its verdict ends after the new generation is observed", "label", vocab.LabelRolledBack, "error", err.Error())
 			}
 		}
 	case cur != nil:
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		removeCondition(&d.Status, vocab.ConditionStalled)
+		// Only the guard's: a Stalled condition of another reason is
+		// another controller's.
+		i := StalledIndex(&d.Status)
+		d.Status.Conditions = slices.Delete(d.Status.Conditions, i, i+1)
 		if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
 			return fmt.Errorf("clearing the rollback from the Deployment's status: %w", err)
 		}
 		log.Info("Rollback no longer reported", "why", v.Why)
 	}
-	if v.Clear {
+	// The label goes with the verdict however it ended (an annotation
+	// removed by hand, an earlier release's end of it), so that it lists
+	// only the Deployments that stand rolled back.
+	_, labelled := d.Labels[vocab.LabelRolledBack]
+	if v.Clear || (!v.Stalled && labelled) {
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		delete(d.Annotations, vocab.AnnotationRolledBackTo)
+		if v.Clear {
+			delete(d.Annotations, vocab.AnnotationRolledBackTo)
+		}
 		delete(d.Labels, vocab.LabelRolledBack)
 		if err := r.Client.Patch(ctx, d, patch); err != nil {
 			return fmt.Errorf("forgetting the rollback: %w", err)

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -219,6 +220,45 @@ func TestAStandingVerdictGetsItsLabel(t *testing.T) {
 	require.NoError(t, e.reconcile())
 	assert.Equal(t, "3", e.deployment().Labels[vocab.LabelRolledBack])
 	require.NotNil(t, e.stalled(), "the verdict stands")
+}
+
+// The label goes with the verdict however the verdict ended: here the
+// rollback's annotation was removed by hand.
+func TestTheLabelGoesWithTheVerdict(t *testing.T) {
+	d := deployment(rolledBack, func(d *appsv1.Deployment) {
+		delete(d.Annotations, vocab.AnnotationRolledBackTo)
+		d.Labels = map[string]string{vocab.LabelRolledBack: "3"}
+		d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{
+			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback})
+	})
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+	require.NoError(t, e.reconcile())
+	assert.Nil(t, e.stalled())
+	assert.NotContains(t, e.deployment().Labels, vocab.LabelRolledBack)
+}
+
+// Opting a namespace out of the guard releases its verdicts: nothing would
+// end them there, and every later deploy would read as failed.
+func TestOptingOutReleasesTheVerdict(t *testing.T) {
+	d := deployment(rolledBack, func(d *appsv1.Deployment) {
+		d.Labels = map[string]string{vocab.LabelRolledBack: "3"}
+		d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{
+			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback})
+	})
+	plain := deployment(func(d *appsv1.Deployment) { d.Name = "plain" })
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}), d, plain, rs1, rs2, rs3)
+	require.NoError(t, e.reconcile())
+	got := e.deployment()
+	assert.Nil(t, guardStalled(&got.Status))
+	assert.NotContains(t, got.Labels, vocab.LabelRolledBack)
+	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackTo)
+
+	e.sequence = nil
+	_, err := e.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(plain)})
+	require.NoError(t, err)
+	assert.Empty(t, e.sequence, "no write for a Deployment without a verdict")
 }
 
 // Upstream's status is left as upstream's wherever the guard does not roll

@@ -42,8 +42,15 @@ func (w *Deployment) VerdictHandler(m *Metrics) *Endpoint {
 // refusal as final whatever its failurePolicy, and a status write refused
 // would stop the Deployment controller's rollout of that Deployment.
 func neverRefuse(next admission.Handler) admission.Handler {
-	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
-		if resp := next.Handle(ctx, req); resp.Allowed {
+	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) (resp admission.Response) {
+		defer func() {
+			// The Webhook would answer a panic with an error: a refusal.
+			if p := recover(); p != nil {
+				ctrl.LoggerFrom(ctx).Error(fmt.Errorf("%v", p), "Panic in the verdict webhook; the status write is admitted unchanged")
+				resp = admission.Allowed("")
+			}
+		}()
+		if resp = next.Handle(ctx, req); resp.Allowed {
 			return resp
 		}
 		return admission.Allowed("")

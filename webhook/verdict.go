@@ -52,11 +52,11 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 		// The write will conflict; the API server admits its retry again.
 		return admission.Allowed(""), reasonNone
 	}
-	// A status write stores only the status (and the metadata): the verdict
-	// is decided on the spec and generation it leaves in place, whatever
-	// copy the writer sent.
-	d := *r.Object
-	d.Spec, d.Generation = r.OldObject.Spec, r.OldObject.Generation
+	// A status write stores the status and the annotations it carries, and
+	// leaves the rest as stored: the verdict is decided on that, whatever
+	// copy of the spec, generation or identity the writer sent.
+	d := *r.OldObject
+	d.Status, d.Annotations = r.Object.Status, r.Object.Annotations
 	restoredName, due := reconciler.VerdictDue(r.OldObject, &d)
 	if !due {
 		return admission.Allowed(""), reasonNone

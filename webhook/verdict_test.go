@@ -77,6 +77,8 @@ func TestVerdictHandler(t *testing.T) {
 		{name: "a verdict without its rollback recorded", old: rolledBack("", 4),
 			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { delete(d.Annotations, vocab.AnnotationRolledBackTo) }), wantRemoved: true},
 		{name: "a write of another template than the stored one", old: rolledBack("", 4), d: rolledBack("web:fixed", 5)},
+		{name: "a write of another template, without identity", old: rolledBack("", 4),
+			d: with(rolledBack("web:fixed", 5), func(d *appsv1.Deployment) { d.UID, d.ResourceVersion = "", "" })},
 		{name: "a write that will conflict", old: rolledBack("web:fixed", 4),
 			d: with(rolledBack("web:fixed", 5), func(d *appsv1.Deployment) { d.ResourceVersion = "9" })},
 		{name: "a dry run", old: rolledBack("web:fixed", 4), d: rolledBack("web:fixed", 5), dryRun: true, wantRemoved: true},
@@ -145,4 +147,9 @@ func TestVerdictWebhookNeverRefuses(t *testing.T) {
 			assert.Empty(t, resp.Patches)
 		})
 	}
+	t.Run("a panic", func(t *testing.T) {
+		resp := neverRefuse(admission.HandlerFunc(func(context.Context, admission.Request) admission.Response { panic("boom") })).
+			Handle(context.Background(), admission.Request{})
+		assert.True(t, resp.Allowed)
+	})
 }

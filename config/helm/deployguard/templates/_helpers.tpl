@@ -7,7 +7,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{/* The namespaces neither webhook is called for: the list and the release namespace. */}}
+{{/* The namespaces the Deployment and budget webhooks are not called for: the list and the release namespace (the rollback verdict's entry has its own). */}}
 {{- define "deployguard.excludedNamespaces" -}}
 {{- $ns := list }}
 {{- range .Values.webhooks.excludedNamespaces }}{{ $ns = append $ns . }}{{ end }}
@@ -17,8 +17,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* The CEL matchCondition that keeps the excluded namespaces out, written as config/webhook writes it. */}}
 {{- define "deployguard.notSystemNamespaces" -}}
+{{- include "deployguard.notInNamespaces" (include "deployguard.excludedNamespaces" . | fromJsonArray) }}
+{{- end }}
+
+{{/* The CEL matchCondition that keeps the namespaces of a list out. */}}
+{{- define "deployguard.notInNamespaces" -}}
 {{- $q := list }}
-{{- range (include "deployguard.excludedNamespaces" . | fromJsonArray) }}{{ $q = append $q (quote .) }}{{ end }}
+{{- range . }}{{ $q = append $q (quote .) }}{{ end }}
 {{- printf "!(request.namespace in [%s])" (join ", " $q) }}
 {{- end }}
 
