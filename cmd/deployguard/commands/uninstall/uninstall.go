@@ -43,7 +43,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 Removes the guard's webhook configurations and native policies (with their
 bindings and params) first, so nothing adds or defends the guard's finalizers
 any more, then removes the guard's finalizers, and only
-those, from every Deployment in the cluster. Run it before deleting the guard
+those, from every Deployment in the cluster, and ends the guard's rollback
+verdicts (its Stalled condition, label and annotation), which nothing would
+end once it is gone. Run it before deleting the guard
 itself. Record ConfigMaps of deleted Deployments are kept, and so are the
 CRDs with their objects (PolicyExceptions, reports): deleting a CRD deletes
 every object of its kind, so that is left to kubectl delete crd.
@@ -170,8 +172,8 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	}
 
 	var (
-		seen, changed int
-		errs          []error
+		seen, changed, verdicts int
+		errs                    []error
 	)
 	list := &appsv1.DeploymentList{}
 	opts := []client.ListOption{client.Limit(500)}
@@ -181,6 +183,16 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 		}
 		for i := range list.Items {
 			d := &list.Items[i]
+			if hasVerdict(d) {
+				verdicts++
+				if o.dryRun {
+					fmt.Fprintf(out, "would end the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
+				} else if err := endVerdict(ctx, c, client.ObjectKeyFromObject(d)); err != nil {
+					errs = append(errs, fmt.Errorf("deployment %s/%s: ending the rollback verdict: %w", d.Namespace, d.Name, err))
+				} else {
+					fmt.Fprintf(out, "ended the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
+				}
+			}
 			if !slices.ContainsFunc(d.Finalizers, vocab.IsGuardFinalizer) {
 				continue
 			}
@@ -208,6 +220,9 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 		fmt.Fprintf(out, "%d Deployments carry the guard's finalizers; nothing was changed (dry run).\n", seen)
 	} else {
 		fmt.Fprintf(out, "Removed the guard's finalizers from %d Deployments.\n", changed)
+	}
+	if verdicts > 0 {
+		fmt.Fprintf(out, "%d Deployments stood rolled back by the guard: they no longer read as failed.\n", verdicts)
 	}
 	fmt.Fprintf(out, "Records of deleted Deployments are kept: kubectl get configmaps -A -l %s=true\n", vocab.LabelRecord)
 	return errors.Join(errs...)
@@ -244,6 +259,45 @@ func removeGuardFinalizers(ctx context.Context, c client.Client, key client.Obje
 		return nil
 	})
 	return removed, err
+}
+
+// hasVerdict: the guard's rollback verdict is on d (its Stalled condition,
+// its label or the rollback's annotation). With the guard gone nothing would
+// end it, and the Deployment controller copies the condition into every
+// status it writes: every later deploy would read as failed.
+func hasVerdict(d *appsv1.Deployment) bool {
+	_, labelled := d.Labels[vocab.LabelRolledBack]
+	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
+	return labelled || recorded || reconciler.StalledIndex(&d.Status) >= 0
+}
+
+// endVerdict removes the rollback's annotation and label first (a guard still
+// running then reads no rollback, and reports none again), then the Stalled
+// condition: patches conditional on the resourceVersion read, retried on
+// conflict.
+func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) error {
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		d := &appsv1.Deployment{}
+		if err := c.Get(ctx, key, d); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if _, ok := d.Labels[vocab.LabelRolledBack]; ok || d.Annotations[vocab.AnnotationRolledBackTo] != "" {
+			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			delete(d.Labels, vocab.LabelRolledBack)
+			delete(d.Annotations, vocab.AnnotationRolledBackTo)
+			if err := c.Patch(ctx, d, patch); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+		}
+		if i := reconciler.StalledIndex(&d.Status); i >= 0 {
+			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			d.Status.Conditions = slices.Delete(d.Status.Conditions, i, i+1)
+			if err := c.Status().Patch(ctx, d, patch); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+		}
+		return nil
+	})
 }
 
 func guardFinalizersOf(d *appsv1.Deployment) []string {

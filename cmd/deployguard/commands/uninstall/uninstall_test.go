@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -172,4 +173,37 @@ func TestUninstallRetriesOnConflict(t *testing.T) {
 	assert.Equal(t, append(append([]string{"delete m", "delete v"}, admission[2:]...), "patch guarded", "patch guarded"), *ops, "retried once")
 	f, _ := finalizersOf(t, c, "guarded")
 	assert.Equal(t, []string{otherFinalizer}, f)
+}
+
+// A Deployment the guard rolled back reads as failed until the guard ends the
+// verdict; uninstall ends it, since nothing would once the guard is gone.
+func TestUninstallEndsRollbackVerdicts(t *testing.T) {
+	rolledBack := withFinalizers("rolled-back", false)
+	rolledBack.Labels = map[string]string{"app": "web", vocab.LabelRolledBack: "3"}
+	rolledBack.Annotations = map[string]string{vocab.AnnotationRolledBackTo: "rolled-back-h2", vocab.AnnotationRolledBackRevision: "3"}
+	rolledBack.Status.Conditions = []appsv1.DeploymentCondition{
+		{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue},
+		{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback},
+	}
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rolledBack, withFinalizers("theirs", false, otherFinalizer)).
+		WithStatusSubresource(&appsv1.Deployment{}).Build()
+
+	var out bytes.Buffer
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{dryRun: true}, &out))
+	assert.Contains(t, out.String(), "would end the rollback verdict on deployment shop/rolled-back\n")
+	assert.NotContains(t, out.String(), "shop/theirs")
+
+	out.Reset()
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
+	assert.Contains(t, out.String(), "ended the rollback verdict on deployment shop/rolled-back\n")
+	assert.Contains(t, out.String(), "1 Deployments stood rolled back by the guard")
+	got := &appsv1.Deployment{}
+	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "rolled-back"}, got))
+	assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
+	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackTo)
+	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision], "the history stays")
+	require.Len(t, got.Status.Conditions, 1, "the Deployment no longer reads as failed")
+	assert.Equal(t, appsv1.DeploymentProgressing, got.Status.Conditions[0].Type)
 }
