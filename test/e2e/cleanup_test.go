@@ -561,6 +561,14 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	waitAvailable(t, ns, "plain", time.Minute)
 	waitAvailable(t, ns, "shared", time.Minute)
 	require.Equal(t, append([]string{keep}, vocab.CanonicalFinalizers()...), get(ctx, t, ns, "shared").Finalizers)
+	// And one the guard rolled back, which reads as failed until the verdict
+	// ends: nothing would end it once the guard is gone.
+	rolledOutOnce(t, deployment(ns, "rolled", "app:1"))
+	require.NoError(t, update(t, ns, "rolled", breakImage("app:2")))
+	waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "rolled")
+		return condition(d, vocab.ConditionStalled) != nil && d.Labels[vocab.LabelRolledBack] == "2", describe(d), nil
+	})
 
 	out, err := guard(ctx, t, "uninstall", "--dry-run")
 	require.NoError(t, err, out)
@@ -579,8 +587,18 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	assert.Less(t, hooksGone, firstRemoval, "the webhooks go first")
 	assert.Contains(t, out, "deleted mutatingwebhookconfiguration/deployguard-mutating")
 	assert.Contains(t, out, fmt.Sprintf("removed finalizers [%s %s] from deployment %s/plain", vocab.FinalizerRecord, vocab.FinalizerDrain, ns))
+	assert.Contains(t, out, fmt.Sprintf("ended the rollback verdict on deployment %s/rolled", ns))
 
 	require.NoError(t, local.Guard.Stop())
+
+	// The rolled-back Deployment no longer reads as failed, and a fix rolls
+	// out without the guard's verdict coming back.
+	rolled := get(ctx, t, ns, "rolled")
+	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))
+	assert.NotContains(t, rolled.Labels, vocab.LabelRolledBack)
+	require.NoError(t, update(t, ns, "rolled", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:3" }))
+	rolled = waitAvailable(t, ns, "rolled", time.Minute)
+	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))
 
 	assert.Empty(t, get(ctx, t, ns, "plain").Finalizers)
 	assert.Equal(t, []string{keep}, get(ctx, t, ns, "shared").Finalizers, "only the guard's finalizers were removed")
