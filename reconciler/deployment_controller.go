@@ -232,7 +232,10 @@ func (r *DeploymentReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return r.reconcileDelete(ctx, d, ns)
 	}
 	if ns.Disabled {
-		return ctrl.Result{}, r.releaseVerdict(ctx, d)
+		if err := r.releaseVerdict(ctx, d); err != nil {
+			return requeueOnConflict(ctx, err, "Deployment changed while releasing its rollback verdict")
+		}
+		return ctrl.Result{}, nil
 	}
 	return r.reconcile(ctx, d)
 }

@@ -259,6 +259,19 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	if dec.Action == ActionNone {
 		return 0, nil
 	}
+	if dec.Action == ActionRollBack && r.Installed != nil {
+		// Uninstalled (the webhook configurations are gone) while this
+		// replica still runs: a rollback now would leave a verdict that
+		// nothing ends any more.
+		installed, err := r.Installed(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("checking that the guard is installed: %w", err)
+		}
+		if !installed {
+			log.Info("Not rolling back: the guard's webhook configuration is gone (uninstall)", "failedRevision", dec.FailedRevision)
+			return 0, nil
+		}
+	}
 	if dec.Action == ActionRollBack && dec.Evidence == "" {
 		// Upstream's deadline, not fail-fast's declaration (which weighed
 		// the evidence's class already): a registry blip is waited out.

@@ -180,7 +180,8 @@ func (r *DeploymentReconciler) applyVerdict(ctx context.Context, d *appsv1.Deplo
 	// removed by hand, an earlier release's end of it), so that it lists
 	// only the Deployments that stand rolled back.
 	_, labelled := d.Labels[vocab.LabelRolledBack]
-	if v.Clear || (!v.Stalled && labelled) {
+	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
+	if (v.Clear && recorded) || (!v.Stalled && labelled) {
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		if v.Clear {
 			delete(d.Annotations, vocab.AnnotationRolledBackTo)

@@ -155,6 +155,23 @@ func TestDeadlineRollbackIsReported(t *testing.T) {
 	assert.Contains(t, st.Message, "Rolled back from revision 3 (ReplicaSet web-h3), which exceeded its progress deadline, to known-good revision 2 (ReplicaSet web-h2).")
 }
 
+// A guard still running after `deployguard uninstall` rolls nothing back: the
+// verdict would be left where nothing ends it any more.
+func TestNoRollbackOnceUninstalled(t *testing.T) {
+	d := deployment(failed)
+	rs1, rs2, rs3 := history(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+	e.r.Installed = func(context.Context) (bool, error) { return false, nil }
+	require.NoError(t, e.reconcile())
+	assert.Equal(t, "web:v3", e.deployment().Spec.Template.Spec.Containers[0].Image)
+	assert.Nil(t, e.stalled())
+	assert.Empty(t, e.statusPatches)
+
+	e.r.Installed = func(context.Context) (bool, error) { return true, nil }
+	require.NoError(t, e.reconcile())
+	assert.Equal(t, "web:v2", e.deployment().Spec.Template.Spec.Containers[0].Image, "installed, it rolls back")
+}
+
 func TestVerdictEnds(t *testing.T) {
 	tests := []struct {
 		name   string

@@ -576,6 +576,8 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	assert.Contains(t, out, fmt.Sprintf("would remove finalizers [%s %s] from deployment %s/shared", vocab.FinalizerRecord, vocab.FinalizerDrain, ns))
 	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, &admissionregistrationv1.ValidatingWebhookConfiguration{}), "a dry run removes nothing")
 	require.Equal(t, vocab.CanonicalFinalizers(), get(ctx, t, ns, "plain").Finalizers)
+	assert.Contains(t, out, fmt.Sprintf("would end the rollback verdict on deployment %s/rolled", ns))
+	require.NotNil(t, condition(get(ctx, t, ns, "rolled"), vocab.ConditionStalled), "a dry run ends no verdict")
 
 	out, err = guard(ctx, t, "uninstall")
 	require.NoError(t, err, out)
@@ -596,6 +598,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	rolled := get(ctx, t, ns, "rolled")
 	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))
 	assert.NotContains(t, rolled.Labels, vocab.LabelRolledBack)
+	assert.NotContains(t, rolled.Annotations, vocab.AnnotationRolledBackTo)
 	require.NoError(t, update(t, ns, "rolled", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:3" }))
 	rolled = waitAvailable(t, ns, "rolled", time.Minute)
 	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))

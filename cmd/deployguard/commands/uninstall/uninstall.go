@@ -183,13 +183,14 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 		}
 		for i := range list.Items {
 			d := &list.Items[i]
-			if hasVerdict(d) {
-				verdicts++
+			if hasVerdict(d) && d.DeletionTimestamp == nil {
 				if o.dryRun {
+					verdicts++
 					fmt.Fprintf(out, "would end the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
-				} else if err := endVerdict(ctx, c, client.ObjectKeyFromObject(d)); err != nil {
+				} else if ended, err := endVerdict(ctx, c, client.ObjectKeyFromObject(d)); err != nil {
 					errs = append(errs, fmt.Errorf("deployment %s/%s: ending the rollback verdict: %w", d.Namespace, d.Name, err))
-				} else {
+				} else if ended {
+					verdicts++
 					fmt.Fprintf(out, "ended the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
 				}
 			}
@@ -221,8 +222,11 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	} else {
 		fmt.Fprintf(out, "Removed the guard's finalizers from %d Deployments.\n", changed)
 	}
-	if verdicts > 0 {
-		fmt.Fprintf(out, "%d Deployments stood rolled back by the guard: they no longer read as failed.\n", verdicts)
+	switch {
+	case verdicts > 0 && o.dryRun:
+		fmt.Fprintf(out, "%d Deployments stand rolled back by the guard; nothing was changed (dry run).\n", verdicts)
+	case verdicts > 0:
+		fmt.Fprintf(out, "Ended the rollback verdict on %d Deployments: they no longer read as failed.\n", verdicts)
 	}
 	fmt.Fprintf(out, "Records of deleted Deployments are kept: kubectl get configmaps -A -l %s=true\n", vocab.LabelRecord)
 	return errors.Join(errs...)
@@ -273,15 +277,20 @@ func hasVerdict(d *appsv1.Deployment) bool {
 
 // endVerdict removes the rollback's annotation and label first (a guard still
 // running then reads no rollback, and reports none again), then the Stalled
-// condition: patches conditional on the resourceVersion read, retried on
-// conflict.
-func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) error {
-	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+// condition (which needs patch on deployments/status): patches conditional
+// on the resourceVersion read, retried on conflict. It reports whether the
+// Deployment was there to end it on.
+func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) (bool, error) {
+	there := false
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		there = false
 		d := &appsv1.Deployment{}
 		if err := c.Get(ctx, key, d); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		if _, ok := d.Labels[vocab.LabelRolledBack]; ok || d.Annotations[vocab.AnnotationRolledBackTo] != "" {
+		_, labelled := d.Labels[vocab.LabelRolledBack]
+		_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
+		if labelled || recorded {
 			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			delete(d.Labels, vocab.LabelRolledBack)
 			delete(d.Annotations, vocab.AnnotationRolledBackTo)
@@ -296,8 +305,10 @@ func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) erro
 				return client.IgnoreNotFound(err)
 			}
 		}
+		there = true
 		return nil
 	})
+	return there, err
 }
 
 func guardFinalizersOf(d *appsv1.Deployment) []string {

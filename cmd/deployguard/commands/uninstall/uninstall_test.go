@@ -193,12 +193,13 @@ func TestUninstallEndsRollbackVerdicts(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{dryRun: true}, &out))
 	assert.Contains(t, out.String(), "would end the rollback verdict on deployment shop/rolled-back\n")
+	assert.Contains(t, out.String(), "1 Deployments stand rolled back by the guard; nothing was changed (dry run).")
 	assert.NotContains(t, out.String(), "shop/theirs")
 
 	out.Reset()
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
 	assert.Contains(t, out.String(), "ended the rollback verdict on deployment shop/rolled-back\n")
-	assert.Contains(t, out.String(), "1 Deployments stood rolled back by the guard")
+	assert.Contains(t, out.String(), "Ended the rollback verdict on 1 Deployments")
 	got := &appsv1.Deployment{}
 	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "rolled-back"}, got))
 	assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
