@@ -95,6 +95,26 @@ func StalledIndex(s *appsv1.DeploymentStatus) int {
 	return -1
 }
 
+// HasVerdict reports whether any part of the guard's rollback verdict is on
+// d: its Stalled condition, its label or the rollback's annotation.
+func HasVerdict(d *appsv1.Deployment) bool {
+	_, labelled := d.Labels[vocab.LabelRolledBack]
+	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
+	return labelled || recorded || StalledIndex(&d.Status) >= 0
+}
+
+// RemoveStalled removes the guard's Stalled condition, and only the guard's:
+// one of another reason is another controller's. It reports whether there
+// was one.
+func RemoveStalled(s *appsv1.DeploymentStatus) bool {
+	i := StalledIndex(s)
+	if i < 0 {
+		return false
+	}
+	s.Conditions = slices.Delete(s.Conditions, i, i+1)
+	return true
+}
+
 // VerdictDue reports whether the status write from old to d records d's
 // generation as observed while the guard's Stalled condition is on it, and
 // names the ReplicaSet the rollback restored (what DecideVerdict compares
@@ -132,9 +152,7 @@ func (r *DeploymentReconciler) reconcileVerdict(ctx context.Context, d *appsv1.D
 // so that every later deploy would read as failed. Nothing is written for a
 // Deployment without one.
 func (r *DeploymentReconciler) releaseVerdict(ctx context.Context, d *appsv1.Deployment) error {
-	_, labelled := d.Labels[vocab.LabelRolledBack]
-	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
-	if !specObserved(d) || (guardStalled(&d.Status) == nil && !labelled && !recorded) {
+	if !specObserved(d) || !HasVerdict(d) {
 		return nil
 	}
 	return r.applyVerdict(ctx, d, Verdict{Clear: true, Why: "the namespace is opted out of the guard"})
@@ -167,10 +185,7 @@ func (r *DeploymentReconciler) applyVerdict(ctx context.Context, d *appsv1.Deplo
 		}
 	case cur != nil:
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		// Only the guard's: a Stalled condition of another reason is
-		// another controller's.
-		i := StalledIndex(&d.Status)
-		d.Status.Conditions = slices.Delete(d.Status.Conditions, i, i+1)
+		RemoveStalled(&d.Status)
 		if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
 			return fmt.Errorf("clearing the rollback from the Deployment's status: %w", err)
 		}

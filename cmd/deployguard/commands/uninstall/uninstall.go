@@ -183,7 +183,10 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 		}
 		for i := range list.Items {
 			d := &list.Items[i]
-			if hasVerdict(d) && d.DeletionTimestamp == nil {
+			// With the guard gone nothing would end a verdict, and the
+			// Deployment controller copies its condition into every status
+			// it writes: every later deploy would read as failed.
+			if reconciler.HasVerdict(d) && d.DeletionTimestamp == nil {
 				if o.dryRun {
 					verdicts++
 					fmt.Fprintf(out, "would end the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
@@ -265,16 +268,6 @@ func removeGuardFinalizers(ctx context.Context, c client.Client, key client.Obje
 	return removed, err
 }
 
-// hasVerdict: the guard's rollback verdict is on d (its Stalled condition,
-// its label or the rollback's annotation). With the guard gone nothing would
-// end it, and the Deployment controller copies the condition into every
-// status it writes: every later deploy would read as failed.
-func hasVerdict(d *appsv1.Deployment) bool {
-	_, labelled := d.Labels[vocab.LabelRolledBack]
-	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
-	return labelled || recorded || reconciler.StalledIndex(&d.Status) >= 0
-}
-
 // endVerdict removes the rollback's annotation and label first (a guard still
 // running then reads no rollback, and reports none again), then the Stalled
 // condition (which needs patch on deployments/status): patches conditional
@@ -298,9 +291,8 @@ func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) (boo
 				return client.IgnoreNotFound(err)
 			}
 		}
-		if i := reconciler.StalledIndex(&d.Status); i >= 0 {
-			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-			d.Status.Conditions = slices.Delete(d.Status.Conditions, i, i+1)
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		if reconciler.RemoveStalled(&d.Status) {
 			if err := c.Status().Patch(ctx, d, patch); err != nil {
 				return client.IgnoreNotFound(err)
 			}
