@@ -85,7 +85,7 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 	before := paramsRV()
 	answer := w.Create(ctx, d, client.DryRunAll)
 	return JudgeFloorProbe(answer, want, before, paramsRV(), func(hook string) bool {
-		if hook == EnforceWebhook || hook == ValidateWebhook {
+		if hook == EnforceWebhook || hook == CreateWebhook || hook == UpdateWebhook || hook == ValidateWebhook {
 			return true
 		}
 		// Names are unique only within a configuration: a name that a

@@ -4,35 +4,51 @@ import (
 	"strconv"
 	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// The validating webhook for Deployments is two entries of one configuration
-// that call the same handler: the API server sends each request to at most
-// one of them, by their matchConditions.
+// The validating webhook for Deployments is three entries of one
+// configuration that call the same handler: the API server sends each
+// request to at most one of them, by their operations and matchConditions.
 //
 //   - EnforceWebhook (failurePolicy Fail) receives the requests that an
 //     enforced rule needing the guard's state may refuse: a quarantined
 //     template brought back, and, when the configuration or the loaded
 //     policies enforce them, the Rego policies, the bounds and the disruption
-//     budgets. With the guard down those requests are refused.
-//   - ValidateWebhook (failurePolicy Ignore) receives the rest: overlaps,
-//     warnings, advice. With the guard down they are admitted; the native
-//     policies still refuse what needs only the object, and the audit reports
-//     an overlap once the guard is back. An update that leaves the spec as
-//     it was reaches neither entry when no enforced rule applies and no
-//     loaded policy reads more than the spec: the guard would have nothing
-//     to add to what it said when the spec was written (an annotation, a
-//     label, a finalizer written by a GitOps tool or by the guard itself).
+//     budgets. With the guard down those requests are refused. Its rules
+//     list only the operations such a rule can apply to
+//     (EnforceOperations): the API server does not evaluate its condition
+//     for the others.
+//   - CreateWebhook and UpdateWebhook (failurePolicy Ignore) receive the
+//     rest of the CREATEs and of the UPDATEs: overlaps, warnings, advice.
+//     With the guard down they are admitted; the native policies still
+//     refuse what needs only the object, and the audit reports an overlap
+//     once the guard is back. An update that leaves the spec as it was
+//     reaches no entry when no enforced rule applies and no loaded policy
+//     reads more than the spec: the guard would have nothing to add to what
+//     it said when the spec was written (an annotation, a label, a finalizer
+//     written by a GitOps tool or by the guard itself).
 //
-// The condition depends on the configuration and on the loaded policies, so
-// the guard rewrites it (Route) when they change.
+// CreateWebhook has no matchCondition unless an enforced rule can apply to a
+// CREATE: kube-apiserver 1.36 converts the whole object for every entry
+// with matchConditions it evaluates, which on an ordinary create costs it
+// more CPU than the condition could save.
+//
+// The operations and conditions depend on the configuration and on the
+// loaded policies, so the guard rewrites them (Route) when they change.
 const (
-	EnforceWebhook  = "enforce.deployments.deployguard.io"
+	EnforceWebhook = "enforce.deployments.deployguard.io"
+	CreateWebhook  = "create.deployments.deployguard.io"
+	UpdateWebhook  = "update.deployments.deployguard.io"
+	// ValidateWebhook is the one Ignore entry, for CREATE and UPDATE, of
+	// the webhook configurations installed before CreateWebhook and
+	// UpdateWebhook; Route routes that layout too.
 	ValidateWebhook = "validate.deployments.deployguard.io"
 	// MustDecideCondition is EnforceWebhook's matchCondition and
-	// MayAdviseCondition ValidateWebhook's: the negation of the first,
-	// narrowed (MayAdvise).
+	// MayAdviseCondition that of the others: the negation of the first,
+	// narrowed (MayAdvise, MayAdviseCreate).
 	MustDecideCondition = "guard-must-decide"
 	MayAdviseCondition  = "guard-may-advise"
 )
@@ -50,7 +66,7 @@ type Enforced struct {
 	// PoliciesBeyondSpec: a loaded Rego policy, whatever its mode, reads
 	// more of a request than the object's spec (policy.Set.ReadsOnlySpec),
 	// so that an update of the metadata alone may get findings. Not an
-	// enforced rule: it widens only ValidateWebhook.
+	// enforced rule: it widens only UpdateWebhook (ValidateWebhook).
 	PoliciesBeyondSpec bool
 	// Bounds refuse a revision history or progress deadline outside them.
 	Bounds bool
@@ -123,7 +139,8 @@ func MustDecide(e Enforced) string {
 	return strings.Join(terms, " || ")
 }
 
-// MayAdvise is ValidateWebhook's condition: the other requests, but an
+// MayAdvise is UpdateWebhook's condition (and ValidateWebhook's, which takes
+// the CREATEs too): the other requests, but an
 // update that leaves the spec, the finalizers and the cleanup annotation as
 // they were. On such an update the guard's own checks have nothing to say
 // (check: the overlap, the quarantine, the bounds, the warnings and the
@@ -140,6 +157,37 @@ func MayAdvise(e Enforced) string {
 	cleanup := "metadata.?annotations[?" + quote(vocab.AnnotationCleanup) + "]"
 	return rest + " && (" + specChanged + " || " + changed("metadata.finalizers") + " || " +
 		"(object." + cleanup + " != oldObject." + cleanup + "))"
+}
+
+// EnforceOperations are the operations of EnforceWebhook's rules: those
+// MustDecide(e) can be true for, so that the API server evaluates its
+// condition on no other request. With nothing enforced, DELETE alone (a
+// webhook rule lists at least one operation), the rarest write of a
+// Deployment, under the condition "false".
+func EnforceOperations(e Enforced) []admissionregistrationv1.OperationType {
+	if e.Refusals {
+		return []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
+	}
+	create := e.Policies || e.Bounds || e.Budgets
+	switch {
+	case create:
+		return []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+	case e.Quarantine:
+		return []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+	}
+	return []admissionregistrationv1.OperationType{admissionregistrationv1.Delete}
+}
+
+// MayAdviseCreate is CreateWebhook's condition: none ("") when EnforceWebhook
+// takes no CREATE, so that every CREATE reaches the guard at the cost of no
+// CEL evaluation; the negation of MustDecide otherwise.
+func MayAdviseCreate(e Enforced) string {
+	for _, op := range EnforceOperations(e) {
+		if op == admissionregistrationv1.Create {
+			return "!(" + MustDecide(e) + ")"
+		}
+	}
+	return ""
 }
 
 // specChanged: a CREATE, or an update that changes the spec (the gate of

@@ -10,31 +10,52 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// ErrNotSplit says the installed validating webhook configuration does not
-// have both EnforceWebhook and ValidateWebhook (an install older than the
-// split, or edited): the guard leaves it as it is, since narrowing one entry
-// without the other could send a request that must be judged nowhere.
-var ErrNotSplit = errors.New("the validating webhook configuration does not have both " + EnforceWebhook + " and " + ValidateWebhook)
+// ErrNotSplit says the installed validating webhook configuration has
+// neither layout the guard routes (EnforceWebhook with CreateWebhook and
+// UpdateWebhook, or EnforceWebhook with ValidateWebhook): an install older
+// than the split, or edited. The guard leaves it as it is, since narrowing
+// one entry without the others could send a request that must be judged
+// nowhere. A guard older than CreateWebhook finds no ValidateWebhook in this
+// release's configuration, so it leaves this release's routing alone too.
+var ErrNotSplit = errors.New("the validating webhook configuration does not have " + EnforceWebhook + " with " +
+	CreateWebhook + " and " + UpdateWebhook + " (or with " + ValidateWebhook + ")")
 
-// Route writes e's conditions into the validating webhook configuration
-// name, in one update so that no request ever matches both entries, nor
-// neither when the guard must decide it. It writes only when they differ, and reports whether it did.
-// The read goes to the API server (c reads uncached), so that a write
-// never starts from a stale copy.
+// Route writes e's routing into the validating webhook configuration name:
+// EnforceWebhook's operations and each entry's condition, in one update so
+// that no request ever matches two entries, nor none when the guard must
+// decide it. It writes only when they differ, and reports whether it did.
+// The read goes to the API server (c reads uncached), so that a write never
+// starts from a stale copy.
 func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, error) {
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, vwc); err != nil {
 		return false, fmt.Errorf("reading ValidatingWebhookConfiguration %s: %w", name, err)
 	}
-	enforce := slices.IndexFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return w.Name == EnforceWebhook })
-	validate := slices.IndexFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return w.Name == ValidateWebhook })
-	if enforce < 0 || validate < 0 {
+	entry := func(name string) *admissionregistrationv1.ValidatingWebhook {
+		if i := slices.IndexFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool { return w.Name == name }); i >= 0 {
+			return &vwc.Webhooks[i]
+		}
+		return nil
+	}
+	enforce, create, update, validate := entry(EnforceWebhook), entry(CreateWebhook), entry(UpdateWebhook), entry(ValidateWebhook)
+	before := vwc.DeepCopy()
+	var changed []bool
+	switch {
+	case enforce != nil && create != nil && update != nil:
+		changed = append(changed,
+			setOperations(enforce, EnforceOperations(e)),
+			setCondition(enforce, MustDecideCondition, MustDecide(e)),
+			setCondition(create, MayAdviseCondition, MayAdviseCreate(e)),
+			setCondition(update, MayAdviseCondition, MayAdvise(e)))
+	case enforce != nil && validate != nil:
+		// The earlier layout: its operations are all of them.
+		changed = append(changed,
+			setCondition(enforce, MustDecideCondition, MustDecide(e)),
+			setCondition(validate, MayAdviseCondition, MayAdvise(e)))
+	default:
 		return false, ErrNotSplit
 	}
-	before := vwc.DeepCopy()
-	a := setCondition(&vwc.Webhooks[enforce], MustDecideCondition, MustDecide(e))
-	b := setCondition(&vwc.Webhooks[validate], MayAdviseCondition, MayAdvise(e))
-	if !a && !b {
+	if !slices.Contains(changed, true) {
 		return false, nil
 	}
 	// The optimistic lock: a CA injected meanwhile is not written back
@@ -52,17 +73,33 @@ type ReadWriter interface {
 }
 
 // setCondition sets the matchCondition name of w to expr, adding it when
-// missing, and reports whether it changed.
+// missing and removing it when expr is empty, and reports whether it changed.
 func setCondition(w *admissionregistrationv1.ValidatingWebhook, name, expr string) bool {
-	for i := range w.MatchConditions {
-		if w.MatchConditions[i].Name == name {
-			if w.MatchConditions[i].Expression == expr {
-				return false
-			}
-			w.MatchConditions[i].Expression = expr
-			return true
+	i := slices.IndexFunc(w.MatchConditions, func(mc admissionregistrationv1.MatchCondition) bool { return mc.Name == name })
+	switch {
+	case i < 0 && expr == "":
+		return false
+	case i < 0:
+		w.MatchConditions = append(w.MatchConditions, admissionregistrationv1.MatchCondition{Name: name, Expression: expr})
+	case expr == "":
+		w.MatchConditions = slices.Delete(w.MatchConditions, i, i+1)
+	case w.MatchConditions[i].Expression == expr:
+		return false
+	default:
+		w.MatchConditions[i].Expression = expr
+	}
+	return true
+}
+
+// setOperations sets the operations of w's rules to ops, and reports
+// whether they changed.
+func setOperations(w *admissionregistrationv1.ValidatingWebhook, ops []admissionregistrationv1.OperationType) bool {
+	changed := false
+	for i := range w.Rules {
+		if !slices.Equal(w.Rules[i].Operations, ops) {
+			w.Rules[i].Operations = slices.Clone(ops)
+			changed = true
 		}
 	}
-	w.MatchConditions = append(w.MatchConditions, admissionregistrationv1.MatchCondition{Name: name, Expression: expr})
-	return true
+	return changed
 }

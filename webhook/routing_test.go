@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -41,10 +42,11 @@ func matches(t *testing.T, expr string, r native.Request) bool {
 	return len(ds) > 0
 }
 
-// TestRouting: each request goes to at most one of the two entries, the
+// TestRouting: each request goes to at most one of the entries, the
 // enforcing one only where an enforced rule that needs the guard may refuse
-// it; to neither only an update that leaves the spec as it was, when no
-// loaded policy reads more than the spec; and no condition errors.
+// it; to none only an update that leaves the spec as it was, when no
+// loaded policy reads more than the spec; and no condition errors. So in
+// the previous layout (two entries), which the guard still routes.
 func TestRouting(t *testing.T) {
 	def := testOptions()
 	def.NativeInAPIServer = true
@@ -163,7 +165,7 @@ func TestRouting(t *testing.T) {
 				c.mut(&o)
 			}
 			e := o.Enforced(c.loaded)
-			decide, advise := MustDecide(e), MayAdvise(e)
+			decide, advise, adviseCreates := MustDecide(e), MayAdvise(e), MayAdviseCreate(e)
 			for _, r := range c.reqs {
 				ns := r.ns
 				if ns == "" {
@@ -174,10 +176,21 @@ func TestRouting(t *testing.T) {
 					u = app
 				}
 				nr := native.Request{Operation: r.op, Object: r.obj, OldObject: r.old, Namespace: ns, Name: base.Name, User: u}
-				got := matches(t, decide, nr)
-				assert.Equal(t, r.decides, got, "%s: enforced by the guard (failurePolicy Fail)", r.name)
+				// As the API server picks the entries: by their operations,
+				// then their conditions (none: every request).
+				enforced := slices.Contains(EnforceOperations(e), admissionregistrationv1.OperationType(r.op)) && matches(t, decide, nr)
+				created := r.op == admission.Create && (adviseCreates == "" || matches(t, adviseCreates, nr))
+				updated := r.op == admission.Update && matches(t, advise, nr)
+				assert.Equal(t, r.decides, enforced, "%s: enforced by the guard (failurePolicy Fail)", r.name)
 				if r.op != admission.Delete {
-					assert.Equal(t, !got && !r.quiet, matches(t, advise, nr), "%s: advised by the guard (failurePolicy Ignore)", r.name)
+					assert.Equal(t, !r.decides && !r.quiet, created || updated, "%s: advised by the guard (failurePolicy Ignore)", r.name)
+				}
+				// The previous layout: enforce for every operation, one
+				// entry for the creates and updates advised.
+				legacy := matches(t, decide, nr)
+				assert.Equal(t, r.decides, legacy, "%s: enforced by the guard (previous layout)", r.name)
+				if r.op != admission.Delete {
+					assert.Equal(t, !legacy && !r.quiet, matches(t, advise, nr), "%s: advised by the guard (previous layout)", r.name)
 				}
 			}
 		})

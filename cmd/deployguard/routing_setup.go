@@ -20,7 +20,7 @@ import (
 // routing back, which is wrong for an install that enforces more.
 const routeEvery = time.Minute
 
-// setupRouting keeps, in each leader term, the validating webhook's two
+// setupRouting keeps, in each leader term, the validating webhook's
 // Deployment entries routed by what the guard enforces (webhook/routing.go):
 // once the policy ConfigMaps are loaded (before, an enforce-mode policy among
 // them would be routed away), then whenever the active policy set changes or
@@ -85,7 +85,8 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 			told = ""
 			log.Info("Validating webhook routed: with the guard down, these requests are refused and the others admitted",
 				"validatingWebhookConfiguration", name, "webhook", guardwebhook.EnforceWebhook,
-				"condition", guardwebhook.MustDecide(e), "advised", guardwebhook.MayAdvise(e), "reason", "WebhookRouted")
+				"operations", guardwebhook.EnforceOperations(e), "condition", guardwebhook.MustDecide(e),
+				"advisedCreates", guardwebhook.MayAdviseCreate(e), "advised", guardwebhook.MayAdvise(e), "reason", "WebhookRouted")
 		default:
 			told = ""
 		}

@@ -635,7 +635,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	require.NoError(t, local.StartGuard(ctx, local.Guard.Opts.WebhookPort))
 	allDown := deployment(ns, "all-down", "app:1")
 	allDown.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%")), MaxSurge: ptr(intstr.FromInt32(0))}
-	// Refused by the policy, or by the guard failing closed: its validate
+	// Refused by the policy, or by the guard failing closed: its create
 	// entry (Ignore) refuses too, until the leader has routed the refusals
 	// to the enforce entry.
 	byPolicy := "ValidatingAdmissionPolicy '" + native.Refusals + "'"

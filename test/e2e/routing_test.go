@@ -85,13 +85,13 @@ deny contains {"msg": "annotate the Deployment with its owner", "field": "metada
 	})
 }
 
-// advised is the validate entry's routing condition as installed.
+// advised is the update entry's routing condition as installed.
 func advised(ctx context.Context, t *testing.T) string {
 	t.Helper()
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
 	for _, w := range vwc.Webhooks {
-		if w.Name != guardwebhook.ValidateWebhook {
+		if w.Name != guardwebhook.UpdateWebhook {
 			continue
 		}
 		for _, c := range w.MatchConditions {

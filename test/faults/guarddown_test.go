@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +129,7 @@ func TestGuardDown(t *testing.T) {
 	// The leader leaves the default routing as installed.
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
 	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
+	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
 
 	nativeLostWhileUp(ctx, t, admin, kubectl, def, allDown)
 
@@ -182,7 +184,9 @@ func TestGuardDown(t *testing.T) {
 	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(enforcing) &&
-			condition(ctx, t, admin, guardwebhook.ValidateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdvise(enforcing), got, nil
+			condition(ctx, t, admin, guardwebhook.UpdateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdvise(enforcing) &&
+			condition(ctx, t, admin, guardwebhook.CreateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdviseCreate(enforcing) &&
+			slices.Equal(enforceOperations(ctx, t, admin), guardwebhook.EnforceOperations(enforcing)), got, nil
 	})
 	killAll()
 	refused("image change under an enforced policy", byWebhook,
@@ -280,6 +284,20 @@ func condition(ctx context.Context, t *testing.T, c client.Client, hook, name st
 		}
 	}
 	return ""
+}
+
+// enforceOperations are the operations of the enforce entry's rules as
+// installed.
+func enforceOperations(ctx context.Context, t *testing.T, c client.Client) []admissionregistrationv1.OperationType {
+	t.Helper()
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
+	for _, w := range vwc.Webhooks {
+		if w.Name == guardwebhook.EnforceWebhook && len(w.Rules) > 0 {
+			return w.Rules[0].Operations
+		}
+	}
+	return nil
 }
 
 func writeManifest(t *testing.T, content string) string {

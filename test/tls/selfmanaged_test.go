@@ -209,7 +209,7 @@ func TestSelfManaged(t *testing.T) {
 		logged := logLines(t, guardLog.Name(), "not what the API server trusts")
 		require.NotEmpty(t, logged, "the mismatch is logged")
 		assert.Contains(t, logged[0], "does not chain to the CA bundle")
-		assert.Contains(t, logged[0], "webhook validate.deployments.deployguard.io of ValidatingWebhookConfiguration deployguard-validating")
+		assert.Contains(t, logged[0], "webhook create.deployments.deployguard.io of ValidatingWebhookConfiguration deployguard-validating")
 
 		setBundle(ctx, t, admin, ca.CertPEM)
 		require.Eventually(t, func() bool { return readyzStatus(g) == 200 }, 10*time.Second, 50*time.Millisecond)

@@ -37,23 +37,40 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, eng.Load(context.Background(), policy.Builtins()))
 	e := opts.Enforced(guardwebhook.LoadedPolicies{BeyondSpec: !eng.Active().ReadsOnlySpec()})
-	want := map[string][2]string{
-		guardwebhook.EnforceWebhook:  {guardwebhook.MustDecideCondition, guardwebhook.MustDecide(e)},
-		guardwebhook.ValidateWebhook: {guardwebhook.MayAdviseCondition, guardwebhook.MayAdvise(e)},
+	entries := map[string]admissionregistrationv1.ValidatingWebhook{}
+	for _, w := range vwc.Webhooks {
+		entries[w.Name] = w
 	}
-	for hook, cond := range want {
-		found := false
-		for _, w := range vwc.Webhooks {
-			if w.Name != hook {
-				continue
-			}
-			for _, mc := range w.MatchConditions {
-				if mc.Name == cond[0] {
-					found = true
-					assert.Equal(t, cond[1], mc.Expression, "%s: %s", hook, cond[0])
-				}
+	condition := func(hook, name string) (string, bool) {
+		for _, mc := range entries[hook].MatchConditions {
+			if mc.Name == name {
+				return mc.Expression, true
 			}
 		}
-		assert.True(t, found, "%s has the matchCondition %s", hook, cond[0])
+		return "", false
+	}
+	require.Contains(t, entries, guardwebhook.EnforceWebhook)
+	require.Contains(t, entries, guardwebhook.CreateWebhook)
+	require.Contains(t, entries, guardwebhook.UpdateWebhook)
+	assert.NotContains(t, entries, guardwebhook.ValidateWebhook, "an earlier guard leaves this layout alone only without it")
+
+	for _, r := range entries[guardwebhook.EnforceWebhook].Rules {
+		assert.Equal(t, guardwebhook.EnforceOperations(e), r.Operations, "the enforce entry's operations")
+	}
+	got, ok := condition(guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
+	assert.True(t, ok)
+	assert.Equal(t, guardwebhook.MustDecide(e), got)
+	got, ok = condition(guardwebhook.UpdateWebhook, guardwebhook.MayAdviseCondition)
+	assert.True(t, ok)
+	assert.Equal(t, guardwebhook.MayAdvise(e), got)
+	// An ordinary create costs the API server no CEL evaluation for the
+	// validating webhook.
+	assert.Empty(t, guardwebhook.MayAdviseCreate(e))
+	assert.Empty(t, entries[guardwebhook.CreateWebhook].MatchConditions, "the create entry has no matchConditions")
+	for _, r := range entries[guardwebhook.CreateWebhook].Rules {
+		assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, r.Operations)
+	}
+	for _, r := range entries[guardwebhook.UpdateWebhook].Rules {
+		assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, r.Operations)
 	}
 }

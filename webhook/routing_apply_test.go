@@ -1,0 +1,148 @@
+package webhook
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/yaml"
+)
+
+// shippedValidating is the validating webhook configuration as shipped.
+func shippedValidating(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "config", "webhook", "manifests.yaml"))
+	require.NoError(t, err)
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "kind: ValidatingWebhookConfiguration") {
+			vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), vwc))
+			return vwc
+		}
+	}
+	t.Fatal("no ValidatingWebhookConfiguration in config/webhook/manifests.yaml")
+	return nil
+}
+
+// routed is what Route left in the configuration: the enforce entry's
+// operations and each entry's routing condition ("" none).
+type routed struct {
+	ops                     []admissionregistrationv1.OperationType
+	decide, advise, creates string
+}
+
+func readRouting(t *testing.T, c client.Client, advised string) routed {
+	t.Helper()
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Name: "deployguard-validating"}, vwc))
+	var r routed
+	cond := func(w admissionregistrationv1.ValidatingWebhook, name string) string {
+		for _, mc := range w.MatchConditions {
+			if mc.Name == name {
+				return mc.Expression
+			}
+		}
+		return ""
+	}
+	for _, w := range vwc.Webhooks {
+		switch w.Name {
+		case EnforceWebhook:
+			r.ops, r.decide = w.Rules[0].Operations, cond(w, MustDecideCondition)
+		case advised:
+			r.advise = cond(w, MayAdviseCondition)
+		case CreateWebhook:
+			r.creates = cond(w, MayAdviseCondition)
+		}
+	}
+	return r
+}
+
+func TestRouteWritesOperationsAndConditions(t *testing.T) {
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	require.NoError(t, admissionregistrationv1.AddToScheme(scheme))
+	def := Enforced{Quarantine: true}
+	enforcing := Enforced{Quarantine: true, Policies: true}
+	ops := func(o ...admissionregistrationv1.OperationType) []admissionregistrationv1.OperationType { return o }
+	const (
+		create = admissionregistrationv1.Create
+		update = admissionregistrationv1.Update
+		del    = admissionregistrationv1.Delete
+	)
+
+	t.Run("this release's layout", func(t *testing.T) {
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(shippedValidating(t)).Build()
+		wrote, err := Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		assert.False(t, wrote, "the shipped routing is the default configuration's")
+
+		wrote, err = Route(ctx, c, "deployguard-validating", enforcing)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(create, update), decide: MustDecide(enforcing), advise: MayAdvise(enforcing), creates: "!(" + MustDecide(enforcing) + ")"},
+			readRouting(t, c, UpdateWebhook), "an enforced policy takes the creates it may refuse")
+
+		wrote, err = Route(ctx, c, "deployguard-validating", Enforced{})
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(del), decide: "false", advise: MayAdvise(Enforced{})}, readRouting(t, c, UpdateWebhook),
+			"nothing enforced: the create entry's condition is removed")
+
+		wrote, err = Route(ctx, c, "deployguard-validating", Enforced{Refusals: true})
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(create, update, del), decide: "true", advise: "!(true)", creates: "!(true)"},
+			readRouting(t, c, UpdateWebhook), "native refusals not enforced: every request to the enforce entry")
+
+		_, err = Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
+		shipped := shippedValidating(t)
+		for i := range shipped.Webhooks {
+			assert.Equal(t, shipped.Webhooks[i].Rules, vwc.Webhooks[i].Rules, shipped.Webhooks[i].Name)
+			assert.Equal(t, shipped.Webhooks[i].MatchConditions, vwc.Webhooks[i].MatchConditions, shipped.Webhooks[i].Name)
+		}
+	})
+
+	t.Run("the previous layout: conditions only", func(t *testing.T) {
+		vwc := shippedValidating(t)
+		var hooks []admissionregistrationv1.ValidatingWebhook
+		for _, w := range vwc.Webhooks {
+			switch w.Name {
+			case EnforceWebhook:
+				w.Rules[0].Operations = ops(create, update, del)
+			case CreateWebhook:
+				continue
+			case UpdateWebhook:
+				w.Name = ValidateWebhook
+				w.Rules[0].Operations = ops(create, update)
+			}
+			hooks = append(hooks, w)
+		}
+		vwc.Webhooks = hooks
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
+		wrote, err := Route(ctx, c, "deployguard-validating", enforcing)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(create, update, del), decide: MustDecide(enforcing), advise: MayAdvise(enforcing)},
+			readRouting(t, c, ValidateWebhook))
+	})
+
+	t.Run("neither layout", func(t *testing.T) {
+		vwc := shippedValidating(t)
+		vwc.Webhooks = vwc.Webhooks[:1] // enforce alone
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
+		_, err := Route(ctx, c, "deployguard-validating", enforcing)
+		require.ErrorIs(t, err, ErrNotSplit)
+		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
+	})
+}
