@@ -66,6 +66,11 @@ type ServingCheck struct {
 	ValidatingName string
 	Clock          clock.PassiveClock
 	Log            logr.Logger
+	// MissingBundle, when set, is called when a webhook has no caBundle at
+	// all, as an entry added by an upgrade has until it is injected: the
+	// self-managed injector (SelfManaged.Kick) then injects at once rather
+	// than at its next period, while every replica reads as not ready.
+	MissingBundle func()
 
 	mu   sync.Mutex
 	last string
@@ -113,6 +118,9 @@ func (c *ServingCheck) check(ctx context.Context) error {
 	targets, err := c.targets(ctx)
 	if err != nil {
 		return err
+	}
+	if c.MissingBundle != nil && slices.ContainsFunc(targets, func(t target) bool { return len(t.caBundle) == 0 }) {
+		c.MissingBundle()
 	}
 	now := c.now()
 	var problems []string

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -89,6 +90,24 @@ type SelfManaged struct {
 	// undo an injection after the new CA took over.
 	PropagationDelay time.Duration
 	Clock            clock.WithTicker
+
+	kickOnce sync.Once
+	kicked   chan struct{}
+}
+
+// Kick asks Start for a sync now rather than at the next period (a webhook
+// entry without a CA bundle, added by an upgrade). It never blocks; kicks
+// before a sync are one.
+func (s *SelfManaged) Kick() {
+	select {
+	case s.kicks() <- struct{}{}:
+	default:
+	}
+}
+
+func (s *SelfManaged) kicks() chan struct{} {
+	s.kickOnce.Do(func() { s.kicked = make(chan struct{}, 1) })
+	return s.kicked
 }
 
 func (s *SelfManaged) defaults() {
@@ -156,10 +175,11 @@ func (s *SelfManaged) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C():
-			if err := s.Sync(ctx); err != nil {
-				// The current certificate stays in use; the next tick retries.
-				log.Info("keeping the self-managed certificate fresh failed; retrying", "reason", err.Error())
-			}
+		case <-s.kicks():
+		}
+		if err := s.Sync(ctx); err != nil {
+			// The current certificate stays in use; the next tick retries.
+			log.Info("keeping the self-managed certificate fresh failed; retrying", "reason", err.Error())
 		}
 	}
 }

@@ -5,11 +5,13 @@ import (
 	"crypto/x509"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -314,4 +316,38 @@ func TestSelfManagedValidate(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.contains)
 		})
 	}
+}
+
+// An entry an upgrade adds has no caBundle: the readiness check kicks the
+// injector, which injects it at once instead of at its next period.
+func TestSelfManagedInjectsANewEntryWhenKicked(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := newFakeClient(webhookConfigurations("https://127.0.0.1:9443/validate")...)
+	clk := clocktesting.NewFakeClock(t0)
+	dir := t.TempDir()
+	sm := replica(c, clk, dir)
+	sm.SyncEvery = time.Hour // never, in this test: the fake clock does not move
+	sm.LeafLife, sm.CALife = 7*time.Hour, 30*time.Hour
+	require.NoError(t, sm.Bootstrap(ctx))
+	go func() { _ = sm.Start(ctx) }()
+
+	v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, v))
+	v.Webhooks = append(v.Webhooks, admissionregistrationv1.ValidatingWebhook{Name: "update.deployments.deployguard.io",
+		ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: v.Webhooks[0].ClientConfig.URL}})
+	require.NoError(t, c.Update(ctx, v))
+
+	check := &ServingCheck{
+		Configurations: c, Client: c, MutatingName: "deployguard-mutating", ValidatingName: "deployguard-validating",
+		Served:        func(context.Context) (*x509.Certificate, error) { return served(t, dir), nil },
+		Clock:         clk,
+		Log:           logr.Discard(),
+		MissingBundle: sm.Kick,
+	}
+	require.ErrorContains(t, check.Check(&http.Request{}), "update.deployments.deployguard.io of ValidatingWebhookConfiguration deployguard-validating has no caBundle")
+	require.Eventually(t, func() bool { return check.Check(&http.Request{}) == nil }, 10*time.Second, 20*time.Millisecond,
+		"the new entry injected on the kick")
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, v))
+	assert.Equal(t, secret(t, c).Data[KeyCABundle], v.Webhooks[1].ClientConfig.CABundle)
 }

@@ -41,6 +41,12 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 	before := vwc.DeepCopy()
 	var changed []bool
 	switch {
+	case enforce != nil && create != nil && update != nil && validate != nil:
+		// Both layouts at once (an apply that merged this release's entries
+		// into an earlier configuration): creates and updates would reach
+		// two entries, whatever the guard wrote.
+		return false, fmt.Errorf("%w: it has %s besides %s and %s; remove it (kubectl edit validatingwebhookconfiguration %s)",
+			ErrNotSplit, ValidateWebhook, CreateWebhook, UpdateWebhook, name)
 	case enforce != nil && create != nil && update != nil:
 		changed = append(changed,
 			setOperations(enforce, EnforceOperations(e)),
@@ -48,8 +54,11 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 			setCondition(create, MayAdviseCondition, MayAdviseCreate(e)),
 			setCondition(update, MayAdviseCondition, MayAdvise(e)))
 	case enforce != nil && validate != nil:
-		// The earlier layout: its operations are all of them.
+		// The earlier layout: its enforce entry takes every operation (as
+		// it did, should it keep this release's narrowed ones after a
+		// partial downgrade), and its conditions route.
 		changed = append(changed,
+			setOperations(enforce, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}),
 			setCondition(enforce, MustDecideCondition, MustDecide(e)),
 			setCondition(validate, MayAdviseCondition, MayAdvise(e)))
 	default:

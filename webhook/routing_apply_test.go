@@ -119,7 +119,8 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		for _, w := range vwc.Webhooks {
 			switch w.Name {
 			case EnforceWebhook:
-				w.Rules[0].Operations = ops(create, update, del)
+				// As this release left it, before a partial downgrade.
+				w.Rules[0].Operations = ops(update)
 			case CreateWebhook:
 				continue
 			case UpdateWebhook:
@@ -134,7 +135,19 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, wrote)
 		assert.Equal(t, routed{ops: ops(create, update, del), decide: MustDecide(enforcing), advise: MayAdvise(enforcing)},
-			readRouting(t, c, ValidateWebhook))
+			readRouting(t, c, ValidateWebhook), "the enforce entry takes every operation again")
+	})
+
+	t.Run("both layouts at once", func(t *testing.T) {
+		vwc := shippedValidating(t)
+		validate := vwc.Webhooks[1].DeepCopy()
+		validate.Name = ValidateWebhook
+		vwc.Webhooks = append(vwc.Webhooks, *validate)
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
+		_, err := Route(ctx, c, "deployguard-validating", enforcing)
+		require.ErrorIs(t, err, ErrNotSplit)
+		assert.Contains(t, err.Error(), "remove it")
+		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def), advise: MayAdvise(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
 
 	t.Run("neither layout", func(t *testing.T) {

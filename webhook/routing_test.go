@@ -238,3 +238,46 @@ func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
 		})
 	}
 }
+
+// TestEnforceOperationsCoverMustDecide: whatever is enforced, MustDecide is
+// false for every operation EnforceOperations leaves out of the enforce
+// entry's rules, so narrowing them never drops a request the guard must
+// decide (the create entry then takes every create: MayAdviseCreate is
+// empty exactly when CREATE is left out).
+func TestEnforceOperationsCoverMustDecide(t *testing.T) {
+	base := guarded()
+	base.Namespace = "shop"
+	quarantined := guarded(func(d *appsv1.Deployment) {
+		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "abc"
+	})
+	changed := quarantined.DeepCopy()
+	changed.Spec.Template.Spec.Containers[0].Image = "app:9"
+	changed.Spec.Replicas = ptr(int32(9))
+	changed.Spec.Template.Labels["tier"] = "web"
+	app := &user.DefaultInfo{Name: "alice", Groups: []string{"dev"}}
+	reqs := []native.Request{
+		{Operation: admission.Create, Object: base},
+		{Operation: admission.Create, Object: quarantined},
+		{Operation: admission.Update, Object: changed, OldObject: quarantined},
+		{Operation: admission.Update, Object: base, OldObject: base},
+		{Operation: admission.Delete, OldObject: quarantined},
+		{Operation: admission.Delete, OldObject: base},
+	}
+	for mask := range 1 << 6 {
+		e := Enforced{
+			Refusals: mask&1 != 0, Quarantine: mask&2 != 0, Policies: mask&4 != 0,
+			PoliciesBeyondSpec: mask&8 != 0, Bounds: mask&16 != 0, Budgets: mask&32 != 0,
+		}
+		ops := EnforceOperations(e)
+		require.NotEmpty(t, ops, "%+v: a rule lists at least one operation", e)
+		assert.Equal(t, slices.Contains(ops, admissionregistrationv1.Create), MayAdviseCreate(e) != "", "%+v", e)
+		decide := MustDecide(e)
+		for _, r := range reqs {
+			r.Namespace, r.Name, r.User = "shop", base.Name, app
+			if slices.Contains(ops, admissionregistrationv1.OperationType(r.Operation)) {
+				continue
+			}
+			assert.False(t, matches(t, decide, r), "%+v: %s is not in the enforce entry's rules %v, yet the guard must decide it", e, r.Operation, ops)
+		}
+	}
+}

@@ -400,6 +400,7 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags
 	if err != nil {
 		return fmt.Errorf("creating a client: %w", err)
 	}
+	var missingBundle func()
 	if f.certMode == "self-managed" {
 		sm := &certs.SelfManaged{
 			Client:         direct,
@@ -421,6 +422,7 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags
 		if err := mgr.Add(sm); err != nil {
 			return err
 		}
+		missingBundle = sm.Kick
 	}
 	host := f.webhookHost
 	if host == "" {
@@ -430,6 +432,7 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags
 	check := &certs.ServingCheck{
 		Configurations: mgr.GetClient(), Client: direct, Served: served,
 		MutatingName: f.mutatingName, ValidatingName: f.validatingName, Log: ctrl.Log.WithName("certs"),
+		MissingBundle: missingBundle,
 	}
 	if err := pr.AddReadyzCheck("serving-certificate", check.Check); err != nil {
 		return err
