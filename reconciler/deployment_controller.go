@@ -272,6 +272,11 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	if err := r.reconcileVerdict(ctx, d, allRSs); err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while reporting its rollback; requeued")
 	}
+	// After the phases that may quarantine a template, whose writes carry
+	// the label themselves: this one catches the rest.
+	if err := r.reconcileQuarantineLabel(ctx, d, allRSs); err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while labelling its quarantine; requeued")
+	}
 	// After the verdict, which holds the Stalled condition when it has one.
 	scale, err := r.reconcileScaleUp(ctx, d, allRSs)
 	if err != nil {

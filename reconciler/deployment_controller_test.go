@@ -236,6 +236,40 @@ func TestReconcileMarksKnownGoodOnce(t *testing.T) {
 	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.knownGoodMarked))
 }
 
+// The label follows the quarantine list, in the write that changes the
+// list: labelled while a template is left, gone with the last one.
+func TestReconcileReleasesTheQuarantineLabel(t *testing.T) {
+	hash := vocab.TemplateHash(&deployment().Spec.Template)
+	for _, tt := range []struct {
+		name, list string
+		labelled   bool
+	}{
+		{"another template left", "other," + hash, true},
+		{"the last one released", hash, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := deployment(completed, annotate(vocab.AnnotationQuarantinedTemplates, tt.list))
+			d.Labels = map[string]string{"app": "web", vocab.LabelQuarantined: vocab.LabelQuarantinedValue}
+			rs1, rs2, rs3 := history(d)
+			e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+			require.NoError(t, e.reconcile())
+
+			got := e.deployment()
+			_, labelled := got.Labels[vocab.LabelQuarantined]
+			assert.Equal(t, tt.labelled, labelled)
+			assert.Equal(t, "web", got.Labels["app"])
+			deploymentWrites := 0
+			for _, p := range e.patches {
+				if p.kind == "Deployment" {
+					deploymentWrites++
+				}
+			}
+			assert.Equal(t, 1, deploymentWrites, "the label goes in the write that releases the template")
+		})
+	}
+}
+
 func TestReconcileDoesNotMarkPaused(t *testing.T) {
 	d := deployment(completed, paused)
 	rs1, rs2, rs3 := history(d)
@@ -267,6 +301,8 @@ func TestReconcileRollsBackInOneWrite(t *testing.T) {
 	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template, "the template kubectl rollout undo --to-revision=2 restores")
 	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision])
 	assert.Equal(t, "older,"+failedHash, got.Annotations[vocab.AnnotationQuarantinedTemplates])
+	assert.Equal(t, vocab.LabelQuarantinedValue, got.Labels[vocab.LabelQuarantined],
+		"labelled in the same write, for the enforce entry's objectSelector (an earlier release's quarantine had no label)")
 	assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], "known-good revision 2")
 	assert.Equal(t, t0.Add(20*time.Minute).Format(time.RFC3339), got.Annotations[vocab.AnnotationHandledDeadline])
 	assert.Equal(t, "deploy v2", got.Annotations["kubernetes.io/change-cause"], "annotations come back from the ReplicaSet as with kubectl")

@@ -127,6 +127,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 		}
 		d.Annotations[vocab.AnnotationKnownGoodRevision] = revision
 		setOrDelete(d.Annotations, vocab.AnnotationQuarantinedTemplates, FormatTemplateList(unquarantined))
+		AlignQuarantineLabel(d)
 		if err := r.Client.Patch(ctx, d, patch); err != nil {
 			return fmt.Errorf("recording known-good revision %s: %w", revision, err)
 		}

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -48,4 +49,42 @@ func TestQuarantineListRoundTrip(t *testing.T) {
 	assert.Equal(t, []string{"a", "b", "c"}, got)
 	assert.Equal(t, "a,b,c", FormatTemplateList(got))
 	assert.Nil(t, vocab.QuarantinedTemplates(deployment()))
+}
+
+func TestAlignQuarantineLabel(t *testing.T) {
+	labelled := map[string]string{"app": "web", vocab.LabelQuarantined: vocab.LabelQuarantinedValue}
+	tests := []struct {
+		name        string
+		list        string // the quarantine annotation; "-" none
+		labels      map[string]string
+		wantChanged bool
+		wantLabel   bool
+	}{
+		{name: "quarantined, labelled", list: "a,b", labels: labelled, wantLabel: true},
+		{name: "quarantined by an earlier release: labelled", list: "a", labels: map[string]string{"app": "web"}, wantChanged: true, wantLabel: true},
+		{name: "quarantined, no labels at all", list: "a", wantChanged: true, wantLabel: true},
+		{name: "label with another value: set back", list: "a", labels: map[string]string{vocab.LabelQuarantined: "no"}, wantChanged: true, wantLabel: true},
+		{name: "released: the label goes", list: "-", labels: labelled, wantChanged: true},
+		{name: "an empty list is none", list: " , ", labels: labelled, wantChanged: true},
+		{name: "never quarantined", list: "-", labels: map[string]string{"app": "web"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := &appsv1.Deployment{}
+			if tt.labels != nil {
+				d.Labels = maps.Clone(tt.labels)
+			}
+			if tt.list != "-" {
+				d.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: tt.list}
+			}
+			assert.Equal(t, tt.wantChanged, AlignQuarantineLabel(d))
+			_, has := d.Labels[vocab.LabelQuarantined]
+			assert.Equal(t, tt.wantLabel, has)
+			if tt.wantLabel {
+				assert.Equal(t, vocab.LabelQuarantinedValue, d.Labels[vocab.LabelQuarantined])
+			}
+			assert.Equal(t, tt.labels["app"], d.Labels["app"], "other labels kept")
+			assert.False(t, AlignQuarantineLabel(d), "a second run changes nothing")
+		})
+	}
 }

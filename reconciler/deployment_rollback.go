@@ -313,6 +313,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		setLabel(d, vocab.LabelRolledBack, formatRevision(dec.FailedRevision))
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
 			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
+		AlignQuarantineLabel(d)
 		if dec.Evidence != "" {
 			d.Annotations[vocab.AnnotationFailFastRevision] = formatRevision(dec.FailedRevision)
 		}

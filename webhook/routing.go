@@ -1,10 +1,12 @@
 package webhook
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -20,7 +22,8 @@ import (
 //     budgets. With the guard down those requests are refused. Its rules
 //     list only the operations such a rule can apply to
 //     (EnforceOperations): the API server does not evaluate its condition
-//     for the others.
+//     for the others. When the quarantine is the only such rule, it also
+//     selects the Deployments labelled quarantined (EnforceObjectSelector).
 //   - CreateWebhook and UpdateWebhook (failurePolicy Ignore) receive the
 //     rest of the CREATEs and of the UPDATEs: overlaps, warnings, advice.
 //     With the guard down they are admitted; the native policies still
@@ -150,7 +153,19 @@ func MustDecide(e Enforced) string {
 // API server no longer enforcing them evaluates them itself until the leader
 // routes every request to EnforceWebhook, so those updates still come.
 func MayAdvise(e Enforced) string {
+	return mayAdvise(e, EnforceObjectSelector(e) != nil)
+}
+
+// mayAdvise is MayAdvise beside an EnforceWebhook that selects (selected)
+// or does not select on vocab.LabelQuarantined: when it does, this entry
+// takes what it leaves out, the requests MustDecide matches on Deployments
+// without the label (one quarantined by an earlier release, or whose label
+// a client removed), so that the guard still judges them while it is up.
+func mayAdvise(e Enforced, selected bool) string {
 	rest := "!(" + MustDecide(e) + ")"
+	if selected {
+		rest = "!((" + MustDecide(e) + ") && " + quarantineLabelled + ")"
+	}
 	if e.PoliciesBeyondSpec || e.Refusals {
 		return rest
 	}
@@ -166,7 +181,7 @@ func MayAdvise(e Enforced) string {
 // Deployment, under the condition "false".
 func EnforceOperations(e Enforced) []admissionregistrationv1.OperationType {
 	if e.Refusals {
-		return []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
+		return slices.Clone(allOperations)
 	}
 	create := e.Policies || e.Bounds || e.Budgets
 	switch {
@@ -177,6 +192,30 @@ func EnforceOperations(e Enforced) []admissionregistrationv1.OperationType {
 	}
 	return []admissionregistrationv1.OperationType{admissionregistrationv1.Delete}
 }
+
+// EnforceObjectSelector is EnforceWebhook's objectSelector: the Deployments
+// labelled quarantined (vocab.LabelQuarantined, which the reconciler keeps
+// with the quarantine list) when the quarantine is the only enforced rule,
+// so that kube-apiserver evaluates the entry's condition, and converts the
+// object and the stored one for it, on no update of any other Deployment.
+// An objectSelector matches an update when the stored object or the new one
+// matches, so an update that removes the label is still sent. None (nil)
+// when any other rule is enforced: those apply to every Deployment.
+func EnforceObjectSelector(e Enforced) *metav1.LabelSelector {
+	if !e.Quarantine || e.Refusals || e.Policies || e.Bounds || e.Budgets {
+		return nil
+	}
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: vocab.LabelQuarantined, Operator: metav1.LabelSelectorOpExists},
+	}}
+}
+
+// quarantineLabelled: EnforceObjectSelector(e) matches the request.
+var quarantineLabelled = "(" + quote(vocab.LabelQuarantined) + " in object.metadata.?labels.orValue({}) || " +
+	"(oldObject != null && " + quote(vocab.LabelQuarantined) + " in oldObject.metadata.?labels.orValue({})))"
+
+// allOperations are a Deployment's writes. Not to be modified.
+var allOperations = []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}
 
 // MayAdviseCreate is CreateWebhook's condition: none ("") when EnforceWebhook
 // takes no CREATE, so that every CREATE reaches the guard at the cost of no

@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -50,6 +52,7 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 	case enforce != nil && create != nil && update != nil:
 		changed = append(changed,
 			setOperations(enforce, EnforceOperations(e)),
+			setObjectSelector(enforce, EnforceObjectSelector(e)),
 			setCondition(enforce, MustDecideCondition, MustDecide(e)),
 			setCondition(create, MayAdviseCondition, MayAdviseCreate(e)),
 			setCondition(update, MayAdviseCondition, MayAdvise(e)))
@@ -58,9 +61,10 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 		// it did, should it keep this release's narrowed ones after a
 		// partial downgrade), and its conditions route.
 		changed = append(changed,
-			setOperations(enforce, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete}),
+			setOperations(enforce, allOperations),
+			setObjectSelector(enforce, nil),
 			setCondition(enforce, MustDecideCondition, MustDecide(e)),
-			setCondition(validate, MayAdviseCondition, MayAdvise(e)))
+			setCondition(validate, MayAdviseCondition, mayAdvise(e, false)))
 	default:
 		return false, ErrNotSplit
 	}
@@ -111,4 +115,18 @@ func setOperations(w *admissionregistrationv1.ValidatingWebhook, ops []admission
 		}
 	}
 	return changed
+}
+
+// setObjectSelector sets w's objectSelector to sel, nil selecting every
+// object (as the API server's default, the empty selector, does), and
+// reports whether it changed.
+func setObjectSelector(w *admissionregistrationv1.ValidatingWebhook, sel *metav1.LabelSelector) bool {
+	empty := func(s *metav1.LabelSelector) bool {
+		return s == nil || len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0
+	}
+	if empty(w.ObjectSelector) && empty(sel) || apiequality.Semantic.DeepEqual(w.ObjectSelector, sel) {
+		return false
+	}
+	w.ObjectSelector = sel.DeepCopy()
+	return true
 }

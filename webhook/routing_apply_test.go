@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -36,6 +37,7 @@ func shippedValidating(t *testing.T) *admissionregistrationv1.ValidatingWebhookC
 // operations and each entry's routing condition ("" none).
 type routed struct {
 	ops                     []admissionregistrationv1.OperationType
+	selector                *metav1.LabelSelector // nil: every object
 	decide, advise, creates string
 }
 
@@ -56,6 +58,9 @@ func readRouting(t *testing.T, c client.Client, advised string) routed {
 		switch w.Name {
 		case EnforceWebhook:
 			r.ops, r.decide = w.Rules[0].Operations, cond(w, MustDecideCondition)
+			if s := w.ObjectSelector; s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
+				r.selector = s
+			}
 		case advised:
 			r.advise = cond(w, MayAdviseCondition)
 		case CreateWebhook:
@@ -87,7 +92,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		wrote, err = Route(ctx, c, "deployguard-validating", enforcing)
 		require.NoError(t, err)
 		assert.True(t, wrote)
-		assert.Equal(t, routed{ops: ops(create, update), decide: MustDecide(enforcing), advise: MayAdvise(enforcing), creates: "!(" + MustDecide(enforcing) + ")"},
+		assert.Equal(t, routed{ops: ops(create, update), selector: nil, decide: MustDecide(enforcing), advise: MayAdvise(enforcing), creates: "!(" + MustDecide(enforcing) + ")"},
 			readRouting(t, c, UpdateWebhook), "an enforced policy takes the creates it may refuse")
 
 		wrote, err = Route(ctx, c, "deployguard-validating", Enforced{})
@@ -110,6 +115,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		for i := range shipped.Webhooks {
 			assert.Equal(t, shipped.Webhooks[i].Rules, vwc.Webhooks[i].Rules, shipped.Webhooks[i].Name)
 			assert.Equal(t, shipped.Webhooks[i].MatchConditions, vwc.Webhooks[i].MatchConditions, shipped.Webhooks[i].Name)
+			assert.Equal(t, shipped.Webhooks[i].ObjectSelector, vwc.Webhooks[i].ObjectSelector, shipped.Webhooks[i].Name)
 		}
 	})
 
@@ -136,6 +142,10 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		assert.True(t, wrote)
 		assert.Equal(t, routed{ops: ops(create, update, del), decide: MustDecide(enforcing), advise: MayAdvise(enforcing)},
 			readRouting(t, c, ValidateWebhook), "the enforce entry takes every operation again")
+		_, err = Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		assert.Equal(t, routed{ops: ops(create, update, del), decide: MustDecide(def), advise: mayAdvise(def, false)},
+			readRouting(t, c, ValidateWebhook), "every Deployment, whatever its labels: the validate entry does not take what a selector would leave out")
 	})
 
 	t.Run("both layouts at once", func(t *testing.T) {
@@ -147,7 +157,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		_, err := Route(ctx, c, "deployguard-validating", enforcing)
 		require.ErrorIs(t, err, ErrNotSplit)
 		assert.Contains(t, err.Error(), "remove it")
-		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def), advise: MayAdvise(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
+		assert.Equal(t, routed{ops: ops(update), selector: EnforceObjectSelector(def), decide: MustDecide(def), advise: MayAdvise(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
 
 	t.Run("neither layout", func(t *testing.T) {
@@ -156,6 +166,6 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
 		_, err := Route(ctx, c, "deployguard-validating", enforcing)
 		require.ErrorIs(t, err, ErrNotSplit)
-		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
+		assert.Equal(t, routed{ops: ops(update), selector: EnforceObjectSelector(def), decide: MustDecide(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
 }

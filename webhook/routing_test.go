@@ -13,6 +13,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"sigs.k8s.io/yaml"
@@ -59,7 +60,11 @@ func TestRouting(t *testing.T) {
 	base.Namespace = "shop"
 	quarantinedOld := guarded(func(d *appsv1.Deployment) {
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "abc"
+		d.Labels = map[string]string{vocab.LabelQuarantined: vocab.LabelQuarantinedValue}
 	})
+	// Quarantined by an earlier release, or its label removed by a client.
+	unlabelledOld := quarantinedOld.DeepCopy()
+	delete(unlabelledOld.Labels, vocab.LabelQuarantined)
 	image := func(d *appsv1.Deployment) *appsv1.Deployment {
 		d = d.DeepCopy()
 		d.Spec.Template.Spec.Containers[0].Image = "app:9"
@@ -91,6 +96,10 @@ func TestRouting(t *testing.T) {
 		decides bool
 		// quiet: the request reaches neither entry.
 		quiet bool
+		// unlabelled: decided by the enforce entry in the previous layout
+		// only; in this one its objectSelector leaves it to the update
+		// entry.
+		unlabelled bool
 	}
 	create := req{name: "create", op: admission.Create, obj: base}
 	imageUpdate := req{name: "image change", op: admission.Update, obj: image(base), old: base}
@@ -102,6 +111,9 @@ func TestRouting(t *testing.T) {
 	del := req{name: "delete", op: admission.Delete, old: base}
 	quarantine := req{name: "template change of a quarantined Deployment", op: admission.Update, obj: image(quarantinedOld), old: quarantinedOld}
 	quarantineMeta := req{name: "annotation change of a quarantined Deployment", op: admission.Update, obj: quarantinedOld, old: quarantinedOld}
+	unlabelledQuarantine := req{name: "template change of a quarantined Deployment without the label", op: admission.Update, obj: image(unlabelledOld), old: unlabelledOld}
+	labelRemoved := req{name: "template change of a quarantined Deployment that removes the label", op: admission.Update, obj: image(unlabelledOld), old: quarantinedOld}
+	unlabelled := func(r *req) { r.unlabelled = true }
 	relabel := req{name: "template labels change", op: admission.Update, obj: relabelled, old: base}
 	unlabel := req{name: "template labels removed", op: admission.Update, obj: noLabels, old: base}
 	unset := req{name: "replicas unset", op: admission.Update, obj: noReplicas, old: base}
@@ -128,6 +140,7 @@ func TestRouting(t *testing.T) {
 		{"default install: only the quarantine", nil, LoadedPolicies{}, []req{
 			with(create, false), with(imageUpdate, false), with(scale, false), with(metadata, false, quiet), with(del, false),
 			with(quarantine, true), with(quarantineMeta, false, quiet), with(quarantine, true, in("legacy")), with(quarantine, true, as(guard)),
+			with(labelRemoved, true), with(unlabelledQuarantine, true, unlabelled),
 			with(metadata, false, quiet, as(guard)), with(metadata, false, quiet, in("legacy")),
 			// The finalizer rules judge these: a replica that finds them no
 			// longer enforced by the API server evaluates them itself.
@@ -135,6 +148,7 @@ func TestRouting(t *testing.T) {
 		}},
 		{"a policy that reads the metadata", nil, LoadedPolicies{BeyondSpec: true}, []req{
 			with(create, false), with(imageUpdate, false), with(metadata, false), with(quarantineMeta, false), with(quarantine, true),
+			with(unlabelledQuarantine, true, unlabelled),
 		}},
 		{"quarantine off", func(o *Options) { o.Quarantine = QuarantineWarn }, LoadedPolicies{}, []req{
 			with(quarantine, false), with(create, false), with(quarantineMeta, false, quiet),
@@ -146,6 +160,8 @@ func TestRouting(t *testing.T) {
 			with(create, true), with(imageUpdate, true), with(scale, true), with(metadata, true), with(del, false),
 			with(create, false, in("legacy")), with(imageUpdate, false, as(guard)), with(imageUpdate, false, as(exemptGroup)),
 			with(imageUpdate, true, as(noGroups)), with(quarantine, true, in("legacy")), with(metadata, false, quiet, in("legacy")),
+			// Every Deployment is selected: no label needed.
+			with(unlabelledQuarantine, true),
 		}},
 		{"an enforced Rego policy that reads the metadata", nil, LoadedPolicies{Enforce: true, BeyondSpec: true}, []req{
 			with(metadata, true), with(metadata, false, in("legacy")), with(metadata, false, as(guard)), with(create, false, in("legacy")),
@@ -166,6 +182,20 @@ func TestRouting(t *testing.T) {
 			}
 			e := o.Enforced(c.loaded)
 			decide, advise, adviseCreates := MustDecide(e), MayAdvise(e), MayAdviseCreate(e)
+			selector, err := metav1.LabelSelectorAsSelector(EnforceObjectSelector(e))
+			require.NoError(t, err)
+			if EnforceObjectSelector(e) == nil {
+				selector = labels.Everything()
+			}
+			// An objectSelector matches when the stored object or the new one does.
+			selected := func(r req) bool {
+				for _, d := range []*appsv1.Deployment{r.obj, r.old} {
+					if d != nil && selector.Matches(labels.Set(d.Labels)) {
+						return true
+					}
+				}
+				return false
+			}
 			for _, r := range c.reqs {
 				ns := r.ns
 				if ns == "" {
@@ -177,20 +207,22 @@ func TestRouting(t *testing.T) {
 				}
 				nr := native.Request{Operation: r.op, Object: r.obj, OldObject: r.old, Namespace: ns, Name: base.Name, User: u}
 				// As the API server picks the entries: by their operations,
-				// then their conditions (none: every request).
-				enforced := slices.Contains(EnforceOperations(e), admissionregistrationv1.OperationType(r.op)) && matches(t, decide, nr)
+				// their objectSelector, then their conditions (none: every
+				// request).
+				enforced := slices.Contains(EnforceOperations(e), admissionregistrationv1.OperationType(r.op)) && selected(r) && matches(t, decide, nr)
 				created := r.op == admission.Create && (adviseCreates == "" || matches(t, adviseCreates, nr))
 				updated := r.op == admission.Update && matches(t, advise, nr)
-				assert.Equal(t, r.decides, enforced, "%s: enforced by the guard (failurePolicy Fail)", r.name)
+				decides := r.decides && !r.unlabelled
+				assert.Equal(t, decides, enforced, "%s: enforced by the guard (failurePolicy Fail)", r.name)
 				if r.op != admission.Delete {
-					assert.Equal(t, !r.decides && !r.quiet, created || updated, "%s: advised by the guard (failurePolicy Ignore)", r.name)
+					assert.Equal(t, !decides && !r.quiet, created || updated, "%s: advised by the guard (failurePolicy Ignore)", r.name)
 				}
 				// The previous layout: enforce for every operation, one
 				// entry for the creates and updates advised.
 				legacy := matches(t, decide, nr)
 				assert.Equal(t, r.decides, legacy, "%s: enforced by the guard (previous layout)", r.name)
 				if r.op != admission.Delete {
-					assert.Equal(t, !legacy && !r.quiet, matches(t, advise, nr), "%s: advised by the guard (previous layout)", r.name)
+					assert.Equal(t, !legacy && !r.quiet, matches(t, mayAdvise(e, false), nr), "%s: advised by the guard (previous layout)", r.name)
 				}
 			}
 		})

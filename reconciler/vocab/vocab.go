@@ -247,6 +247,15 @@ const (
 	// Deployments alone (the verdict webhook's objectSelector), and lets a
 	// person list them: kubectl get deploy -A -l deployguard.io/rolled-back.
 	LabelRolledBack = Domain + "/rolled-back"
+	// LabelQuarantined, on a Deployment, says that it has quarantined
+	// templates (AnnotationQuarantinedTemplates; its value is "true"). The
+	// failing-closed validating webhook entry selects on it
+	// (objectSelector), so that the API server spends nothing on the
+	// updates of the other Deployments for the quarantine; a person lists
+	// them with kubectl get deploy -A -l deployguard.io/quarantined.
+	LabelQuarantined = Domain + "/quarantined"
+	// LabelQuarantinedValue is LabelQuarantined's value.
+	LabelQuarantinedValue = "true"
 	// LabelPolicy set to "true" on a ConfigMap in the guard's namespace makes its
 	// data a Rego policy.
 	LabelPolicy = Domain + "/policy"
@@ -335,6 +344,12 @@ func TemplateHash(t *corev1.PodTemplateSpec) string {
 // nil when there are none.
 func QuarantinedTemplates(d *appsv1.Deployment) []string {
 	return ParseTemplateList(d.Annotations[AnnotationQuarantinedTemplates])
+}
+
+// Quarantined reports whether d has quarantined templates: whether it
+// should carry LabelQuarantined.
+func Quarantined(d *appsv1.Deployment) bool {
+	return len(QuarantinedTemplates(d)) > 0
 }
 
 // ParseTemplateList splits a comma-separated list of template hashes, dropping

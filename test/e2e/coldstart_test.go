@@ -81,7 +81,10 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 	// Bringing back a quarantined template is the guard's to decide: refused
 	// (failurePolicy Fail), and the error says why.
 	held := deployment(ns, "held", "app:1")
+	// As a rollback writes it: the list and the label the enforce entry
+	// selects on.
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
+	held.Labels = map[string]string{vocab.LabelQuarantined: vocab.LabelQuarantinedValue}
 	require.NoError(t, l.Client.Create(ctx, held))
 	err = update(t, ns, "held", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" })
 	require.Error(t, err)

@@ -130,6 +130,13 @@ func TestGuardDown(t *testing.T) {
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
 	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
+	assert.Equal(t, guardwebhook.EnforceObjectSelector(def.Enforced(guardwebhook.LoadedPolicies{})), enforceSelector(ctx, t, admin), "of the Deployments labelled quarantined alone")
+	// The reconciler labels a quarantined Deployment (a rollback writes
+	// the label with the list): the enforce entry selects on it.
+	waitFor(t, time.Minute, "the quarantined Deployment labelled", func(ctx context.Context) (bool, string, error) {
+		d := getDeployment(ctx, t, admin, "shop", "held")
+		return d.Labels[vocab.LabelQuarantined] == vocab.LabelQuarantinedValue, fmt.Sprint(d.Labels), nil
+	})
 
 	nativeLostWhileUp(ctx, t, admin, kubectl, def, allDown)
 
@@ -186,7 +193,8 @@ func TestGuardDown(t *testing.T) {
 		return got == guardwebhook.MustDecide(enforcing) &&
 			condition(ctx, t, admin, guardwebhook.UpdateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdvise(enforcing) &&
 			condition(ctx, t, admin, guardwebhook.CreateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdviseCreate(enforcing) &&
-			slices.Equal(enforceOperations(ctx, t, admin), guardwebhook.EnforceOperations(enforcing)), got, nil
+			slices.Equal(enforceOperations(ctx, t, admin), guardwebhook.EnforceOperations(enforcing)) &&
+			enforceSelector(ctx, t, admin) == nil, got, nil
 	})
 	killAll()
 	refused("image change under an enforced policy", byWebhook,
@@ -295,6 +303,20 @@ func enforceOperations(ctx context.Context, t *testing.T, c client.Client) []adm
 	for _, w := range vwc.Webhooks {
 		if w.Name == guardwebhook.EnforceWebhook && len(w.Rules) > 0 {
 			return w.Rules[0].Operations
+		}
+	}
+	return nil
+}
+
+// enforceSelector is the enforce entry's objectSelector, nil when it
+// selects every object.
+func enforceSelector(ctx context.Context, t *testing.T, c client.Client) *metav1.LabelSelector {
+	t.Helper()
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
+	for _, w := range vwc.Webhooks {
+		if s := w.ObjectSelector; w.Name == guardwebhook.EnforceWebhook && s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
+			return s
 		}
 	}
 	return nil

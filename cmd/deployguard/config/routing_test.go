@@ -57,6 +57,7 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 	for _, r := range entries[guardwebhook.EnforceWebhook].Rules {
 		assert.Equal(t, guardwebhook.EnforceOperations(e), r.Operations, "the enforce entry's operations")
 	}
+	assert.Equal(t, guardwebhook.EnforceObjectSelector(e), entries[guardwebhook.EnforceWebhook].ObjectSelector, "the enforce entry's objectSelector")
 	got, ok := condition(guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 	assert.True(t, ok)
 	assert.Equal(t, guardwebhook.MustDecide(e), got)
