@@ -6,6 +6,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,7 +86,7 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 			told = ""
 			log.Info("Validating webhook routed: with the guard down, these requests are refused and the others admitted",
 				"validatingWebhookConfiguration", name, "webhook", guardwebhook.EnforceWebhook,
-				"operations", guardwebhook.EnforceOperations(e), "condition", guardwebhook.MustDecide(e),
+				"operations", guardwebhook.EnforceOperations(e), "objectSelector", selectorString(guardwebhook.EnforceObjectSelector(e)), "condition", guardwebhook.MustDecide(e),
 				"advisedCreates", guardwebhook.MayAdviseCreate(e), "advised", guardwebhook.MayAdvise(e), "reason", "WebhookRouted")
 		default:
 			told = ""
@@ -116,4 +117,13 @@ func enforcing(ps []policy.PolicyInfo) bool {
 // loadedPolicies is what the routing needs to know of the set s.
 func loadedPolicies(s policy.Set) guardwebhook.LoadedPolicies {
 	return guardwebhook.LoadedPolicies{Enforce: enforcing(s.Policies()), BeyondSpec: !s.ReadsOnlySpec()}
+}
+
+// selectorString is an objectSelector as kubectl writes it; every object
+// for none.
+func selectorString(s *metav1.LabelSelector) string {
+	if s == nil {
+		return "every object"
+	}
+	return metav1.FormatLabelSelector(s)
 }
