@@ -94,6 +94,9 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(reasonSelector)}
 		}
 		*d, repairedHere = *m, true
+		// The routing label is for the API server's copy of this policy:
+		// here the webhook is already called.
+		unlabel(d, native.LabelDefaulting)
 	}
 	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
 		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(reasonSelector)}
@@ -117,6 +120,14 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 	}
 	delete(d.Annotations, native.AnnotationSelectorRepaired)
 	return true, nil
+}
+
+// unlabel removes label key from d, leaving no empty map behind.
+func unlabel(d *appsv1.Deployment, key string) {
+	delete(d.Labels, key)
+	if len(d.Labels) == 0 {
+		d.Labels = nil
+	}
 }
 
 // repairSelector is deployguard-selector applied to d, whose selector is

@@ -30,6 +30,7 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // servers returns the two webhooks as HTTP handlers, with panics left to
@@ -267,6 +268,62 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 			_, errs := Default(want, nil, testOptions(), false)
 			require.Empty(t, errs)
 			assert.Equal(t, want, got)
+		})
+	}
+}
+
+// A create that deployguard-selector labelled for the entry for creates
+// comes out without the label, whatever else the webhook does, and the
+// patch applies to it: alone, with defaults, with the API server's
+// selector repair, on an object with no other label.
+func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
+	mutating, _ := servers(t)
+	labelled := func(mut func(d *appsv1.Deployment)) *appsv1.Deployment {
+		d := realistic()
+		d.Labels[native.LabelDefaulting] = native.DefaultingPending
+		mut(d)
+		return d
+	}
+	for name, d := range map[string]*appsv1.Deployment{
+		"finalizers already as asked": labelled(func(d *appsv1.Deployment) {
+			d.Annotations[vocab.AnnotationCleanup] = "record"
+			d.Finalizers = []string{vocab.FinalizerRecord}
+		}),
+		"finalizers to add": labelled(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,drain" }),
+		"the only label": labelled(func(d *appsv1.Deployment) {
+			d.Labels = map[string]string{native.LabelDefaulting: native.DefaultingPending}
+			d.Annotations = nil
+			d.Finalizers = []string{vocab.FinalizerRecord}
+		}),
+		"repaired by the API server": labelled(func(d *appsv1.Deployment) {
+			d.Annotations[native.AnnotationSelectorRepaired] = "true"
+		}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			raw := mustJSON(t, d)
+			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+			require.True(t, resp.Allowed, "%v", resp.Result)
+			require.NotEmpty(t, resp.Patch)
+			p, err := jsonpatch5.DecodePatch(resp.Patch)
+			require.NoError(t, err)
+			patched, err := p.Apply(raw)
+			require.NoError(t, err)
+			got := &appsv1.Deployment{}
+			require.NoError(t, json.Unmarshal(patched, got))
+			assert.NotContains(t, got.Labels, native.LabelDefaulting)
+
+			want := d.DeepCopy()
+			_, errs := Default(want, nil, testOptions(), false)
+			require.Empty(t, errs)
+			delete(want.Labels, native.LabelDefaulting)
+			if len(want.Labels) == 0 {
+				want.Labels = got.Labels // {} or nil: the same object
+			}
+			assert.Equal(t, want, got)
+
+			// And once removed, nothing more to do.
+			resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, got, nil)))
+			assert.Empty(t, resp.Patch)
 		})
 	}
 }

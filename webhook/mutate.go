@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // mutator serves the mutating webhook. It is not an admission.Defaulter: it
@@ -33,14 +34,31 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	d := r.Object
 	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
+	// What deployguard-selector left for the guard: the label that routed
+	// the create here, and the mark of a selector it repaired, which
+	// Default turns into its own record.
+	_, pending := d.Labels[native.LabelDefaulting]
+	_, marked := d.Annotations[native.AnnotationSelectorRepaired]
 	rev := m.w.Review(ctx, r, Mutating)
 	if errs := rev.Findings.Refusals(); len(errs) > 0 {
 		return invalid(name, errs, nil)
 	}
-	if len(rev.Defaulted) == 0 {
+	_, stillMarked := d.Annotations[native.AnnotationSelectorRepaired]
+	unmark := marked && !stillMarked
+	if len(rev.Defaulted) == 0 && !pending && !unmark {
 		return admission.Allowed(""), reasonNone
 	}
-	resp = admission.Patched("", patchFor(d, rev.Defaulted, had)...)
+	var ops []jsonpatch.Operation
+	if len(rev.Defaulted) > 0 {
+		ops = patchFor(d, rev.Defaulted, had)
+	}
+	if unmark {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escapePointer(native.AnnotationSelectorRepaired), nil))
+	}
+	if pending {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/labels/"+escapePointer(native.LabelDefaulting), nil))
+	}
+	resp = admission.Patched("", ops...)
 	resp.Warnings = rev.Findings.Warnings()
 	return resp, reasonNone
 }

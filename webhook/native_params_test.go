@@ -157,7 +157,8 @@ func TestNativeSelectorRepairInstalled(t *testing.T) {
 			return []client.Object{p}
 		}, "MutatingAdmissionPolicyBinding deployguard-selector is not installed"},
 		{"an older policy", func(p *admissionregistrationv1.MutatingAdmissionPolicy, b *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {
-			p.Spec.MatchConditions = p.Spec.MatchConditions[:1]
+			// The previous release's: no label for the webhook's entry for creates.
+			p.Spec.Mutations = p.Spec.Mutations[:1]
 			return []client.Object{p, b}
 		}, "is not this version's"},
 		{"params of another namespace", func(p *admissionregistrationv1.MutatingAdmissionPolicy, b *admissionregistrationv1.MutatingAdmissionPolicyBinding) []client.Object {

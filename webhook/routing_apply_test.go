@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -168,4 +170,102 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotSplit)
 		assert.Equal(t, routed{ops: ops(update), selector: EnforceObjectSelector(def), decide: MustDecide(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
+}
+
+// shippedMutating is the mutating webhook configuration as shipped.
+func shippedMutating(t *testing.T) *admissionregistrationv1.MutatingWebhookConfiguration {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "config", "webhook", "manifests.yaml"))
+	require.NoError(t, err)
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "kind: MutatingWebhookConfiguration") {
+			mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), mwc))
+			return mwc
+		}
+	}
+	t.Fatal("no MutatingWebhookConfiguration in config/webhook/manifests.yaml")
+	return nil
+}
+
+func TestRouteMutatingWritesTheDefaultEntrysOperations(t *testing.T) {
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	require.NoError(t, admissionregistrationv1.AddToScheme(scheme))
+	ops := func(c client.Client) map[string][]admissionregistrationv1.OperationType {
+		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-mutating"}, mwc))
+		out := map[string][]admissionregistrationv1.OperationType{}
+		for _, w := range mwc.Webhooks {
+			out[w.Name] = w.Rules[0].Operations
+		}
+		return out
+	}
+	const (
+		create = admissionregistrationv1.Create
+		update = admissionregistrationv1.Update
+	)
+
+	t.Run("this release's layout", func(t *testing.T) {
+		shipped := shippedMutating(t)
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(shipped).Build()
+		wrote, err := RouteMutating(ctx, c, "deployguard-mutating", true)
+		require.NoError(t, err)
+		assert.False(t, wrote, "shipped for creates labelled by deployguard-selector")
+
+		wrote, err = RouteMutating(ctx, c, "deployguard-mutating", false)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		got := ops(c)
+		assert.Equal(t, []admissionregistrationv1.OperationType{create, update}, got[DefaultWebhook], "every create the guard may change, by its condition")
+		assert.Equal(t, []admissionregistrationv1.OperationType{create}, got[DefaultCreateWebhook], "the other entry is left as it is")
+
+		wrote, err = RouteMutating(ctx, c, "deployguard-mutating", true)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-mutating"}, mwc))
+		for i := range shipped.Webhooks {
+			assert.Equal(t, shipped.Webhooks[i].Rules, mwc.Webhooks[i].Rules, shipped.Webhooks[i].Name)
+		}
+	})
+
+	t.Run("the previous layout is left as it is", func(t *testing.T) {
+		mwc := shippedMutating(t)
+		var hooks []admissionregistrationv1.MutatingWebhook
+		for _, w := range mwc.Webhooks {
+			if w.Name == DefaultCreateWebhook {
+				continue
+			}
+			if w.Name == DefaultWebhook {
+				w.Rules[0].Operations = []admissionregistrationv1.OperationType{create, update}
+			}
+			hooks = append(hooks, w)
+		}
+		mwc.Webhooks = hooks
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(mwc).Build()
+		wrote, err := RouteMutating(ctx, c, "deployguard-mutating", true)
+		require.NoError(t, err)
+		assert.False(t, wrote, "without the entry for labelled creates, the default entry keeps every create")
+		assert.Equal(t, []admissionregistrationv1.OperationType{create, update}, ops(c)[DefaultWebhook])
+	})
+
+	t.Run("not installed", func(t *testing.T) {
+		c := fake.NewClientBuilder().WithScheme(scheme).Build()
+		_, err := RouteMutating(ctx, c, "deployguard-mutating", true)
+		require.True(t, apierrors.IsNotFound(errors.Unwrap(err)), "%v", err)
+	})
+}
+
+func TestCreatesLabelled(t *testing.T) {
+	for _, tc := range []struct {
+		installed, params, every, want bool
+	}{
+		{true, true, false, true},
+		{false, true, false, false},
+		{true, false, false, false},
+		{true, true, true, false},
+	} {
+		assert.Equal(t, tc.want, CreatesLabelled(tc.installed, tc.params, tc.every), "%+v", tc)
+	}
 }

@@ -250,6 +250,8 @@ func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
 	repaired.Annotations = map[string]string{native.AnnotationSelectorRepaired: "true"}
 	refused := plain.DeepCopy()
 	refused.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{native.LabelEmptySelector: native.EmptySelectorRefused}}
+	labelled := plain.DeepCopy()
+	labelled.Labels = map[string]string{native.LabelDefaulting: native.DefaultingPending}
 	app := &user.DefaultInfo{Name: "alice"}
 	for _, tc := range []struct {
 		name     string
@@ -263,6 +265,9 @@ func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
 		{"an update of a Deployment repaired while the guard was down", admission.Update, repaired, repaired, false},
 		{"an update of a marked Deployment", admission.Update, refused, refused, false},
 		{"an ordinary update", admission.Update, plain, plain, false},
+		// Created while the guard was down: the label the API server put
+		// on it for the guard is removed at the next update.
+		{"an update of a Deployment labelled for the guard", admission.Update, labelled, labelled, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := matches(t, expr, native.Request{Operation: tc.op, Object: tc.obj, OldObject: tc.old, Namespace: "shop", Name: "web", User: app})

@@ -127,3 +127,62 @@ func selectorString(s *metav1.LabelSelector) string {
 	}
 	return metav1.FormatLabelSelector(s)
 }
+
+// setupMutatingRouting keeps, in each leader term, the mutating webhook's
+// entry for Deployments routed by whether the API server labels the creates
+// it has something to do for (guardwebhook.CreatesLabelled): at the start
+// of the term, whenever the API server starts or stops enforcing the native
+// policies, and every routeEvery (deployguard-selector replaced by hand is
+// found then).
+func setupMutatingRouting(leader *leaderTerms, name, namespace string, opts *guardwebhook.Options, changesEvery bool) {
+	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+		rw := struct {
+			client.Reader
+			client.Writer
+		}{lm.GetAPIReader(), lm.GetClient()}
+		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			keepRoutingMutating(ctx, rw, name, namespace, opts, changesEvery)
+			return nil
+		}))
+	})
+}
+
+func keepRoutingMutating(ctx context.Context, rw guardwebhook.ReadWriter, name, namespace string, opts *guardwebhook.Options, changesEvery bool) {
+	log := ctrl.Log.WithName("routing")
+	told := "" // the last failure logged, so that a lasting one is said once
+	for {
+		var nativeChanged <-chan struct{} // nil: never
+		if opts.Native != nil {
+			nativeChanged = opts.Native.Changed()
+		}
+		installed, why, err := guardwebhook.NativeSelectorRepairInstalled(ctx, rw, namespace)
+		labelled := false
+		if err == nil {
+			labelled = guardwebhook.CreatesLabelled(installed, opts.NativeEnforced(), changesEvery)
+			var wrote bool
+			if wrote, err = guardwebhook.RouteMutating(ctx, rw, name, labelled); wrote {
+				log.Info("Mutating webhook routed", "mutatingWebhookConfiguration", name, "webhook", guardwebhook.DefaultWebhook,
+					"operations", guardwebhook.DefaultOperations(labelled), "createsLabelled", labelled, "why", why, "reason", "MutatingWebhookRouted")
+			}
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case apierrors.IsNotFound(err):
+			// Not installed (or being uninstalled): nothing to route.
+		case err != nil:
+			if err.Error() != told {
+				log.Error(err, "Could not route the mutating webhook; trying again at the next check", "mutatingWebhookConfiguration", name)
+				told = err.Error()
+			}
+		default:
+			told = ""
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-nativeChanged:
+		case <-time.After(routeEvery):
+		}
+	}
+}

@@ -204,6 +204,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return err
 	}
 	setupRouting(leader, f.validatingName, opts, eng, adm.policiesLoaded)
+	setupMutatingRouting(leader, f.mutatingName, f.namespace, opts, cfg.ChangesEveryDeployment())
 	if cfg.Audit.Enabled {
 		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
 			return err

@@ -157,10 +157,17 @@ func TestGuardDown(t *testing.T) {
 		assert.Equal(t, map[string]string{"app.kubernetes.io/name": "front", "app": "shop"}, repaired.Spec.Selector.MatchLabels)
 	}
 	assert.Equal(t, "true", repaired.Annotations[native.AnnotationSelectorRepaired], "the record that the API server repaired it")
+	assert.Equal(t, native.DefaultingPending, repaired.Labels[native.LabelDefaulting], "labelled for the guard, which removes it at the next update it sees")
 	selectorRepairsAgree(ctx, t, admin, "shop")
 
 	// What needs the guard only for advice goes through.
 	admitted("ordinary create", "create", "deployment", "hotfix", "--image=app:1", "-n", "shop")
+	// One the guard has something to do for: labelled by deployguard-selector
+	// for the mutating webhook's entry for creates, whose call fails open.
+	cleanup := deployment("shop", "records", "app:1")
+	cleanup.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
+	require.NoError(t, admin.Create(ctx, cleanup), "a create asking for a cleanup step")
+	assert.Equal(t, native.DefaultingPending, getDeployment(ctx, t, admin, "shop", "records").Labels[native.LabelDefaulting])
 	admitted("image change", "set", "image", "deployment/web", "app=app:2", "-n", "shop")
 	admitted("scale (subresource)", "scale", "deployment/web", "--replicas=3", "-n", "shop")
 	admitted("scale (update)", "patch", "deployment", "web", "-n", "shop", "--type=merge", "-p", `{"spec":{"replicas":4}}`)

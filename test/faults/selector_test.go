@@ -119,6 +119,7 @@ func compareSelectorRepair(ctx context.Context, t *testing.T, c client.Client, r
 	}
 	assert.Equal(t, want.Spec.Selector, got.Spec.Selector, d.Name)
 	assert.Equal(t, want.Spec.Template.Labels, got.Spec.Template.Labels, d.Name)
+	assert.Equal(t, want.Labels, got.Labels, "%s: labelled for the guard's webhook, which is down", d.Name)
 	assert.Equal(t, "true", got.Annotations[native.AnnotationSelectorRepaired], d.Name)
 	return "repaired"
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
@@ -30,6 +31,11 @@ func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 	assert.Equal(t, map[string]string{"app.kubernetes.io/name": "shop"}, got.Spec.Selector.MatchLabels,
 		"the selector comes from the stable label, never from the version")
 	assert.Equal(t, "spec.selector", got.Annotations[vocab.AnnotationDefaulted], "nothing else is changed")
+	// The API server's deployguard-selector repaired it and routed the
+	// create to the guard by a label; the guard turned its mark into its
+	// own record and removed both.
+	assert.NotContains(t, got.Annotations, native.AnnotationSelectorRepaired, "the mark is the guard's record now")
+	assert.NotContains(t, got.Labels, native.LabelDefaulting, "the routing label is removed")
 	assert.Empty(t, got.Finalizers, "no cleanup asked for, none held")
 	assert.Equal(t, intstr.FromString("25%"), *got.Spec.Strategy.RollingUpdate.MaxUnavailable, "upstream's rollout arithmetic")
 	assert.Contains(t, warnings.all(), "spec.selector: the selector was empty; deployguard set it to app.kubernetes.io/name=shop from the template's stable labels: write it into the manifest to keep it")
@@ -142,6 +148,7 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	})
 	require.NoError(t, k8s.Create(ctx, d))
 	require.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers, "asked for: record, then drain")
+	assert.NotContains(t, d.Labels, native.LabelDefaulting, "labelled for the guard by the API server, and the label removed by it")
 
 	t.Run("typed client: Get, modify its own copy, Update", func(t *testing.T) {
 		cur := &appsv1.Deployment{}

@@ -34,6 +34,13 @@ const (
 	// cannot.
 	LabelEmptySelector   = "deployguard.io/empty-selector"
 	EmptySelectorRefused = "refused"
+	// LabelDefaulting, set to DefaultingPending on a create, says the guard's
+	// mutating webhook has something to do for it (a selector repaired or
+	// marked, the guard's cleanup annotation or finalizers): the webhook's
+	// entry for creates selects on it, and the webhook removes it. With the
+	// guard down it stays, until an update the webhook sees.
+	LabelDefaulting   = "deployguard.io/defaulting"
+	DefaultingPending = "pending"
 )
 
 // Mutation is one compiled MutatingAdmissionPolicy.

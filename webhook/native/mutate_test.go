@@ -78,9 +78,55 @@ func TestSelectorRepair(t *testing.T) {
 			assert.Equal(t, tc.wantSelector, got.Spec.Selector.MatchLabels)
 			assert.Equal(t, tc.wantLabels, got.Spec.Template.Labels)
 			assert.Equal(t, tc.wantAnnotations, got.Annotations)
+			assert.Equal(t, map[string]string{LabelDefaulting: DefaultingPending}, got.Labels, "labelled for the webhook's entry for creates")
 			assert.Equal(t, before.Spec.Template.Spec, got.Spec.Template.Spec)
 		})
 	}
+	// The creates the guard's mutating webhook has something to do for are
+	// labelled for its entry for creates, their selector left alone; the
+	// others are left as they are, unlabelled.
+	t.Run("the webhook's creates are labelled", func(t *testing.T) {
+		selected := func(mut func(d *appsv1.Deployment)) *appsv1.Deployment {
+			d := selectorless(map[string]string{"app": "web"}, nil)
+			d.Labels = map[string]string{"team": "shop"}
+			d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+			mut(d)
+			return d
+		}
+		for _, tc := range []struct {
+			name     string
+			in       *appsv1.Deployment
+			labelled bool
+		}{
+			{"an ordinary create", selected(func(*appsv1.Deployment) {}), false},
+			{"a cleanup step asked for", selected(func(d *appsv1.Deployment) { d.Annotations = map[string]string{"deployguard.io/cleanup": "record"} }), true},
+			{"a guard finalizer", selected(func(d *appsv1.Deployment) { d.Finalizers = []string{"example.com/keep", "deployguard.io/record"} }), true},
+			{"another finalizer", selected(func(d *appsv1.Deployment) { d.Finalizers = []string{"example.com/keep"} }), false},
+			{"no labels of its own", selected(func(d *appsv1.Deployment) {
+				d.Labels = nil
+				d.Annotations = map[string]string{"deployguard.io/cleanup": "drain"}
+			}), true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				before := tc.in.DeepCopy()
+				got, err := rules.Mutate(context.Background(), Request{Operation: admission.Create, Object: tc.in, Namespace: "shop", Name: "web",
+					User: &user.DefaultInfo{Name: "someone"}}, params, Selector)
+				require.NoError(t, err)
+				assert.Equal(t, before, tc.in, "the request's object is not modified")
+				if !tc.labelled {
+					assert.Same(t, tc.in, got)
+					return
+				}
+				want := before.DeepCopy()
+				if want.Labels == nil {
+					want.Labels = map[string]string{}
+				}
+				want.Labels[LabelDefaulting] = DefaultingPending
+				want.APIVersion, want.Kind = got.APIVersion, got.Kind
+				assert.Equal(t, want, got, "the label added, nothing else changed")
+			})
+		}
+	})
 	t.Run("a selector is never changed", func(t *testing.T) {
 		d := selectorless(map[string]string{"app": "web"}, nil)
 		d.Spec.Selector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpExists}}}

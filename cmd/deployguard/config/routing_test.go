@@ -9,10 +9,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/native"
 )
 
 // TestShippedRoutingIsTheDefaults: the webhook configuration as shipped
@@ -74,4 +76,37 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 	for _, r := range entries[guardwebhook.UpdateWebhook].Rules {
 		assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, r.Operations)
 	}
+}
+
+// The mutating entries as shipped are the default configuration's routing
+// with deployguard-selector installed (config/default installs it): the
+// default entry takes updates alone, the creates come labelled to the
+// other, which evaluates no condition.
+func TestShippedMutatingRoutingIsTheDefaults(t *testing.T) {
+	b, err := os.ReadFile("../../../config/webhook/manifests.yaml")
+	require.NoError(t, err)
+	var mwc *admissionregistrationv1.MutatingWebhookConfiguration
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "kind: MutatingWebhookConfiguration") {
+			mwc = &admissionregistrationv1.MutatingWebhookConfiguration{}
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), mwc))
+		}
+	}
+	require.NotNil(t, mwc)
+	entries := map[string]admissionregistrationv1.MutatingWebhook{}
+	for _, w := range mwc.Webhooks {
+		entries[w.Name] = w
+	}
+	require.Contains(t, entries, guardwebhook.DefaultWebhook)
+	require.Contains(t, entries, guardwebhook.DefaultCreateWebhook)
+	labelled := guardwebhook.CreatesLabelled(true, true, Default().ChangesEveryDeployment())
+	for _, r := range entries[guardwebhook.DefaultWebhook].Rules {
+		assert.Equal(t, guardwebhook.DefaultOperations(labelled), r.Operations)
+	}
+	create := entries[guardwebhook.DefaultCreateWebhook]
+	assert.Empty(t, create.MatchConditions)
+	require.NotNil(t, create.ObjectSelector)
+	assert.Equal(t, []metav1.LabelSelectorRequirement{{Key: native.LabelDefaulting, Operator: metav1.LabelSelectorOpExists}}, create.ObjectSelector.MatchExpressions)
+	assert.Equal(t, entries[guardwebhook.DefaultWebhook].ClientConfig, create.ClientConfig, "the same handler")
+	assert.Equal(t, entries[guardwebhook.DefaultWebhook].NamespaceSelector, create.NamespaceSelector, "the same namespaces")
 }
