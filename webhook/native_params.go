@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -85,7 +86,7 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 	before := paramsRV()
 	answer := w.Create(ctx, d, client.DryRunAll)
 	return JudgeFloorProbe(answer, want, before, paramsRV(), func(hook string) bool {
-		if hook == EnforceWebhook || hook == CreateWebhook || hook == UpdateWebhook || hook == ValidateWebhook {
+		if hook == EnforceWebhook || hook == CreateWebhook || hook == UpdateWebhook || hook == PreviousUpdateWebhook || hook == ValidateWebhook {
 			return true
 		}
 		// Names are unique only within a configuration: a name that a
@@ -297,8 +298,13 @@ func otherScope(a, b *admissionregistrationv1.ValidatingAdmissionPolicy) string 
 }
 
 func notFound(err error, why string) (bool, string, error) {
-	if apierrors.IsNotFound(err) {
+	switch {
+	case apierrors.IsNotFound(err):
 		return false, why, nil
+	case meta.IsNoMatchError(err):
+		// An API server older than the kind (MutatingAdmissionPolicy is
+		// served from Kubernetes 1.36): nothing of it can be installed.
+		return false, why + " (the API server does not serve its kind: " + err.Error() + ")", nil
 	}
 	return false, "", err
 }

@@ -11,11 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/webhook/native"
@@ -174,4 +177,15 @@ func TestNativeSelectorRepairInstalled(t *testing.T) {
 			assert.Contains(t, why, tc.why)
 		})
 	}
+	t.Run("an API server older than the kind", func(t *testing.T) {
+		c := fake.NewClientBuilder().WithScheme(scheme).WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+				return &meta.NoKindMatchError{GroupKind: schema.GroupKind{Group: "admissionregistration.k8s.io", Kind: "MutatingAdmissionPolicy"}, SearchedVersions: []string{"v1"}}
+			},
+		}).Build()
+		ok, why, err := NativeSelectorRepairInstalled(context.Background(), c, "deployguard-system")
+		require.NoError(t, err, "not installed, not an error: the mutating webhook then takes the creates")
+		assert.False(t, ok)
+		assert.Contains(t, why, "the API server does not serve its kind")
+	})
 }

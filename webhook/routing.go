@@ -44,7 +44,14 @@ import (
 const (
 	EnforceWebhook = "enforce.deployments.deployguard.io"
 	CreateWebhook  = "create.deployments.deployguard.io"
-	UpdateWebhook  = "update.deployments.deployguard.io"
+	UpdateWebhook  = "advise-update.deployments.deployguard.io"
+	// PreviousUpdateWebhook is UpdateWebhook of the configurations
+	// installed before the enforce entry had an objectSelector: renamed so
+	// that a guard of that release, whose routing knows no selector, finds
+	// its layout gone and leaves this one alone (ErrNotSplit) instead of
+	// rewriting UpdateWebhook's condition under this release's selector.
+	// Route routes that layout too, without a selector.
+	PreviousUpdateWebhook = "update.deployments.deployguard.io"
 	// ValidateWebhook is the one Ignore entry, for CREATE and UPDATE, of
 	// the webhook configurations installed before CreateWebhook and
 	// UpdateWebhook; Route routes that layout too.

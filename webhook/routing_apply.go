@@ -12,15 +12,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// ErrNotSplit says the installed validating webhook configuration has
-// neither layout the guard routes (EnforceWebhook with CreateWebhook and
-// UpdateWebhook, or EnforceWebhook with ValidateWebhook): an install older
-// than the split, or edited. The guard leaves it as it is, since narrowing
-// one entry without the others could send a request that must be judged
-// nowhere. A guard older than CreateWebhook finds no ValidateWebhook in this
-// release's configuration, so it leaves this release's routing alone too.
+// ErrNotSplit says the installed validating webhook configuration has none
+// of the layouts the guard routes (EnforceWebhook with CreateWebhook and
+// UpdateWebhook, or with CreateWebhook and PreviousUpdateWebhook, or with
+// ValidateWebhook): an install older than the split, or edited. The guard
+// leaves it as it is, since narrowing one entry without the others could
+// send a request that must be judged nowhere. A guard of an earlier release
+// finds none of its own layouts in this release's configuration, so it
+// leaves this release's routing alone too.
 var ErrNotSplit = errors.New("the validating webhook configuration does not have " + EnforceWebhook + " with " +
-	CreateWebhook + " and " + UpdateWebhook + " (or with " + ValidateWebhook + ")")
+	CreateWebhook + " and " + UpdateWebhook + " (or with " + CreateWebhook + " and " + PreviousUpdateWebhook + ", or with " + ValidateWebhook + ")")
 
 // Route writes e's routing into the validating webhook configuration name:
 // EnforceWebhook's operations and each entry's condition, in one update so
@@ -40,15 +41,29 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 		return nil
 	}
 	enforce, create, update, validate := entry(EnforceWebhook), entry(CreateWebhook), entry(UpdateWebhook), entry(ValidateWebhook)
+	previous := entry(PreviousUpdateWebhook)
 	before := vwc.DeepCopy()
 	var changed []bool
 	switch {
-	case enforce != nil && create != nil && update != nil && validate != nil:
-		// Both layouts at once (an apply that merged this release's entries
+	case enforce != nil && (update != nil && (previous != nil || validate != nil) || previous != nil && validate != nil):
+		// Two layouts at once (an apply that merged this release's entries
 		// into an earlier configuration): creates and updates would reach
 		// two entries, whatever the guard wrote.
+		extra := ValidateWebhook
+		if previous != nil {
+			extra = PreviousUpdateWebhook
+		}
 		return false, fmt.Errorf("%w: it has %s besides %s and %s; remove it (kubectl edit validatingwebhookconfiguration %s)",
-			ErrNotSplit, ValidateWebhook, CreateWebhook, UpdateWebhook, name)
+			ErrNotSplit, extra, CreateWebhook, UpdateWebhook, name)
+	case enforce != nil && create != nil && previous != nil:
+		// The previous release's layout: no selector (its guard would
+		// not keep the update entry's condition in line with one).
+		changed = append(changed,
+			setOperations(enforce, EnforceOperations(e)),
+			setObjectSelector(enforce, nil),
+			setCondition(enforce, MustDecideCondition, MustDecide(e)),
+			setCondition(create, MayAdviseCondition, MayAdviseCreate(e)),
+			setCondition(previous, MayAdviseCondition, mayAdvise(e, false)))
 	case enforce != nil && create != nil && update != nil:
 		changed = append(changed,
 			setOperations(enforce, EnforceOperations(e)),

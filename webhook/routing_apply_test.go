@@ -89,7 +89,12 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(shippedValidating(t)).Build()
 		wrote, err := Route(ctx, c, "deployguard-validating", def)
 		require.NoError(t, err)
-		assert.False(t, wrote, "the shipped routing is the default configuration's")
+		assert.True(t, wrote, "the shipped operations and conditions are the default configuration's, the selector is the leader's to add")
+		assert.Equal(t, routed{ops: ops(update), selector: EnforceObjectSelector(def), decide: MustDecide(def), advise: MayAdvise(def)},
+			readRouting(t, c, UpdateWebhook))
+		wrote, err = Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		assert.False(t, wrote, "once routed, nothing to write")
 
 		wrote, err = Route(ctx, c, "deployguard-validating", enforcing)
 		require.NoError(t, err)
@@ -117,11 +122,34 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		for i := range shipped.Webhooks {
 			assert.Equal(t, shipped.Webhooks[i].Rules, vwc.Webhooks[i].Rules, shipped.Webhooks[i].Name)
 			assert.Equal(t, shipped.Webhooks[i].MatchConditions, vwc.Webhooks[i].MatchConditions, shipped.Webhooks[i].Name)
-			assert.Equal(t, shipped.Webhooks[i].ObjectSelector, vwc.Webhooks[i].ObjectSelector, shipped.Webhooks[i].Name)
 		}
+		assert.Equal(t, EnforceObjectSelector(def), vwc.Webhooks[0].ObjectSelector)
 	})
 
-	t.Run("the previous layout: conditions only", func(t *testing.T) {
+	t.Run("the previous release's layout: no selector", func(t *testing.T) {
+		vwc := shippedValidating(t)
+		for i := range vwc.Webhooks {
+			if vwc.Webhooks[i].Name == UpdateWebhook {
+				vwc.Webhooks[i].Name = PreviousUpdateWebhook
+				setCondition(&vwc.Webhooks[i], MayAdviseCondition, mayAdvise(def, false))
+			}
+		}
+		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
+		wrote, err := Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		assert.False(t, wrote, "as that release routed the default configuration")
+		wrote, err = Route(ctx, c, "deployguard-validating", enforcing)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(create, update), decide: MustDecide(enforcing), advise: MayAdvise(enforcing), creates: "!(" + MustDecide(enforcing) + ")"},
+			readRouting(t, c, PreviousUpdateWebhook))
+		_, err = Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def), advise: mayAdvise(def, false)}, readRouting(t, c, PreviousUpdateWebhook),
+			"the default configuration without the selector")
+	})
+
+	t.Run("the layout before: conditions only", func(t *testing.T) {
 		vwc := shippedValidating(t)
 		var hooks []admissionregistrationv1.ValidatingWebhook
 		for _, w := range vwc.Webhooks {
@@ -159,7 +187,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		_, err := Route(ctx, c, "deployguard-validating", enforcing)
 		require.ErrorIs(t, err, ErrNotSplit)
 		assert.Contains(t, err.Error(), "remove it")
-		assert.Equal(t, routed{ops: ops(update), selector: EnforceObjectSelector(def), decide: MustDecide(def), advise: MayAdvise(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
+		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def), advise: MayAdvise(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
 
 	t.Run("neither layout", func(t *testing.T) {
@@ -168,7 +196,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
 		_, err := Route(ctx, c, "deployguard-validating", enforcing)
 		require.ErrorIs(t, err, ErrNotSplit)
-		assert.Equal(t, routed{ops: ops(update), selector: EnforceObjectSelector(def), decide: MustDecide(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
+		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
 }
 

@@ -150,7 +150,9 @@ func setupMutatingRouting(leader *leaderTerms, name, namespace string, opts *gua
 func keepRoutingMutating(ctx context.Context, rw guardwebhook.ReadWriter, name, namespace string, opts *guardwebhook.Options, changesEvery bool) {
 	log := ctrl.Log.WithName("routing")
 	told := "" // the last failure logged, so that a lasting one is said once
+	retry := 5 * time.Second
 	for {
+		next := routeEvery
 		var nativeChanged <-chan struct{} // nil: never
 		if opts.Native != nil {
 			nativeChanged = opts.Native.Changed()
@@ -171,18 +173,22 @@ func keepRoutingMutating(ctx context.Context, rw guardwebhook.ReadWriter, name, 
 		case apierrors.IsNotFound(err):
 			// Not installed (or being uninstalled): nothing to route.
 		case err != nil:
+			// A conflict with the CA injection at the start of a term,
+			// say: soon again, then less often.
 			if err.Error() != told {
-				log.Error(err, "Could not route the mutating webhook; trying again at the next check", "mutatingWebhookConfiguration", name)
+				log.Error(err, "Could not route the mutating webhook; trying again", "mutatingWebhookConfiguration", name)
 				told = err.Error()
 			}
+			next, retry = retry, min(2*retry, routeEvery)
 		default:
 			told = ""
+			retry = 5 * time.Second
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-nativeChanged:
-		case <-time.After(routeEvery):
+		case <-time.After(next):
 		}
 	}
 }

@@ -130,7 +130,12 @@ func TestGuardDown(t *testing.T) {
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
 	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
-	assert.Equal(t, guardwebhook.EnforceObjectSelector(def.Enforced(guardwebhook.LoadedPolicies{})), enforceSelector(ctx, t, admin), "of the Deployments labelled quarantined alone")
+	// The leader adds the selector the manifests leave out: the enforce
+	// entry then takes the Deployments labelled quarantined alone.
+	waitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
+		got := enforceSelector(ctx, t, admin)
+		return assert.ObjectsAreEqual(guardwebhook.EnforceObjectSelector(def.Enforced(guardwebhook.LoadedPolicies{})), got), fmt.Sprint(got), nil
+	})
 	// The reconciler labels a quarantined Deployment (a rollback writes
 	// the label with the list): the enforce entry selects on it.
 	waitFor(t, time.Minute, "the quarantined Deployment labelled", func(ctx context.Context) (bool, string, error) {
