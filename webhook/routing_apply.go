@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -44,17 +45,25 @@ func Route(ctx context.Context, c ReadWriter, name string, e Enforced) (bool, er
 	previous := entry(PreviousUpdateWebhook)
 	before := vwc.DeepCopy()
 	var changed []bool
+	// Two layouts at once (an apply that merged a later release's entries
+	// into an earlier configuration): creates and updates would reach two
+	// entries, whatever the guard wrote. The earlier layout's entries are
+	// the ones to remove.
+	var stale []string
 	switch {
-	case enforce != nil && (update != nil && (previous != nil || validate != nil) || previous != nil && validate != nil):
-		// Two layouts at once (an apply that merged this release's entries
-		// into an earlier configuration): creates and updates would reach
-		// two entries, whatever the guard wrote.
-		extra := ValidateWebhook
-		if previous != nil {
-			extra = PreviousUpdateWebhook
+	case update != nil:
+		for _, w := range []*admissionregistrationv1.ValidatingWebhook{previous, validate} {
+			if w != nil {
+				stale = append(stale, w.Name)
+			}
 		}
-		return false, fmt.Errorf("%w: it has %s besides %s and %s; remove it (kubectl edit validatingwebhookconfiguration %s)",
-			ErrNotSplit, extra, CreateWebhook, UpdateWebhook, name)
+	case previous != nil && validate != nil:
+		stale = append(stale, validate.Name)
+	}
+	switch {
+	case enforce != nil && len(stale) > 0:
+		return false, fmt.Errorf("%w: it has %s of an earlier layout beside the later one's; remove them (kubectl edit validatingwebhookconfiguration %s)",
+			ErrNotSplit, strings.Join(stale, " and "), name)
 	case enforce != nil && create != nil && previous != nil:
 		// The previous release's layout: no selector (its guard would
 		// not keep the update entry's condition in line with one).

@@ -138,6 +138,19 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		wrote, err := Route(ctx, c, "deployguard-validating", def)
 		require.NoError(t, err)
 		assert.False(t, wrote, "as that release routed the default configuration")
+
+		// With this release's selector left on it (manifests taken back
+		// by a tool that kept it): removed, since that layout's update
+		// entry does not take what the selector leaves out.
+		stale := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, stale))
+		stale.Webhooks[0].ObjectSelector = EnforceObjectSelector(def)
+		require.NoError(t, c.Update(ctx, stale))
+		wrote, err = Route(ctx, c, "deployguard-validating", def)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def), advise: mayAdvise(def, false)}, readRouting(t, c, PreviousUpdateWebhook),
+			"the selector removed")
 		wrote, err = Route(ctx, c, "deployguard-validating", enforcing)
 		require.NoError(t, err)
 		assert.True(t, wrote)
@@ -163,6 +176,9 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 				w.Name = ValidateWebhook
 				w.Rules[0].Operations = ops(create, update)
 			}
+			if w.Name == EnforceWebhook {
+				w.ObjectSelector = EnforceObjectSelector(def)
+			}
 			hooks = append(hooks, w)
 		}
 		vwc.Webhooks = hooks
@@ -171,14 +187,51 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, wrote)
 		assert.Equal(t, routed{ops: ops(create, update, del), decide: MustDecide(enforcing), advise: MayAdvise(enforcing)},
-			readRouting(t, c, ValidateWebhook), "the enforce entry takes every operation again")
+			readRouting(t, c, ValidateWebhook), "the enforce entry takes every operation again, of every Deployment")
 		_, err = Route(ctx, c, "deployguard-validating", def)
 		require.NoError(t, err)
 		assert.Equal(t, routed{ops: ops(create, update, del), decide: MustDecide(def), advise: mayAdvise(def, false)},
 			readRouting(t, c, ValidateWebhook), "every Deployment, whatever its labels: the validate entry does not take what a selector would leave out")
 	})
 
-	t.Run("both layouts at once", func(t *testing.T) {
+	t.Run("two layouts at once", func(t *testing.T) {
+		for _, tc := range []struct {
+			name   string
+			add    []string
+			remove string
+		}{
+			{"this release's and the previous one's", []string{PreviousUpdateWebhook}, PreviousUpdateWebhook},
+			{"this release's and the one before", []string{ValidateWebhook}, ValidateWebhook},
+			{"all three", []string{PreviousUpdateWebhook, ValidateWebhook}, PreviousUpdateWebhook + " and " + ValidateWebhook},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				vwc := shippedValidating(t)
+				for _, n := range tc.add {
+					w := vwc.Webhooks[1].DeepCopy()
+					w.Name = n
+					vwc.Webhooks = append(vwc.Webhooks, *w)
+				}
+				c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
+				_, err := Route(ctx, c, "deployguard-validating", enforcing)
+				require.ErrorIs(t, err, ErrNotSplit)
+				assert.Contains(t, err.Error(), "it has "+tc.remove+" of an earlier layout")
+			})
+		}
+		t.Run("the previous one's and the one before", func(t *testing.T) {
+			vwc := shippedValidating(t)
+			for i := range vwc.Webhooks {
+				if vwc.Webhooks[i].Name == UpdateWebhook {
+					vwc.Webhooks[i].Name = PreviousUpdateWebhook
+				}
+			}
+			w := vwc.Webhooks[1].DeepCopy()
+			w.Name = ValidateWebhook
+			vwc.Webhooks = append(vwc.Webhooks, *w)
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
+			_, err := Route(ctx, c, "deployguard-validating", enforcing)
+			require.ErrorIs(t, err, ErrNotSplit)
+			assert.Contains(t, err.Error(), "it has "+ValidateWebhook+" of an earlier layout")
+		})
 		vwc := shippedValidating(t)
 		validate := vwc.Webhooks[1].DeepCopy()
 		validate.Name = ValidateWebhook
@@ -186,7 +239,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).Build()
 		_, err := Route(ctx, c, "deployguard-validating", enforcing)
 		require.ErrorIs(t, err, ErrNotSplit)
-		assert.Contains(t, err.Error(), "remove it")
+		assert.Contains(t, err.Error(), "remove them")
 		assert.Equal(t, routed{ops: ops(update), decide: MustDecide(def), advise: MayAdvise(def)}, readRouting(t, c, UpdateWebhook), "left as it is")
 	})
 

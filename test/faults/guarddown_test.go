@@ -126,7 +126,7 @@ func TestGuardDown(t *testing.T) {
 	held := deployment("shop", "held", "app:1")
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
 	require.NoError(t, admin.Create(ctx, held))
-	// The leader leaves the default routing as installed.
+	// The leader leaves the default operations and conditions as installed.
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
 	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
