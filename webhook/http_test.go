@@ -254,15 +254,7 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 	}
 	for name, d := range tests {
 		t.Run(name, func(t *testing.T) {
-			raw := mustJSON(t, d)
-			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
-			require.True(t, resp.Allowed, "%v", resp.Result)
-			p, err := jsonpatch5.DecodePatch(resp.Patch)
-			require.NoError(t, err)
-			patched, err := p.Apply(raw)
-			require.NoError(t, err)
-			got := &appsv1.Deployment{}
-			require.NoError(t, json.Unmarshal(patched, got))
+			got := createPatched(t, mutating, d)
 
 			want := d.DeepCopy()
 			_, errs := Default(want, nil, testOptions(), false)
@@ -270,6 +262,26 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 			assert.Equal(t, want, got)
 		})
 	}
+}
+
+// createPatched sends the CREATE of d to the mutating webhook and applies
+// its patch to d's JSON, as the API server does.
+func createPatched(t *testing.T, mutating http.Handler, d *appsv1.Deployment) *appsv1.Deployment {
+	t.Helper()
+	raw := mustJSON(t, d)
+	resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+	require.True(t, resp.Allowed, "%v", resp.Result)
+	got := &appsv1.Deployment{}
+	if len(resp.Patch) == 0 {
+		require.NoError(t, json.Unmarshal(raw, got))
+		return got
+	}
+	p, err := jsonpatch5.DecodePatch(resp.Patch)
+	require.NoError(t, err)
+	patched, err := p.Apply(raw)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(patched, got))
+	return got
 }
 
 // A create that deployguard-selector labelled for the entry for creates
@@ -300,16 +312,7 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 		}),
 	} {
 		t.Run(name, func(t *testing.T) {
-			raw := mustJSON(t, d)
-			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
-			require.True(t, resp.Allowed, "%v", resp.Result)
-			require.NotEmpty(t, resp.Patch)
-			p, err := jsonpatch5.DecodePatch(resp.Patch)
-			require.NoError(t, err)
-			patched, err := p.Apply(raw)
-			require.NoError(t, err)
-			got := &appsv1.Deployment{}
-			require.NoError(t, json.Unmarshal(patched, got))
+			got := createPatched(t, mutating, d)
 			assert.NotContains(t, got.Labels, native.LabelDefaulting)
 
 			want := d.DeepCopy()
@@ -322,7 +325,7 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 			assert.Equal(t, want, got)
 
 			// And once removed, nothing more to do.
-			resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, got, nil)))
+			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, got, nil)))
 			assert.Empty(t, resp.Patch)
 		})
 	}

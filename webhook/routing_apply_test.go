@@ -3,9 +3,6 @@ package webhook
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,23 +13,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/yaml"
+
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // shippedValidating is the validating webhook configuration as shipped.
 func shippedValidating(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "config", "webhook", "manifests.yaml"))
+	_, vwc, err := harness.WebhookConfigurations()
 	require.NoError(t, err)
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		if strings.Contains(doc, "kind: ValidatingWebhookConfiguration") {
-			vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), vwc))
-			return vwc
-		}
-	}
-	t.Fatal("no ValidatingWebhookConfiguration in config/webhook/manifests.yaml")
-	return nil
+	return vwc
 }
 
 // routed is what Route left in the configuration: the enforce entry's
@@ -256,17 +246,9 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 // shippedMutating is the mutating webhook configuration as shipped.
 func shippedMutating(t *testing.T) *admissionregistrationv1.MutatingWebhookConfiguration {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "config", "webhook", "manifests.yaml"))
+	mwc, _, err := harness.WebhookConfigurations()
 	require.NoError(t, err)
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		if strings.Contains(doc, "kind: MutatingWebhookConfiguration") {
-			mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), mwc))
-			return mwc
-		}
-	}
-	t.Fatal("no MutatingWebhookConfiguration in config/webhook/manifests.yaml")
-	return nil
+	return mwc
 }
 
 func TestRouteMutatingWritesTheDefaultEntrysOperations(t *testing.T) {

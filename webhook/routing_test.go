@@ -2,10 +2,7 @@ package webhook
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
-	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
@@ -232,12 +228,8 @@ func TestRouting(t *testing.T) {
 // The mutating webhook is called for the marks deployguard-selector leaves
 // in a request, and not again for a mark a Deployment keeps.
 func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "config", "webhook", "manifests.yaml"))
-	require.NoError(t, err)
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	require.NoError(t, yaml.Unmarshal([]byte(strings.Split(string(b), "\n---\n")[0]), mwc))
 	var expr string
-	for _, mc := range mwc.Webhooks[0].MatchConditions {
+	for _, mc := range shippedMutating(t).Webhooks[0].MatchConditions {
 		if mc.Name == "guard-may-change-it" {
 			expr = mc.Expression
 		}

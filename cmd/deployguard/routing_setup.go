@@ -30,10 +30,7 @@ const routeEvery = time.Minute
 // in a rolling upgrade do not take turns.
 func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, eng *policy.Engine, loaded func() bool) {
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
-		rw := struct {
-			client.Reader
-			client.Writer
-		}{lm.GetAPIReader(), lm.GetClient()}
+		rw := uncached(lm)
 		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) { return loaded(), nil }); err != nil {
 				return nil // the term ended first
@@ -119,6 +116,15 @@ func loadedPolicies(s policy.Set) guardwebhook.LoadedPolicies {
 	return guardwebhook.LoadedPolicies{Enforce: enforcing(s.Policies()), BeyondSpec: !s.ReadsOnlySpec()}
 }
 
+// uncached reads from the API server and writes through lm: routing never
+// starts a write from a stale copy.
+func uncached(lm ctrl.Manager) guardwebhook.ReadWriter {
+	return struct {
+		client.Reader
+		client.Writer
+	}{lm.GetAPIReader(), lm.GetClient()}
+}
+
 // selectorString is an objectSelector as kubectl writes it; every object
 // for none.
 func selectorString(s *metav1.LabelSelector) string {
@@ -136,10 +142,7 @@ func selectorString(s *metav1.LabelSelector) string {
 // found then).
 func setupMutatingRouting(leader *leaderTerms, name, namespace string, opts *guardwebhook.Options, changesEvery bool) {
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
-		rw := struct {
-			client.Reader
-			client.Writer
-		}{lm.GetAPIReader(), lm.GetClient()}
+		rw := uncached(lm)
 		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			keepRoutingMutating(ctx, rw, name, namespace, opts, changesEvery)
 			return nil

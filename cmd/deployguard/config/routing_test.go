@@ -2,17 +2,15 @@ package config
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
 )
@@ -23,16 +21,8 @@ import (
 // objectSelector, which the leader adds, so that a guard that never started
 // leaves a routing that judges every request it must.
 func TestShippedRoutingIsTheDefaults(t *testing.T) {
-	b, err := os.ReadFile("../../../config/webhook/manifests.yaml")
+	_, vwc, err := harness.WebhookConfigurations()
 	require.NoError(t, err)
-	var vwc *admissionregistrationv1.ValidatingWebhookConfiguration
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		if strings.Contains(doc, "kind: ValidatingWebhookConfiguration") {
-			vwc = &admissionregistrationv1.ValidatingWebhookConfiguration{}
-			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), vwc))
-		}
-	}
-	require.NotNil(t, vwc)
 	opts := Default().WebhookOptions("system:serviceaccount:deployguard-system:deployguard")
 	opts.NativeInAPIServer = true
 	// The built-in policies, in their default modes, are what is loaded.
@@ -89,16 +79,8 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 // default entry takes updates alone, the creates come labelled to the
 // other, which evaluates no condition.
 func TestShippedMutatingRoutingIsTheDefaults(t *testing.T) {
-	b, err := os.ReadFile("../../../config/webhook/manifests.yaml")
+	mwc, _, err := harness.WebhookConfigurations()
 	require.NoError(t, err)
-	var mwc *admissionregistrationv1.MutatingWebhookConfiguration
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		if strings.Contains(doc, "kind: MutatingWebhookConfiguration") {
-			mwc = &admissionregistrationv1.MutatingWebhookConfiguration{}
-			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), mwc))
-		}
-	}
-	require.NotNil(t, mwc)
 	entries := map[string]admissionregistrationv1.MutatingWebhook{}
 	for _, w := range mwc.Webhooks {
 		entries[w.Name] = w
