@@ -45,6 +45,12 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	_, stillMarked := d.Annotations[native.AnnotationSelectorRepaired]
 	unmark := marked && !stillMarked
+	if pending && req.Operation == admissionv1.Create && len(m.w.Options.nativeChecks(ctx, r, native.Refusals).Refusals()) > 0 {
+		// The label also routes the create to deployguard-refusals'
+		// binding for creates: one it refuses keeps it, so that the API
+		// server refuses it in the policy's words. (It is never stored.)
+		pending = false
+	}
 	if len(rev.Defaulted) == 0 && !pending && !unmark {
 		return admission.Allowed(""), reasonNone
 	}

@@ -41,14 +41,25 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 // NativePoliciesEnforced reads the objects; this reads the behaviour, which
 // can differ (see FloorProbe).
 func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *Options) (ProbeVerdict, string) {
+	// The binding that takes the probe, a create: the one for creates where
+	// the refusals' own does not. deployguard-selector labels the probe
+	// (its finalizer is in the guard's domain) as every create the policy
+	// refuses, so the label stands for them; any other label does not.
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	if err := r.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
 		return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.Refusals + ": " + err.Error()
 	}
+	if !bindsOperation(b, admissionregistrationv1.Create) {
+		b = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		if err := r.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, b); err != nil {
+			return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + ": " + err.Error()
+		}
+	}
 	var nsSelector *metav1.LabelSelector
 	if mr := b.Spec.MatchResources; mr != nil {
-		if s := mr.ObjectSelector; s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
-			return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + native.Refusals + " selects Deployments by their labels: no probe can stand for them"
+		if _, other := createsSelected(b); other || b.Name == native.Refusals && mr.ObjectSelector != nil &&
+			(len(mr.ObjectSelector.MatchLabels) > 0 || len(mr.ObjectSelector.MatchExpressions) > 0) {
+			return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + b.Name + " selects Deployments by their labels: no probe can stand for them"
 		}
 		nsSelector = mr.NamespaceSelector
 	}
@@ -63,10 +74,10 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 	}
 	switch applies, err := BindingApplies(nsSelector, ns); {
 	case err != nil:
-		return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + native.Refusals + "'s namespaceSelector: " + err.Error()
+		return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + b.Name + "'s namespaceSelector: " + err.Error()
 	case !applies:
 		return ProbeUnknown, "namespace " + name + " (nativePolicies.probeNamespace) is being deleted, or is not one ValidatingAdmissionPolicyBinding " +
-			native.Refusals + " applies to: set nativePolicies.probeNamespace to one it does"
+			b.Name + " applies to: set nativePolicies.probeNamespace to one it does"
 	}
 	d := FloorProbe(name)
 	want := o.FloorProbeRefusal(ctx, d)
@@ -151,8 +162,69 @@ func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string)
 		return false, "ValidatingAdmissionPolicyBinding " + native.Refusals + " does not deny", nil
 	case ref == nil || ref.Name != nativeconfig.ParamsName || ref.Namespace != namespace:
 		return false, fmt.Sprintf("ValidatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.Refusals, namespace, nativeconfig.ParamsName), nil
+	case !bindsOperation(b, admissionregistrationv1.Update) || !bindsOperation(b, admissionregistrationv1.Delete):
+		return false, "ValidatingAdmissionPolicyBinding " + native.Refusals + " does not bind updates and deletions", nil
+	case bindsOperation(b, admissionregistrationv1.Create):
+		return true, "", nil
+	}
+	// The creates have a binding of their own, which selects those
+	// deployguard-selector labels: both must be there, and this release's.
+	cb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := c.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, cb); err != nil {
+		return notFound(err, "ValidatingAdmissionPolicyBinding "+native.RefusalsCreateBinding+" is not installed: "+native.Refusals+" judges no create")
+	}
+	switch ref := cb.Spec.ParamRef; {
+	case cb.Spec.PolicyName != native.Refusals:
+		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " does not bind " + native.Refusals, nil
+	case !slices.Contains(cb.Spec.ValidationActions, admissionregistrationv1.Deny):
+		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " does not deny", nil
+	case ref == nil || ref.Name != nativeconfig.ParamsName || ref.Namespace != namespace:
+		return false, fmt.Sprintf("ValidatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.RefusalsCreateBinding, namespace, nativeconfig.ParamsName), nil
+	case !bindsOperation(cb, admissionregistrationv1.Create):
+		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " does not bind creates", nil
+	}
+	switch labelled, other := createsSelected(cb); {
+	case other:
+		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " selects creates by a label " + native.Selector + " does not set", nil
+	case labelled:
+		if ok, why, err := NativeSelectorRepairInstalled(ctx, c, namespace); !ok || err != nil {
+			return ok, native.Refusals + " judges only the creates " + native.Selector + " labels, and " + why, err
+		}
 	}
 	return true, "", nil
+}
+
+// bindsOperation reports whether b's own match resources let op through
+// (the policy's constraints aside): no resource rules, or one that names
+// op.
+func bindsOperation(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, op admissionregistrationv1.OperationType) bool {
+	mr := b.Spec.MatchResources
+	if mr == nil || len(mr.ResourceRules) == 0 {
+		return true
+	}
+	for _, r := range mr.ResourceRules {
+		if slices.Contains(r.Operations, op) || slices.Contains(r.Operations, admissionregistrationv1.OperationAll) {
+			return true
+		}
+	}
+	return false
+}
+
+// createsSelected says how the binding for creates selects them: by
+// deployguard-selector's label (labelled), by any other object selector
+// (other), or not at all (neither).
+func createsSelected(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) (labelled, other bool) {
+	mr := b.Spec.MatchResources
+	if mr == nil || mr.ObjectSelector == nil || len(mr.ObjectSelector.MatchLabels) == 0 && len(mr.ObjectSelector.MatchExpressions) == 0 {
+		return false, false
+	}
+	s := mr.ObjectSelector
+	if len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 1 {
+		if e := s.MatchExpressions[0]; e.Key == native.LabelDefaulting && e.Operator == metav1.LabelSelectorOpExists {
+			return true, false
+		}
+	}
+	return false, true
 }
 
 // nativeParamsCurrent reports whether the params ConfigMap in namespace

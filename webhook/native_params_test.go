@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -47,6 +48,31 @@ func installed(t *testing.T, o *Options) (*admissionregistrationv1.ValidatingAdm
 	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	require.NoError(t, yaml.UnmarshalStrict(b, vb))
 	return p, vb, o.NativeSettings().ConfigMap("deployguard-system")
+}
+
+// installedForCreates are config/native's binding of the refusals for the
+// creates, and the selector policy that labels them, with its binding.
+func installedForCreates(t *testing.T) (*admissionregistrationv1.ValidatingAdmissionPolicyBinding, *admissionregistrationv1.MutatingAdmissionPolicy, *admissionregistrationv1.MutatingAdmissionPolicyBinding) {
+	t.Helper()
+	rules, err := native.Load()
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
+	require.NoError(t, err)
+	var cb *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	var mb *admissionregistrationv1.MutatingAdmissionPolicyBinding
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		switch {
+		case strings.Contains(doc, "\nkind: MutatingAdmissionPolicyBinding\n"):
+			mb = &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), mb))
+		case strings.Contains(doc, "name: "+native.RefusalsCreateBinding+"\n"):
+			cb = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), cb))
+		}
+	}
+	require.NotNil(t, cb)
+	require.NotNil(t, mb)
+	return cb, rules.Mutations[0].DeepCopy(), mb
 }
 
 // The guard trusts the API server with the refusals only when it enforces
@@ -113,6 +139,16 @@ func TestNativePoliciesEnforced(t *testing.T) {
 			cm.Data["guardUsername"] = "system:serviceaccount:old:deployguard"
 			return []client.Object{p, b, cm}
 		}, "guardUsername"},
+		{"a binding that no longer takes deletions", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			b.Spec.MatchResources.ResourceRules[0].Operations = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+			return []client.Object{p, b, cm}
+		}, "does not bind updates and deletions"},
+		// The layout before the binding for creates: one binding for
+		// every operation, which needs no label.
+		{"one binding for every operation", func(p *admissionregistrationv1.ValidatingAdmissionPolicy, b *admissionregistrationv1.ValidatingAdmissionPolicyBinding, cm *corev1.ConfigMap) []client.Object {
+			b.Spec.MatchResources.ResourceRules = nil
+			return []client.Object{p, b, cm}
+		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, b, cm := installed(t, o)
@@ -120,7 +156,68 @@ func TestNativePoliciesEnforced(t *testing.T) {
 			if tc.mut != nil {
 				objs = tc.mut(p, b, cm)
 			}
+			cb, mp, mb := installedForCreates(t)
+			objs = append(objs, cb, mp, mb)
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+			ok, why, err := NativePoliciesEnforced(context.Background(), c, "deployguard-system", o)
+			require.NoError(t, err)
+			assert.Equal(t, tc.why == "", ok, why)
+			assert.Contains(t, why, tc.why)
+		})
+	}
+}
+
+// The creates reach the refusals by deployguard-selector's label: without
+// the binding for creates, or without the policy that labels them, the API
+// server judges none.
+func TestNativeRefusalsJudgeTheCreates(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	o := testOptions()
+	type objs struct {
+		cb *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		mp *admissionregistrationv1.MutatingAdmissionPolicy
+		mb *admissionregistrationv1.MutatingAdmissionPolicyBinding
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func(*objs)
+		why  string
+	}{
+		{"as installed", func(*objs) {}, ""},
+		{"no binding for creates", func(x *objs) { x.cb = nil }, "ValidatingAdmissionPolicyBinding deployguard-refusals-create is not installed"},
+		{"a binding for creates that only warns", func(x *objs) {
+			x.cb.Spec.ValidationActions = []admissionregistrationv1.ValidationAction{admissionregistrationv1.Warn}
+		}, "deployguard-refusals-create does not deny"},
+		{"a binding for creates of another policy", func(x *objs) { x.cb.Spec.PolicyName = "deployguard-warnings" }, "does not bind deployguard-refusals"},
+		{"a binding for creates that takes updates", func(x *objs) {
+			x.cb.Spec.MatchResources.ResourceRules[0].Operations = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+		}, "does not bind creates"},
+		{"a binding for creates by another label", func(x *objs) {
+			x.cb.Spec.MatchResources.ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"guarded": "true"}}
+		}, "selects creates by a label deployguard-selector does not set"},
+		{"a binding for every create needs no label", func(x *objs) {
+			x.cb.Spec.MatchResources.ObjectSelector = nil
+			x.mp, x.mb = nil, nil
+		}, ""},
+		{"no selector policy to label them", func(x *objs) { x.mp, x.mb = nil, nil }, "judges only the creates deployguard-selector labels, and MutatingAdmissionPolicy deployguard-selector is not installed"},
+		{"an older selector policy", func(x *objs) {
+			// One that does not label what the refusals refuse.
+			x.mp.Spec.MatchConditions[0].Expression = "'deployguard.io/cleanup' in object.metadata.?annotations.orValue({})"
+		}, "is not this version's"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, b, cm := installed(t, o)
+			var x objs
+			x.cb, x.mp, x.mb = installedForCreates(t)
+			tc.mut(&x)
+			all := []client.Object{p, b, cm}
+			for _, obj := range []client.Object{x.cb, x.mp, x.mb} {
+				if !reflect.ValueOf(obj).IsNil() {
+					all = append(all, obj)
+				}
+			}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(all...).Build()
 			ok, why, err := NativePoliciesEnforced(context.Background(), c, "deployguard-system", o)
 			require.NoError(t, err)
 			assert.Equal(t, tc.why == "", ok, why)

@@ -125,7 +125,6 @@ func JudgeFloorProbe(err error, want, before, after string, validating func(name
 		return ProbeUnknown, "the dry-run create failed: " + err.Error()
 	}
 	st := s.Status()
-	by := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '" + native.Refusals + "' denied request: "
 	lines := []string{st.Message}
 	if st.Details != nil {
 		for _, c := range st.Details.Causes {
@@ -133,7 +132,7 @@ func JudgeFloorProbe(err error, want, before, after string, validating func(name
 		}
 	}
 	for _, l := range lines {
-		if i := strings.Index(l, by); i >= 0 {
+		if i, by := refusedBy(l); i >= 0 {
 			got, rv, named := paramsVersion(l[i+len(by):])
 			switch {
 			case !named || after == "" || rv == after:
@@ -162,6 +161,20 @@ func JudgeFloorProbe(err error, want, before, after string, validating func(name
 			"kube-apiserver checks quotas only after the policy admitted the request", native.Refusals, FloorProbeFinalizer)
 	}
 	return ProbeUnknown, "the dry-run create was answered before " + native.Refusals + " could be seen: " + st.Message
+}
+
+// refusedBy finds where, in line, deployguard-refusals refused, through
+// either of its bindings (the probe is a create: the one for creates,
+// or the one for every operation of an earlier layout), and the words
+// before its message; -1 when it did not.
+func refusedBy(line string) (int, string) {
+	for _, binding := range []string{native.RefusalsCreateBinding, native.Refusals} {
+		by := "ValidatingAdmissionPolicy '" + native.Refusals + "' with binding '" + binding + "' denied request: "
+		if i := strings.Index(line, by); i >= 0 {
+			return i, by
+		}
+	}
+	return -1, ""
 }
 
 // paramsVersion splits the probe's refusal into its words and the params'

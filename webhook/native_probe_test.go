@@ -68,7 +68,9 @@ func TestJudgeFloorProbe(t *testing.T) {
 		verdict ProbeVerdict
 		why     string
 	}{
-		{"refused by the policy as the guard would", policyDenial(native.Refusals, native.Refusals, words+" (params 42)"), ProbeEnforced, ""},
+		{"refused by the policy as the guard would", policyDenial(native.Refusals, native.RefusalsCreateBinding, words+" (params 42)"), ProbeEnforced, ""},
+		{"refused by the policy's binding for every operation (earlier layout)", policyDenial(native.Refusals, native.Refusals, words+" (params 42)"), ProbeEnforced, ""},
+		{"refused through the binding for creates with older params", policyDenial(native.Refusals, native.RefusalsCreateBinding, words+" (params 17)"), ProbeNotEnforced, `resourceVersion "17"`},
 		// kubernetes/kubernetes#130887: the params it read last.
 		{"refused by the policy with older params", policyDenial(native.Refusals, native.Refusals, words+" (params 17)"), ProbeNotEnforced, `resourceVersion "17"`},
 		// Its finalizer rule reads no params, and without params the

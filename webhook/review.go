@@ -206,9 +206,13 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		}
 		return f
 	}
-	if stage.Native {
+	if stage.Native || req.Operation == admissionv1.Create {
 		// Its finalizer rules hold for everyone; its spec rule skips what
-		// the gate below skips.
+		// the gate below skips. Where the API server enforces it, it
+		// judges a create only when deployguard-selector labelled it: one
+		// that comes here unlabelled (changed by a mutating webhook after
+		// that policy, or the policy failed) is judged here, while the
+		// guard is up. Its match condition leaves the others out cheaply.
 		f = o.nativeChecks(ctx, req, native.Refusals)
 	}
 	f = append(f, CheckQuarantine(d, old, o.Quarantine)...)

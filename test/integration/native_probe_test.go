@@ -43,14 +43,15 @@ func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `"deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params `+params.ResourceVersion+`)`)
 
+	// The binding that takes creates, the probe's.
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, b))
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, b))
 	orig := b.Spec.DeepCopy()
 	t.Cleanup(func() {
 		ctx := context.Background()
 		require.NoError(t, wait.PollUntilContextTimeout(ctx, tick, waitShort, true, func(ctx context.Context) (bool, error) {
 			cur := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-			if err := k8s.Get(ctx, client.ObjectKey{Name: native.Refusals}, cur); err != nil {
+			if err := k8s.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, cur); err != nil {
 				return false, nil
 			}
 			cur.Spec = *orig
@@ -86,9 +87,9 @@ func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 // kubernetes/kubernetes#130887, its other face: once no binding has named
 // a policy with a ConfigMap paramKind for a moment, kube-apiserver stops the
 // ConfigMap informer it started for them, and keeps the params it read last.
-// On a kube-apiserver of its own, which it leaves in that state: both
-// bindings (the refusals' and the selector repair's: either policy plugin
-// may have started the shared informer) are deleted, the params changed,
+// On a kube-apiserver of its own, which it leaves in that state: the
+// bindings (the refusals' two and the selector repair's: either policy
+// plugin may have started the shared informer) are deleted, the params changed,
 // the bindings created again, each second, until the probe finds the policy
 // reading params older than the ConfigMap's, twice a second apart (a live
 // informer a moment behind would have caught up).
@@ -108,9 +109,11 @@ func TestFloorProbeSeesParamsTheAPIServerNoLongerReads(t *testing.T) {
 
 	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: native.Refusals}, vb))
+	cb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, cb))
 	mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: native.Selector}, mb))
-	bindings := []client.Object{vb, mb}
+	bindings := []client.Object{vb, cb, mb}
 	key := client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}
 	var v guardwebhook.ProbeVerdict
 	var why, stale string

@@ -127,6 +127,95 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	}
 }
 
+// deployguard-refusals judges a create only when deployguard-selector
+// labelled it (its binding for creates selects the label): every create it
+// would refuse must come out of the selector policy labelled, as the API
+// server applies it, whoever sends it and whatever the params. An ordinary
+// create must come out unlabelled, or the label spares nothing.
+func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
+	rules, err := native.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var installed *admissionregistrationv1.ValidatingAdmissionPolicy
+	for _, p := range rules.Policies {
+		if p.Name == native.Refusals {
+			installed = p
+		}
+	}
+	// Without the refusals' own match condition: the label must not lean
+	// on it.
+	unmatched := installed.DeepCopy()
+	unmatched.Spec.MatchConditions = nil
+	refusals, err := native.Compile(unmatched)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus, err := harness.CorpusDeployments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(25, 2))
+	bases := slices.Clone(corpus)
+	for i := range 1500 {
+		bases = append(bases, varied(rng, i))
+	}
+	// Empty selectors too: the repair's marker is what the refusals refuse.
+	for i := range 100 {
+		d := varied(rng, i)
+		d.Spec.Selector = nil
+		if i%2 == 0 {
+			d.Spec.Template.Labels = map[string]string{"tier": "front"}
+		}
+		bases = append(bases, d)
+	}
+	settings := []native.Settings{{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
+		BreakGlassGroups: []string{"platform-admins"}, ExemptNamespaces: []string{"legacy"},
+		ExemptUsernames: []string{"ci-bot"}, StableLabelKeys: []string{"app.kubernetes.io/name", "app"}}, {}}
+	users := []user.Info{
+		&user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated"}},
+		&user.DefaultInfo{Name: "ci-bot"},
+		&user.DefaultInfo{Name: settings[0].GuardUsername},
+		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:deployment-controller"},
+	}
+	ctx := context.Background()
+	compared, refused, plainCreates, plainUnlabelled := 0, 0, 0, 0
+	for i, d := range bases {
+		s := settings[rng.IntN(len(settings))]
+		req := native.Request{Operation: admission.Create, Object: d, Namespace: "shop", Name: fmt.Sprintf("d-%d", i),
+			User: users[rng.IntN(len(users))], Params: s.ConfigMap("deployguard-system")}
+		if rng.IntN(8) == 0 {
+			req.Namespace = "legacy"
+		}
+		mutated, err := rules.Mutate(ctx, req, s.Params(), native.Selector)
+		if err != nil {
+			t.Fatalf("%s: %v", req.Name, err)
+		}
+		req.Object = mutated
+		_, labelled := mutated.Labels[native.LabelDefaulting]
+		compared++
+		if ds := refusals.Evaluate(ctx, req); len(ds) > 0 {
+			refused++
+			if !labelled {
+				t.Errorf("%s by %s is refused (%+v) but not labelled %s: the API server would admit it", req.Name, req.User.GetName(), ds, native.LabelDefaulting)
+			}
+		}
+		if i < len(corpus) && plain(d) {
+			plainCreates++
+			if !labelled {
+				plainUnlabelled++
+			}
+		}
+	}
+	t.Logf("%d creates compared, %d refused; %d of %d plain creates of the corpora left unlabelled", compared, refused, plainUnlabelled, plainCreates)
+	if refused == 0 || refused == compared {
+		t.Errorf("the creates do not exercise the refusals: %d refused of %d", refused, compared)
+	}
+	if plainUnlabelled*10 < plainCreates*9 {
+		t.Errorf("only %d of %d plain creates of the corpora are left unlabelled", plainUnlabelled, plainCreates)
+	}
+}
+
 // plain: d carries nothing the refusals read but its strategy.
 func plain(d *appsv1.Deployment) bool {
 	_, cleanup := d.Annotations[vocab.AnnotationCleanup]

@@ -9,6 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
 )
@@ -102,6 +103,25 @@ func TestSelectorRepair(t *testing.T) {
 			{"a cleanup step asked for", selected(func(d *appsv1.Deployment) { d.Annotations = map[string]string{"deployguard.io/cleanup": "record"} }), true},
 			{"a guard finalizer", selected(func(d *appsv1.Deployment) { d.Finalizers = []string{"example.com/keep", "deployguard.io/record"} }), true},
 			{"another finalizer", selected(func(d *appsv1.Deployment) { d.Finalizers = []string{"example.com/keep"} }), false},
+			{"every replica down at once", selected(func(d *appsv1.Deployment) {
+				all := intstr.FromString("100%")
+				d.Spec.Replicas = replicasOf(3)
+				d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}
+			}), true},
+			{"as many unavailable as replicas", selected(func(d *appsv1.Deployment) {
+				two := intstr.FromInt32(2)
+				d.Spec.Replicas = replicasOf(2)
+				d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &two}
+			}), true},
+			{"a quarter unavailable", selected(func(d *appsv1.Deployment) {
+				quarter := intstr.FromString("25%")
+				d.Spec.Replicas = replicasOf(4)
+				d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &quarter}
+			}), false},
+			{"the refusal marker written by hand", selected(func(d *appsv1.Deployment) {
+				d.Spec.Selector.MatchLabels[LabelEmptySelector] = EmptySelectorRefused
+				d.Spec.Template.Labels[LabelEmptySelector] = EmptySelectorRefused
+			}), true},
 			{"no labels of its own", selected(func(d *appsv1.Deployment) {
 				d.Labels = nil
 				d.Annotations = map[string]string{"deployguard.io/cleanup": "drain"}
@@ -162,3 +182,5 @@ func TestUnrepairableSelectorRefused(t *testing.T) {
 	require.Len(t, fs, 1)
 	assert.Contains(t, fs[0].Message, "(for example app.kubernetes.io/name: <name>)")
 }
+
+func replicasOf(n int32) *int32 { return &n }

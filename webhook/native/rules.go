@@ -40,6 +40,12 @@ const (
 	Bounds = "deployguard-bounds"
 )
 
+// RefusalsCreateBinding binds Refusals to the creates that Selector
+// labels LabelDefaulting (config/native/bindings.yaml): the binding named
+// Refusals takes the updates and deletions, where a label could not stand
+// for what the policy reads.
+const RefusalsCreateBinding = "deployguard-refusals-create"
+
 // Settings are the guard's configuration as the policies read it: the data
 // of the params ConfigMap.
 type Settings struct {

@@ -115,12 +115,9 @@ func admissionObjects(o uninstallOptions) ([]admissionObject, error) {
 		m.SetName(p.Name)
 		out = append(out, admissionObject{"mutatingadmissionpolicy", m})
 	}
-	for _, p := range rules.Policies {
-		if p.Name != native.Refusals {
-			continue // not bound in the API server
-		}
+	for _, name := range []string{native.RefusalsCreateBinding, native.Refusals} {
 		b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-		b.SetName(p.Name)
+		b.SetName(name)
 		out = append(out, admissionObject{"validatingadmissionpolicybinding", b})
 	}
 	for _, p := range rules.Policies {

@@ -38,7 +38,7 @@ func clusterWithGuard() []client.Object {
 	m := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-mutating"}}
 	v := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "deployguard-validating"}}
 	objs := []client.Object{m, v}
-	for _, name := range []string{"deployguard-refusals"} {
+	for _, name := range []string{"deployguard-refusals-create", "deployguard-refusals"} {
 		objs = append(objs, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	}
 	for _, name := range []string{"deployguard-refusals", "deployguard-warnings", "deployguard-bounds"} {
@@ -89,9 +89,9 @@ func finalizersOf(t *testing.T, c client.Client, name string) ([]string, bool) {
 
 // admission are the deletions of the guard's admission objects, in order:
 // the webhooks, the selector repair (binding, policy), the refusals'
-// binding, the validating policies, their params.
+// bindings, the validating policies, their params.
 var admission = []string{"delete deployguard-mutating", "delete deployguard-validating",
-	"delete deployguard-selector", "delete deployguard-selector", "delete deployguard-refusals",
+	"delete deployguard-selector", "delete deployguard-selector", "delete deployguard-refusals-create", "delete deployguard-refusals",
 	"delete deployguard-refusals", "delete deployguard-warnings", "delete deployguard-bounds",
 	"delete deployguard-admission-params"}
 
@@ -120,6 +120,7 @@ func TestUninstall(t *testing.T) {
 	assert.Contains(t, out.String(), "deleted mutatingwebhookconfiguration/deployguard-mutating\n")
 	assert.Contains(t, out.String(), "deleted validatingwebhookconfiguration/deployguard-validating\n")
 	assert.Contains(t, out.String(), "deleted validatingadmissionpolicybinding/deployguard-refusals\n")
+	assert.Contains(t, out.String(), "deleted validatingadmissionpolicybinding/deployguard-refusals-create\n")
 	assert.Contains(t, out.String(), "deleted validatingadmissionpolicy/deployguard-refusals\n")
 	assert.Contains(t, out.String(), "deleted mutatingadmissionpolicybinding/deployguard-selector\n")
 	assert.Contains(t, out.String(), "deleted mutatingadmissionpolicy/deployguard-selector\n")
