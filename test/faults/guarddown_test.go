@@ -221,7 +221,7 @@ func TestGuardDown(t *testing.T) {
 }
 
 // nativeLostWhileUp takes the refusals away from the API server while the
-// guard runs (their binding turned to Audit: nothing is denied): within a
+// guard runs (their bindings turned to Audit: nothing is denied): within a
 // check the guard's webhook refuses in the policy's place, in the same
 // words, and the leader routes every request to the failing-closed entry.
 // Put back, the refusals are the API server's again and the routing narrows.
@@ -232,15 +232,22 @@ func TestGuardDown(t *testing.T) {
 func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, kubectl func(...string) (string, error),
 	def *guardwebhook.Options, manifest string) {
 	t.Helper()
+	// Both bindings: the refusals' own, and the one for creates (the
+	// probe's and this test's).
 	setActions := func(actions ...admissionregistrationv1.ValidationAction) error {
-		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-			if err := admin.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
+		for _, name := range []string{native.Refusals, native.RefusalsCreateBinding} {
+			if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+				if err := admin.Get(ctx, client.ObjectKey{Name: name}, b); err != nil {
+					return err
+				}
+				b.Spec.ValidationActions = actions
+				return admin.Update(ctx, b)
+			}); err != nil {
 				return err
 			}
-			b.Spec.ValidationActions = actions
-			return admin.Update(ctx, b)
-		})
+		}
+		return nil
 	}
 	require.NoError(t, setActions(admissionregistrationv1.Audit))
 	restored := false
