@@ -97,6 +97,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 		// The routing label is for the API server's copy of this policy:
 		// here the webhook is already called.
 		unlabel(d, native.LabelDefaulting)
+		unlabel(d, native.LabelRefusals)
 	}
 	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
 		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(reasonSelector)}

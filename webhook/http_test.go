@@ -293,6 +293,7 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 	labelled := func(mut func(d *appsv1.Deployment)) *appsv1.Deployment {
 		d := realistic()
 		d.Labels[native.LabelDefaulting] = native.DefaultingPending
+		d.Labels[native.LabelRefusals] = native.DefaultingPending
 		mut(d)
 		return d
 	}
@@ -303,22 +304,33 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 		}),
 		"finalizers to add": labelled(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,drain" }),
 		"the only label": labelled(func(d *appsv1.Deployment) {
-			d.Labels = map[string]string{native.LabelDefaulting: native.DefaultingPending}
+			d.Labels = map[string]string{native.LabelDefaulting: native.DefaultingPending, native.LabelRefusals: native.DefaultingPending}
 			d.Annotations = nil
 			d.Finalizers = []string{vocab.FinalizerRecord}
 		}),
 		"repaired by the API server": labelled(func(d *appsv1.Deployment) {
 			d.Annotations[native.AnnotationSelectorRepaired] = "true"
 		}),
+		"the refusals' label alone": labelled(func(d *appsv1.Deployment) { delete(d.Labels, native.LabelDefaulting) }),
+		"a strategy the refusals admit": labelled(func(d *appsv1.Deployment) {
+			// Every replica but one: labelled, as loosely as the policy's
+			// own condition, and admitted.
+			three := intstr.FromInt32(3)
+			d.Spec.Replicas = ptr(int32(4))
+			d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &three}}
+		}),
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := createPatched(t, mutating, d)
 			assert.NotContains(t, got.Labels, native.LabelDefaulting)
+			assert.NotContains(t, got.Labels, native.LabelRefusals)
 
 			want := d.DeepCopy()
 			_, errs := Default(want, nil, testOptions(), false)
 			require.Empty(t, errs)
 			delete(want.Labels, native.LabelDefaulting)
+			delete(want.Labels, native.LabelRefusals)
 			if len(want.Labels) == 0 {
 				want.Labels = got.Labels // {} or nil: the same object
 			}
@@ -327,6 +339,35 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 			// And once removed, nothing more to do.
 			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, got, nil)))
 			assert.Empty(t, resp.Patch)
+		})
+	}
+}
+
+// A create deployguard-refusals refuses keeps the labels deployguard-selector
+// put on it, so that the refusals' binding for creates selects it in the
+// API server: the webhook itself neither refuses it nor unlabels it.
+func TestMutatingKeepsTheLabelsOfARefusedCreate(t *testing.T) {
+	mutating, _ := servers(t)
+	for name, mut := range map[string]func(d *appsv1.Deployment){
+		"every replica down": func(d *appsv1.Deployment) {
+			all := intstr.FromString("100%")
+			d.Spec.Replicas = ptr(int32(3))
+			d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}}
+		},
+		"the floor probe's finalizer": func(d *appsv1.Deployment) { d.Finalizers = []string{FloorProbeFinalizer} },
+		"an unknown cleanup step":     func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "backup" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := realistic()
+			d.Labels[native.LabelDefaulting] = native.DefaultingPending
+			d.Labels[native.LabelRefusals] = native.DefaultingPending
+			mut(d)
+			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+			require.True(t, resp.Allowed, "the policy refuses it, in its words: %+v", resp.Result)
+			got := createPatched(t, mutating, d)
+			assert.Equal(t, native.DefaultingPending, got.Labels[native.LabelRefusals])
+			assert.Equal(t, native.DefaultingPending, got.Labels[native.LabelDefaulting])
 		})
 	}
 }

@@ -34,10 +34,16 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	d := r.Object
 	had := presence{annotations: d.Annotations != nil, rollingUpdate: d.Spec.Strategy.RollingUpdate != nil}
-	// What deployguard-selector left for the guard: the label that routed
-	// the create here, and the mark of a selector it repaired, which
-	// Default turns into its own record.
-	_, pending := d.Labels[native.LabelDefaulting]
+	// What deployguard-selector left for the guard: the labels that routed
+	// the create here and to the refusals, and the mark of a selector it
+	// repaired, which Default turns into its own record.
+	var routing []string
+	for _, l := range []string{native.LabelDefaulting, native.LabelRefusals} {
+		if _, ok := d.Labels[l]; ok {
+			routing = append(routing, l)
+		}
+	}
+	_, judged := d.Labels[native.LabelRefusals]
 	_, marked := d.Annotations[native.AnnotationSelectorRepaired]
 	rev := m.w.Review(ctx, r, Mutating)
 	if errs := rev.Findings.Refusals(); len(errs) > 0 {
@@ -45,13 +51,13 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	_, stillMarked := d.Annotations[native.AnnotationSelectorRepaired]
 	unmark := marked && !stillMarked
-	if pending && req.Operation == admissionv1.Create && len(m.w.Options.nativeChecks(ctx, r, native.Refusals).Refusals()) > 0 {
-		// The label also routes the create to deployguard-refusals'
-		// binding for creates: one it refuses keeps it, so that the API
-		// server refuses it in the policy's words. (It is never stored.)
-		pending = false
+	if judged && req.Operation == admissionv1.Create && len(m.w.Options.nativeChecks(ctx, r, native.Refusals).Refusals()) > 0 {
+		// A create deployguard-refusals refuses keeps the labels, so that
+		// its binding for creates selects it and the API server refuses it
+		// in the policy's words. (It is never stored.)
+		routing = nil
 	}
-	if len(rev.Defaulted) == 0 && !pending && !unmark {
+	if len(rev.Defaulted) == 0 && len(routing) == 0 && !unmark {
 		return admission.Allowed(""), reasonNone
 	}
 	var ops []jsonpatch.Operation
@@ -61,8 +67,8 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	if unmark {
 		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escapePointer(native.AnnotationSelectorRepaired), nil))
 	}
-	if pending {
-		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/labels/"+escapePointer(native.LabelDefaulting), nil))
+	for _, l := range routing {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/labels/"+escapePointer(l), nil))
 	}
 	resp = admission.Patched("", ops...)
 	resp.Warnings = rev.Findings.Warnings()

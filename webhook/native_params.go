@@ -182,16 +182,49 @@ func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string)
 		return false, fmt.Sprintf("ValidatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.RefusalsCreateBinding, namespace, nativeconfig.ParamsName), nil
 	case !bindsOperation(cb, admissionregistrationv1.Create):
 		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " does not bind creates", nil
+	case !sameNamespaces(cb.Spec.MatchResources, b.Spec.MatchResources):
+		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " does not take the namespaces " + native.Refusals + " takes", nil
 	}
-	switch labelled, other := createsSelected(cb); {
-	case other:
+	labelled, other := createsSelected(cb)
+	if other {
 		return false, "ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + " selects creates by a label " + native.Selector + " does not set", nil
-	case labelled:
-		if ok, why, err := NativeSelectorRepairInstalled(ctx, c, namespace); !ok || err != nil {
-			return ok, native.Refusals + " judges only the creates " + native.Selector + " labels, and " + why, err
-		}
+	}
+	if !labelled {
+		return true, "", nil
+	}
+	if ok, why, err := NativeSelectorRepairInstalled(ctx, c, namespace); !ok || err != nil {
+		return ok, native.Refusals + " judges only the creates " + native.Selector + " labels, and " + why, err
+	}
+	mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+	if err := c.Get(ctx, client.ObjectKey{Name: native.Selector}, mb); err != nil {
+		return notFound(err, "MutatingAdmissionPolicyBinding "+native.Selector+" is not installed")
+	}
+	if !sameNamespaces(mb.Spec.MatchResources, b.Spec.MatchResources) {
+		return false, native.Refusals + " judges only the creates " + native.Selector + " labels, and MutatingAdmissionPolicyBinding " +
+			native.Selector + " does not take the namespaces " + native.Refusals + " takes", nil
 	}
 	return true, "", nil
+}
+
+// sameNamespaces reports whether two bindings' match resources take the
+// same namespaces, so that one judges where the other labels (an empty
+// selector and none are the same). What else narrows a binding is the
+// floor probe's to find.
+func sameNamespaces(a, b *admissionregistrationv1.MatchResources) bool {
+	var x, y admissionregistrationv1.MatchResources
+	if a != nil {
+		x = *a
+	}
+	if b != nil {
+		y = *b
+	}
+	empty := func(s *metav1.LabelSelector) *metav1.LabelSelector {
+		if s == nil || len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0 {
+			return nil
+		}
+		return s
+	}
+	return apiequality.Semantic.DeepEqual(empty(x.NamespaceSelector), empty(y.NamespaceSelector))
 }
 
 // bindsOperation reports whether b's own match resources let op through
@@ -220,7 +253,7 @@ func createsSelected(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	}
 	s := mr.ObjectSelector
 	if len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 1 {
-		if e := s.MatchExpressions[0]; e.Key == native.LabelDefaulting && e.Operator == metav1.LabelSelectorOpExists {
+		if e := s.MatchExpressions[0]; e.Key == native.LabelRefusals && e.Operator == metav1.LabelSelectorOpExists {
 			return true, false
 		}
 	}

@@ -46,7 +46,12 @@ func installed(t *testing.T, o *Options) (*admissionregistrationv1.ValidatingAdm
 	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
 	require.NoError(t, err)
 	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	require.NoError(t, yaml.UnmarshalStrict(b, vb))
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if strings.Contains(doc, "\n  name: "+native.Refusals+"\n") {
+			require.NoError(t, yaml.UnmarshalStrict([]byte(doc), vb))
+		}
+	}
+	require.Equal(t, native.Refusals, vb.Name)
 	return p, vb, o.NativeSettings().ConfigMap("deployguard-system")
 }
 
@@ -201,6 +206,12 @@ func TestNativeRefusalsJudgeTheCreates(t *testing.T) {
 			x.mp, x.mb = nil, nil
 		}, ""},
 		{"no selector policy to label them", func(x *objs) { x.mp, x.mb = nil, nil }, "judges only the creates deployguard-selector labels, and MutatingAdmissionPolicy deployguard-selector is not installed"},
+		{"a binding for creates in fewer namespaces", func(x *objs) {
+			x.cb.Spec.MatchResources.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "shop"}}
+		}, "deployguard-refusals-create does not take the namespaces deployguard-refusals takes"},
+		{"a selector policy bound in fewer namespaces", func(x *objs) {
+			x.mb.Spec.MatchResources.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "shop"}}
+		}, "MutatingAdmissionPolicyBinding deployguard-selector does not take the namespaces"},
 		{"an older selector policy", func(x *objs) {
 			// One that does not label what the refusals refuse.
 			x.mp.Spec.MatchConditions[0].Expression = "'deployguard.io/cleanup' in object.metadata.?annotations.orValue({})"

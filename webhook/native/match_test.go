@@ -192,12 +192,12 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 			t.Fatalf("%s: %v", req.Name, err)
 		}
 		req.Object = mutated
-		_, labelled := mutated.Labels[native.LabelDefaulting]
+		_, labelled := mutated.Labels[native.LabelRefusals]
 		compared++
 		if ds := refusals.Evaluate(ctx, req); len(ds) > 0 {
 			refused++
 			if !labelled {
-				t.Errorf("%s by %s is refused (%+v) but not labelled %s: the API server would admit it", req.Name, req.User.GetName(), ds, native.LabelDefaulting)
+				t.Errorf("%s by %s is refused (%+v) but not labelled %s: the API server would admit it", req.Name, req.User.GetName(), ds, native.LabelRefusals)
 			}
 		}
 		if i < len(corpus) && plain(d) {

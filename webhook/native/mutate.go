@@ -41,6 +41,12 @@ const (
 	// guard down it stays, until an update the webhook sees.
 	LabelDefaulting   = "deployguard.io/defaulting"
 	DefaultingPending = "pending"
+	// LabelRefusals, set to DefaultingPending with LabelDefaulting, routes
+	// the create to deployguard-refusals' binding for creates (every create
+	// those may refuse is labelled). A label of its own: a guard of the
+	// release before removes LabelDefaulting from every create, refused or
+	// not. The webhook removes it from a create the refusals admit.
+	LabelRefusals = "deployguard.io/refusals"
 )
 
 // Mutation is one compiled MutatingAdmissionPolicy.

@@ -79,7 +79,8 @@ func TestSelectorRepair(t *testing.T) {
 			assert.Equal(t, tc.wantSelector, got.Spec.Selector.MatchLabels)
 			assert.Equal(t, tc.wantLabels, got.Spec.Template.Labels)
 			assert.Equal(t, tc.wantAnnotations, got.Annotations)
-			assert.Equal(t, map[string]string{LabelDefaulting: DefaultingPending}, got.Labels, "labelled for the webhook's entry for creates")
+			assert.Equal(t, map[string]string{LabelDefaulting: DefaultingPending, LabelRefusals: DefaultingPending}, got.Labels,
+				"labelled for the webhook's entry and the refusals' binding for creates")
 			assert.Equal(t, before.Spec.Template.Spec, got.Spec.Template.Spec)
 		})
 	}
@@ -142,6 +143,7 @@ func TestSelectorRepair(t *testing.T) {
 					want.Labels = map[string]string{}
 				}
 				want.Labels[LabelDefaulting] = DefaultingPending
+				want.Labels[LabelRefusals] = DefaultingPending
 				want.APIVersion, want.Kind = got.APIVersion, got.Kind
 				assert.Equal(t, want, got, "the label added, nothing else changed")
 			})

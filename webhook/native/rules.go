@@ -41,7 +41,7 @@ const (
 )
 
 // RefusalsCreateBinding binds Refusals to the creates that Selector
-// labels LabelDefaulting (config/native/bindings.yaml): the binding named
+// labels LabelRefusals (config/native/bindings.yaml): the binding named
 // Refusals takes the updates and deletions, where a label could not stand
 // for what the policy reads.
 const RefusalsCreateBinding = "deployguard-refusals-create"

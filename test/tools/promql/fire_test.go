@@ -144,4 +144,15 @@ func TestFireNativePolicyErrors(t *testing.T) {
 		assert.Contains(t, f.Annotations["summary"], "each such Deployment write is refused", name)
 	}
 	assert.Equal(t, "inactive", run("").State, "ordinary refusals, the selector repair's errors, another project's policy")
+
+	// The selector repair's errors have an alert of their own: such a
+	// create is not labelled for the refusals.
+	var scrapes []string
+	for n := range 14 {
+		scrapes = append(scrapes, scrape("", n))
+	}
+	f, err := fire([]string{rules}, "DeployGuardSelectorPolicyErrors", scrapes, 30*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "firing", f.State)
+	assert.Contains(t, f.Annotations["summary"], "only through the guard's webhook")
 }
