@@ -168,12 +168,15 @@ func TestGuardDown(t *testing.T) {
 
 	// What needs the guard only for advice goes through.
 	admitted("ordinary create", "create", "deployment", "hotfix", "--image=app:1", "-n", "shop")
+	assert.NotContains(t, getDeployment(ctx, t, admin, "shop", "hotfix").Labels, native.LabelRefusals, "an ordinary create is not labelled")
 	// One the guard has something to do for: labelled by deployguard-selector
 	// for the mutating webhook's entry for creates, whose call fails open.
 	cleanup := deployment("shop", "records", "app:1")
 	cleanup.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
 	require.NoError(t, admin.Create(ctx, cleanup), "a create asking for a cleanup step")
 	assert.Equal(t, native.DefaultingPending, getDeployment(ctx, t, admin, "shop", "records").Labels[native.LabelDefaulting])
+	assert.Equal(t, native.DefaultingPending, getDeployment(ctx, t, admin, "shop", "records").Labels[native.LabelRefusals],
+		"the refusals judged it, and admitted it, labelled")
 	admitted("image change", "set", "image", "deployment/web", "app=app:2", "-n", "shop")
 	admitted("scale (subresource)", "scale", "deployment/web", "--replicas=3", "-n", "shop")
 	admitted("scale (update)", "patch", "deployment", "web", "-n", "shop", "--type=merge", "-p", `{"spec":{"replicas":4}}`)

@@ -36,6 +36,7 @@ func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 	// own record and removed both.
 	assert.NotContains(t, got.Annotations, native.AnnotationSelectorRepaired, "the mark is the guard's record now")
 	assert.NotContains(t, got.Labels, native.LabelDefaulting, "the routing label is removed")
+	assert.NotContains(t, got.Labels, native.LabelRefusals, "and the refusals' label, the refusals having admitted it")
 	assert.Empty(t, got.Finalizers, "no cleanup asked for, none held")
 	assert.Equal(t, intstr.FromString("25%"), *got.Spec.Strategy.RollingUpdate.MaxUnavailable, "upstream's rollout arithmetic")
 	assert.Contains(t, warnings.all(), "spec.selector: the selector was empty; deployguard set it to app.kubernetes.io/name=shop from the template's stable labels: write it into the manifest to keep it")
@@ -151,6 +152,7 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, d))
 	require.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers, "asked for: record, then drain")
 	assert.NotContains(t, d.Labels, native.LabelDefaulting, "labelled for the guard by the API server, and the label removed by it")
+	assert.NotContains(t, d.Labels, native.LabelRefusals, "labelled for the refusals by the API server, and the label removed by the guard")
 
 	t.Run("typed client: Get, modify its own copy, Update", func(t *testing.T) {
 		cur := &appsv1.Deployment{}
