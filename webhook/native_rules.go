@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,16 +41,33 @@ func (o *Options) NativeSettings() native.Settings {
 // bounds are enforced. A policy that cannot be evaluated refuses where its
 // failurePolicy is Fail (the refusals) and is skipped where it is Ignore.
 func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...string) Findings {
+	var f Findings
+	for _, g := range o.nativeChecksByPolicy(ctx, req, policies...) {
+		f = append(f, g...)
+	}
+	return f
+}
+
+// nativeChecksByPolicy is nativeChecks, the findings of each policy apart
+// (in the order of policies), from one evaluation: a caller that places
+// them apart pays for one.
+func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policies ...string) []Findings {
+	out := make([]Findings, len(policies))
 	rules, err := native.Load()
 	if err != nil {
-		return Findings{refuse(field.InternalError(field.NewPath("metadata"), err), reasonInternal)}
+		out[0] = Findings{refuse(field.InternalError(field.NewPath("metadata"), err), reasonInternal)}
+		return out
 	}
-	var f Findings
 	for _, x := range rules.Evaluate(ctx, nativeRequest(req), o.NativeSettings().Params(), policies...) {
+		i := slices.Index(policies, x.Policy)
+		if i < 0 {
+			i = 0
+		}
+		f := &out[i]
 		origin := nativeOrigin(x.Field)
 		switch {
 		case x.Error && x.Policy == native.Refusals:
-			f = append(f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), reasonInternal))
+			*f = append(*f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), reasonInternal))
 		case x.Error:
 		case x.Policy == native.Refusals || x.Policy == native.Bounds && o.BoundsEnforce:
 			t := field.ErrorTypeInvalid
@@ -58,12 +76,12 @@ func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...str
 			}
 			r := refuse(&field.Error{Type: t, Field: x.Field, BadValue: field.OmitValueType{}, Detail: x.Message}, origin)
 			r.Message, r.Native = x.Message, true
-			f = append(f, r)
+			*f = append(*f, r)
 		default:
-			f = append(f, Finding{Origin: origin, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message, Native: true})
+			*f = append(*f, Finding{Origin: origin, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message, Native: true})
 		}
 	}
-	return f
+	return out
 }
 
 // nativeRequest is req as the native policies read it.

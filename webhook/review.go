@@ -206,26 +206,38 @@ func (w *Deployment) check(ctx context.Context, req Request, stage Stage, exempt
 		}
 		return f
 	}
-	if stage.Native || req.Operation == admissionv1.Create {
-		// Its finalizer rules hold for everyone; its spec rule skips what
-		// the gate below skips. Where the API server enforces it, it
-		// judges a create only when deployguard-selector labelled it: one
-		// that comes here unlabelled (changed by a mutating webhook after
-		// that policy, or the policy failed) is judged here, while the
-		// guard is up. Its match condition leaves the others out cheaply.
-		f = o.nativeChecks(ctx, req, native.Refusals)
-	}
-	f = append(f, CheckQuarantine(d, old, o.Quarantine)...)
+	// deployguard-refusals: its finalizer rules hold for everyone; its spec
+	// rule skips what the gate below skips. Where the API server enforces
+	// it, it judges a create only when deployguard-selector labelled it:
+	// one that comes here unlabelled (changed by a mutating webhook after
+	// that policy, or the policy failed) is judged here, while the guard is
+	// up; its match condition leaves the others out cheaply.
+	refusals := stage.Native || req.Operation == admissionv1.Create
 	// The guard's own writes (rollback to a known-good template, drain, finalizer
 	// removal) must never be refused by a rule added after the Deployment was
 	// created: that would leave a failed rollout in place or a deletion stuck.
 	// An update that leaves the spec as it was cannot make the spec worse, so
 	// metadata-only changes (lifting a protection, annotating) always pass.
-	if exempt || o.isGuard(req.UserInfo) || (old != nil && apiequality.Semantic.DeepEqual(old.Spec, d.Spec)) {
+	gated := exempt || o.isGuard(req.UserInfo) || (old != nil && apiequality.Semantic.DeepEqual(old.Spec, d.Spec))
+	// One evaluation for what runs here (the warnings' and bounds' run
+	// joins the refusals' match condition), each policy's findings in
+	// their place.
+	var refused, advice Findings
+	switch {
+	case refusals && !gated:
+		by := o.nativeChecksByPolicy(ctx, req, native.Refusals, native.Warnings, native.Bounds)
+		refused, advice = by[0], append(by[1], by[2]...)
+	case refusals:
+		refused = o.nativeChecks(ctx, req, native.Refusals)
+	case !gated:
+		advice = o.nativeChecks(ctx, req, native.Warnings, native.Bounds)
+	}
+	f = append(refused, CheckQuarantine(d, old, o.Quarantine)...)
+	if gated {
 		return f
 	}
 	f = append(f, checkSpec(d)...)
-	f = append(f, o.nativeChecks(ctx, req, native.Warnings, native.Bounds)...)
+	f = append(f, advice...)
 	if w.Overlaps != nil && overlapMayChange(d, old) {
 		now := w.checkOverlap(ctx, d)
 		if old != nil && overlapping(now) && overlapping(w.checkOverlap(ctx, old)) {

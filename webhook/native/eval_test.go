@@ -208,8 +208,8 @@ func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 	if r.jointPasses([]string{Warnings, Bounds}) == nil {
 		t.Fatal("the warnings and the bounds are not joined: a variable they share differs, or one is no longer Ignore")
 	}
-	if r.jointPasses([]string{Refusals, Warnings, Bounds}) != nil {
-		t.Fatal("the refusals fail closed: they are never joined")
+	if r.jointPasses([]string{Refusals, Warnings, Bounds}) == nil {
+		t.Fatal("the refusals do not join by their match condition")
 	}
 	recreate, outOfBounds, lowDeadline := advised()
 	noHistory := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
@@ -227,6 +227,7 @@ func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 		"exempt namespace": {Operation: admission.Create, Object: outOfBounds, User: alice, Namespace: "kube-system"},
 		"exempt group":     {Operation: admission.Create, Object: recreate, User: &user.DefaultInfo{Name: "bob", Groups: []string{"legacy"}}},
 		"the guard":        {Operation: admission.Update, Object: outOfBounds, OldObject: recreate, User: &user.DefaultInfo{Name: defaults.GuardUsername}},
+		"every replica down": {Operation: admission.Create, Object: rolling(3, intstr.FromString("25%"), intstr.FromString("100%")), User: alice},
 	}
 	settings := defaults
 	settings.ExemptNamespaces, settings.ExemptGroups = []string{"kube-system"}, []string{"legacy"}
@@ -243,6 +244,12 @@ func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 			t.Errorf("%s: together %+v, each alone %+v", what, got, want)
 		}
 		found += len(want)
+		// With the refusals, which join by their match condition.
+		got = r.Evaluate(context.Background(), req, params, Refusals, Warnings, Bounds)
+		want = append(r.Evaluate(context.Background(), req, params, Refusals), want...)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s, with the refusals: together %+v, each alone %+v", what, got, want)
+		}
 	}
 	if found < 5 {
 		t.Errorf("only %d findings: the requests no longer exercise the full runs", found)

@@ -216,6 +216,57 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 	}
 }
 
+// The guard evaluates the refusals with the warnings and bounds in one run,
+// which joins the refusals by their match condition: on every request of the
+// corpora and of varied Deployments it must answer as the three policies
+// one by one, in the same order and words.
+func TestTheRefusalsJoinTheAdviceByTheirMatchCondition(t *testing.T) {
+	rules, err := native.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus, err := harness.CorpusDeployments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(25, 3))
+	bases := slices.Clone(corpus)
+	for i := range 400 {
+		bases = append(bases, varied(rng, i))
+	}
+	settings := []native.Settings{{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
+		BreakGlassGroups: []string{"platform-admins"}, ExemptNamespaces: []string{"legacy"}, ExemptUsernames: []string{"ci-bot"},
+		StableLabelKeys: []string{"app"}, RevisionHistoryMin: 2, RevisionHistoryMax: 20, ProgressDeadlineMin: 60, ProgressDeadlineMax: 900}, {}}
+	users := []user.Info{&user.DefaultInfo{Name: "alice"}, &user.DefaultInfo{Name: "ci-bot"},
+		&user.DefaultInfo{Name: settings[0].GuardUsername}, &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}
+	ctx := context.Background()
+	compared, found := 0, 0
+	for i, d := range bases {
+		for _, req := range requests(rng, d) {
+			req.Namespace, req.Name = "shop", fmt.Sprintf("d-%d", i)
+			if rng.IntN(8) == 0 {
+				req.Namespace = "legacy"
+			}
+			req.User = users[rng.IntN(len(users))]
+			p := settings[rng.IntN(len(settings))].Params()
+			got := rules.Evaluate(ctx, req, p, native.Refusals, native.Warnings, native.Bounds)
+			var want []native.Finding
+			for _, name := range []string{native.Refusals, native.Warnings, native.Bounds} {
+				want = append(want, rules.Evaluate(ctx, req, p, name)...)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s %s by %s: together %+v, one by one %+v", req.Operation, req.Name, req.User.GetName(), got, want)
+			}
+			compared++
+			found += len(want)
+		}
+	}
+	t.Logf("%d requests compared, %d findings", compared, found)
+	if found == 0 {
+		t.Error("no findings: the requests do not exercise the policies")
+	}
+}
+
 // plain: d carries nothing the refusals read but its strategy.
 func plain(d *appsv1.Deployment) bool {
 	_, cleanup := d.Annotations[vocab.AnnotationCleanup]

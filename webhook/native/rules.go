@@ -285,12 +285,15 @@ func splitField(m string) (string, string) {
 // variables, each computed once (the warnings and the bounds share who is
 // checked, the costliest), and their validations, without messages. Most
 // writes pass every validation, and then one activation answers for all.
-// When any validation does not pass, or the run errs, each policy is
-// evaluated as before, so the answers are the same: a joint run within the
-// cost budget leaves each policy's own run within it too. Nil when the
-// policies cannot be joined: fewer than two, one whose failurePolicy is not
-// Ignore, one with match conditions, different params, or a variable name
-// two policies define differently.
+// A policy with match conditions (the refusals) joins by them alone, as one
+// validation that they do not all hold: where the joint run passes, that
+// policy excluded the request and has nothing to say, whatever its
+// failurePolicy. When any validation does not pass, or the run errs, each
+// policy is evaluated as before, so the answers are the same: a joint run
+// within the cost budget leaves each policy's own run within it too. Nil
+// when the policies cannot be joined: fewer than two, one without match
+// conditions whose failurePolicy is not Ignore, different params, or a
+// variable name two policies define differently.
 func (r *Rules) jointPasses(names []string) *Policy {
 	if len(names) < 2 {
 		return nil
@@ -319,17 +322,30 @@ func (r *Rules) join(names []string) *Policy {
 				p = x
 			}
 		}
-		if p == nil || p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Ignore ||
-			len(p.Spec.MatchConditions) > 0 || len(p.Spec.AuditAnnotations) > 0 {
+		matched := p != nil && len(p.Spec.MatchConditions) > 0
+		if p == nil || len(p.Spec.AuditAnnotations) > 0 ||
+			!matched && (p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Ignore) {
 			return nil
 		}
 		if joint == nil {
+			ignore := admissionregistrationv1.Ignore
 			joint = &admissionregistrationv1.ValidatingAdmissionPolicy{}
 			joint.Name = "joint:" + strings.Join(names, ",")
-			joint.Spec.FailurePolicy = p.Spec.FailurePolicy
+			joint.Spec.FailurePolicy = &ignore
 			joint.Spec.ParamKind = p.Spec.ParamKind
 		} else if !apiequality.Semantic.DeepEqual(joint.Spec.ParamKind, p.Spec.ParamKind) {
 			return nil
+		}
+		if matched {
+			// Match conditions read no variables: this one needs none of
+			// the policy's.
+			conds := make([]string, 0, len(p.Spec.MatchConditions))
+			for _, c := range p.Spec.MatchConditions {
+				conds = append(conds, "("+c.Expression+")")
+			}
+			joint.Spec.Validations = append(joint.Spec.Validations, admissionregistrationv1.Validation{
+				Expression: "!(" + strings.Join(conds, " && ") + ")", Message: "joint"})
+			continue
 		}
 		for _, v := range p.Spec.Variables {
 			if expr, ok := vars[v.Name]; ok {
