@@ -217,16 +217,16 @@ func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated", "ops"}}
 	passes := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
 	reqs := map[string]Request{
-		"passes":           {Operation: admission.Create, Object: passes, User: alice},
-		"an update":        {Operation: admission.Update, Object: passes, OldObject: recreate, User: alice},
-		"unchanged spec":   {Operation: admission.Update, Object: outOfBounds, OldObject: outOfBounds, User: alice},
-		"recreate":         {Operation: admission.Create, Object: recreate, User: alice},
-		"out of bounds":    {Operation: admission.Create, Object: outOfBounds, User: alice},
-		"no history":       {Operation: admission.Create, Object: noHistory, User: alice},
-		"deadline below":   {Operation: admission.Update, Object: lowDeadline, OldObject: recreate, User: alice},
-		"exempt namespace": {Operation: admission.Create, Object: outOfBounds, User: alice, Namespace: "kube-system"},
-		"exempt group":     {Operation: admission.Create, Object: recreate, User: &user.DefaultInfo{Name: "bob", Groups: []string{"legacy"}}},
-		"the guard":        {Operation: admission.Update, Object: outOfBounds, OldObject: recreate, User: &user.DefaultInfo{Name: defaults.GuardUsername}},
+		"passes":             {Operation: admission.Create, Object: passes, User: alice},
+		"an update":          {Operation: admission.Update, Object: passes, OldObject: recreate, User: alice},
+		"unchanged spec":     {Operation: admission.Update, Object: outOfBounds, OldObject: outOfBounds, User: alice},
+		"recreate":           {Operation: admission.Create, Object: recreate, User: alice},
+		"out of bounds":      {Operation: admission.Create, Object: outOfBounds, User: alice},
+		"no history":         {Operation: admission.Create, Object: noHistory, User: alice},
+		"deadline below":     {Operation: admission.Update, Object: lowDeadline, OldObject: recreate, User: alice},
+		"exempt namespace":   {Operation: admission.Create, Object: outOfBounds, User: alice, Namespace: "kube-system"},
+		"exempt group":       {Operation: admission.Create, Object: recreate, User: &user.DefaultInfo{Name: "bob", Groups: []string{"legacy"}}},
+		"the guard":          {Operation: admission.Update, Object: outOfBounds, OldObject: recreate, User: &user.DefaultInfo{Name: defaults.GuardUsername}},
 		"every replica down": {Operation: admission.Create, Object: rolling(3, intstr.FromString("25%"), intstr.FromString("100%")), User: alice},
 	}
 	settings := defaults
