@@ -31,12 +31,7 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var installed *admissionregistrationv1.ValidatingAdmissionPolicy
-	for _, p := range rules.Policies {
-		if p.Name == native.Refusals {
-			installed = p
-		}
-	}
+	installed := refusalsAsInstalled(rules)
 	if installed == nil || len(installed.Spec.MatchConditions) == 0 {
 		t.Fatalf("%s has no match condition", native.Refusals)
 	}
@@ -54,15 +49,8 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	}
 	with, without, matcher := compile(installed), compile(unmatched), compile(matches)
 
-	corpus, err := harness.CorpusDeployments()
-	if err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(25, 1))
-	bases := slices.Clone(corpus)
-	for i := range 600 {
-		bases = append(bases, varied(rng, i))
-	}
+	corpus, bases := corpusAndVaried(t, rng, 600)
 	guard := native.Settings{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
 		BreakGlassGroups: []string{"platform-admins"}, ExemptNamespaces: []string{"legacy"},
 		ExemptUsernames: []string{"ci-bot"}, ExemptGroups: []string{"migrations"},
@@ -137,12 +125,7 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var installed *admissionregistrationv1.ValidatingAdmissionPolicy
-	for _, p := range rules.Policies {
-		if p.Name == native.Refusals {
-			installed = p
-		}
-	}
+	installed := refusalsAsInstalled(rules)
 	// Without the refusals' own match condition: the label must not lean
 	// on it.
 	unmatched := installed.DeepCopy()
@@ -151,15 +134,8 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	corpus, err := harness.CorpusDeployments()
-	if err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(25, 2))
-	bases := slices.Clone(corpus)
-	for i := range 1500 {
-		bases = append(bases, varied(rng, i))
-	}
+	corpus, bases := corpusAndVaried(t, rng, 1500)
 	// Empty selectors too: the repair's marker is what the refusals refuse.
 	for i := range 100 {
 		d := varied(rng, i)
@@ -225,15 +201,8 @@ func TestTheRefusalsJoinTheAdviceByTheirMatchCondition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	corpus, err := harness.CorpusDeployments()
-	if err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(25, 3))
-	bases := slices.Clone(corpus)
-	for i := range 400 {
-		bases = append(bases, varied(rng, i))
-	}
+	_, bases := corpusAndVaried(t, rng, 400)
 	settings := []native.Settings{{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
 		BreakGlassGroups: []string{"platform-admins"}, ExemptNamespaces: []string{"legacy"}, ExemptUsernames: []string{"ci-bot"},
 		StableLabelKeys: []string{"app"}, RevisionHistoryMin: 2, RevisionHistoryMax: 20, ProgressDeadlineMin: 60, ProgressDeadlineMax: 900}, {}}
@@ -265,6 +234,31 @@ func TestTheRefusalsJoinTheAdviceByTheirMatchCondition(t *testing.T) {
 	if found == 0 {
 		t.Error("no findings: the requests do not exercise the policies")
 	}
+}
+
+// refusalsAsInstalled is deployguard-refusals as config/native has it.
+func refusalsAsInstalled(rules *native.Rules) *admissionregistrationv1.ValidatingAdmissionPolicy {
+	for _, p := range rules.Policies {
+		if p.Name == native.Refusals {
+			return p
+		}
+	}
+	return nil
+}
+
+// corpusAndVaried are the corpora's Deployments, and those followed by n
+// varied ones.
+func corpusAndVaried(t *testing.T, rng *rand.Rand, n int) (corpus, all []*appsv1.Deployment) {
+	t.Helper()
+	corpus, err := harness.CorpusDeployments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all = slices.Clone(corpus)
+	for i := range n {
+		all = append(all, varied(rng, i))
+	}
+	return corpus, all
 }
 
 // plain: d carries nothing the refusals read but its strategy.
