@@ -8,14 +8,18 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/test/harness"
 )
 
@@ -69,6 +73,52 @@ func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 	same("a read that fails half-way", validating.(*Endpoint), "application/json", func() io.Reader {
 		return io.MultiReader(bytes.NewReader(v1[:100]), failingReader{errors.New("connection reset by peer")})
 	})
+}
+
+// TestValidatingReadsNoPodSpecOfACreate: the validating webhook leaves a
+// CREATE's pod spec undecoded (Endpoint.SkipCreatePodSpec), so nothing it
+// answers may depend on the typed pod spec. Every Deployment of the corpora,
+// created, gets the same status and bytes from the Endpoint as from the
+// Webhook it wraps, which decodes the whole object: with the built-in Rego
+// policies, an overlap index that holds some of them (overlaps refused), the
+// native policies evaluated in process or left to the API server.
+func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
+	eng, err := policy.New(policy.Options{})
+	require.NoError(t, err)
+	require.NoError(t, eng.Load(context.Background(), policy.Builtins()))
+	corpus := corpusDeployments(t)
+	var others []*appsv1.Deployment
+	for _, b := range corpus {
+		if len(others) == 20 {
+			break
+		}
+		d, err := decodeDeployment(runtime.RawExtension{Raw: b})
+		require.NoError(t, err)
+		d.Name, d.Namespace = "other-"+d.Name, "shop"
+		others = append(others, d)
+	}
+	refused := 0
+	for _, inAPIServer := range []bool{false, true} {
+		w := &Deployment{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
+		w.Options.NativeInAPIServer = inAPIServer
+		_, validating := w.Handlers(nil)
+		no := false
+		validating.RecoverPanic = &no
+		require.True(t, validating.SkipCreatePodSpec)
+		for name, b := range corpus {
+			d, err := decodeDeployment(runtime.RawExtension{Raw: b})
+			require.NoError(t, err)
+			d.Namespace = "shop"
+			body := review(t, admissionv1.Create, d, nil)
+			got, want := post(validating, body), post(validating.Webhook, body)
+			assert.Equal(t, want.Code, got.Code, name)
+			assert.Equal(t, want.Body.String(), got.Body.String(), "%s (native policies in the API server: %v)", name, inAPIServer)
+			if !strings.Contains(got.Body.String(), `"allowed":true`) {
+				refused++
+			}
+		}
+	}
+	assert.Positive(t, refused, "some creates are refused (overlaps, the refusals)")
 }
 
 // BenchmarkEndpointDecoding: what the one-pass decoding saves on a

@@ -22,7 +22,9 @@ type Request struct {
 	Operation admissionv1.Operation
 	// Object is the Deployment after the request (nil on DELETE); the
 	// defaults are written into it. OldObject is the stored one (nil on
-	// CREATE).
+	// CREATE). At the validating webhook a CREATE's Object has no pod spec
+	// (Endpoint.SkipCreatePodSpec): read it from ObjectRaw, or decode it
+	// there (TestValidatingReadsNoPodSpecOfACreate).
 	Object, OldObject *appsv1.Deployment
 	// ObjectRaw and OldObjectRaw, when set, are the same objects as the API
 	// server sent them; the policies read them without encoding them again.

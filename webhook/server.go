@@ -26,7 +26,8 @@ const (
 // be registered on a webhook server or called in-process.
 func (w *Deployment) Handlers(m *Metrics) (mutating, validating *Endpoint) {
 	mutating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{w: w}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
-	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{w: w}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
+	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{w: w}.handle, m)},
+		Deployments: true, SkipCreatePodSpec: true, BodyTimeout: w.BodyTimeout}
 	return mutating, validating
 }
 
