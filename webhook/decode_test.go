@@ -10,6 +10,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "sigs.k8s.io/json"
 
@@ -121,6 +122,7 @@ func sameObjects(t *testing.T, name string, object []byte) {
 	for _, member := range []string{"object", "oldObject"} {
 		sameReview(t, name+" in "+member, []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","options":{"kind":"CreateOptions"},"`+member+`": `+string(object)+`}}`))
 	}
+	skipsCreatePodSpec(t, name, object)
 	// As the API server writes them: the operation before the objects.
 	for _, op := range []string{"CREATE", "UPDATE"} {
 		sameReview(t, name+" in a "+op, []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"`+op+`","object":`+string(object)+`}}`))
@@ -132,8 +134,9 @@ func sameObjects(t *testing.T, name string, object []byte) {
 
 // sameWithoutCreatePodSpec: body decodes with Endpoint.SkipCreatePodSpec as
 // it does without (plain, typed), but for the pod spec of a CREATE's object,
-// which is left empty and whose JSON is only checked: a CREATE whose pod spec
-// is not a PodSpec then decodes, as nothing else can.
+// which is left empty when the operation came before the object (as the API
+// server writes it; otherwise it is decoded) and whose JSON is only checked:
+// a CREATE whose pod spec is not a PodSpec then decodes, as nothing else can.
 func sameWithoutCreatePodSpec(t *testing.T, name string, body []byte, plain admissionv1.AdmissionReview, ok bool, typed admissionv1.AdmissionReview, typedOK bool) {
 	t.Helper()
 	lazy, lazyOK := decodeReview(body, true, true)
@@ -143,17 +146,38 @@ func sameWithoutCreatePodSpec(t *testing.T, name string, body []byte, plain admi
 		return
 	}
 	create := lazy.Request.Operation == admissionv1.Create
+	got := *lazy.Request
 	if !typedOK {
 		assert.True(t, create, "%s: skipping the pod spec, decoded where the objects are not (not a CREATE)", name)
+		if d, isDeployment := got.Object.Object.(*appsv1.Deployment); assert.True(t, isDeployment, name) {
+			assert.Equal(t, corev1.PodSpec{}, d.Spec.Template.Spec, "%s: decoded only for want of its pod spec", name)
+		}
+		got.Object.Object, got.OldObject.Object = nil, nil
+		assert.Equal(t, *plain.Request, got, "%s: skipping the pod spec, the rest as decoded alone", name)
 		return
 	}
 	want := *typed.Request
-	if create && want.Object.Object != nil {
-		d := want.Object.Object.(*appsv1.Deployment).DeepCopy()
-		d.Spec.Template.Spec = corev1.PodSpec{}
-		want.Object.Object = d
+	if d, isDeployment := got.Object.Object.(*appsv1.Deployment); create && isDeployment && want.Object.Object != nil &&
+		apiequality.Semantic.DeepEqual(d.Spec.Template.Spec, corev1.PodSpec{}) {
+		w := want.Object.Object.(*appsv1.Deployment).DeepCopy()
+		w.Spec.Template.Spec = corev1.PodSpec{}
+		want.Object.Object = w
 	}
-	assert.Equal(t, want, *lazy.Request, "%s: skipping the pod spec of a CREATE, the rest as decoded whole", name)
+	assert.Equal(t, want, got, "%s: skipping the pod spec of a CREATE, the rest as decoded whole", name)
+}
+
+// skipsCreatePodSpec: a CREATE written as the API server writes it, the
+// operation first, decodes without its object's pod spec.
+func skipsCreatePodSpec(t *testing.T, name string, object []byte) {
+	t.Helper()
+	body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","object":` + string(object) + `}}`)
+	lazy, ok := decodeReview(body, true, true)
+	if !ok {
+		return
+	}
+	if d, isDeployment := lazy.Request.Object.Object.(*appsv1.Deployment); isDeployment {
+		assert.Equal(t, corev1.PodSpec{}, d.Spec.Template.Spec, "%s: a CREATE's pod spec is left undecoded", name)
+	}
 }
 
 // sameReview: body, any bytes, decodes with its objects as Deployments
@@ -202,6 +226,7 @@ func sameReview(t *testing.T, name string, body []byte) {
 func TestReviewShapes(t *testing.T) {
 	const head = `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",`
 	obj := `{"metadata":{"name":"a"},"spec":{"replicas":2}}`
+	pod := `{"metadata":{"name":"a"},"spec":{"template":{"spec":{"hostname":"h","containers":[{"name":"c","image":"i"}]}}}}`
 	for name, body := range map[string]string{
 		"request null":                    head + `"request":null}`,
 		"no request":                      head + `"x":1}`,
@@ -215,6 +240,11 @@ func TestReviewShapes(t *testing.T) {
 		"an object not a Deployment":      head + `"request":{"uid":"1","object":{"spec":{"replicas":"x"}}}}`,
 		"an object that is not an object": head + `"request":{"uid":"1","object":[1]}}`,
 		"kind after the request":          `{"request":{"uid":"1","oldObject":` + obj + `},"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`,
+		"an old object in a CREATE":       head + `"request":{"uid":"1","operation":"CREATE","object":` + pod + `,"oldObject":` + pod + `}}`,
+		"a CREATE, its object, then null": head + `"request":{"uid":"1","operation":"CREATE","object":` + pod + `,"object":null,"operation":"UPDATE"}}`,
+		"an UPDATE turned CREATE":         head + `"request":{"uid":"1","operation":"UPDATE","object":` + pod + `,"operation":"CREATE"}}`,
+		"the object before its CREATE":    head + `"request":{"uid":"1","object":` + pod + `,"operation":"CREATE"}}`,
+		"a CREATE of a wrong pod spec":    head + `"request":{"uid":"1","operation":"CREATE","object":{"metadata":{"name":"a"},"spec":{"template":{"spec":{"containers":"x"}}}}}}`,
 	} {
 		sameReview(t, name, []byte(body))
 	}
