@@ -104,21 +104,9 @@ func TestSelectorRepair(t *testing.T) {
 			{"a cleanup step asked for", selected(func(d *appsv1.Deployment) { d.Annotations = map[string]string{"deployguard.io/cleanup": "record"} }), true},
 			{"a guard finalizer", selected(func(d *appsv1.Deployment) { d.Finalizers = []string{"example.com/keep", "deployguard.io/record"} }), true},
 			{"another finalizer", selected(func(d *appsv1.Deployment) { d.Finalizers = []string{"example.com/keep"} }), false},
-			{"every replica down at once", selected(func(d *appsv1.Deployment) {
-				all := intstr.FromString("100%")
-				d.Spec.Replicas = replicasOf(3)
-				d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}
-			}), true},
-			{"as many unavailable as replicas", selected(func(d *appsv1.Deployment) {
-				two := intstr.FromInt32(2)
-				d.Spec.Replicas = replicasOf(2)
-				d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &two}
-			}), true},
-			{"a quarter unavailable", selected(func(d *appsv1.Deployment) {
-				quarter := intstr.FromString("25%")
-				d.Spec.Replicas = replicasOf(4)
-				d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &quarter}
-			}), false},
+			{"every replica down at once", selected(unavailable(3, intstr.FromString("100%"))), true},
+			{"as many unavailable as replicas", selected(unavailable(2, intstr.FromInt32(2))), true},
+			{"a quarter unavailable", selected(unavailable(4, intstr.FromString("25%"))), false},
 			{"the refusal marker written by hand", selected(func(d *appsv1.Deployment) {
 				d.Spec.Selector.MatchLabels[LabelEmptySelector] = EmptySelectorRefused
 				d.Spec.Template.Labels[LabelEmptySelector] = EmptySelectorRefused
@@ -186,3 +174,11 @@ func TestUnrepairableSelectorRefused(t *testing.T) {
 }
 
 func replicasOf(n int32) *int32 { return &n }
+
+// unavailable sets replicas and a rolling update's maxUnavailable.
+func unavailable(replicas int32, maxUnavailable intstr.IntOrString) func(*appsv1.Deployment) {
+	return func(d *appsv1.Deployment) {
+		d.Spec.Replicas = replicasOf(replicas)
+		d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: &maxUnavailable}
+	}
+}
