@@ -14,7 +14,7 @@ import (
 )
 
 // K8sVersion is the control plane the tools are built for.
-const K8sVersion = "v1.36.3"
+const K8sVersion = "v1.37.2"
 
 // RepoRoot is the repository's top folder, found from this file's location so
 // that tests work from any package directory.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the -ldflags that stamp the Kubernetes binaries built from the module
-# in DIR (test/tools/kube, test/tools/kube-next) with the version of
+# in DIR (test/tools/kube, test/tools/kube-min) with the version of
 # k8s.io/kubernetes it pins: the version fields upstream's release build sets
 # (hack/lib/version.sh), but the commit, which a module does not carry.
 # Unstamped, kube-apiserver reports
