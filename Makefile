@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-apiserver-min tools-min test-integration-min bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-apiserver-min tools-min test-min bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -47,7 +47,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-integration-min test-e2e test-clients test-tls test-upstream test-faults test-install ## every tier
+test: test-unit test-integration test-min test-e2e test-clients test-tls test-upstream test-faults test-install ## every tier
 
 test-unit: xmllint ## unit tests, Rego tests, the fuzz seed corpora and the docs' links (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT) ./test/docs/
@@ -99,25 +99,30 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 60s); crashes land in 
 	FUZZTIME=$(FUZZTIME) bash test/fuzz/run.sh
 
 # The oldest Kubernetes the guard supports with its native floor
-# (MutatingAdmissionPolicy is GA in 1.36): its kube-apiserver, built from
-# test/tools/kube-min, beside the rest of TOOLS_DIR's control plane (cp -s:
-# links, not copies). The integration tier runs on it too, for the native
-# policies, which the API servers of 1.36 and 1.37 evaluate differently.
+# (MutatingAdmissionPolicy is GA in 1.36): its kube-apiserver,
+# kube-controller-manager and kube-scheduler, built from test/tools/kube-min,
+# beside the rest of TOOLS_DIR's control plane (cp -s: links, not copies).
+# 1.36's API server evaluates the native policies differently (it converts the
+# object for every set of expressions), so the integration tier, where they
+# are compared with the guard's own evaluation, and the guard-down test run on
+# it too.
 MIN_K8S_VERSION ?= v1.36.3
 MIN_TOOLS_DIR   ?= $(CURDIR)/bin/tools/k8s-min-$(MIN_K8S_VERSION)
 
-tools-min: $(MIN_TOOLS_DIR)/.complete ## the control plane with 1.36's kube-apiserver (a few minutes cold, cached)
+tools-min: $(MIN_TOOLS_DIR)/.complete ## the control plane of Kubernetes 1.36 (a few minutes cold, cached)
 
 $(MIN_TOOLS_DIR)/.complete: $(TOOLS_DIR)/.complete test/tools/kube-min/go.mod test/tools/kube-min/go.sum test/tools/kube-ldflags.sh
 	@mkdir -p $(MIN_TOOLS_DIR)
 	cp -rsf $(TOOLS_DIR)/. $(MIN_TOOLS_DIR)/
-	rm -f $(MIN_TOOLS_DIR)/kube-apiserver $(MIN_TOOLS_DIR)/.complete $(MIN_TOOLS_DIR)/e2e-upstream.test
-	cd test/tools/kube-min && flags="$$(../kube-ldflags.sh .)" && GOWORK=off go build -trimpath -ldflags "$$flags" -o $(MIN_TOOLS_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd $(MIN_TOOLS_DIR) && rm -f kube-apiserver kube-controller-manager kube-scheduler .complete e2e-upstream.test
+	cd test/tools/kube-min && flags="$$(../kube-ldflags.sh .)" && GOWORK=off go build -trimpath -ldflags "$$flags" -o $(MIN_TOOLS_DIR)/ \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 	[[ "$$($(MIN_TOOLS_DIR)/kube-apiserver --version)" == "Kubernetes $(MIN_K8S_VERSION)" ]] || { echo "$(MIN_TOOLS_DIR)/kube-apiserver is not $(MIN_K8S_VERSION): change MIN_K8S_VERSION and test/tools/kube-min/go.mod together" >&2; exit 1; }
 	touch $@
 
-test-integration-min: tools-min build ## the integration tier on 1.36's kube-apiserver (the oldest the native floor supports)
+test-min: tools-min build haproxy ## the integration tier and the guard-down test on Kubernetes 1.36, the oldest the native floor supports
 	DEPLOYGUARD_TOOLS=$(MIN_TOOLS_DIR) DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 20m ./test/integration/...
+	DEPLOYGUARD_TOOLS=$(MIN_TOOLS_DIR) DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 15m -v -run '^TestGuardDown$$' ./test/faults/
 
 bench-apiserver-min: tools-min build ## bench-apiserver through 1.36's kube-apiserver
 	go run ./test/bench/apiserver -tools $(MIN_TOOLS_DIR) -guard $(BIN) -workdir bin/bench-apiserver-min -out bin/bench-apiserver-min.json

@@ -55,9 +55,9 @@ var selected = []string{
 // excluded are selected specs that cannot run on a local kwok cluster, with
 // the reason (README.md lists them too).
 var excluded = map[string]string{
-	"[sig-apps] ReplicaSet should serve a basic image on each replica with a public image [Conformance]": "sends HTTP requests to the pods through the API server's proxy; kwok pods run no containers",
-	"[sig-apps] ReplicaSet should serve a basic image on each replica with a private image":              "needs the gce provider (skips itself elsewhere)",
-	"[sig-apps] Deployment should not disrupt a cloud load-balancer's connectivity during rollout":       "needs a cloud load balancer (skips itself without aws, azure or gce)",
+	"[sig-apps] ReplicaSet should serve a basic image on each replica with a public image [Conformance]":                    "sends HTTP requests to the pods through the API server's proxy; kwok pods run no containers",
+	"[sig-apps] ReplicaSet should serve a basic image on each replica with a private image [Provider:gce]":                  "needs the gce provider (skips itself elsewhere)",
+	"[sig-apps] Deployment should not disrupt a cloud load-balancer's connectivity during rollout [Provider:aws,azure,gce]": "needs a cloud load balancer (skips itself without aws, azure or gce)",
 }
 
 // difference is an entry of differences.yaml: a spec that passes without the
