@@ -35,6 +35,11 @@ type PolicyInfo struct {
 	// Digest changes when anything that decides the policy's findings does
 	// (its module, a library module, its mode), and only then.
 	Digest string
+	// Deletes: the policy is evaluated on a DELETE, since it reads
+	// input.operation, input.oldObject or input.object as a whole (see
+	// "Deletions" in README.md). The others are not: a DELETE has no
+	// input.object.
+	Deletes bool
 }
 
 // New returns an Engine with an empty policy set: until the first successful

@@ -18,7 +18,8 @@ import (
 // errNoInput stands in for an evaluation when the caller passed no Input.
 var errNoInput = errors.New("no input: the request could not be converted for policies")
 
-// Evaluate runs every enabled policy of the active set on in and returns the
+// Evaluate runs every enabled policy of the active set on in (on a DELETE,
+// every one that can tell a DELETE: PolicyInfo.Deletes) and returns the
 // decision. Each policy has Options.EvalTimeout; one that errors or runs out
 // of time becomes a finding under Options.FailureMode, and the others still
 // decide. Evaluate never blocks on a Load.
@@ -46,10 +47,13 @@ func (e *Engine) evaluate(ctx context.Context, set *preparedSet, in *Input, only
 	// not one per policy.
 	var abandoned atomic.Bool
 	defer context.AfterFunc(ctx, func() { abandoned.Store(true) })()
+	// A DELETE has no input.object: only the policies that can tell one
+	// judge it (judgesDelete).
+	deletion := in != nil && in.req.Operation == opDelete
 	var d Decision
 	for i := range set.policies {
 		p := &set.policies[i]
-		if only != nil && !only(p.name) {
+		if only != nil && !only(p.name) || deletion && !p.deletes {
 			continue
 		}
 		start := time.Now()

@@ -36,7 +36,9 @@ type preparedPolicy struct {
 	digest             string
 	query              compiledQuery
 	rules              []string
-	meter              policyMeter
+	// deletes: the policy is evaluated on a DELETE (judgesDelete).
+	deletes bool
+	meter   policyMeter
 }
 
 // prepare builds one query per enabled policy. A query per policy, rather
@@ -61,9 +63,10 @@ func prepare(_ context.Context, cs *compiledSet, opts Options, m *metrics) (*pre
 			mode:     mode,
 			digest:   policyDigest(p.text, cs.libraries, mode),
 			severity: p.severity, category: p.category,
-			query: q,
-			rules: p.rules,
-			meter: m.forPolicy(p.name),
+			query:   q,
+			rules:   p.rules,
+			deletes: judgesDelete(cs.compiler, p.path, p.rules),
+			meter:   m.forPolicy(p.name),
 		})
 	}
 	return set, nil

@@ -159,9 +159,11 @@ func inputReads(modules map[string]*ast.Module, c *ast.Compiler) *projection {
 	return a.root
 }
 
-func hasWith(m *ast.Module) bool {
+// hasWith reports whether x (a module, a rule) has an expression with a
+// `with` modifier.
+func hasWith(x any) bool {
 	found := false
-	ast.WalkExprs(m, func(e *ast.Expr) bool {
+	ast.WalkExprs(x, func(e *ast.Expr) bool {
 		if len(e.With) > 0 {
 			found = true
 		}

@@ -59,7 +59,7 @@ func (s Set) ReadsOnlySpec() bool {
 func (s Set) Policies() []PolicyInfo {
 	infos := make([]PolicyInfo, len(s.set.policies))
 	for i, p := range s.set.policies {
-		infos[i] = PolicyInfo{Name: p.name, Source: p.source, Mode: p.mode, Severity: p.severity, Category: p.category, Digest: p.digest}
+		infos[i] = PolicyInfo{Name: p.name, Source: p.source, Mode: p.mode, Severity: p.severity, Category: p.category, Digest: p.digest, Deletes: p.deletes}
 	}
 	return infos
 }

@@ -26,3 +26,10 @@ test_each_namespace_reported if {
 		"spec.template.spec.hostIPC",
 	}
 }
+
+# A DELETE has no object: deleting a Deployment that shares every host
+# namespace is not judged.
+test_delete_not_judged if {
+	old := deployment({"hostNetwork": true, "hostPID": true, "hostIPC": true})
+	count(deny) == 0 with input as {"operation": "DELETE", "object": null, "oldObject": old.object}
+}

@@ -51,3 +51,9 @@ test_init_containers_checked if {
 test_delete_has_no_object if {
 	count(deny) == 0 with input as {"operation": "DELETE", "object": null}
 }
+
+# Deleting a Deployment whose images are untagged and :latest is not judged.
+test_delete_not_judged if {
+	old := deployment([{"name": "web", "image": "nginx"}, {"name": "sidecar", "image": "envoy:latest"}])
+	count(deny) == 0 with input as {"operation": "DELETE", "object": null, "oldObject": old.object}
+}

@@ -24,3 +24,9 @@ test_init_containers_need_no_probe if {
 	}}}}}
 	count(deny) == 0 with input as inp
 }
+
+# A DELETE has no object: deleting a Deployment without probes is not judged.
+test_delete_not_judged if {
+	old := deployment([{"name": "web"}])
+	count(deny) == 0 with input as {"operation": "DELETE", "object": null, "oldObject": old.object}
+}

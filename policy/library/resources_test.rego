@@ -48,3 +48,10 @@ test_init_containers_checked if {
 	findings := deny with input as inp
 	{f.field | some f in findings} == {"spec.template.spec.initContainers[0].resources.requests.cpu"}
 }
+
+# A DELETE has no object: deleting a Deployment without requests is not
+# judged.
+test_delete_not_judged if {
+	old := deployment([{"name": "web"}, {"name": "sidecar", "resources": {}}])
+	count(deny) == 0 with input as {"operation": "DELETE", "object": null, "oldObject": old.object}
+}
