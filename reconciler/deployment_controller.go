@@ -4,8 +4,9 @@
 // known-good ReplicaSet, exactly once, and the failed template is quarantined.
 // When a guarded Deployment is deleted, the cleanup steps of its finalizers run
 // in order (drain, record; see CLEANUP.md). All state lives on the objects
-// themselves: annotations on the Deployments and ReplicaSets (names in package
-// vocab) and the record ConfigMaps of deleted Deployments. There is no CRD, and
+// themselves: what the reconciler acts on in a status condition of each
+// Deployment (its ledger, ledger.go), what people set and read in annotations
+// (names in package vocab), and the record ConfigMaps of deleted Deployments. There is no CRD, and
 // nothing is kept in memory between reconciles.
 package reconciler
 
@@ -58,6 +59,10 @@ type Options struct {
 	// FailFast says when a rollout in progress is judged failing by its new
 	// pods, before its progress deadline.
 	FailFast FailFastOptions
+	// LegacyCutoff is when this release first ran in the cluster: the
+	// Deployments created before it have their ledger adopted from an earlier
+	// release's annotations (AdoptLegacy), once. Zero adopts nothing.
+	LegacyCutoff time.Time
 	// CleanupFinalizers are the cleanup finalizers of a Deployment without the
 	// vocab.AnnotationCleanup annotation (vocab.ParseCleanupSteps); none by
 	// default. Live Deployments are kept in line with it.
@@ -249,6 +254,7 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	}
 	phases := []func(context.Context, *appsv1.Deployment, []*appsv1.ReplicaSet) error{
 		r.reconcileFinalizers,
+		r.reconcileLedger,
 		r.reconcileKnownGood,
 	}
 	for _, phase := range phases {

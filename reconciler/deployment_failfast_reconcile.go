@@ -59,25 +59,22 @@ func RolloutInProgress(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.R
 		return nil
 	}
 	newRS := FindNewReplicaSet(d, rss)
-	if newRS == nil || IsKnownGood(newRS) || newRS.DeletionTimestamp != nil {
+	ledger, _ := ReadLedger(d)
+	if newRS == nil || ledger.IsKnownGood(newRS) || newRS.DeletionTimestamp != nil {
 		return nil
 	}
-	rev := newRS.Annotations[vocab.RevisionAnnotation]
-	if rev == "" || d.Annotations[vocab.AnnotationRolledBackRevision] == rev || d.Annotations[vocab.AnnotationFailFastRevision] == rev {
+	rev, err := Revision(newRS)
+	if err != nil || rev == 0 || ledger.RolledBackRevision == rev || ledger.FailFastRevision == rev {
 		return nil
 	}
 	return newRS
 }
 
-// failingSince reads vocab.AnnotationFailingSince for the ReplicaSet named
-// rs; zero when it is absent, unreadable or about another ReplicaSet.
+// failingSince reads the ledger's FailingSince for the ReplicaSet named rs;
+// zero when it is absent, unreadable or about another ReplicaSet.
 func failingSince(d *appsv1.Deployment, rs string) time.Time {
-	at, name, ok := strings.Cut(d.Annotations[vocab.AnnotationFailingSince], " ")
-	if !ok || name != rs {
-		return time.Time{}
-	}
-	t, _ := parseTime(at)
-	return t
+	l, _ := ReadLedger(d)
+	return l.failingSinceOf(rs)
 }
 
 // reconcileFailFast judges a rollout in progress by its new pods (see
@@ -118,7 +115,7 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 		return FailFastPollInterval, r.setFailingSince(ctx, d, "")
 	case !v.Failed:
 		if failingSince(d, newRS.Name).IsZero() {
-			if err := r.setFailingSince(ctx, d, v.Since.UTC().Format(time.RFC3339)+" "+newRS.Name); err != nil {
+			if err := r.setFailingSince(ctx, d, FailingSinceValue(v.Since, newRS.Name)); err != nil {
 				return 0, err
 			}
 			ctrl.LoggerFrom(ctx).Info("New pods show failure evidence; fail-fast window started", "replicaSet", klog.KObj(newRS),
@@ -157,20 +154,13 @@ func (r *DeploymentReconciler) newPods(ctx context.Context, d *appsv1.Deployment
 	return out, nil
 }
 
-// setFailingSince writes vocab.AnnotationFailingSince (removes it when v is
-// empty), only when that changes it, with a patch conditional on the
-// resourceVersion read.
+// setFailingSince records in the ledger when failure evidence was first seen
+// (forgets it when v is empty), only when that changes it.
 func (r *DeploymentReconciler) setFailingSince(ctx context.Context, d *appsv1.Deployment, v string) error {
-	cur, ok := d.Annotations[vocab.AnnotationFailingSince]
-	if cur == v && (ok || v == "") {
+	if l, _ := ReadLedger(d); l.FailingSince == v {
 		return nil
 	}
-	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if d.Annotations == nil {
-		d.Annotations = map[string]string{}
-	}
-	setOrDelete(d.Annotations, vocab.AnnotationFailingSince, v)
-	if err := r.Client.Patch(ctx, d, patch); err != nil {
+	if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger { l.FailingSince = v; return l }); err != nil {
 		return fmt.Errorf("recording when failure evidence was first seen: %w", err)
 	}
 	return nil
@@ -215,38 +205,35 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		return err
 	}
 
-	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	var message, result string
 	if rollBack {
-		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; no known-good revision to roll back to, so it is left as it is.",
-			failedRevision, newRS.Name, summary)
+		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; %s, so it is left as it is.",
+			failedRevision, newRS.Name, summary, noTargetWhy(d, rss))
 		result = resultNoKnownGood
 	} else {
 		message = fmt.Sprintf("Revision %d (ReplicaSet %s) is failing: %s; automatic rollback is off for this Deployment.",
 			failedRevision, newRS.Name, summary)
 		result = resultReported
 	}
-	if d.Annotations == nil {
-		d.Annotations = map[string]string{}
-	}
-	d.Annotations[vocab.AnnotationRollbackStatus] = message
-	d.Annotations[vocab.AnnotationFailFastRevision] = formatRevision(failedRevision)
-	delete(d.Annotations, vocab.AnnotationFailingSince)
-	err := r.Client.Patch(ctx, d, patch)
-	if apierrors.IsConflict(err) {
-		r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
-		return fmt.Errorf("deployment changed while deciding about failing revision %d: %w", failedRevision, err)
-	}
-	if err != nil {
-		if landed, ok := r.decisionLanded(ctx, d, err, vocab.AnnotationRollbackStatus, vocab.AnnotationFailFastRevision); ok {
-			// Applied, though its response was lost: told once, as a success.
-			log.Info("The decision's write succeeded though its response was lost", "error", err.Error())
-			*d = *landed
-			err = nil
+	// The decision first (once, in the ledger), then its words for people.
+	if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger {
+		l.FailFastRevision, l.FailingSince = failedRevision, ""
+		return l
+	}); err != nil {
+		if apierrors.IsConflict(err) {
+			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 		}
-	}
-	if err != nil {
 		return fmt.Errorf("recording the fail-fast decision about revision %d: %w", failedRevision, err)
+	}
+	if d.Annotations[vocab.AnnotationRollbackStatus] != message {
+		patch := client.MergeFrom(d.DeepCopy())
+		if d.Annotations == nil {
+			d.Annotations = map[string]string{}
+		}
+		d.Annotations[vocab.AnnotationRollbackStatus] = message
+		if err := r.Client.Patch(ctx, d, patch); err != nil {
+			log.Info("Could not write the decision's message on the Deployment", "error", err.Error())
+		}
 	}
 	r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, result).Inc()
 	if result == resultNoKnownGood {
@@ -276,4 +263,12 @@ func (r *DeploymentReconciler) declareFailed(ctx context.Context, d *appsv1.Depl
 		return fmt.Errorf("declaring revision %s failed: %w", newRS.Annotations[vocab.RevisionAnnotation], err)
 	}
 	return nil
+}
+
+// noTargetWhy says why there is no known-good revision to roll back to.
+func noTargetWhy(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) string {
+	if _, why := FindKnownGoodTarget(d, rss); why != "" {
+		return why + " (the guard restores only the newest known-good revision)"
+	}
+	return "no known-good revision to roll back to"
 }

@@ -3,10 +3,11 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"time"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,7 +37,7 @@ func IsComplete(d *appsv1.Deployment) bool {
 // ReplicaSetToMark returns the newRS that has just proven its template, or nil.
 // A paused Deployment proves nothing (its rollout is on hold), nor does one
 // scaled to zero: no pod of the template ever had to become available.
-// Whether the newRS is already marked is the caller's question (IsKnownGood).
+// Whether the newRS is recorded already is the caller's question (IsKnownGood).
 func ReplicaSetToMark(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
 	if d.Spec.Paused || desiredReplicas(d) == 0 || !IsComplete(d) {
 		return nil
@@ -44,101 +45,132 @@ func ReplicaSetToMark(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.Re
 	return FindNewReplicaSet(d, rss)
 }
 
-// IsKnownGood reports whether the ReplicaSet carries the guard's known-good mark,
-// written on this very ReplicaSet. The Deployment controller copies Deployment
-// annotations onto every new ReplicaSet, and `kubectl rollout undo` copies a
-// ReplicaSet's annotations onto the Deployment; together they can carry a mark to
-// a ReplicaSet that never completed. Such a copy names another ReplicaSet's
-// pod-template-hash and is not a mark.
-func IsKnownGood(rs *appsv1.ReplicaSet) bool {
-	if _, ok := timeAnnotation(rs.Annotations, vocab.AnnotationKnownGood); !ok {
-		return false
-	}
-	hash, ok := rs.Annotations[vocab.AnnotationKnownGoodHash]
-	return ok && hash == rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
+// IsKnownGood reports whether the ReplicaSet completed a rollout of the
+// Deployment, as the guard's ledger records it (Ledger.IsKnownGood): the same
+// ReplicaSet, with the same template. Nothing on the ReplicaSet counts: its
+// annotations are the tenant's to write, and the Deployment controller copies
+// the Deployment's onto it.
+func IsKnownGood(d *appsv1.Deployment, rs *appsv1.ReplicaSet) bool {
+	l, _ := ReadLedger(d)
+	return l.IsKnownGood(rs)
 }
 
-// KnownGoodTarget returns the ReplicaSet to roll back to: the known-good one with
-// the highest revision, other than the newRS (and other than any ReplicaSet with
-// the Deployment's current template). It returns nil if there is none.
-// ReplicaSets being deleted (revision history cleanup) are skipped: rolling back
-// to one would race its deletion.
+// KnownGoodTarget returns the ReplicaSet to roll back to, or nil. See
+// FindKnownGoodTarget.
 func KnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	var (
-		target         *appsv1.ReplicaSet
-		targetRevision int64 = -1
-	)
-	for _, rs := range rss {
-		if !IsKnownGood(rs) || rs.DeletionTimestamp != nil || sameTemplate(d, rs) {
-			continue
-		}
-		v, err := Revision(rs)
-		if err != nil {
-			continue
-		}
-		if v > targetRevision {
-			target, targetRevision = rs, v
-		}
-	}
-	return target
+	t, _ := FindKnownGoodTarget(d, rss)
+	return t
 }
 
-// reconcileKnownGood marks the newRS known-good once its rollout completes, and
-// records its revision on the Deployment. It writes nothing when both are already
-// so. A template that completed is also taken out of the quarantine list: it has
-// just proven itself.
+// FindKnownGoodTarget returns the ReplicaSet to roll back to: the one of the
+// ledger's newest known-good entry whose template is not the Deployment's
+// current one. Only that one: when its ReplicaSet is gone, being deleted (a
+// rollback to it would race the deletion), replaced (another UID) or its
+// template changed since it completed, there is no target, and why says so.
+// Falling back to an older entry would let whoever deletes or edits one
+// ReplicaSet (a tenant may) choose which older template the guard restores
+// under its own identity.
+func FindKnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (target *appsv1.ReplicaSet, why string) {
+	l, _ := ReadLedger(d)
+	current := templateHash(&d.ObjectMeta, &d.Spec.Template)
+	for i := len(l.KnownGood) - 1; i >= 0; i-- {
+		e := l.KnownGood[i]
+		if e.Template == current {
+			continue
+		}
+		for _, rs := range rss {
+			if rs.Name != e.ReplicaSet {
+				continue
+			}
+			switch {
+			case rs.UID != e.UID:
+				return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) was deleted and created again since it completed", e.ReplicaSet, e.Revision)
+			case templateHash(&rs.ObjectMeta, &rs.Spec.Template) != e.Template:
+				return nil, fmt.Sprintf("the template of known-good ReplicaSet %s (revision %d) changed since it completed", e.ReplicaSet, e.Revision)
+			case rs.DeletionTimestamp != nil:
+				return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is being deleted", e.ReplicaSet, e.Revision)
+			}
+			return rs, ""
+		}
+		return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is gone", e.ReplicaSet, e.Revision)
+	}
+	return nil, ""
+}
+
+// reconcileLedger writes the first ledger of a Deployment that existed before
+// this release ran: adopted from an earlier release's annotations
+// (AdoptLegacy), empty when there were none, so that annotations a tenant
+// writes later are never adopted.
+func (r *DeploymentReconciler) reconcileLedger(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
+	if _, ok := ReadLedger(d); ok {
+		return nil
+	}
+	adopted, ok := AdoptLegacy(d, rss, r.Options.LegacyCutoff)
+	if !ok {
+		return nil
+	}
+	if _, err := r.updateLedger(ctx, d, func(Ledger) Ledger { return adopted }); err != nil {
+		return err
+	}
+	ctrl.LoggerFrom(ctx).Info("Adopted the rollout history an earlier release kept in annotations", "knownGood", len(adopted.KnownGood),
+		"rolledBackRevision", adopted.RolledBackRevision, "failFastRevision", adopted.FailFastRevision)
+	return nil
+}
+
+// reconcileKnownGood records the newRS as the newest known-good ReplicaSet in
+// the ledger once its rollout completes. It writes nothing when it is so
+// already. A template that completed is also taken out of the quarantine list:
+// it has just proven itself.
 func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
 	newRS := ReplicaSetToMark(d, rss)
 	if newRS == nil {
 		return nil
 	}
-	revision := newRS.Annotations[vocab.RevisionAnnotation]
-	if revision == "" {
+	revision, err := Revision(newRS)
+	if err != nil || revision == 0 {
 		// The Deployment controller sets it when it creates or adopts the newRS;
 		// the ReplicaSet's update event brings us back.
 		return nil
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "revision", revision)
 
+	l, _ := ReadLedger(d)
 	marked := false
-	if !IsKnownGood(newRS) {
-		rs := newRS.DeepCopy()
-		patch := client.MergeFrom(newRS)
-		if rs.Annotations == nil {
-			rs.Annotations = map[string]string{}
+	if n := l.Newest(); n == nil || n.UID != newRS.UID || !l.IsKnownGood(newRS) || n.Revision != revision {
+		live := map[types.UID]bool{}
+		for _, rs := range rss {
+			live[rs.UID] = true
 		}
-		rs.Annotations[vocab.AnnotationKnownGood] = r.Clock.Now().UTC().Format(time.RFC3339)
-		rs.Annotations[vocab.AnnotationKnownGoodHash] = rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
-		if err := r.Client.Patch(ctx, rs, patch); err != nil {
-			return fmt.Errorf("marking ReplicaSet %s known-good: %w", newRS.Name, err)
+		changed, err := r.updateLedger(ctx, d, func(l Ledger) Ledger {
+			// Entries of ReplicaSets gone (revision history) go too.
+			l.KnownGood = slices.DeleteFunc(slices.Clone(l.KnownGood), func(e KnownGoodEntry) bool { return !live[e.UID] })
+			return l.WithKnownGood(newRS, revision, r.Clock.Now())
+		})
+		if err != nil {
+			return fmt.Errorf("recording ReplicaSet %s known-good: %w", newRS.Name, err)
 		}
-		marked = true
-		r.Metrics.knownGoodMarked.Inc()
-		log.Info("Marked ReplicaSet known-good")
+		if changed {
+			marked = true
+			r.Metrics.knownGoodMarked.Inc()
+			log.Info("Recorded ReplicaSet known-good")
+		}
 	}
 
 	hash := templateHash(&d.ObjectMeta, &d.Spec.Template)
 	quarantined := vocab.QuarantinedTemplates(d)
 	unquarantined := RemoveQuarantined(quarantined, hash)
-	if d.Annotations[vocab.AnnotationKnownGoodRevision] != revision || len(unquarantined) != len(quarantined) {
+	if len(unquarantined) != len(quarantined) {
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if d.Annotations == nil {
-			d.Annotations = map[string]string{}
-		}
-		d.Annotations[vocab.AnnotationKnownGoodRevision] = revision
 		setOrDelete(d.Annotations, vocab.AnnotationQuarantinedTemplates, FormatTemplateList(unquarantined))
 		AlignQuarantineLabel(d)
 		if err := r.Client.Patch(ctx, d, patch); err != nil {
-			return fmt.Errorf("recording known-good revision %s: %w", revision, err)
+			return fmt.Errorf("releasing the completed template from quarantine: %w", err)
 		}
-		if len(unquarantined) != len(quarantined) {
-			log.Info("Template completed; released from quarantine", "templateHash", hash)
-		}
-		marked = true
+		log.Info("Template completed; released from quarantine", "templateHash", hash)
 	}
 
 	if marked {
-		r.emitKnownGoodEvent(d, newRS, fmt.Sprintf("Revision %s (ReplicaSet %s) completed its rollout; recorded as known-good", revision, newRS.Name))
+		r.emitKnownGoodEvent(d, newRS, fmt.Sprintf("Revision %d (ReplicaSet %s) completed its rollout; recorded as known-good", revision, newRS.Name))
 	}
 	return nil
 }

@@ -100,16 +100,19 @@ var restoreSkipAnnotations = map[string]bool{
 	vocab.RevisionAnnotation:                    true,
 	"deployment.kubernetes.io/revision-history": true,
 	vocab.AnnotationDefaulted:                   true,
-	vocab.AnnotationKnownGoodRevision:           true,
-	vocab.AnnotationRolledBackRevision:          true,
-	vocab.AnnotationRolledBackTo:                true,
 	vocab.AnnotationRollbackStatus:              true,
-	vocab.AnnotationHandledDeadline:             true,
 	vocab.AnnotationDrainStarted:                true,
 	vocab.AnnotationDrainReplicas:               true,
 	vocab.AnnotationSkipCleanup:                 true,
-	vocab.AnnotationKnownGood:                   true,
-	vocab.AnnotationKnownGoodHash:               true,
+	// An earlier release's state (isLegacyMark), and copies of it.
+	vocab.LegacyAnnotationKnownGoodRevision:  true,
+	vocab.LegacyAnnotationRolledBackRevision: true,
+	vocab.LegacyAnnotationRolledBackTo:       true,
+	vocab.LegacyAnnotationHandledDeadline:    true,
+	vocab.LegacyAnnotationFailFastRevision:   true,
+	vocab.LegacyAnnotationFailingSince:       true,
+	vocab.LegacyAnnotationKnownGood:          true,
+	vocab.LegacyAnnotationKnownGoodHash:      true,
 }
 
 // withoutRolledBack is labels without the guard's rollback verdict, which
@@ -151,22 +154,22 @@ func RestorableDeployment(d *appsv1.Deployment) *appsv1.Deployment {
 	return out
 }
 
-// NewestKnownGood returns the known-good ReplicaSet with the highest revision,
-// the template that last completed a rollout, or nil.
-func NewestKnownGood(rss []*appsv1.ReplicaSet) (*appsv1.ReplicaSet, int64) {
-	var (
-		newest   *appsv1.ReplicaSet
-		revision int64 = -1
-	)
+// NewestKnownGood returns the ReplicaSet of the ledger's newest known-good
+// entry, the template that last completed a rollout, with its revision; nil
+// when there is none, or when that ReplicaSet is gone or changed since.
+func NewestKnownGood(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (*appsv1.ReplicaSet, int64) {
+	l, _ := ReadLedger(d)
+	n := l.Newest()
+	if n == nil {
+		return nil, -1
+	}
 	for _, rs := range rss {
-		if !IsKnownGood(rs) {
-			continue
-		}
-		if v, err := Revision(rs); err == nil && v > revision {
-			newest, revision = rs, v
+		if l.KnownGoodEntryOf(rs) == n {
+			v, _ := Revision(rs)
+			return rs, v
 		}
 	}
-	return newest, revision
+	return nil, -1
 }
 
 // BuildRecord makes the record ConfigMap of a Deployment being deleted, from
@@ -192,7 +195,7 @@ func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, expires time.Ti
 	if v, ok := d.Annotations[vocab.RevisionAnnotation]; ok {
 		cm.Data[RecordKeyRevision] = v
 	}
-	if rs, revision := NewestKnownGood(rss); rs != nil {
+	if rs, revision := NewestKnownGood(d, rss); rs != nil {
 		tmpl, err := yaml.Marshal(RollbackTemplate(rs))
 		if err != nil {
 			return nil, fmt.Errorf("encoding the known-good template: %w", err)
@@ -314,7 +317,7 @@ func (r *DeploymentReconciler) wholeForRecord(ctx context.Context, d *appsv1.Dep
 	if err != nil {
 		return nil, nil, err
 	}
-	if rs, _ := NewestKnownGood(rss); rs != nil {
+	if rs, _ := NewestKnownGood(d, rss); rs != nil {
 		whole := &appsv1.ReplicaSet{}
 		switch err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rs), whole); {
 		case apierrors.IsNotFound(err):

@@ -83,13 +83,13 @@ type Decision struct {
 // was until a replica makes progress (SetDeploymentCondition keeps a condition of
 // the same status and reason): for a while the stale deadline seems to be about
 // the restored revision. Three things keep it from being read so:
-//   - the handled-deadline annotation: the rollback write records the condition's
+//   - the ledger's handled deadline: the rollback records the condition's
 //     lastTransitionTime, and a genuinely new deadline is a new transition
 //     (False → True on progress → False progressDeadlineSeconds later), so it is
 //     strictly later, even at the one-second resolution of the field;
 //   - the condition names the ReplicaSet that timed out ("ReplicaSet %q has
 //     timed out progressing."); if that is not the newRS, it is stale;
-//   - the rolled-back-revision annotation: revisions only grow, so the failed
+//   - the ledger's rolled-back revision: revisions only grow, so the failed
 //     revision never comes back as a newRS revision.
 func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options) Decision {
 	cond := progressingCondition(d)
@@ -109,7 +109,8 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		dec.Reason = ReasonGenerationNotObserved
 		return dec
 	}
-	if handled, ok := handledDeadline(d); ok && cond.LastTransitionTime.Unix() <= handled.Unix() {
+	ledger, _ := ReadLedger(d)
+	if handled, ok := ledger.handledDeadlineTime(); ok && cond.LastTransitionTime.Unix() <= handled.Unix() {
 		dec.Reason = ReasonDeadlineAlreadyHandled
 		return dec
 	}
@@ -127,7 +128,7 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		return dec
 	}
 	dec.FailedRevision = failedRevision
-	if d.Annotations[vocab.AnnotationRolledBackRevision] == formatRevision(failedRevision) {
+	if ledger.RolledBackRevision == failedRevision {
 		dec.Reason = ReasonAlreadyRolledBack
 		return dec
 	}
@@ -145,17 +146,21 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		// only on a new deadline, counted from DeploymentResumed.
 		dec.Reason = ReasonPaused
 		dec.Message = fmt.Sprintf("Revision %d %s while the Deployment was being paused; the guard does not roll back a paused Deployment and will act only on a new deadline after it is resumed.", failedRevision, dec.failedHow())
-	case IsKnownGood(newRS) && d.Annotations[vocab.AnnotationRolledBackRevision] != "":
+	case ledger.IsKnownGood(newRS) && ledger.RolledBackRevision != 0:
 		dec.Reason = ReasonRollbackLoop
 		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s, but it is the known-good revision the guard rolled back to; stopped to avoid a rollback loop. The failure is likely outside the template.", failedRevision, newRS.Name, dec.failedHow())
-	case IsKnownGood(newRS):
+	case ledger.IsKnownGood(newRS):
 		dec.Reason = ReasonRollbackLoop
 		dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s, but it completed before and is known-good; not rolling back from one known-good revision to another. The failure is likely outside the template.", failedRevision, newRS.Name, dec.failedHow())
 	default:
-		target := KnownGoodTarget(d, rss)
+		target, why := FindKnownGoodTarget(d, rss)
 		if target == nil {
 			dec.Reason = ReasonNoKnownGoodRevision
-			dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s; no known-good revision to roll back to, so it is left as it is.", failedRevision, newRS.Name, dec.failedHow())
+			if why != "" {
+				dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s; %s, so it is left as it is (the guard restores only the newest known-good revision).", failedRevision, newRS.Name, dec.failedHow(), why)
+			} else {
+				dec.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s; no known-good revision to roll back to, so it is left as it is.", failedRevision, newRS.Name, dec.failedHow())
+			}
 			return dec
 		}
 		targetRevision, _ := Revision(target) // KnownGoodTarget skips unparsable revisions.
@@ -210,13 +215,11 @@ var annotationsToSkip = map[string]bool{
 // One departure, for the guard's own domain: its annotations on the Deployment
 // are kept from the Deployment, and those on the ReplicaSet are not copied. The
 // ReplicaSet's copies are stale (an older quarantine list, an older opt-out or
-// protection), and the ReplicaSet's own known-good mark must never reach the
-// Deployment, whence the Deployment controller would copy it onto every new
-// ReplicaSet.
+// protection). An earlier release's marks go (isLegacyMark).
 func RollbackAnnotations(d *appsv1.Deployment, rs *appsv1.ReplicaSet) map[string]string {
 	out := map[string]string{}
 	for k, v := range d.Annotations {
-		if annotationsToSkip[k] || (isGuardAnnotation(k) && !isReplicaSetMark(k)) {
+		if annotationsToSkip[k] || (isGuardAnnotation(k) && !isLegacyMark(k)) {
 			out[k] = v
 		}
 	}
@@ -230,8 +233,16 @@ func RollbackAnnotations(d *appsv1.Deployment, rs *appsv1.ReplicaSet) map[string
 
 func isGuardAnnotation(k string) bool { return strings.HasPrefix(k, vocab.Domain+"/") }
 
-func isReplicaSetMark(k string) bool {
-	return k == vocab.AnnotationKnownGood || k == vocab.AnnotationKnownGoodHash
+// isLegacyMark reports an annotation in which an earlier release kept a
+// fact now in the ledger: a rollback drops it, so that nothing copies it on.
+func isLegacyMark(k string) bool {
+	switch k {
+	case vocab.LegacyAnnotationKnownGood, vocab.LegacyAnnotationKnownGoodHash, vocab.LegacyAnnotationKnownGoodRevision,
+		vocab.LegacyAnnotationRolledBackRevision, vocab.LegacyAnnotationRolledBackTo, vocab.LegacyAnnotationFailFastRevision,
+		vocab.LegacyAnnotationHandledDeadline, vocab.LegacyAnnotationFailingSince:
+		return true
+	}
+	return false
 }
 
 // reconcileRollback acts on ShouldRollBack's decision. Every write carries the
@@ -300,52 +311,73 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		}
 	}
 
-	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	switch dec.Action {
-	case ActionRollBack:
+	// The rollback's template and annotations first, then the ledger: a
+	// restart between the two finds the template restored and the deadline
+	// stale (it names the failed ReplicaSet, no longer the newRS), and decides
+	// nothing twice; the other order could record a rollback that never
+	// happened, and then never make it.
+	var failedHash string
+	if dec.Action == ActionRollBack {
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		// The failed template is the Deployment's as read, hashed the way the
 		// validating webhook hashes the template a GitOps tool applies again.
-		failedHash := vocab.TemplateHash(&d.Spec.Template)
+		failedHash = vocab.TemplateHash(&d.Spec.Template)
 		d.Spec.Template = *RollbackTemplate(dec.Target)
 		d.Annotations = RollbackAnnotations(d, dec.Target)
-		d.Annotations[vocab.AnnotationRolledBackRevision] = formatRevision(dec.FailedRevision)
-		d.Annotations[vocab.AnnotationRolledBackTo] = dec.Target.Name
 		setLabel(d, vocab.LabelRolledBack, formatRevision(dec.FailedRevision))
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
 			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
 		AlignQuarantineLabel(d)
-		if dec.Evidence != "" {
-			d.Annotations[vocab.AnnotationFailFastRevision] = formatRevision(dec.FailedRevision)
+		d.Annotations[vocab.AnnotationRollbackStatus] = dec.Message
+		if err = r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
+			if apierrors.IsConflict(err) {
+				r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
+				log.V(2).Info("Deployment changed since it was read; deciding again")
+				return 0, fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
+			}
+			if landed, ok := r.rollbackLanded(ctx, d, err, dec); ok {
+				// A time-out or a dropped connection after the API server had
+				// applied the write: it is done, and told once, as a success.
+				log.Info("The rollback's write succeeded though its response was lost", "error", err.Error())
+				*d = *landed
+				err = nil
+			}
 		}
-		delete(d.Annotations, vocab.AnnotationFailingSince)
-	case ActionHold:
+		if err != nil {
+			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
+			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from revision %d to known-good revision %d failed: %v", dec.FailedRevision, dec.TargetRevision, err))
+			return 0, fmt.Errorf("rolling back revision %d: %w", dec.FailedRevision, err)
+		}
+	}
+	handled := dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
+	if _, err = r.updateLedger(ctx, d, func(l Ledger) Ledger {
+		l.HandledDeadline = handled
+		if dec.Action == ActionRollBack {
+			l.RolledBackRevision, l.RolledBackTo, l.FailingSince = dec.FailedRevision, dec.Target.Name, ""
+			if dec.Evidence != "" {
+				l.FailFastRevision = dec.FailedRevision
+			}
+		}
+		return l
+	}); err != nil {
+		if dec.Action == ActionRollBack {
+			// Rolled back, and not recorded: the next pass finds the
+			// deadline stale and the verdict unreported; say so.
+			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolled back from revision %d, but could not record it: %v", dec.FailedRevision, err))
+		}
+		return 0, fmt.Errorf("recording decision %s about revision %d: %w", dec.Reason, dec.FailedRevision, err)
+	}
+	if dec.Action == ActionHold && d.Annotations[vocab.AnnotationRollbackStatus] != dec.Message {
+		// In words, for people (kubectl describe, deployguard status); the
+		// decision itself is the ledger's.
+		patch := client.MergeFrom(d.DeepCopy())
 		if d.Annotations == nil {
 			d.Annotations = map[string]string{}
 		}
-	}
-	d.Annotations[vocab.AnnotationRollbackStatus] = dec.Message
-	d.Annotations[vocab.AnnotationHandledDeadline] = dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
-
-	if err = r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
-		if apierrors.IsConflict(err) {
-			r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
-			log.V(2).Info("Deployment changed since it was read; deciding again")
-			return 0, fmt.Errorf("deployment changed while deciding about revision %d: %w", dec.FailedRevision, err)
+		d.Annotations[vocab.AnnotationRollbackStatus] = dec.Message
+		if err := r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
+			log.Info("Could not write the decision's message on the Deployment", "error", err.Error())
 		}
-		if landed, ok := r.decisionLanded(ctx, d, err, vocab.AnnotationRollbackStatus, vocab.AnnotationHandledDeadline); ok {
-			// A time-out or a dropped connection after the API server had
-			// applied the write: it is done, and told once, as a success.
-			log.Info("The decision's write succeeded though its response was lost", "error", err.Error())
-			*d = *landed
-			err = nil
-		}
-	}
-	if err != nil {
-		if dec.Action == ActionRollBack {
-			r.Metrics.rollbacks.WithLabelValues(resultFailed).Inc()
-			r.emitRollbackWarningEvent(d, vocab.ReasonRollbackFailed, fmt.Sprintf("Rolling back from revision %d to known-good revision %d failed: %v", dec.FailedRevision, dec.TargetRevision, err))
-		}
-		return 0, fmt.Errorf("recording decision %s about revision %d: %w", dec.Reason, dec.FailedRevision, err)
 	}
 
 	switch dec.Reason {
@@ -371,12 +403,11 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	return 0, nil
 }
 
-// decisionLanded reads the Deployment from the API server after a write that
-// failed without a conflict, and reports whether the write was applied all
-// the same: the decision's record (the annotations keys, such as its message
-// and the deadline it handled, together unique to it) is on the Deployment as
-// the API server has it.
-func (r *DeploymentReconciler) decisionLanded(ctx context.Context, want *appsv1.Deployment, err error, keys ...string) (*appsv1.Deployment, bool) {
+// rollbackLanded reads the Deployment from the API server after a rollback
+// write that failed without a conflict, and reports whether the write was
+// applied all the same: the restored template and the rollback's message are
+// on the Deployment as the API server has it.
+func (r *DeploymentReconciler) rollbackLanded(ctx context.Context, want *appsv1.Deployment, err error, dec Decision) (*appsv1.Deployment, bool) {
 	if !outcomeUnknown(err) {
 		return nil, false
 	}
@@ -384,10 +415,8 @@ func (r *DeploymentReconciler) decisionLanded(ctx context.Context, want *appsv1.
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), fresh); err != nil {
 		return nil, false
 	}
-	for _, k := range keys {
-		if fresh.Annotations[k] != want.Annotations[k] {
-			return nil, false
-		}
+	if fresh.Annotations[vocab.AnnotationRollbackStatus] != dec.Message || !sameTemplate(fresh, dec.Target) {
+		return nil, false
 	}
 	return fresh, true
 }
@@ -421,7 +450,7 @@ func (r *DeploymentReconciler) decideOnFresh(ctx context.Context, d *appsv1.Depl
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dec.Target), target); err != nil {
 		return Decision{}, fmt.Errorf("reading the known-good ReplicaSet %s: %w", dec.Target.Name, err)
 	}
-	if target.UID != dec.Target.UID || !IsKnownGood(target) || templateHash(&target.ObjectMeta, &target.Spec.Template) != templateHash(&dec.Target.ObjectMeta, &dec.Target.Spec.Template) {
+	if target.UID != dec.Target.UID || !IsKnownGood(d, target) || templateHash(&target.ObjectMeta, &target.Spec.Template) != templateHash(&dec.Target.ObjectMeta, &dec.Target.Spec.Template) {
 		// Replaced or changed since the cache saw it: decided again on the
 		// watch event that tells of it.
 		return Decision{}, apierrors.NewConflict(appsv1.Resource("replicasets"), target.Name, fmt.Errorf("changed since it was read"))
@@ -440,11 +469,6 @@ func autoRollbackOptedOut(d *appsv1.Deployment) bool {
 	}
 	on, err := strconv.ParseBool(strings.TrimSpace(v))
 	return err == nil && !on
-}
-
-// handledDeadline returns the time recorded in the handled-deadline annotation.
-func handledDeadline(d *appsv1.Deployment) (time.Time, bool) {
-	return timeAnnotation(d.Annotations, vocab.AnnotationHandledDeadline)
 }
 
 // failedReplicaSetName returns the ReplicaSet named by a

@@ -146,18 +146,22 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 // (so that a restart keeps the window's start) and the decision in words,
 // with one Event. Later passes find both recorded and write nothing.
 func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Deployment, dec Decision, h TransientHold) error {
-	since := h.Since.UTC().Format(time.RFC3339) + " " + dec.NewRS.Name
+	since := FailingSinceValue(h.Since, dec.NewRS.Name)
 	msg := h.DeferMessage(dec)
-	if d.Annotations[vocab.AnnotationFailingSince] == since && strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec)) {
+	if l, _ := ReadLedger(d); l.FailingSince == since && strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec)) {
 		// Deferred already (its causes may have changed since, or cleared:
 		// the window and its end are the same).
 		return nil
+	}
+	// The window's start in the ledger (a restart keeps it), the decision
+	// in words for people.
+	if err := r.setFailingSince(ctx, d, since); err != nil {
+		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)
 	}
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if d.Annotations == nil {
 		d.Annotations = map[string]string{}
 	}
-	d.Annotations[vocab.AnnotationFailingSince] = since
 	d.Annotations[vocab.AnnotationRollbackStatus] = msg
 	if err := r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
 		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)

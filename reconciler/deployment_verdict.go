@@ -43,11 +43,15 @@ type Verdict struct {
 // GitOps tool does after a revert, changes nothing: the guard cannot tell it
 // from no write at all, so the acceptance is explicit.
 func DecideVerdict(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) Verdict {
-	to := d.Annotations[vocab.AnnotationRolledBackTo]
+	l, _ := ReadLedger(d)
+	to := l.RolledBackTo
 	if to == "" {
 		return Verdict{Why: "no rollback"}
 	}
-	failed := d.Annotations[vocab.AnnotationRolledBackRevision]
+	failed := ""
+	if l.RolledBackRevision != 0 {
+		failed = formatRevision(l.RolledBackRevision)
+	}
 	if failed != "" && d.Annotations[vocab.AnnotationAcceptRollback] == failed {
 		return Verdict{Clear: true, Why: "accepted"}
 	}
@@ -99,8 +103,8 @@ func StalledIndex(s *appsv1.DeploymentStatus) int {
 // d: its Stalled condition, its label or the rollback's annotation.
 func HasVerdict(d *appsv1.Deployment) bool {
 	_, labelled := d.Labels[vocab.LabelRolledBack]
-	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
-	return labelled || recorded || StalledIndex(&d.Status) >= 0
+	l, _ := ReadLedger(d)
+	return labelled || l.RolledBackTo != "" || StalledIndex(&d.Status) >= 0
 }
 
 // RemoveStalled removes the guard's Stalled condition, and only the guard's:
@@ -132,7 +136,8 @@ func VerdictDue(old, d *appsv1.Deployment) (restored string, due bool) {
 		!specObserved(d) || old.Status.ObservedGeneration == d.Generation {
 		return "", false
 	}
-	return d.Annotations[vocab.AnnotationRolledBackTo], true
+	l, _ := ReadLedger(d)
+	return l.RolledBackTo, true
 }
 
 // reconcileVerdict brings the Stalled condition in line with DecideVerdict.
@@ -171,14 +176,14 @@ func (r *DeploymentReconciler) applyVerdict(ctx context.Context, d *appsv1.Deplo
 			return err
 		}
 		if reported {
-			log.Info("Rollback reported on the Deployment's status", "condition", vocab.ConditionStalled, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
+			log.Info("Rollback reported on the Deployment's status", "condition", vocab.ConditionStalled, "failedRevision", rolledBackRevision(d))
 		}
 		if _, ok := d.Labels[vocab.LabelRolledBack]; !ok {
 			// A rollback by an earlier release, which set no label: without
 			// it the verdict webhook never sees this Deployment's status.
 			// Best effort: the reconciler still ends the verdict without it.
 			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-			setLabel(d, vocab.LabelRolledBack, d.Annotations[vocab.AnnotationRolledBackRevision])
+			setLabel(d, vocab.LabelRolledBack, rolledBackRevision(d))
 			if err := r.Client.Patch(ctx, d, patch); err != nil {
 				log.Info("Could not label the rolled-back Deployment; its verdict ends after the new generation is observed", "label", vocab.LabelRolledBack, "error", err.Error())
 			}
@@ -194,19 +199,28 @@ func (r *DeploymentReconciler) applyVerdict(ctx context.Context, d *appsv1.Deplo
 	// The label goes with the verdict however it ended (an annotation
 	// removed by hand, an earlier release's end of it), so that it lists
 	// only the Deployments that stand rolled back.
-	_, labelled := d.Labels[vocab.LabelRolledBack]
-	_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
-	if (v.Clear && recorded) || (!v.Stalled && labelled) {
-		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if v.Clear {
-			delete(d.Annotations, vocab.AnnotationRolledBackTo)
+	if l, _ := ReadLedger(d); v.Clear && l.RolledBackTo != "" {
+		if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger { l.RolledBackTo = ""; return l }); err != nil {
+			return fmt.Errorf("forgetting the rollback: %w", err)
 		}
+	}
+	if _, labelled := d.Labels[vocab.LabelRolledBack]; !v.Stalled && labelled {
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		delete(d.Labels, vocab.LabelRolledBack)
 		if err := r.Client.Patch(ctx, d, patch); err != nil {
 			return fmt.Errorf("forgetting the rollback: %w", err)
 		}
 	}
 	return nil
+}
+
+// rolledBackRevision is the ledger's rolled-back revision, as a label value
+// and in messages ("" when none).
+func rolledBackRevision(d *appsv1.Deployment) string {
+	if l, _ := ReadLedger(d); l.RolledBackRevision != 0 {
+		return formatRevision(l.RolledBackRevision)
+	}
+	return ""
 }
 
 // reportRollback sets the guard's Stalled condition with message, unless it

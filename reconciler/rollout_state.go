@@ -52,21 +52,22 @@ func ReadRollout(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) RolloutState {
 	}
 	if v := DecideVerdict(d, rss); v.Stalled {
 		st.Phase, st.Reason, st.Message = RolloutFailed, vocab.ReasonAutoRollback, v.Message
-		st.FailedRevision = d.Annotations[vocab.AnnotationRolledBackRevision]
+		st.FailedRevision = rolledBackRevision(d)
 		return st
 	}
-	if newRS := FindNewReplicaSet(d, rss); newRS != nil && !IsKnownGood(newRS) {
-		if rev := newRS.Annotations[vocab.RevisionAnnotation]; rev != "" && d.Annotations[vocab.AnnotationFailFastRevision] == rev {
+	ledger, _ := ReadLedger(d)
+	if newRS := FindNewReplicaSet(d, rss); newRS != nil && !ledger.IsKnownGood(newRS) {
+		if rev, err := Revision(newRS); err == nil && rev != 0 && ledger.FailFastRevision == rev {
 			// Found failing and left as it is (no known-good revision, or
 			// automatic rollback off): the decision's message says which.
-			st.Phase, st.Reason, st.FailedRevision = RolloutFailed, vocab.ReasonRolloutFailing, rev
+			st.Phase, st.Reason, st.FailedRevision = RolloutFailed, vocab.ReasonRolloutFailing, formatRevision(rev)
 			st.Message = d.Annotations[vocab.AnnotationRollbackStatus]
 			return st
 		}
 	}
 	if c := progressingCondition(d); c != nil && c.Reason == vocab.ProgressDeadlineExceeded {
 		st.Phase, st.Reason, st.Message = RolloutFailed, vocab.ProgressDeadlineExceeded, fmt.Sprintf("deployment %q exceeded its progress deadline: %s", d.Name, c.Message)
-		if decision := d.Annotations[vocab.AnnotationRollbackStatus]; decision != "" && d.Annotations[vocab.AnnotationHandledDeadline] != "" {
+		if decision := d.Annotations[vocab.AnnotationRollbackStatus]; decision != "" && ledger.HandledDeadline != "" {
 			st.Message += " deployguard: " + decision
 		}
 		return st

@@ -131,7 +131,7 @@ func CheckQuarantine(d, old *appsv1.Deployment, mode string) Findings {
 			"bringing back quarantined pod template %s deliberately (annotation %s)", hash, vocab.AnnotationAllowTemplate))}
 	}
 	msg := quarantined(hash, "bring this exact template back")
-	if q[len(q)-1] == hash && old.Annotations[vocab.AnnotationRolledBackTo] != "" &&
+	if q[len(q)-1] == hash && old.Labels[vocab.LabelRolledBack] != "" &&
 		old.Annotations[vocab.AnnotationRollbackStatus] != "" {
 		// The rollback of this very template still stands: say why it
 		// failed, for a GitOps tool that shows only this message.

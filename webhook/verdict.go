@@ -84,7 +84,7 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	if !r.DryRun {
 		log.Info("Rollback no longer reported, in the write that observes the new generation", "why", decided.Why,
-			"generation", d.Generation, "failedRevision", d.Annotations[vocab.AnnotationRolledBackRevision])
+			"generation", d.Generation, "failedRevision", d.Labels[vocab.LabelRolledBack])
 	}
 	// The index is into the very list the API server patches: the
 	// request's object, decoded from the same bytes.

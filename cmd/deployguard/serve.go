@@ -353,6 +353,17 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 		elect: f.leaderElect, id: f.leaderElection, namespace: f.namespace, pause: time.Second,
 	}
 	leader.setup = append(leader.setup, func(ctx context.Context, lm ctrl.Manager) error {
+		ropts := ropts
+		// Uncached: one read (and a create the first time) per term.
+		direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return fmt.Errorf("building a client: %w", err)
+		}
+		since, err := reconciler.LedgerSince(ctx, direct, f.namespace, time.Now())
+		if err != nil {
+			return err
+		}
+		ropts.LegacyCutoff = since
 		rollouts := &reconciler.DeploymentReconciler{
 			Client:       lm.GetClient(),
 			Recorder:     lm.GetEventRecorder("deployguard"),

@@ -143,12 +143,6 @@ const (
 	AnnotationDefaulted = Domain + "/defaulted"
 	// AnnotationAutoRollback set to "false" turns automatic rollback off.
 	AnnotationAutoRollback = Domain + "/auto-rollback"
-	// AnnotationKnownGoodRevision is the revision of the newest ReplicaSet whose
-	// rollout completed.
-	AnnotationKnownGoodRevision = Domain + "/known-good-revision"
-	// AnnotationRolledBackRevision is the failed revision the guard rolled back
-	// from; it makes a rollback happen exactly once per failed revision.
-	AnnotationRolledBackRevision = Domain + "/rolled-back-revision"
 	// AnnotationRollbackStatus says, in words, what the guard last decided about a
 	// failed rollout and why (no known-good revision, loop stopped, …).
 	AnnotationRollbackStatus = Domain + "/rollback-status"
@@ -164,14 +158,6 @@ const (
 	// (it then waits for its progress deadline); a duration ("5m") sets its
 	// window instead of the cluster's.
 	AnnotationFailFast = Domain + "/fail-fast"
-	// AnnotationFailingSince is "<RFC 3339 time> <ReplicaSet name>": when the
-	// guard first saw failure evidence on the new pods of that ReplicaSet, the
-	// start of the fail-fast window. It goes when the evidence stops holding.
-	AnnotationFailingSince = Domain + "/failing-since"
-	// AnnotationFailFastRevision is the revision fail-fast has decided about
-	// (rolled back, or reported when it could not roll back): it is decided
-	// once.
-	AnnotationFailFastRevision = Domain + "/fail-fast-revision"
 	// AnnotationCleanup asks for the guard's cleanup on deletion: a
 	// comma-separated list of steps ("record", "drain") or "none". Without it,
 	// the cluster's default applies (none unless the platform team configures
@@ -188,38 +174,42 @@ const (
 	// AnnotationDrainReplicas is spec.replicas as it was before the drain scaled
 	// the Deployment to zero; the record restores it.
 	AnnotationDrainReplicas = Domain + "/drain-replicas"
-	// AnnotationHandledDeadline is the lastTransitionTime (RFC 3339) of the newest
-	// ProgressDeadlineExceeded condition the reconciler has decided about (rolled
-	// back, or held for a reason given in AnnotationRollbackStatus). A condition
-	// no newer than this is old news: it is never acted on twice, and a deadline
-	// that predates a pause is not acted on after the resume.
-	AnnotationHandledDeadline = Domain + "/handled-deadline"
-	// AnnotationRolledBackTo is the name of the known-good ReplicaSet the
-	// guard's last rollback restored. While it is the Deployment's newRS, the
-	// rollback stands reported to deploying tools (ConditionStalled); a new
-	// template, or AnnotationAcceptRollback, ends that, and the annotation
-	// goes with it.
-	AnnotationRolledBackTo = Domain + "/rolled-back-to"
-	// AnnotationAcceptRollback set to the failed revision (the value of
-	// AnnotationRolledBackRevision) says a person accepts the guard's rollback
+	// AnnotationAcceptRollback set to the failed revision (the guard's
+	// rollback Event, its Stalled condition and the LabelRolledBack label
+	// name it) says a person accepts the guard's rollback
 	// of it: the Deployment no longer reads as failed. The revision, not
 	// "true", so that a value kept in a manifest never hides the next failure.
 	AnnotationAcceptRollback = Domain + "/accept-rollback"
 )
 
-// Annotations on ReplicaSets.
+// Annotations of earlier releases, which kept the reconciler's facts where
+// any tenant can write them and where upstream copies them (the Deployment
+// controller onto new ReplicaSets, `kubectl rollout undo` back onto the
+// Deployment). This release keeps them in the Deployment's status
+// (ConditionLedger) and reads these only once, to adopt an earlier release's
+// history (reconciler.AdoptLegacy); it never writes them.
 const (
-	// AnnotationKnownGood marks a ReplicaSet whose rollout completed; the value is
-	// the RFC 3339 time at which the guard saw it complete.
-	AnnotationKnownGood = Domain + "/known-good"
-	// AnnotationKnownGoodHash is the pod-template-hash label of the ReplicaSet
-	// that AnnotationKnownGood was written on. The Deployment controller copies a
-	// Deployment's annotations onto its new ReplicaSets, and `kubectl rollout undo`
-	// copies a ReplicaSet's annotations onto the Deployment, so a known-good mark
-	// can travel to a ReplicaSet that never completed; the hash tells the real mark
-	// from such a copy.
-	AnnotationKnownGoodHash = Domain + "/known-good-hash"
+	// On ReplicaSets: the RFC 3339 time the rollout completed, and the
+	// ReplicaSet's own pod-template-hash (which told the mark from a copy).
+	LegacyAnnotationKnownGood     = Domain + "/known-good"
+	LegacyAnnotationKnownGoodHash = Domain + "/known-good-hash"
+	// On Deployments: the newest known-good revision, the revision rolled back
+	// from and the ReplicaSet restored, the revision fail-fast decided about,
+	// the deadline decided about and when failure evidence was first seen.
+	LegacyAnnotationKnownGoodRevision  = Domain + "/known-good-revision"
+	LegacyAnnotationRolledBackRevision = Domain + "/rolled-back-revision"
+	LegacyAnnotationRolledBackTo       = Domain + "/rolled-back-to"
+	LegacyAnnotationFailFastRevision   = Domain + "/fail-fast-revision"
+	LegacyAnnotationHandledDeadline    = Domain + "/handled-deadline"
+	LegacyAnnotationFailingSince       = Domain + "/failing-since"
 )
+
+// ConditionLedger is the type of the Deployment status condition in which the
+// reconciler keeps every fact it acts on (reconciler.Ledger, as JSON in the
+// message). Tenants cannot write a Deployment's status, upstream copies no
+// condition anywhere, and the Deployment controller keeps condition types it
+// does not own.
+const ConditionLedger = Domain + "/Ledger"
 
 // Annotations on the record ConfigMaps the cleanup's record step writes.
 const (
@@ -242,7 +232,7 @@ const (
 	// LabelGuardDisabled is the value of LabelGuard that opts a namespace out.
 	LabelGuardDisabled = "disabled"
 	// LabelRolledBack, on a Deployment, says the guard's rollback verdict
-	// stands (AnnotationRolledBackTo; its value is the failed revision). It
+	// stands (its value is the failed revision). It
 	// lets the API server send the guard the status writes of those
 	// Deployments alone (the verdict webhook's objectSelector), and lets a
 	// person list them: kubectl get deploy -A -l deployguard.io/rolled-back.

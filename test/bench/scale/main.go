@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/bench/load"
 	"github.com/deployguard/deployguard/test/harness"
@@ -477,7 +478,8 @@ func (b *bench) waitKnownGood(ctx context.Context, revision string) error {
 			if err := b.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: fmt.Sprintf("live-%03d", i)}, d); err != nil {
 				return false, err
 			}
-			if d.Annotations[vocab.AnnotationKnownGoodRevision] != revision {
+			l, _ := reconciler.ReadLedger(d)
+			if n := l.Newest(); n == nil || strconv.FormatInt(n.Revision, 10) != revision {
 				return false, nil
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -172,7 +173,7 @@ func buildStatus(in statusInput) deploymentStatus {
 	st := deploymentStatus{
 		Namespace:         d.Namespace,
 		Name:              d.Name,
-		KnownGoodRevision: d.Annotations[vocab.AnnotationKnownGoodRevision],
+		KnownGoodRevision: knownGoodRevision(d),
 		AutoRollback:      d.Annotations[vocab.AnnotationAutoRollback] != "false",
 		LastDecision:      d.Annotations[vocab.AnnotationRollbackStatus],
 		Revisions:         []revisionStatus{},
@@ -180,6 +181,7 @@ func buildStatus(in statusInput) deploymentStatus {
 		Events:            []guardEvent{},
 	}
 	st.Revision, _ = reconciler.Revision(d)
+	ledger, _ := reconciler.ReadLedger(d)
 
 	events := guardEventsOf(d, in.Events)
 	failures := failuresByReplicaSet(events, st.LastDecision)
@@ -199,7 +201,7 @@ func buildStatus(in statusInput) deploymentStatus {
 			ReplicaSet:        rs.Name,
 			TemplateHash:      hash,
 			Current:           hash == currentHash,
-			KnownGood:         reconciler.IsKnownGood(rs),
+			KnownGood:         reconciler.IsKnownGood(d, rs),
 			Quarantined:       slices.Contains(quarantined, hash),
 			Replicas:          rs.Status.Replicas,
 			Ready:             rs.Status.ReadyReplicas,
@@ -208,8 +210,8 @@ func buildStatus(in statusInput) deploymentStatus {
 			PreviousRevisions: rs.Annotations["deployment.kubernetes.io/revision-history"],
 			Failure:           failures[rs.Name],
 		}
-		if r.KnownGood {
-			r.KnownGoodAt = rs.Annotations[vocab.AnnotationKnownGood]
+		if e := ledger.KnownGoodEntryOf(rs); e != nil {
+			r.KnownGoodAt = e.At
 		}
 		rsByHash[hash] = append(rsByHash[hash], rs.Name)
 		st.Revisions = append(st.Revisions, r)
@@ -232,7 +234,7 @@ func buildStatus(in statusInput) deploymentStatus {
 		}
 	}
 	if v := reconciler.DecideVerdict(d, rss); v.Stalled {
-		failed := d.Annotations[vocab.AnnotationRolledBackRevision]
+		failed := strconv.FormatInt(ledger.RolledBackRevision, 10)
 		st.Verdict = &verdictStatus{FailedRevision: failed, Message: v.Message,
 			Accept: fmt.Sprintf("kubectl annotate deployment -n %s %s %s=%s", d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)}
 	}
@@ -322,7 +324,8 @@ func rolloutOf(d *appsv1.Deployment) rolloutStatus {
 		Ready:     d.Status.ReadyReplicas,
 		Available: d.Status.AvailableReplicas,
 	}
-	if at, rs, ok := strings.Cut(d.Annotations[vocab.AnnotationFailingSince], " "); ok {
+	if l, _ := reconciler.ReadLedger(d); l.FailingSince != "" {
+		at, rs, _ := strings.Cut(l.FailingSince, " ")
 		r.FailingSince, r.FailingReplicaSet = at, rs
 	}
 	want := int32(1)
@@ -652,4 +655,14 @@ func fetchStatus(ctx context.Context, c client.Client, ns, name string) (deploym
 	st := buildStatus(in)
 	st.EventsUnavailable = unavailable
 	return st, nil
+}
+
+// knownGoodRevision is the revision of the ledger's newest known-good entry,
+// "" when there is none.
+func knownGoodRevision(d *appsv1.Deployment) string {
+	l, _ := reconciler.ReadLedger(d)
+	if n := l.Newest(); n != nil {
+		return strconv.FormatInt(n.Revision, 10)
+	}
+	return ""
 }

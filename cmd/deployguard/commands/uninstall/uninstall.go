@@ -265,9 +265,8 @@ func removeGuardFinalizers(ctx context.Context, c client.Client, key client.Obje
 	return removed, err
 }
 
-// endVerdict removes the rollback's annotation and label first (a guard still
-// running then reads no rollback, and reports none again), then the Stalled
-// condition (which needs patch on deployments/status): patches conditional
+// endVerdict removes the rollback's label first, then the Stalled condition
+// and the guard's ledger (which needs patch on deployments/status): patches conditional
 // on the resourceVersion read, retried on conflict. It reports whether the
 // Deployment was there to end it on.
 func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) (bool, error) {
@@ -278,18 +277,17 @@ func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) (boo
 		if err := c.Get(ctx, key, d); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		_, labelled := d.Labels[vocab.LabelRolledBack]
-		_, recorded := d.Annotations[vocab.AnnotationRolledBackTo]
-		if labelled || recorded {
+		if _, labelled := d.Labels[vocab.LabelRolledBack]; labelled {
 			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			delete(d.Labels, vocab.LabelRolledBack)
-			delete(d.Annotations, vocab.AnnotationRolledBackTo)
 			if err := c.Patch(ctx, d, patch); err != nil {
 				return client.IgnoreNotFound(err)
 			}
 		}
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if reconciler.RemoveStalled(&d.Status) {
+		// The verdict and the guard's ledger go together: nothing is left
+		// that the guard wrote.
+		if stalled, ledger := reconciler.RemoveStalled(&d.Status), reconciler.RemoveLedger(&d.Status); stalled || ledger {
 			if err := c.Status().Patch(ctx, d, patch); err != nil {
 				return client.IgnoreNotFound(err)
 			}
