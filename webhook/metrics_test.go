@@ -73,9 +73,10 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 			return index.OverlapCandidates(ctx, d)
 		}),
 		// A policy that refuses at spec.selector, where the selector check
-		// reports too.
+		// reports too. A DELETE has no object.
 		Policies: policyFunc(func(in policy.Request) policy.Decision {
-			if !bytes.Contains(in.Object.([]byte), []byte(`"example.com/deny":"true"`)) {
+			raw, _ := in.Object.([]byte)
+			if !bytes.Contains(raw, []byte(`"example.com/deny":"true"`)) {
 				return policy.Decision{}
 			}
 			return policy.Decision{Denied: []policy.Finding{{Policy: "no-selectors", Field: "spec.selector", Message: "no", Rule: "deny", Mode: policy.ModeEnforce}}}

@@ -41,7 +41,8 @@ type Stage struct {
 	// the quarantine, the spec checks and the overlaps; on DELETE, the
 	// deletion protection.
 	Checks bool
-	// Policies runs the Rego policies.
+	// Policies runs the Rego policies, on DELETE too (with OldObject: the
+	// policy engine evaluates the policies that can tell a DELETE).
 	Policies bool
 	// Stored judges Object as it is stored rather than a change to it (the
 	// audit): the spec checks run even though nothing changed, an overlap
@@ -100,8 +101,9 @@ func (p RegoPolicies) Evaluate(ctx context.Context, r policy.Request) (policy.De
 
 // Review runs the stage of admission on one request: the defaults, the Go
 // checks, the quarantine, the finalizer rules and the policies, in the order
-// the API server calls them. It is the one pipeline of the guard; callers only
-// translate its findings.
+// the API server calls them; on a DELETE, the deletion protection and the
+// policies, on the Deployment being deleted. It is the one pipeline of the
+// guard; callers only translate its findings.
 func (w *Deployment) Review(ctx context.Context, req Request, stage Stage) Review {
 	var r Review
 	if req.Operation == admissionv1.Delete {
@@ -110,6 +112,14 @@ func (w *Deployment) Review(ctx context.Context, req Request, stage Stage) Revie
 			// through, so that deleting a namespace always completes.
 			r.Findings = w.Options.nativeChecks(ctx, req, native.Refusals)
 		}
+		// The policies judge the Deployment being deleted (oldObject);
+		// the spec checks have nothing to say about a deletion.
+		if req.OldObject == nil {
+			return r
+		}
+		r.Exempt = w.Options.exemption(req.OldObject.Namespace, req.UserInfo)
+		w.policies(ctx, req, stage, &r)
+		w.except(req.OldObject, r.Findings)
 		return r
 	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
@@ -135,17 +145,25 @@ func (w *Deployment) Review(ctx context.Context, req Request, stage Stage) Revie
 	}
 	// Policies run even when a Go check failed: the user sees every problem of
 	// the request at once.
+	w.policies(ctx, req, stage, &r)
+	w.except(d, r.Findings)
+	return r
+}
+
+// policies runs the stage's Rego policies on req, unless r.Exempt says the
+// request is exempt or the guard itself sends it, and adds their findings to
+// r.
+func (w *Deployment) policies(ctx context.Context, req Request, stage Stage, r *Review) {
 	p := stage.With
 	if p == nil {
 		p = w.Policies
 	}
-	if stage.Policies && p != nil && exempt == "" && !o.isGuard(req.UserInfo) {
-		r.PoliciesRan = true
-		fs, why := w.evaluatePolicies(ctx, p, req)
-		r.Findings, r.PoliciesExempt = append(r.Findings, fs...), why
+	if !stage.Policies || p == nil || r.Exempt != "" || w.Options.isGuard(req.UserInfo) {
+		return
 	}
-	w.except(d, r.Findings)
-	return r
+	r.PoliciesRan = true
+	fs, why := w.evaluatePolicies(ctx, p, req)
+	r.Findings, r.PoliciesExempt = append(r.Findings, fs...), why
 }
 
 // except applies the active PolicyExceptions that cover d to its findings: a
@@ -338,12 +356,19 @@ func (w *Deployment) evaluatePolicies(ctx context.Context, p Policies, req Reque
 		Operation: string(req.Operation),
 		UserInfo:  policy.UserInfo{Username: req.UserInfo.Username, UID: req.UserInfo.UID, Groups: req.UserInfo.Groups},
 		DryRun:    req.DryRun,
-		Namespace: req.Object.Namespace, Name: req.Object.Name,
-		Object: req.Object, OldObject: nil,
 	}
-	if len(req.ObjectRaw) > 0 {
-		in.Object = req.ObjectRaw
+	// A DELETE has no object (input.object is null): the policies judge
+	// the Deployment being deleted, input.oldObject.
+	subject := req.Object
+	if subject != nil {
+		in.Object = subject
+		if len(req.ObjectRaw) > 0 {
+			in.Object = req.ObjectRaw
+		}
+	} else {
+		subject = req.OldObject
 	}
+	in.Namespace, in.Name = subject.Namespace, subject.Name
 	if req.OldObject != nil {
 		in.OldObject = req.OldObject
 		if len(req.OldObjectRaw) > 0 {
@@ -366,7 +391,12 @@ func (w *Deployment) evaluatePolicies(ctx context.Context, p Policies, req Reque
 	f := make(Findings, 0, len(dec.Denied)+len(dec.Warnings)+len(dec.Audited))
 	for _, x := range dec.Denied {
 		path := x.Field
-		if path == "" {
+		switch {
+		case path != "":
+		case req.Operation == admissionv1.Delete:
+			// Nothing of the spec is at fault in a deletion.
+			path = "metadata"
+		default:
 			path = "spec"
 		}
 		e := (&field.Error{Type: field.ErrorTypeForbidden, Field: path, BadValue: "",

@@ -1,0 +1,162 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/exception"
+)
+
+// criticalPolicy refuses, in mode, the deletion of a Deployment labelled
+// tier: critical, as policy/README.md tells authors to write it: against
+// oldObject.
+func criticalPolicy(name, mode string) policy.Source {
+	return policy.Source{Name: name + ".rego", Module: `# METADATA
+# custom:
+#   mode: ` + mode + `
+package deployguard.` + name + `
+
+deny contains "a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical" if {
+	input.operation == "DELETE"
+	input.oldObject.metadata.labels.tier == "critical"
+}
+`}
+}
+
+// ownerPolicy refuses a Deployment without an owner label, in the way most
+// policies are written: about input.object alone, which a DELETE has not.
+var ownerPolicy = policy.Source{Name: "owner.rego", Module: `package deployguard.owner
+
+deny contains {"msg": "add an owner label", "field": "metadata.labels.owner"} if {
+	not input.object.metadata.labels.owner
+}
+`}
+
+// enginePolicies loads sources into a policy engine the way serve does.
+func enginePolicies(t *testing.T, sources ...policy.Source) Policies {
+	t.Helper()
+	eng, err := policy.New(policy.Options{})
+	require.NoError(t, err)
+	require.NoError(t, eng.Load(context.Background(), append(policy.Builtins(), sources...)))
+	return RegoPolicies{Engine: eng}
+}
+
+// TestPoliciesJudgeDeletes: the validating webhook evaluates the Rego
+// policies on a DELETE, with the Deployment being deleted as
+// input.oldObject: an enforced policy refuses it with a message naming the
+// policy, a warn-mode one warns, and a DELETE nothing objects to passes.
+// The deletion protection is judged as before, beside the policies.
+func TestPoliciesJudgeDeletes(t *testing.T) {
+	critical := func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "critical"} }
+	protected := func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationProtected] = "true" }
+	const refusal = `Deployment.apps "web" is invalid: metadata: Forbidden: [policy critical] a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical`
+	const warning = "[policy critical] a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical"
+	tests := []struct {
+		name     string
+		policies []policy.Source
+		old      *appsv1.Deployment
+		user     string
+		mut      func(*Deployment)
+		allowed  bool
+		messages []string // in the refusal, each
+		warnings []string // exactly
+	}{
+		{name: "an enforced policy refuses the deletion", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(critical), messages: []string{refusal}},
+		{name: "a warn-mode policy warns", policies: []policy.Source{criticalPolicy("critical", "warn")},
+			old: guarded(critical), allowed: true, warnings: []string{warning}},
+		{name: "an audit-mode policy is only recorded", policies: []policy.Source{criticalPolicy("critical", "audit")},
+			old: guarded(critical), allowed: true},
+		{name: "nothing objects: the deletion passes", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(), allowed: true},
+		{name: "no policy but the built-ins, all of whose rules the Deployment breaks",
+			old: guarded(func(d *appsv1.Deployment) {
+				c := &d.Spec.Template.Spec.Containers[0]
+				c.Image, c.ReadinessProbe = "nginx", nil
+				d.Spec.Template.Spec.HostNetwork = true
+			}), allowed: true},
+		{name: "a policy about the object alone does not refuse every deletion", policies: []policy.Source{ownerPolicy},
+			old: guarded(), allowed: true},
+		{name: "the deletion protection and the policy, each refusing", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old:      guarded(critical, protected),
+			messages: []string{"is protected from deletion", "metadata: Forbidden: [policy critical] a tier: critical Deployment may not be deleted"}},
+		{name: "the deletion protection alone", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(protected), messages: []string{"is protected from deletion"}},
+		{name: "an exempt user", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(critical), user: "ops-bot", mut: func(w *Deployment) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
+		{name: "an exempt namespace", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(critical), mut: func(w *Deployment) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
+		{name: "the guard itself", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(critical), user: testOptions().GuardUsername, allowed: true},
+		{name: "a PolicyException of the policy turns the refusal into a warning", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+			old: guarded(critical), mut: func(w *Deployment) {
+				x := exception.NewIndex("deployguard-system")
+				x.Set(&exception.PolicyException{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: "decommission-web"},
+					Spec: exception.Spec{Match: exception.Match{Namespace: "shop", Names: []string{"web"}}, Policies: []string{"critical"},
+						ExpiresAt: metav1.NewTime(time.Now().Add(time.Hour)), Owner: "platform", Reason: "decommissioned"},
+				})
+				w.Exceptions = x
+			}, allowed: true, warnings: []string{warning + " [excepted by PolicyException deployguard-system/decommission-web until "}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &Deployment{Options: testOptions(), Overlaps: indexOf(), Policies: enginePolicies(t, tt.policies...)}
+			if tt.mut != nil {
+				tt.mut(w)
+			}
+			_, validating := w.Handlers(nil)
+			no := false
+			validating.RecoverPanic = &no
+			body := review(t, admissionv1.Delete, nil, tt.old)
+			if tt.user != "" {
+				body = bytes.Replace(body, []byte(`"userInfo":{"username":"alice"}`), []byte(`"userInfo":{"username":"`+tt.user+`"}`), 1)
+			}
+			resp := decodeResponse(t, post(validating, body))
+			assert.Equal(t, tt.allowed, resp.Allowed, "%+v", resp.Result)
+			if !tt.allowed {
+				require.NotNil(t, resp.Result)
+				for _, m := range tt.messages {
+					assert.Contains(t, resp.Result.Message, m)
+				}
+			}
+			require.Len(t, resp.Warnings, len(tt.warnings), "%q", resp.Warnings)
+			for i, want := range tt.warnings {
+				assert.Contains(t, resp.Warnings[i], want)
+			}
+		})
+	}
+}
+
+// TestDeletePolicyInput: on a DELETE the policies get operation DELETE, no
+// object, the Deployment being deleted as oldObject (as the API server sent
+// it), and its namespace and name.
+func TestDeletePolicyInput(t *testing.T) {
+	var got policy.Request
+	w := &Deployment{Options: testOptions(), Overlaps: indexOf(), Policies: policyFunc(func(in policy.Request) policy.Decision {
+		got = in
+		return policy.Decision{}
+	})}
+	old := guarded()
+	raw := mustJSON(t, old)
+	rev := w.Review(context.Background(), Request{Operation: admissionv1.Delete, OldObject: old, OldObjectRaw: raw,
+		UserInfo: authenticationv1.UserInfo{Username: "alice"}}, Validating)
+	assert.True(t, rev.PoliciesRan)
+	assert.Equal(t, "DELETE", got.Operation)
+	assert.Nil(t, got.Object)
+	assert.Equal(t, raw, got.OldObject)
+	assert.Equal(t, "shop", got.Namespace)
+	assert.Equal(t, "web", got.Name)
+	assert.Equal(t, "alice", got.UserInfo.Username)
+}
