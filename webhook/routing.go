@@ -8,6 +8,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -19,13 +20,16 @@ import (
 //     enforced rule needing the guard's state may refuse: a quarantined
 //     template brought back, and, when the configuration or the loaded
 //     policies enforce them, the Rego policies, the bounds and the disruption
-//     budgets. With the guard down those requests are refused. Its rules
+//     budgets; the DELETEs of Deployments, when an enforced policy judges
+//     deletions. With the guard down those requests are refused. Its rules
 //     list only the operations such a rule can apply to
 //     (EnforceOperations): the API server does not evaluate its condition
 //     for the others. When the quarantine is the only such rule, it also
 //     selects the Deployments labelled quarantined (EnforceObjectSelector).
 //   - CreateWebhook and UpdateWebhook (failurePolicy Ignore) receive the
 //     rest of the CREATEs and of the UPDATEs: overlaps, warnings, advice.
+//     No Ignore entry takes a DELETE: a warn- or audit-mode policy judges
+//     the DELETEs that come to EnforceWebhook, and no other.
 //     With the guard down they are admitted; the native policies still
 //     refuse what needs only the object, and the audit reports an overlap
 //     once the guard is back. An update that leaves the spec as it was
@@ -73,6 +77,9 @@ type Enforced struct {
 	Quarantine bool
 	// Policies: a loaded Rego policy is in enforce mode.
 	Policies bool
+	// PoliciesOnDelete: a loaded Rego policy in enforce mode is evaluated
+	// on a DELETE (policy.PolicyInfo.Deletes), and may refuse one.
+	PoliciesOnDelete bool
 	// PoliciesBeyondSpec: a loaded Rego policy, whatever its mode, reads
 	// more of a request than the object's spec (policy.Set.ReadsOnlySpec),
 	// so that an update of the metadata alone may get findings. Not an
@@ -93,9 +100,27 @@ type Enforced struct {
 type LoadedPolicies struct {
 	// Enforce: one of them is in enforce mode.
 	Enforce bool
+	// EnforceSkipsDelete: none of those in enforce mode is evaluated on a
+	// DELETE (policy.PolicyInfo.Deletes), so that a DELETE need not reach
+	// the guard for them. The zero value routes every DELETE to the guard
+	// while a policy is enforced: a caller that cannot tell leaves no
+	// deletion rule unjudged.
+	EnforceSkipsDelete bool
 	// BeyondSpec: one of them reads more of a request than the object's
 	// spec (policy.Set.ReadsOnlySpec is false).
 	BeyondSpec bool
+}
+
+// LoadedPoliciesOf is what the routing needs to know of the policy set s.
+func LoadedPoliciesOf(s policy.Set) LoadedPolicies {
+	l := LoadedPolicies{EnforceSkipsDelete: true, BeyondSpec: !s.ReadsOnlySpec()}
+	for _, p := range s.Policies() {
+		if p.Mode == policy.ModeEnforce {
+			l.Enforce = true
+			l.EnforceSkipsDelete = l.EnforceSkipsDelete && !p.Deletes
+		}
+	}
+	return l
 }
 
 // Enforced is what o enforces, with the loaded policies p.
@@ -104,6 +129,7 @@ func (o *Options) Enforced(p LoadedPolicies) Enforced {
 		Refusals:           !o.NativeEnforced(),
 		Quarantine:         o.Quarantine == QuarantineEnforce,
 		Policies:           p.Enforce,
+		PoliciesOnDelete:   p.Enforce && !p.EnforceSkipsDelete,
 		PoliciesBeyondSpec: p.BeyondSpec,
 		Bounds:             o.BoundsEnforce,
 		Budgets:            o.DisruptionBudgets == BudgetsEnforce,
@@ -114,8 +140,10 @@ func (o *Options) Enforced(p LoadedPolicies) Enforced {
 
 // MustDecide is the CEL matchCondition of EnforceWebhook: true for a request
 // that e may refuse. It never errors, whatever the request, since an error in
-// a Fail entry's condition refuses the request. DELETE is matched only when
-// the API server does not enforce deletion protection itself.
+// a Fail entry's condition refuses the request. DELETE is matched when the
+// API server does not enforce deletion protection itself, or when an
+// enforced policy judges deletions (the policies read the Deployment being
+// deleted, oldObject).
 func MustDecide(e Enforced) string {
 	if e.Refusals {
 		return "true"
@@ -142,6 +170,9 @@ func MustDecide(e Enforced) string {
 	}
 	if len(judged) > 0 {
 		terms = append(terms, `(request.operation != "DELETE" && `+subject(e)+" && ("+strings.Join(judged, " || ")+"))")
+	}
+	if e.PoliciesOnDelete {
+		terms = append(terms, `(request.operation == "DELETE" && `+subject(e)+")")
 	}
 	if len(terms) == 0 {
 		return "false"
@@ -183,21 +214,26 @@ func mayAdvise(e Enforced, selected bool) string {
 
 // EnforceOperations are the operations of EnforceWebhook's rules: those
 // MustDecide(e) can be true for, so that the API server evaluates its
-// condition on no other request. With nothing enforced, DELETE alone (a
-// webhook rule lists at least one operation), the rarest write of a
+// condition on no other request: DELETE only while the native refusals are
+// not the API server's or an enforced policy judges deletions, so that a
+// deletion costs no condition otherwise. With nothing enforced, DELETE alone
+// (a webhook rule lists at least one operation), the rarest write of a
 // Deployment, under the condition "false".
 func EnforceOperations(e Enforced) []admissionregistrationv1.OperationType {
 	if e.Refusals {
 		return slices.Clone(allOperations)
 	}
-	create := e.Policies || e.Bounds || e.Budgets
+	var ops []admissionregistrationv1.OperationType
 	switch {
-	case create:
-		return []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+	case e.Policies || e.Bounds || e.Budgets:
+		ops = []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
 	case e.Quarantine:
-		return []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+		ops = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
 	}
-	return []admissionregistrationv1.OperationType{admissionregistrationv1.Delete}
+	if e.PoliciesOnDelete || len(ops) == 0 {
+		ops = append(ops, admissionregistrationv1.Delete)
+	}
+	return ops
 }
 
 // EnforceObjectSelector is EnforceWebhook's objectSelector: the Deployments
@@ -209,7 +245,7 @@ func EnforceOperations(e Enforced) []admissionregistrationv1.OperationType {
 // matches, so an update that removes the label is still sent. None (nil)
 // when any other rule is enforced: those apply to every Deployment.
 func EnforceObjectSelector(e Enforced) *metav1.LabelSelector {
-	if !e.Quarantine || e.Refusals || e.Policies || e.Bounds || e.Budgets {
+	if !e.Quarantine || e.Refusals || e.Policies || e.PoliciesOnDelete || e.Bounds || e.Budgets {
 		return nil
 	}
 	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{

@@ -68,6 +68,7 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 	require.NoError(t, admissionregistrationv1.AddToScheme(scheme))
 	def := Enforced{Quarantine: true}
 	enforcing := Enforced{Quarantine: true, Policies: true}
+	deleting := Enforced{Quarantine: true, Policies: true, PoliciesOnDelete: true}
 	ops := func(o ...admissionregistrationv1.OperationType) []admissionregistrationv1.OperationType { return o }
 	const (
 		create = admissionregistrationv1.Create
@@ -91,6 +92,12 @@ func TestRouteWritesOperationsAndConditions(t *testing.T) {
 		assert.True(t, wrote)
 		assert.Equal(t, routed{ops: ops(create, update), selector: nil, decide: MustDecide(enforcing), advise: MayAdvise(enforcing), creates: "!(" + MustDecide(enforcing) + ")"},
 			readRouting(t, c, UpdateWebhook), "an enforced policy takes the creates it may refuse")
+
+		wrote, err = Route(ctx, c, "deployguard-validating", deleting)
+		require.NoError(t, err)
+		assert.True(t, wrote)
+		assert.Equal(t, routed{ops: ops(create, update, del), selector: nil, decide: MustDecide(deleting), advise: MayAdvise(deleting), creates: "!(" + MustDecide(deleting) + ")"},
+			readRouting(t, c, UpdateWebhook), "an enforced policy that judges deletions takes the DELETEs too")
 
 		wrote, err = Route(ctx, c, "deployguard-validating", Enforced{})
 		require.NoError(t, err)

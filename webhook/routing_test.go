@@ -14,6 +14,7 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
 
+	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
 )
@@ -153,11 +154,18 @@ func TestRouting(t *testing.T) {
 			with(create, true), with(metadata, true), with(del, true),
 		}},
 		{"an enforced Rego policy", nil, LoadedPolicies{Enforce: true}, []req{
-			with(create, true), with(imageUpdate, true), with(scale, true), with(metadata, true), with(del, false),
+			with(create, true), with(imageUpdate, true), with(scale, true), with(metadata, true),
 			with(create, false, in("legacy")), with(imageUpdate, false, as(guard)), with(imageUpdate, false, as(exemptGroup)),
 			with(imageUpdate, true, as(noGroups)), with(quarantine, true, in("legacy")), with(metadata, false, quiet, in("legacy")),
 			// Every Deployment is selected: no label needed.
 			with(unlabelledQuarantine, true),
+			// Not known to judge no deletion: the policies judge the
+			// Deployment being deleted, with the same exemptions.
+			with(del, true), with(del, true, as(noGroups)), with(del, false, in("legacy")), with(del, false, as(guard)),
+			with(del, false, as(exemptGroup)),
+		}},
+		{"enforced Rego policies that judge no deletion", nil, LoadedPolicies{Enforce: true, EnforceSkipsDelete: true}, []req{
+			with(create, true), with(imageUpdate, true), with(del, false), with(metadata, true),
 		}},
 		{"an enforced Rego policy that reads the metadata", nil, LoadedPolicies{Enforce: true, BeyondSpec: true}, []req{
 			with(metadata, true), with(metadata, false, in("legacy")), with(metadata, false, as(guard)), with(create, false, in("legacy")),
@@ -292,10 +300,11 @@ func TestEnforceOperationsCoverMustDecide(t *testing.T) {
 		{Operation: admission.Delete, OldObject: quarantined},
 		{Operation: admission.Delete, OldObject: base},
 	}
-	for mask := range 1 << 6 {
+	for mask := range 1 << 7 {
 		e := Enforced{
 			Refusals: mask&1 != 0, Quarantine: mask&2 != 0, Policies: mask&4 != 0,
 			PoliciesBeyondSpec: mask&8 != 0, Bounds: mask&16 != 0, Budgets: mask&32 != 0,
+			PoliciesOnDelete: mask&64 != 0,
 		}
 		ops := EnforceOperations(e)
 		require.NotEmpty(t, ops, "%+v: a rule lists at least one operation", e)
@@ -308,5 +317,35 @@ func TestEnforceOperationsCoverMustDecide(t *testing.T) {
 			}
 			assert.False(t, matches(t, decide, r), "%+v: %s is not in the enforce entry's rules %v, yet the guard must decide it", e, r.Operation, ops)
 		}
+	}
+}
+
+// TestLoadedPoliciesOf: the routing learns from the loaded set whether a
+// policy is enforced, and whether one of those enforced judges deletions
+// (only then does a DELETE go to the enforce entry for the policies).
+func TestLoadedPoliciesOf(t *testing.T) {
+	tests := []struct {
+		name    string
+		modes   map[string]policy.Mode
+		sources []policy.Source
+		want    LoadedPolicies
+	}{
+		{"the built-ins, in warn", nil, nil, LoadedPolicies{EnforceSkipsDelete: true}},
+		{"a built-in enforced: it judges no deletion", map[string]policy.Mode{"resources": policy.ModeEnforce}, nil,
+			LoadedPolicies{Enforce: true, EnforceSkipsDelete: true}},
+		{"an enforced deletion rule", nil, []policy.Source{criticalPolicy("critical", "enforce")},
+			LoadedPolicies{Enforce: true, BeyondSpec: true}},
+		{"a deletion rule in warn, a built-in enforced", map[string]policy.Mode{"resources": policy.ModeEnforce},
+			[]policy.Source{criticalPolicy("critical", "warn")}, LoadedPolicies{Enforce: true, EnforceSkipsDelete: true, BeyondSpec: true}},
+		{"an enforced rule about the object's labels alone", nil, []policy.Source{ownerPolicy},
+			LoadedPolicies{Enforce: true, EnforceSkipsDelete: true, BeyondSpec: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			eng, err := policy.New(policy.Options{PolicyModes: tt.modes})
+			require.NoError(t, err)
+			require.NoError(t, eng.Load(context.Background(), append(policy.Builtins(), tt.sources...)))
+			assert.Equal(t, tt.want, LoadedPoliciesOf(eng.Active()))
+		})
 	}
 }
