@@ -135,11 +135,23 @@ type DeploymentReconciler struct {
 	// configurations exist); cleanup finalizers are added only then. Nil
 	// means always.
 	Installed func(ctx context.Context) (bool, error)
+	// Judge, when set, judges the Deployment a rollback would leave with the
+	// platform's admission policies (the webhook's RollbackJudge): the guard
+	// restores under its own identity, which no admission policy judges, and
+	// restores nothing they refuse.
+	Judge RollbackJudge
 	// CacheIndexed says that IndexFields already registered the reconciler's
 	// index on the manager's cache: the guard runs a manager per leadership
 	// term over one cache, and an informer takes indexes only before it starts.
 	CacheIndexed bool
 	Options      Options
+}
+
+// RollbackJudge judges the Deployment a rollback would leave (restored, an
+// update of current) and returns the policies' refusals, one line each;
+// none when they admit it.
+type RollbackJudge interface {
+	JudgeRollback(ctx context.Context, restored, current *appsv1.Deployment) []string
 }
 
 // IndexFields registers the cache index the reconciler reads (ReplicaSets by

@@ -45,6 +45,7 @@ const (
 	ReasonRollbackLoop           = vocab.ReasonRollbackLoop
 	ReasonNoKnownGoodRevision    = vocab.ReasonNoKnownGoodRevision
 	ReasonAutoRollback           = vocab.ReasonAutoRollback
+	ReasonRollbackRefused        = vocab.ReasonRollbackRefused
 )
 
 // Decision is what ShouldRollBack concluded.
@@ -297,6 +298,14 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 			dec.Message = strings.TrimSuffix(dec.Message, ".") + suffix + "."
 		}
 	}
+	if dec.Action == ActionRollBack && r.Judge != nil {
+		restored := d.DeepCopy()
+		restored.Spec.Template = *RollbackTemplate(dec.Target)
+		restored.Annotations = RollbackAnnotations(d, dec.Target)
+		if refusals := r.Judge.JudgeRollback(ctx, restored, d); len(refusals) > 0 {
+			dec = dec.refusedByPolicy(refusals)
+		}
+	}
 	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
 	if dec.Action == ActionRollBack {
 		// Told before it is done: once the template is restored the
@@ -399,8 +408,23 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		r.emitRollbackWarningEvent(d, vocab.ReasonRollbackLoop, dec.Message)
 	case ReasonPaused:
 		log.Info("Rollout failed on a paused Deployment; left alone")
+	case ReasonRollbackRefused:
+		r.Metrics.rollbacks.WithLabelValues(resultRefused).Inc()
+		log.Info("Not rolling back: the policies in force refuse the known-good template", "targetRevision", dec.TargetRevision, "target", klog.KObj(dec.Target))
+		r.emitRollbackWarningEvent(d, vocab.ReasonRollbackRefused, dec.Message)
 	}
 	return 0, nil
+}
+
+// refusedByPolicy turns a rollback into a hold: the policies in force refuse
+// the known-good template (refusals, one line each). The guard never restores
+// what the tenant could not apply itself.
+func (d Decision) refusedByPolicy(refusals []string) Decision {
+	out := d
+	out.Action, out.Reason = ActionHold, ReasonRollbackRefused
+	out.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s; known-good revision %d (ReplicaSet %s) is refused by the policies in force, so nothing is restored: %s. Apply a template that fixes the failure and passes the policies.",
+		d.FailedRevision, d.NewRS.Name, d.failedHow(), d.TargetRevision, d.Target.Name, strings.Join(refusals, "; "))
+	return out
 }
 
 // rollbackLanded reads the Deployment from the API server after a rollback

@@ -14,6 +14,9 @@ const (
 	resultLoopStopped = "loop_stopped"
 	resultFailed      = "failed"
 	resultConflict    = "conflict"
+	// resultRefused: the known-good template is one the policies in force
+	// refuse; not restored.
+	resultRefused = "refused_by_policy"
 	// resultReported: fail-fast found the rollout failing and told so, with
 	// automatic rollback off.
 	resultReported = "reported"

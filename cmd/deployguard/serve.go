@@ -195,7 +195,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err != nil {
 		return err
 	}
-	leader, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme)
+	leader, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, guardwebhook.RollbackJudge{Reviewer: adm.reviewer})
 	if err != nil {
 		return err
 	}
@@ -261,6 +261,9 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 
 // admissionParts are what the webhooks built that other parts share.
 type admissionParts struct {
+	// reviewer is the validating webhook's: the reconciler judges what a
+	// rollback would restore with it.
+	reviewer       *guardwebhook.Deployment
 	engine         *policy.Engine
 	policiesLoaded func() bool
 	budgets        *guardwebhook.BudgetIndex
@@ -323,13 +326,13 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// up: Go's server reads a refused request's body on, to reuse the
 	// connection, and would wait for a stalled one for ever.
 	mgr.GetWebhookServer().Register("/", guardwebhook.WithBodyTimeout(0, http.NotFoundHandler()))
-	return &admissionParts{engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
+	return &admissionParts{reviewer: hooks, engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it
 // runs only on the replica that holds the lease, over the process's cache. It
 // returns the terms and the namespaces the reconciler ignores.
-func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg config.Config, restCfg *rest.Config, scheme *runtime.Scheme) (*leaderTerms, []string, error) {
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg config.Config, restCfg *rest.Config, scheme *runtime.Scheme, judge reconciler.RollbackJudge) (*leaderTerms, []string, error) {
 	rm, err := reconciler.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering reconciler metrics: %w", err)
@@ -369,6 +372,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 			Recorder:     lm.GetEventRecorder("deployguard"),
 			Metrics:      rm,
 			Installed:    webhookInstalled(lm.GetClient(), f.mutatingName),
+			Judge:        judge,
 			Options:      ropts,
 			CacheIndexed: true,
 		}

@@ -281,6 +281,10 @@ const (
 	ReasonNoKnownGoodRevision = "NoKnownGoodRevision"
 	ReasonRollbackFailed      = "RollbackFailed"
 	ReasonRollbackLoop        = "RollbackLoopStopped"
+	// ReasonRollbackRefused: the known-good template is one the admission
+	// policies in force refuse (changed since it ran); the guard does not
+	// restore it.
+	ReasonRollbackRefused = "RollbackRefusedByPolicy"
 	// ReasonRolloutFailing: fail-fast found a rollout failing and did not
 	// roll it back (automatic rollback is off for it).
 	ReasonRolloutFailing = "RolloutFailing"
