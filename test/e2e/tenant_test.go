@@ -1,0 +1,341 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// A tenant is a team that deploys with the built-in `edit` ClusterRole in its
+// own namespace, and nothing else: it writes Deployments, ReplicaSets and
+// their annotations, never deployments/status. These tests act as one
+// (impersonation of a ServiceAccount bound to `edit`), with the platform
+// team's enforced policies in place, and check that nothing it writes turns
+// the guard off, chooses what the guard restores, or skips a policy.
+
+type tenant struct {
+	ns   string
+	user string
+	c    client.Client
+}
+
+// newTenant makes a namespace whose ServiceAccount "tenant" holds `edit`
+// there, and a client that acts as it.
+func newTenant(t *testing.T) *tenant {
+	t.Helper()
+	ctx := context.Background()
+	ns := newNamespace(t, nil)
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns}}
+	require.NoError(t, local.Client.Create(ctx, sa))
+	require.NoError(t, local.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "tenant-edit", Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "tenant", Namespace: ns}},
+	}))
+	cfg, err := local.Cluster.RESTConfig()
+	require.NoError(t, err)
+	user := fmt.Sprintf("system:serviceaccount:%s:tenant", ns)
+	cfg.Impersonate.UserName = user
+	cfg.Impersonate.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	c, err := client.New(cfg, client.Options{Scheme: local.Scheme})
+	require.NoError(t, err)
+	return &tenant{ns: ns, user: user, c: c}
+}
+
+// update changes the tenant's Deployment as the tenant.
+func (tn *tenant) update(t *testing.T, name string, mutate func(*appsv1.Deployment)) {
+	t.Helper()
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		d := &appsv1.Deployment{}
+		if err := tn.c.Get(context.Background(), client.ObjectKey{Namespace: tn.ns, Name: name}, d); err != nil {
+			return err
+		}
+		mutate(d)
+		return tn.c.Update(context.Background(), d)
+	}))
+}
+
+// kubectl runs the cluster's kubectl as the tenant.
+func (tn *tenant) kubectl(ctx context.Context, t *testing.T, args ...string) string {
+	t.Helper()
+	tools, err := harness.ToolsDir("kubectl")
+	require.NoError(t, err)
+	cmd := exec.CommandContext(ctx, filepath.Join(tools, "kubectl"), append([]string{"-n", tn.ns, "--as", tn.user}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+local.Cluster.Kubeconfig)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return string(out)
+}
+
+func ledgerOf(d *appsv1.Deployment) reconciler.Ledger {
+	l, _ := reconciler.ReadLedger(d)
+	return l
+}
+
+// waitLedger waits until the Deployment's ledger satisfies cond.
+func waitLedger(t *testing.T, ns, name, msg string, timeout time.Duration, cond func(reconciler.Ledger, *appsv1.Deployment) bool) *appsv1.Deployment {
+	t.Helper()
+	var d *appsv1.Deployment
+	waitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
+		d = get(ctx, t, ns, name)
+		return cond(ledgerOf(d), d), describe(d), nil
+	})
+	return d
+}
+
+func knownGoodAt(revision int64) func(reconciler.Ledger, *appsv1.Deployment) bool {
+	return func(l reconciler.Ledger, d *appsv1.Deployment) bool {
+		n := l.Newest()
+		return n != nil && n.Revision == revision && completed(d)
+	}
+}
+
+// Every annotation the guard read in earlier releases, forged by the tenant
+// on its Deployment and on the failing ReplicaSet, changes nothing: the bad
+// rollout is rolled back to the revision that completed, and the tenant
+// cannot write the status where the guard keeps its facts.
+func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	require.NoError(t, tn.c.Create(ctx, deployment(tn.ns, "web", "app:1")))
+	waitLedger(t, tn.ns, "web", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
+
+	// What the guard keeps is out of the tenant's reach.
+	d := get(ctx, t, tn.ns, "web")
+	patch := client.MergeFrom(d.DeepCopy())
+	d.Status.Conditions = nil
+	err := tn.c.Status().Patch(ctx, d, patch)
+	require.True(t, apierrors.IsForbidden(err), "a tenant cannot write deployments/status: %v", err)
+
+	forged := map[string]string{
+		vocab.LegacyAnnotationFailFastRevision:   "2",
+		vocab.LegacyAnnotationRolledBackRevision: "2",
+		vocab.LegacyAnnotationHandledDeadline:    "2100-01-01T00:00:00Z",
+		vocab.LegacyAnnotationFailingSince:       "2100-01-01T00:00:00Z web-x",
+		vocab.LegacyAnnotationKnownGoodRevision:  "2",
+		vocab.LegacyAnnotationRolledBackTo:       "web-x",
+		vocab.LegacyAnnotationKnownGood:          "2000-01-01T00:00:00Z",
+		vocab.Domain + "/cached-template-hash":   "forged",
+	}
+	tn.update(t, "web", func(d *appsv1.Deployment) {
+		for k, v := range forged {
+			metav1.SetMetaDataAnnotation(&d.ObjectMeta, k, v)
+		}
+		breakTemplate(&d.Spec.Template, "app:2-typo")
+	})
+	// The failing ReplicaSet as the Deployment controller created it, marked
+	// known-good by the tenant with its own pod-template-hash: what an
+	// earlier release took for the guard's mark.
+	var failing appsv1.ReplicaSet
+	waitFor(t, time.Minute, "no ReplicaSet of revision 2", func(ctx context.Context) (bool, string, error) {
+		var list appsv1.ReplicaSetList
+		if err := tn.c.List(ctx, &list, client.InNamespace(tn.ns)); err != nil {
+			return false, "", err
+		}
+		for _, rs := range list.Items {
+			if rs.Annotations[vocab.RevisionAnnotation] == "2" {
+				failing = rs
+				return true, "", nil
+			}
+		}
+		return false, fmt.Sprint(len(list.Items), " ReplicaSets"), nil
+	})
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		rs := &appsv1.ReplicaSet{}
+		if err := tn.c.Get(ctx, client.ObjectKeyFromObject(&failing), rs); err != nil {
+			return err
+		}
+		metav1.SetMetaDataAnnotation(&rs.ObjectMeta, vocab.LegacyAnnotationKnownGood, "2000-01-01T00:00:00Z")
+		metav1.SetMetaDataAnnotation(&rs.ObjectMeta, vocab.LegacyAnnotationKnownGoodHash, rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
+		return tn.c.Update(ctx, rs)
+	}), "a tenant may annotate ReplicaSets")
+
+	got := waitLedger(t, tn.ns, "web", "the forged annotations stopped the rollback of revision 2", time.Duration(deadline+60)*time.Second,
+		func(l reconciler.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 2 })
+	assert.Equal(t, "app:1", got.Spec.Template.Spec.Containers[0].Image, "rolled back to the revision that completed")
+	assert.Equal(t, "2", got.Labels[vocab.LabelRolledBack])
+	l := ledgerOf(got)
+	for _, e := range l.KnownGood {
+		assert.NotEqual(t, failing.UID, e.UID, "the failing ReplicaSet never became known-good")
+	}
+}
+
+// The guard restores a template under its own identity, so it asks the
+// policies first: a known-good template that an enforced policy refuses
+// today is reported, never restored.
+func TestRollbackNeverRestoresATemplateThePoliciesRefuse(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	d := deployment(tn.ns, "net", "app:1")
+	d.Spec.Template.Spec.HostNetwork = true
+	require.NoError(t, tn.c.Create(ctx, d))
+	waitLedger(t, tn.ns, "net", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
+
+	hotLoadPolicy(ctx, t, "e2e-tenant-hostnetwork", "hostnetwork.rego", fmt.Sprintf(`# METADATA
+# custom:
+#   mode: enforce
+package deployguard.e2ehostnetwork
+
+import rego.v1
+
+deny contains {"msg": "host networking is not allowed", "field": "spec.template.spec.hostNetwork"} if {
+	input.object.metadata.namespace == %q
+	input.object.spec.template.spec.hostNetwork
+}
+`, tn.ns))
+	// In force once the tenant's own write of it is refused.
+	waitFor(t, time.Minute, "the policy was never enforced", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, tn.ns, "net")
+		d.Spec.Template.Labels["try"] = "1"
+		err := tn.c.Update(ctx, d, client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), "host networking is not allowed"), fmt.Sprint(err), nil
+	})
+
+	tn.update(t, "net", func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.HostNetwork = false
+		breakTemplate(&d.Spec.Template, "app:2-typo")
+	})
+	msg := guardEventWithin(t, tn.ns, "net", vocab.ReasonRollbackRefused, time.Duration(deadline+60)*time.Second)
+	assert.Contains(t, msg, "host networking is not allowed", "the Event says which policy refuses the restore")
+	got := get(ctx, t, tn.ns, "net")
+	assert.False(t, got.Spec.Template.Spec.HostNetwork, "the refused template was not restored")
+	assert.Equal(t, "app:2-typo", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Zero(t, ledgerOf(got).RolledBackRevision, "nothing was rolled back")
+}
+
+// kubectl rollout undo copies a ReplicaSet's annotations onto the
+// Deployment, and the Deployment controller copies the Deployment's onto
+// each new ReplicaSet: nothing of that reaches what the guard believes. After
+// an undo and three rollouts, one bad, each fact was recorded once, and the
+// guard then keeps quiet.
+func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	require.NoError(t, tn.c.Create(ctx, deployment(tn.ns, "undo", "app:1")))
+	waitLedger(t, tn.ns, "undo", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
+	tn.update(t, "undo", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" })
+	waitLedger(t, tn.ns, "undo", "revision 2 was not recorded known-good", time.Minute, knownGoodAt(2))
+
+	tn.kubectl(ctx, t, "rollout", "undo", "deployment/undo")
+	waitLedger(t, tn.ns, "undo", "the undone revision was not recorded known-good", time.Minute, knownGoodAt(3))
+	tn.update(t, "undo", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:4" })
+	waitLedger(t, tn.ns, "undo", "revision 4 was not recorded known-good", time.Minute, knownGoodAt(4))
+	tn.update(t, "undo", breakImage("app:5-typo"))
+	waitLedger(t, tn.ns, "undo", "revision 5 was not rolled back", time.Duration(deadline+60)*time.Second,
+		func(l reconciler.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 5 && completed(d) })
+	tn.update(t, "undo", func(d *appsv1.Deployment) {
+		d.Spec.Template = deployment(tn.ns, "undo", "app:7").Spec.Template
+	})
+	final := waitLedger(t, tn.ns, "undo", "the fixed revision was not recorded known-good", time.Minute, func(l reconciler.Ledger, d *appsv1.Deployment) bool {
+		rev, _ := reconciler.Revision(d)
+		n := l.Newest()
+		return n != nil && n.Revision == rev && rev >= 7 && completed(d)
+	})
+
+	// Over a quiet minute, nothing changes: no write, no Event.
+	w, err := local.Client.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	require.NoError(t, err)
+	rsw, err := local.Client.Watch(ctx, &appsv1.ReplicaSetList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	require.NoError(t, err)
+	quiet := time.After(time.Minute)
+	var changes []string
+loop:
+	for {
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type != watch.Bookmark {
+				changes = append(changes, fmt.Sprintf("Deployment %s", ev.Type))
+			}
+		case ev := <-rsw.ResultChan():
+			if ev.Type != watch.Bookmark {
+				if o, ok := ev.Object.(metav1.Object); ok {
+					changes = append(changes, fmt.Sprintf("ReplicaSet %s %s", o.GetName(), ev.Type))
+				}
+			}
+		case <-quiet:
+			break loop
+		}
+	}
+	w.Stop()
+	rsw.Stop()
+	assert.Empty(t, changes, "the guard and the Deployment controller stop writing once the rollouts are done")
+
+	// Each revision recorded known-good once, whatever was copied around.
+	counts := map[string]int{}
+	for _, e := range guardEvents(ctx, t, tn.ns, "undo", vocab.ReasonKnownGood) {
+		counts[e]++
+	}
+	for note, n := range counts {
+		assert.Equal(t, 1, n, "recorded once: %s", note)
+	}
+	// Revisions 1, 2, 3 (the undo), 4, 6 (revision 4's ReplicaSet, restored)
+	// and 7 (the fix) completed.
+	assert.Len(t, counts, 6, "one Event per completed revision: %v", counts)
+}
+
+// guardEvents returns the notes of the guard's Events of reason about the
+// Deployment.
+func guardEvents(ctx context.Context, t *testing.T, ns, name, reason string) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, local.Client.List(ctx, &list, client.InNamespace(ns)))
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Name == name && e.Reason == reason && strings.Contains(e.ReportingController, "deployguard") {
+			out = append(out, e.Note)
+		}
+	}
+	return out
+}
+
+// Enforced policies judge a tenant's DELETE, with the Deployment being
+// deleted as oldObject.
+func TestEnforcedPolicyJudgesATenantsDelete(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	d := deployment(tn.ns, "payments", "app:1")
+	d.Labels = map[string]string{"tier": "critical"}
+	require.NoError(t, tn.c.Create(ctx, d))
+	hotLoadPolicy(ctx, t, "e2e-tenant-critical", "critical.rego", fmt.Sprintf(`# METADATA
+# custom:
+#   mode: enforce
+package deployguard.e2ecritical
+
+import rego.v1
+
+deny contains "a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical" if {
+	input.operation == "DELETE"
+	input.oldObject.metadata.namespace == %q
+	input.oldObject.metadata.labels.tier == "critical"
+}
+`, tn.ns))
+	waitFor(t, time.Minute, "the tenant's delete was never refused", func(ctx context.Context) (bool, string, error) {
+		err := tn.c.Delete(ctx, d.DeepCopy(), client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), "may not be deleted"), fmt.Sprint(err), nil
+	})
+	err := tn.c.Delete(ctx, d.DeepCopy())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "may not be deleted")
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKeyFromObject(d), &appsv1.Deployment{}), "still there")
+}
