@@ -201,9 +201,10 @@ func TestGuardDown(t *testing.T) {
 
 	// A replica whose config enforces a Rego policy: once it leads (the
 	// killed leader's lease runs out first), it routes every write that
-	// policy may refuse to the enforce entry.
+	// policy may refuse to the enforce entry. The built-in resources judges
+	// no deletion (policy/README.md, "Deletions"): DELETE is not routed.
 	start(lb.slots[2], enforcingConfig)
-	enforcing := def.Enforced(guardwebhook.LoadedPolicies{Enforce: true})
+	enforcing := def.Enforced(guardwebhook.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
 	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(enforcing) &&
@@ -218,7 +219,7 @@ func TestGuardDown(t *testing.T) {
 	refused("create under an enforced policy", byWebhook,
 		"create", "deployment", "hotfix", "--image=app:1", "-n", "shop")
 	admitted("image change in an exempt namespace", "set", "image", "deployment/old", "app=app:2", "-n", "legacy")
-	admitted("delete under an enforced policy", "delete", "deployment", "web", "-n", "shop")
+	admitted("delete under an enforced policy that judges no deletion", "delete", "deployment", "web", "-n", "shop")
 	refused("protected delete", byPolicy("is protected from deletion"), "delete", "deployment", "vault", "-n", "shop")
 	admitted("kube-system create", "create", "deployment", "sys", "--image=app:1", "-n", "kube-system")
 }
