@@ -101,19 +101,11 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 	}
 }
 
-// enforcing reports whether a policy of the set runs in enforce mode.
-func enforcing(ps []policy.PolicyInfo) bool {
-	for _, p := range ps {
-		if p.Mode == policy.ModeEnforce {
-			return true
-		}
-	}
-	return false
-}
-
-// loadedPolicies is what the routing needs to know of the set s.
+// loadedPolicies is what the routing needs to know of the set s: whether a
+// policy is enforced, whether one reads beyond the spec, and whether an
+// enforced one judges deletions.
 func loadedPolicies(s policy.Set) guardwebhook.LoadedPolicies {
-	return guardwebhook.LoadedPolicies{Enforce: enforcing(s.Policies()), BeyondSpec: !s.ReadsOnlySpec()}
+	return guardwebhook.LoadedPoliciesOf(s)
 }
 
 // uncached reads from the API server and writes through lm: routing never
