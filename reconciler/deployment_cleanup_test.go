@@ -190,7 +190,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	d := deployment(deleting(vocab.FinalizerRecord), annotate(
 		vocab.AnnotationDrainStarted, t0.Format(time.RFC3339),
 		vocab.AnnotationDrainReplicas, "3",
-		vocab.AnnotationKnownGoodRevision, "2",
+		vocab.LegacyAnnotationKnownGoodRevision, "2", // an earlier release's state
 		vocab.AnnotationRollbackStatus, "old news",
 		vocab.AnnotationProtected, "false",
 		vocab.AnnotationQuarantinedTemplates, "abc",

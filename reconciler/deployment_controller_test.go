@@ -92,7 +92,9 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 				return c.Create(ctx, obj, opts...)
 			},
 			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-				require.NotContains(t, obj.GetAnnotations(), cachedTemplateHash, "a cached object is never written whole")
+				if tmpl := podTemplateOf(obj); tmpl != nil {
+					require.False(t, stripped(tmpl), "a cached object is never written whole")
+				}
 				e.writes = append(e.writes, "update "+kindOf(obj)+" "+obj.GetName())
 				return c.Update(ctx, obj, opts...)
 			},
@@ -139,6 +141,22 @@ func (c cacheReads) List(ctx context.Context, list client.ObjectList, opts ...cl
 		return err
 	})
 }
+
+// podTemplateOf returns the pod template of a Deployment or ReplicaSet, nil
+// for other objects.
+func podTemplateOf(obj client.Object) *corev1.PodTemplateSpec {
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		return &o.Spec.Template
+	case *appsv1.ReplicaSet:
+		return &o.Spec.Template
+	}
+	return nil
+}
+
+// writes counts every write of the Deployment and its ReplicaSets so far:
+// patches of objects and of their status, creates, updates and deletes.
+func (e *env) writeCount() int { return len(e.patches) + len(e.statusPatches) + len(e.writes) }
 
 // kindOf names the kind of a typed object.
 func kindOf(obj client.Object) string {
@@ -221,17 +239,27 @@ func TestReconcileMarksKnownGoodOnce(t *testing.T) {
 	require.NoError(t, e.reconcile())
 
 	marked := e.replicaSet("web-h3")
-	assert.True(t, IsKnownGood(marked), "the newRS carries the mark")
-	assert.Equal(t, e.clock.Now().UTC().Format(time.RFC3339), marked.Annotations[vocab.AnnotationKnownGood])
 	got := e.deployment()
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationKnownGoodRevision])
+	assert.True(t, IsKnownGood(got, marked), "the newRS is recorded in the Deployment's ledger")
+	l := ledgerOf(t, got)
+	require.NotNil(t, l.Newest())
+	assert.Equal(t, KnownGoodEntry{
+		ReplicaSet: "web-h3", UID: marked.UID, Template: vocab.TemplateHash(&marked.Spec.Template),
+		Revision: 3, At: e.clock.Now().UTC().Format(time.RFC3339),
+	}, *l.Newest(), "bound to the ReplicaSet's UID and template, the time the guard saw it complete")
+	assert.Equal(t, []string{"web-h1", "web-h2", "web-h3"}, knownGoodNames(l), "the older entries stay, oldest first")
+	assert.NotContains(t, marked.Annotations, vocab.LegacyAnnotationKnownGood, "nothing is written on the ReplicaSet")
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationKnownGoodRevision, "nor an annotation on the Deployment")
+	for _, p := range e.patches {
+		assert.Equal(t, "Deployment", p.kind, "no ReplicaSet is written")
+	}
 	assert.Equal(t, "other", got.Annotations[vocab.AnnotationQuarantinedTemplates], "a template that completed leaves quarantine")
 	assert.Equal(t, []string{vocab.ReasonKnownGood}, eventReasons(e.events()))
 	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.knownGoodMarked))
 
-	writes := len(e.patches)
+	writes := e.writeCount()
 	require.NoError(t, e.reconcile())
-	assert.Len(t, e.patches, writes, "already marked: no write")
+	assert.Equal(t, writes, e.writeCount(), "already recorded: no write")
 	assert.Empty(t, e.events(), "already marked: no event")
 	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.knownGoodMarked))
 }
@@ -278,7 +306,8 @@ func TestReconcileDoesNotMarkPaused(t *testing.T) {
 	require.NoError(t, e.reconcile())
 
 	assert.Empty(t, e.patches)
-	assert.False(t, IsKnownGood(e.replicaSet("web-h3")))
+	assert.Empty(t, e.statusPatches)
+	assert.False(t, IsKnownGood(e.deployment(), e.replicaSet("web-h3")))
 }
 
 func TestReconcileRollsBackInOneWrite(t *testing.T) {
@@ -299,12 +328,16 @@ func TestReconcileRollsBackInOneWrite(t *testing.T) {
 
 	got := e.deployment()
 	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template, "the template kubectl rollout undo --to-revision=2 restores")
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision])
+	l := ledgerOf(t, got)
+	assert.Equal(t, int64(3), l.RolledBackRevision, "recorded in the ledger, after the rollback's write")
+	assert.Equal(t, "web-h2", l.RolledBackTo)
+	assert.Empty(t, l.FailFastRevision, "a deadline's rollback, not fail-fast's")
+	assert.Equal(t, "Deployment/status", e.sequence[len(e.sequence)-1], "the ledger is written last")
 	assert.Equal(t, "older,"+failedHash, got.Annotations[vocab.AnnotationQuarantinedTemplates])
 	assert.Equal(t, vocab.LabelQuarantinedValue, got.Labels[vocab.LabelQuarantined],
 		"labelled in the same write, for the enforce entry's objectSelector (an earlier release's quarantine had no label)")
 	assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], "known-good revision 2")
-	assert.Equal(t, t0.Add(20*time.Minute).Format(time.RFC3339), got.Annotations[vocab.AnnotationHandledDeadline])
+	assert.Equal(t, t0.Add(20*time.Minute).Format(time.RFC3339), l.HandledDeadline)
 	assert.Equal(t, "deploy v2", got.Annotations["kubernetes.io/change-cause"], "annotations come back from the ReplicaSet as with kubectl")
 	assert.Equal(t, "3", got.Annotations[vocab.RevisionAnnotation])
 	assert.False(t, got.Spec.Paused)
@@ -319,9 +352,10 @@ func TestReconcileRollsBackInOneWrite(t *testing.T) {
 
 	// The Deployment controller has not synced: the deadline condition is
 	// still there (and the fake API server does not even bump the generation).
+	writes := e.writeCount()
 	e.clock.Step(time.Second)
 	require.NoError(t, e.reconcile())
-	assert.Len(t, e.patches, 1, "second reconcile: no second write")
+	assert.Equal(t, writes, e.writeCount(), "second reconcile: no second write")
 	assert.Empty(t, e.events())
 
 	// It syncs: revision 2's ReplicaSet is the newRS again, as revision 4, and
@@ -332,8 +366,9 @@ func TestReconcileRollsBackInOneWrite(t *testing.T) {
 	got = e.deployment()
 	got.Annotations[vocab.RevisionAnnotation] = "4"
 	require.NoError(t, e.client.Update(context.Background(), got))
+	writes = e.writeCount()
 	require.NoError(t, e.reconcile())
-	assert.Len(t, e.patches, 1, "stale deadline after the sync: still nothing")
+	assert.Equal(t, writes, e.writeCount(), "stale deadline after the sync: still nothing")
 	assert.Empty(t, e.events())
 	assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
 }
@@ -368,7 +403,7 @@ func TestReconcileRollbackConflictDecidesAgain(t *testing.T) {
 	require.NoError(t, e.reconcile())
 	got = e.deployment()
 	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision])
+	assert.Equal(t, int64(3), ledgerOf(t, got).RolledBackRevision)
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()))
 	assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
 }
@@ -393,11 +428,13 @@ func TestReconcileHolds(t *testing.T) {
 		},
 		{
 			name: "restored revision fails too",
-			d: deployment(failedAt("web-h3", t0.Add(40*time.Minute)), annotate(
-				vocab.AnnotationRolledBackRevision, "2",
-				vocab.AnnotationHandledDeadline, t0.Add(10*time.Minute).Format(time.RFC3339))),
+			d: deployment(failedAt("web-h3", t0.Add(40*time.Minute)), withLedger(func(l *Ledger) {
+				l.RolledBackRevision, l.HandledDeadline = 2, t0.Add(10*time.Minute).Format(time.RFC3339)
+			})),
 			rss: func(d *appsv1.Deployment) []client.Object {
-				return []client.Object{replicaSet(d, 1, "web:v1", knownGood), replicaSet(d, 3, "web:v3", knownGood)}
+				rs1, rs3 := replicaSet(d, 1, "web:v1"), replicaSet(d, 3, "web:v3")
+				withKnownGood(d, rs1, rs3)
+				return []client.Object{rs1, rs3}
 			},
 			wantEvent: []string{vocab.ReasonRollbackLoop}, wantResult: resultLoopStopped,
 			wantStatus: "rollback loop",
@@ -425,6 +462,9 @@ func TestReconcileHolds(t *testing.T) {
 			assert.Equal(t, tt.d.Spec.Template, got.Spec.Template, "template untouched")
 			assert.Equal(t, tt.d.Spec.Paused, got.Spec.Paused)
 			assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], tt.wantStatus)
+			l := ledgerOf(t, got)
+			assert.Equal(t, progressing(tt.d).LastTransitionTime.UTC().Format(time.RFC3339), l.HandledDeadline, "the deadline decided about, in the ledger")
+			assert.Empty(t, l.RolledBackTo, "nothing rolled back")
 			assert.Equal(t, tt.wantEvent, eventReasons(e.events()))
 			if tt.wantResult != "" {
 				assert.Equal(t, 1.0, e.rollbacks(tt.wantResult))
@@ -432,11 +472,11 @@ func TestReconcileHolds(t *testing.T) {
 
 			// Once per deadline, not on every reconcile; and for the paused
 			// case, not after the resume either.
-			writes := len(e.patches)
 			got.Spec.Paused = false
 			require.NoError(t, e.client.Update(context.Background(), got))
+			writes := e.writeCount()
 			require.NoError(t, e.reconcile())
-			assert.Len(t, e.patches, writes)
+			assert.Equal(t, writes, e.writeCount())
 			assert.Empty(t, e.events())
 			assert.Equal(t, "web:v3", e.deployment().Spec.Template.Spec.Containers[0].Image)
 		})
@@ -467,6 +507,7 @@ func TestReconcileLeavesAlone(t *testing.T) {
 			require.NoError(t, e.reconcile())
 
 			assert.Empty(t, e.patches)
+			assert.Empty(t, e.statusPatches)
 			assert.Empty(t, e.events())
 		})
 	}
@@ -489,18 +530,18 @@ func TestKnownGoodThenRollbackAcrossRevisions(t *testing.T) {
 	rs2 := replicaSet(d, 2, "web:v2")
 	e := newEnv(t, namespace(nil), d, rs1, rs2)
 	require.NoError(t, e.reconcile())
-	require.True(t, IsKnownGood(e.replicaSet("web-h2")))
+	require.True(t, IsKnownGood(e.deployment(), e.replicaSet("web-h2")))
 	e.events()
 
-	// An earlier `kubectl rollout undo` to revision 2 copied its mark onto the
-	// Deployment. The user rolls out v3: the Deployment controller copies the
-	// Deployment's annotations, mark included, onto the new ReplicaSet. It fails.
+	// An earlier release marked revision 2, and an earlier `kubectl rollout
+	// undo` to it copied its mark onto the Deployment. The user rolls out v3:
+	// the Deployment controller copies the Deployment's annotations, mark
+	// included, onto the new ReplicaSet. It fails.
 	cur := e.deployment()
 	cur.Spec.Template = podTemplate("web:v3")
 	cur.Annotations[vocab.RevisionAnnotation] = "3"
-	marked := e.replicaSet("web-h2")
-	cur.Annotations[vocab.AnnotationKnownGood] = marked.Annotations[vocab.AnnotationKnownGood]
-	cur.Annotations[vocab.AnnotationKnownGoodHash] = marked.Annotations[vocab.AnnotationKnownGoodHash]
+	cur.Annotations[vocab.LegacyAnnotationKnownGood] = t0.Format(time.RFC3339)
+	cur.Annotations[vocab.LegacyAnnotationKnownGoodHash] = "h2"
 	require.NoError(t, e.client.Update(context.Background(), cur))
 	cur = e.deployment()
 	failed(cur)
@@ -513,9 +554,11 @@ func TestKnownGoodThenRollbackAcrossRevisions(t *testing.T) {
 	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()))
 	rs3 := e.replicaSet("web-h3")
-	require.Contains(t, rs3.Annotations, vocab.AnnotationKnownGood, "the copied mark is there")
-	assert.False(t, IsKnownGood(rs3), "but it is not a mark: no rollback loop is seen")
-	assert.NotContains(t, got.Annotations, vocab.AnnotationKnownGood, "the stray mark left the Deployment with the rollback")
+	require.Contains(t, rs3.Annotations, vocab.LegacyAnnotationKnownGood, "the copied mark is there")
+	assert.False(t, IsKnownGood(got, rs3), "but it is not an entry: no rollback loop is seen")
+	assert.Equal(t, []string{"web-h2"}, knownGoodNames(ledgerOf(t, got)))
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationKnownGood, "the stray mark left the Deployment with the rollback")
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationKnownGoodHash)
 }
 
 // The cache keeps no pod templates; the rollback reads the Deployment and its
@@ -538,4 +581,5 @@ func TestRollbackRemovesWhatTheFailedTemplateAdded(t *testing.T) {
 	assert.Empty(t, got.Spec.Template.Spec.NodeSelector)
 	assert.Empty(t, got.Spec.Template.Spec.Containers[0].Env)
 	assert.NotContains(t, got.Annotations, cachedTemplateHash, "the cache's hash never reaches the API server")
+	assert.NotContains(t, got.Spec.Template.Annotations, cachedTemplateHash, "the cache's hash never reaches the API server")
 }

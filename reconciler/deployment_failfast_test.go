@@ -208,7 +208,8 @@ func TestFailFastRollsBackOnceTheWindowHasPassed(t *testing.T) {
 
 	res := e.reconcileResult()
 	got := e.deployment()
-	assert.Equal(t, e.clock.Now().UTC().Format(time.RFC3339)+" web-h3", got.Annotations[vocab.AnnotationFailingSince], "the window starts")
+	assert.Equal(t, e.clock.Now().UTC().Format(time.RFC3339)+" web-h3", ledgerOf(t, got).FailingSince, "the window starts, in the ledger")
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationFailingSince)
 	assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image, "not yet rolled back")
 	assert.Positive(t, res.RequeueAfter)
 	assert.LessOrEqual(t, res.RequeueAfter, FailFastPollInterval)
@@ -222,10 +223,12 @@ func TestFailFastRollsBackOnceTheWindowHasPassed(t *testing.T) {
 	e.reconcileResult()
 	got = e.deployment()
 	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template, "rolled back to the newest known-good revision, like on a deadline")
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision])
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationFailFastRevision])
+	l := ledgerOf(t, got)
+	assert.Equal(t, int64(3), l.RolledBackRevision)
+	assert.Equal(t, int64(3), l.FailFastRevision)
+	assert.Equal(t, "web-h2", l.RolledBackTo)
+	assert.Empty(t, l.FailingSince, "the window is over")
 	assert.Contains(t, got.Annotations[vocab.AnnotationQuarantinedTemplates], vocab.TemplateHash(&d.Spec.Template), "the failed template is quarantined")
-	assert.NotContains(t, got.Annotations, vocab.AnnotationFailingSince)
 	evs := e.events()
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
 	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m1s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
@@ -270,7 +273,9 @@ func TestFailFastLeavesAlone(t *testing.T) {
 			}
 			got := e.deployment()
 			assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image)
-			assert.NotContains(t, got.Annotations, vocab.AnnotationFailingSince)
+			l, _ := ReadLedger(got)
+			assert.Empty(t, l.FailingSince)
+			assert.Empty(t, l.FailFastRevision)
 			assert.Empty(t, e.events())
 		})
 	}
@@ -278,15 +283,17 @@ func TestFailFastLeavesAlone(t *testing.T) {
 
 // A window that stops holding starts again: one pod came up Ready.
 func TestFailFastWindowResets(t *testing.T) {
-	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Add(20*time.Minute).Format(time.RFC3339)+" web-h3"))
+	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0.Add(20*time.Minute), "web-h3") }))
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, newRSPod(rs3, "a", "CrashLoopBackOff"), newRSPod(rs3, "b", ""))
 	e.reconcileResult()
-	assert.NotContains(t, e.deployment().Annotations, vocab.AnnotationFailingSince)
+	l := ledgerOf(t, e.deployment())
+	assert.Empty(t, l.FailingSince)
+	assert.Equal(t, []string{"web-h1", "web-h2"}, knownGoodNames(l), "the rest of the ledger stays")
 }
 
 func TestFailFastWithoutKnownGoodReports(t *testing.T) {
-	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Format(time.RFC3339)+" web-h3"))
+	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0, "web-h3") }))
 	rs3 := replicaSet(d, 3, "web:v3")
 	e := newEnv(t, namespace(nil), d, rs3, newRSPod(rs3, "a", "CreateContainerConfigError"))
 
@@ -297,6 +304,10 @@ func TestFailFastWithoutKnownGoodReports(t *testing.T) {
 	evs := e.events()
 	assert.Equal(t, []string{vocab.ReasonNoKnownGoodRevision}, eventReasons(evs))
 	assert.Contains(t, evs[0], "Revision 3 (ReplicaSet web-h3) is failing: 1/1 new pods CreateContainerConfigError")
+	l := ledgerOf(t, got)
+	assert.Equal(t, int64(3), l.FailFastRevision, "decided once, in the ledger")
+	assert.Empty(t, l.FailingSince)
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationFailFastRevision)
 
 	e.clock.Step(time.Minute)
 	e.reconcileResult()
@@ -307,7 +318,7 @@ func TestFailFastWithoutKnownGoodReports(t *testing.T) {
 // window's start is on the Deployment, so the new guard rolls back once, on
 // time.
 func TestFailFastAcrossARestart(t *testing.T) {
-	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Add(19*time.Minute).Format(time.RFC3339)+" web-h3"))
+	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0.Add(19*time.Minute), "web-h3") }))
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, newRSPod(rs3, "a", "RunContainerError"))
 	e.reconcileResult()
@@ -323,7 +334,7 @@ func TestFailFastAcrossARestart(t *testing.T) {
 // often than its window still fails fast, on time.
 func TestFailFastWindowSurvivesAScale(t *testing.T) {
 	since := t0.Add(19*time.Minute + 30*time.Second).Format(time.RFC3339)
-	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, since+" web-h3"), func(d *appsv1.Deployment) {
+	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = since + " web-h3" }), func(d *appsv1.Deployment) {
 		d.Generation++ // scaled: the controller has not caught up
 		d.Spec.Replicas = ptr.To[int32](5)
 	})
@@ -332,7 +343,7 @@ func TestFailFastWindowSurvivesAScale(t *testing.T) {
 
 	e.reconcileResult()
 	got := e.deployment()
-	assert.Equal(t, since+" web-h3", got.Annotations[vocab.AnnotationFailingSince], "the window keeps its start")
+	assert.Equal(t, since+" web-h3", ledgerOf(t, got).FailingSince, "the window keeps its start")
 	assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image)
 	assert.Empty(t, e.events())
 

@@ -2,7 +2,6 @@ package reconciler
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	appsv1 "k8s.io/api/apps/v1"
@@ -76,69 +75,117 @@ func TestReplicaSetToMark(t *testing.T) {
 	})
 }
 
+// A ReplicaSet is known-good when the Deployment's ledger records it: the
+// same ReplicaSet (name and UID) with the same template. Nothing on the
+// ReplicaSet itself counts.
 func TestIsKnownGood(t *testing.T) {
-	d := deployment()
 	tests := []struct {
 		name string
-		rs   *appsv1.ReplicaSet
-		want bool
+		// rs is the ReplicaSet as the guard recorded it; now is it as read.
+		rs, now  func(d *appsv1.Deployment) *appsv1.ReplicaSet
+		recorded bool
+		want     bool
 	}{
-		{name: "marked by the guard", rs: replicaSet(d, 2, "web:v2", knownGood), want: true},
-		{name: "not marked", rs: replicaSet(d, 2, "web:v2"), want: false},
-		{
-			// kubectl rollout undo copied revision 1's mark onto the Deployment,
-			// and the Deployment controller copied it onto revision 2.
-			name: "mark copied from another ReplicaSet",
-			rs: replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) {
-				rs.Annotations[vocab.AnnotationKnownGood] = t0.Format(time.RFC3339)
-				rs.Annotations[vocab.AnnotationKnownGoodHash] = "h1"
-			}),
-			want: false,
-		},
-		{name: "mark without hash", rs: replicaSet(d, 2, "web:v2", knownGood, func(rs *appsv1.ReplicaSet) {
-			delete(rs.Annotations, vocab.AnnotationKnownGoodHash)
-		}), want: false},
-		{name: "mark that is not a time", rs: replicaSet(d, 2, "web:v2", knownGood, func(rs *appsv1.ReplicaSet) {
-			rs.Annotations[vocab.AnnotationKnownGood] = "yes"
-		}), want: false},
+		{name: "recorded by the guard", recorded: true, want: true},
+		{name: "recorded, read from the cache (template stripped)", recorded: true, want: true,
+			now: func(d *appsv1.Deployment) *appsv1.ReplicaSet { return cachedCopy(replicaSet(d, 2, "web:v2")) }},
+		{name: "not recorded", want: false},
+		{name: "not recorded, an earlier release's mark on it (or a forged one)", want: false,
+			now: func(d *appsv1.Deployment) *appsv1.ReplicaSet { return replicaSet(d, 2, "web:v2", legacyKnownGood) }},
+		{name: "recorded, deleted and created again by the same name", recorded: true, want: false,
+			now: func(d *appsv1.Deployment) *appsv1.ReplicaSet {
+				return replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.UID = "uid-rs-h2-again" })
+			}},
+		{name: "recorded, its template changed since", recorded: true, want: false,
+			now: func(d *appsv1.Deployment) *appsv1.ReplicaSet {
+				return replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.Spec.Template.Spec.Containers[0].Image = "web:evil" })
+			}},
+		{name: "recorded, template changed and the cache's hash annotation forged on it", recorded: true, want: false,
+			now: func(d *appsv1.Deployment) *appsv1.ReplicaSet {
+				good := vocab.TemplateHash(&replicaSet(d, 2, "web:v2").Spec.Template)
+				return replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) {
+					rs.Spec.Template.Spec.Containers[0].Image = "web:evil"
+					rs.Spec.Template.Annotations[cachedTemplateHash] = good
+					rs.Annotations[cachedTemplateHash] = good
+				})
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, IsKnownGood(tt.rs))
+			d := deployment()
+			if tt.recorded {
+				withKnownGood(d, replicaSet(d, 2, "web:v2"))
+			}
+			rs := replicaSet(d, 2, "web:v2")
+			if tt.now != nil {
+				rs = tt.now(d)
+			}
+			assert.Equal(t, tt.want, IsKnownGood(d, rs))
 		})
 	}
 }
 
-func TestKnownGoodTarget(t *testing.T) {
+// cachedCopy is rs as the manager's cache holds it.
+func cachedCopy(rs *appsv1.ReplicaSet) *appsv1.ReplicaSet {
+	c := rs.DeepCopy()
+	if _, err := StripForCache(c); err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// The target is the ReplicaSet of the ledger's newest known-good entry whose
+// template is not the Deployment's; when that ReplicaSet is gone, being
+// deleted, replaced or changed, there is none, and the reason says why: never
+// an older entry.
+func TestFindKnownGoodTarget(t *testing.T) {
 	d := deployment()
-	rs1 := replicaSet(d, 1, "web:v1", knownGood)
-	rs2 := replicaSet(d, 2, "web:v2", knownGood)
-	rs2bad := replicaSet(d, 2, "web:v2")
-	rs4 := replicaSet(d, 4, "web:v4") // superseded before completing
+	rs1 := replicaSet(d, 1, "web:v1")
+	rs2 := replicaSet(d, 2, "web:v2")
 	rs3 := replicaSet(d, 3, "web:v3")
-	rs3good := replicaSet(d, 3, "web:v3", knownGood)
-	rs2deleting := replicaSet(d, 2, "web:v2", knownGood, func(rs *appsv1.ReplicaSet) {
-		rs.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
-	})
-	rs2copied := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) {
-		rs.Annotations[vocab.AnnotationKnownGood] = t0.Format(time.RFC3339)
-		rs.Annotations[vocab.AnnotationKnownGoodHash] = "h1"
-	})
+	rs4 := replicaSet(d, 4, "web:v4") // superseded before completing
+	rs2deleting := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.DeletionTimestamp = ptr.To(metav1.NewTime(t0)) })
+	rs2again := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.UID = "uid-rs-h2-again" })
+	rs2edited := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.Spec.Template.Spec.Containers[0].Image = "web:evil" })
+	rs2forged := replicaSet(d, 2, "web:v2", legacyKnownGood)
 
 	tests := []struct {
-		name string
-		rss  []*appsv1.ReplicaSet
-		want *appsv1.ReplicaSet
+		name      string
+		knownGood []*appsv1.ReplicaSet // the ledger's entries, oldest first
+		rss       []*appsv1.ReplicaSet
+		want      *appsv1.ReplicaSet
+		wantWhy   string
 	}{
-		{name: "newest known-good, not merely the previous revision", rss: []*appsv1.ReplicaSet{rs4, rs1, rs2, rs3}, want: rs2},
-		{name: "the previous revision never completed", rss: []*appsv1.ReplicaSet{rs1, rs2bad, rs3}, want: rs1},
-		{name: "none known-good", rss: []*appsv1.ReplicaSet{rs2bad, rs4, rs3}, want: nil},
-		{name: "the newRS itself is never the target", rss: []*appsv1.ReplicaSet{rs3good}, want: nil},
-		{name: "a ReplicaSet being deleted is skipped", rss: []*appsv1.ReplicaSet{rs1, rs2deleting, rs3}, want: rs1},
-		{name: "a copied mark is no mark", rss: []*appsv1.ReplicaSet{rs1, rs2copied, rs3}, want: rs1},
+		{name: "newest known-good, not merely the previous revision", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
+			rss: []*appsv1.ReplicaSet{rs4, rs1, rs2, rs3}, want: rs2},
+		{name: "the previous revision never completed", knownGood: []*appsv1.ReplicaSet{rs1},
+			rss: []*appsv1.ReplicaSet{rs1, rs2, rs3}, want: rs1},
+		{name: "the newest read from the cache", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
+			rss: []*appsv1.ReplicaSet{rs1, cachedCopy(rs2), rs3}, want: cachedCopy(rs2)},
+		{name: "no ledger", rss: []*appsv1.ReplicaSet{rs1, rs2, rs4, rs3}},
+		{name: "an earlier release's (or a forged) mark is no entry", knownGood: []*appsv1.ReplicaSet{rs1},
+			rss: []*appsv1.ReplicaSet{rs1, rs2forged, rs3}, want: rs1},
+		{name: "the newRS itself is never the target", knownGood: []*appsv1.ReplicaSet{rs3}, rss: []*appsv1.ReplicaSet{rs3}},
+		{name: "an entry with the current template is passed over", knownGood: []*appsv1.ReplicaSet{rs1, rs3},
+			rss: []*appsv1.ReplicaSet{rs1, rs3}, want: rs1},
+		{name: "the newest being deleted: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
+			rss: []*appsv1.ReplicaSet{rs1, rs2deleting, rs3}, wantWhy: "known-good ReplicaSet web-h2 (revision 2) is being deleted"},
+		{name: "the newest gone: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
+			rss: []*appsv1.ReplicaSet{rs1, rs3}, wantWhy: "known-good ReplicaSet web-h2 (revision 2) is gone"},
+		{name: "the newest created again by its name: none", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
+			rss: []*appsv1.ReplicaSet{rs1, rs2again, rs3}, wantWhy: "known-good ReplicaSet web-h2 (revision 2) was deleted and created again since it completed"},
+		{name: "the newest's template changed: none", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
+			rss: []*appsv1.ReplicaSet{rs1, rs2edited, rs3}, wantWhy: "the template of known-good ReplicaSet web-h2 (revision 2) changed since it completed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			d := d.DeepCopy()
+			if tt.knownGood != nil {
+				withKnownGood(d, tt.knownGood...)
+			}
+			got, why := FindKnownGoodTarget(d, tt.rss)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.wantWhy, why)
 			assert.Equal(t, tt.want, KnownGoodTarget(d, tt.rss))
 		})
 	}

@@ -12,12 +12,18 @@ import (
 // A record recreates what the user chose, not the guard's verdict on the
 // deleted object: no rollback label or annotation comes back with it.
 func TestRestorableDeploymentLeavesTheVerdictBehind(t *testing.T) {
-	d := deployment(rolledBack, func(d *appsv1.Deployment) {
+	d := deployment(rolledBack, annotate(
+		// An earlier release's record of its rollback.
+		vocab.LegacyAnnotationRolledBackTo, "web-h1",
+		vocab.LegacyAnnotationRolledBackRevision, "2",
+	), func(d *appsv1.Deployment) {
 		d.Labels = map[string]string{"app": "web", vocab.LabelRolledBack: "3"}
 	})
 	got := RestorableDeployment(d)
 	assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
-	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackTo)
-	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackRevision)
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationRolledBackTo)
+	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationRolledBackRevision)
+	_, hasLedger := ReadLedger(got)
+	assert.False(t, hasLedger, "the guard's ledger is about the deleted Deployment")
 	assert.Equal(t, "3", d.Labels[vocab.LabelRolledBack], "the recorded Deployment is left as it is")
 }

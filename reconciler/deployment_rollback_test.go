@@ -25,9 +25,11 @@ func TestShouldRollBack(t *testing.T) {
 	// rs3AfterRollback is what the restored ReplicaSet looks like once the
 	// Deployment controller adopted it as newRS again: revision bumped.
 	restored := func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
-		rs1 := replicaSet(d, 1, "web:v1", knownGood)
-		rs2 := replicaSet(d, 2, "web:v2", knownGood, func(rs *appsv1.ReplicaSet) { rs.Annotations[vocab.RevisionAnnotation] = "4" })
+		rs1 := replicaSet(d, 1, "web:v1")
+		rs2 := replicaSet(d, 2, "web:v2")
 		rs3 := replicaSet(d, 3, "web:v3")
+		withKnownGood(d, rs1, rs2)
+		rs2.Annotations[vocab.RevisionAnnotation] = "4"
 		return []*appsv1.ReplicaSet{rs1, rs2, rs3}
 	}
 	// rolledBack is the Deployment right after the guard's rollback write to
@@ -38,8 +40,7 @@ func TestShouldRollBack(t *testing.T) {
 		d.Spec.Template = podTemplate("web:v2")
 		d.Generation, d.Status.ObservedGeneration = 4, 4
 		d.Annotations[vocab.RevisionAnnotation] = "4"
-		d.Annotations[vocab.AnnotationRolledBackRevision] = "3"
-		d.Annotations[vocab.AnnotationHandledDeadline] = deadline
+		withLedger(func(l *Ledger) { l.RolledBackRevision, l.RolledBackTo, l.HandledDeadline = 3, "web-h2", deadline })(d)
 	}
 
 	tests := []struct {
@@ -79,7 +80,9 @@ func TestShouldRollBack(t *testing.T) {
 			name: "previous revision never completed: back past it",
 			d:    deployment(failed), opts: on,
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
-				return []*appsv1.ReplicaSet{replicaSet(d, 1, "web:v1", knownGood), replicaSet(d, 2, "web:v2"), replicaSet(d, 3, "web:v3")}
+				rs1 := replicaSet(d, 1, "web:v1")
+				withKnownGood(d, rs1)
+				return []*appsv1.ReplicaSet{rs1, replicaSet(d, 2, "web:v2"), replicaSet(d, 3, "web:v3")}
 			},
 			wantAction: ActionRollBack, wantReason: ReasonAutoRollback, wantTarget: "web-h1",
 		},
@@ -118,12 +121,12 @@ func TestShouldRollBack(t *testing.T) {
 		},
 		{
 			name: "resumed after a deadline recorded while paused: not acted on",
-			d:    deployment(failed, annotate(vocab.AnnotationHandledDeadline, deadline)), opts: on,
+			d:    deployment(failed, withLedger(func(l *Ledger) { l.HandledDeadline = deadline })), opts: on,
 			wantAction: ActionNone, wantReason: ReasonDeadlineAlreadyHandled,
 		},
 		{
 			name: "a new deadline after an older one was handled",
-			d:    deployment(failed, annotate(vocab.AnnotationHandledDeadline, earlier)), opts: on,
+			d:    deployment(failed, withLedger(func(l *Ledger) { l.HandledDeadline = earlier })), opts: on,
 			wantAction: ActionRollBack, wantReason: ReasonAutoRollback, wantTarget: "web-h2",
 		},
 		{
@@ -141,15 +144,14 @@ func TestShouldRollBack(t *testing.T) {
 		},
 		{
 			name: "stale deadline naming another ReplicaSet (rolled back by hand)",
-			d: deployment(rolledBack, func(d *appsv1.Deployment) {
-				delete(d.Annotations, vocab.AnnotationHandledDeadline)
-				delete(d.Annotations, vocab.AnnotationRolledBackRevision)
-			}), rss: restored, opts: on,
+			d: deployment(rolledBack, withLedger(func(l *Ledger) {
+				l.HandledDeadline, l.RolledBackRevision, l.RolledBackTo = "", 0, ""
+			})), rss: restored, opts: on,
 			wantAction: ActionNone, wantReason: ReasonStaleCondition,
 		},
 		{
 			name: "failed revision already rolled back from",
-			d:    deployment(failed, annotate(vocab.AnnotationRolledBackRevision, "3")), opts: on,
+			d:    deployment(failed, withLedger(func(l *Ledger) { l.RolledBackRevision = 3 })), opts: on,
 			wantAction: ActionNone, wantReason: ReasonAlreadyRolledBack,
 		},
 		{
@@ -161,7 +163,9 @@ func TestShouldRollBack(t *testing.T) {
 			name: "a known-good revision re-applied by hand fails: not rolled back either",
 			d:    deployment(failed), opts: on,
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
-				return []*appsv1.ReplicaSet{replicaSet(d, 1, "web:v1", knownGood), replicaSet(d, 3, "web:v3", knownGood)}
+				rs1, rs3 := replicaSet(d, 1, "web:v1"), replicaSet(d, 3, "web:v3")
+				withKnownGood(d, rs1, rs3)
+				return []*appsv1.ReplicaSet{rs1, rs3}
 			},
 			wantAction: ActionHold, wantReason: ReasonRollbackLoop,
 		},
@@ -169,7 +173,9 @@ func TestShouldRollBack(t *testing.T) {
 			name: "newRS not in the cache yet",
 			d:    deployment(failed), opts: on,
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
-				return []*appsv1.ReplicaSet{replicaSet(d, 1, "web:v1", knownGood)}
+				rs1 := replicaSet(d, 1, "web:v1")
+				withKnownGood(d, rs1)
+				return []*appsv1.ReplicaSet{rs1}
 			},
 			wantAction: ActionNone, wantReason: ReasonNoNewReplicaSet,
 		},
@@ -224,10 +230,18 @@ func TestRollbackAnnotations(t *testing.T) {
 		"added-after-v2", "x",
 		vocab.AnnotationQuarantinedTemplates, "q1,q2",
 		vocab.AnnotationProtected, "true",
-		// Left on the Deployment by an earlier kubectl rollout undo.
-		vocab.AnnotationKnownGood, t0.Format(time.RFC3339),
+		// An earlier release's marks, left on the Deployment by that
+		// release or by a kubectl rollout undo.
+		vocab.LegacyAnnotationKnownGood, t0.Format(time.RFC3339),
+		vocab.LegacyAnnotationKnownGoodHash, "h1",
+		vocab.LegacyAnnotationKnownGoodRevision, "1",
+		vocab.LegacyAnnotationRolledBackRevision, "2",
+		vocab.LegacyAnnotationRolledBackTo, "web-h1",
+		vocab.LegacyAnnotationFailFastRevision, "2",
+		vocab.LegacyAnnotationHandledDeadline, t0.Format(time.RFC3339),
+		vocab.LegacyAnnotationFailingSince, t0.Format(time.RFC3339)+" web-h2",
 	))
-	rs := replicaSet(d, 2, "web:v2", knownGood, func(rs *appsv1.ReplicaSet) {
+	rs := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) {
 		rs.Annotations = map[string]string{
 			vocab.RevisionAnnotation:                    "2",
 			"deployment.kubernetes.io/desired-replicas": "3",
@@ -237,7 +251,7 @@ func TestRollbackAnnotations(t *testing.T) {
 			vocab.AnnotationQuarantinedTemplates: "q1",
 			vocab.AnnotationDefaulted:            "strategy",
 		}
-		knownGood(rs)
+		legacyKnownGood(rs)
 	})
 
 	got := RollbackAnnotations(d, rs)
@@ -251,8 +265,8 @@ func TestRollbackAnnotations(t *testing.T) {
 		// Deployment had.
 		"kubernetes.io/change-cause": "deploy v2",
 		// The guard's own annotations stay as the Deployment has them; the
-		// ReplicaSet's copies and its known-good mark do not come over, and a
-		// stray mark on the Deployment goes.
+		// ReplicaSet's copies and an earlier release's known-good mark do not
+		// come over, and every earlier release's mark on the Deployment goes.
 		vocab.AnnotationQuarantinedTemplates: "q1,q2",
 		vocab.AnnotationProtected:            "true",
 	}, got)
@@ -284,7 +298,7 @@ func TestFailedReplicaSetName(t *testing.T) {
 // recorded from a cached copy with sub-second precision still matches it.
 func TestHandledDeadlineSecondResolution(t *testing.T) {
 	at := t0.Add(20*time.Minute + 400*time.Millisecond)
-	d := deployment(failedAt("web-h3", at), annotate(vocab.AnnotationHandledDeadline, at.Truncate(time.Second).Format(time.RFC3339)))
+	d := deployment(failedAt("web-h3", at), withLedger(func(l *Ledger) { l.HandledDeadline = at.Truncate(time.Second).Format(time.RFC3339) }))
 	rs1, rs2, rs3 := history(d)
 	got := ShouldRollBack(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, DefaultOptions())
 	assert.Equal(t, ReasonDeadlineAlreadyHandled, got.Reason)

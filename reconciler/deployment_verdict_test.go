@@ -18,12 +18,11 @@ import (
 )
 
 // rolledBack gives d the state the guard's rollback from revision 3 to the
-// ReplicaSet of revision 2 leaves: its template, and the annotations of the
-// rollback write.
+// ReplicaSet of revision 2 leaves: its template, the rollback in its ledger
+// and its message in an annotation.
 func rolledBack(d *appsv1.Deployment) {
 	d.Spec.Template = podTemplate("web:v2")
-	d.Annotations[vocab.AnnotationRolledBackRevision] = "3"
-	d.Annotations[vocab.AnnotationRolledBackTo] = "web-h2"
+	withLedger(func(l *Ledger) { l.RolledBackRevision, l.RolledBackTo = 3, "web-h2" })(d)
 	d.Annotations[vocab.AnnotationRollbackStatus] = "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2)."
 }
 
@@ -41,7 +40,10 @@ func TestDecideVerdict(t *testing.T) {
 		{name: "an earlier rollback accepted, not this one", d: deployment(rolledBack, annotate(vocab.AnnotationAcceptRollback, "1")), wantStalled: true},
 		{name: "a new template applied", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v4") }), wantClear: true},
 		{name: "the failed template applied again (quarantine let it through)", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v3") }), wantClear: true},
-		{name: "the restored ReplicaSet is gone", d: deployment(rolledBack, annotate(vocab.AnnotationRolledBackTo, "web-gone")), wantClear: true},
+		{name: "the restored ReplicaSet is gone", d: deployment(rolledBack, withLedger(func(l *Ledger) { l.RolledBackTo = "web-gone" })), wantClear: true},
+		{name: "a rollback told only by annotations (forged, or an earlier release's copied on)", d: deployment(func(d *appsv1.Deployment) {
+			d.Spec.Template = podTemplate("web:v2")
+		}, annotate(vocab.LegacyAnnotationRolledBackRevision, "3", vocab.LegacyAnnotationRolledBackTo, "web-h2"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,14 +73,14 @@ func progressing(d *appsv1.Deployment) *appsv1.DeploymentCondition { return prog
 // back, so that a client watching the rollout sees the failure first; after
 // the rollback the Deployment keeps reading as failed.
 func TestFailFastDeclaresThenRollsBackThenReports(t *testing.T) {
-	d := deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Add(19*time.Minute).Format(time.RFC3339)+" web-h3"))
+	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0.Add(19*time.Minute), "web-h3") }))
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3,
 		newRSPod(rs3, "web-h3-a", "ImagePullBackOff"), newRSPod(rs3, "web-h3-b", "ImagePullBackOff"))
 
 	e.reconcileResult()
-	require.Equal(t, []string{"Deployment/status", "Deployment/status", "Deployment"}, e.sequence,
-		"declared failed, then the rollback reported, then the rollback: no client can read the restored template without the report")
+	require.Equal(t, []string{"Deployment/status", "Deployment/status", "Deployment", "Deployment/status"}, e.sequence,
+		"declared failed, then the rollback reported, then the rollback, then the ledger: no client can read the restored template without the report")
 	reported := e.statusPatches[1].body["status"].(map[string]any)["conditions"].([]any)
 	assert.Contains(t, fmt.Sprint(reported), "Stalled")
 
@@ -97,9 +99,10 @@ func TestFailFastDeclaresThenRollsBackThenReports(t *testing.T) {
 
 	got := e.deployment()
 	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationFailFastRevision], "told as fail-fast's decision")
-	assert.Equal(t, "web-h2", got.Annotations[vocab.AnnotationRolledBackTo])
-	assert.NotContains(t, got.Annotations, vocab.AnnotationFailingSince)
+	l := ledgerOf(t, got)
+	assert.Equal(t, int64(3), l.FailFastRevision, "recorded as fail-fast's decision")
+	assert.Equal(t, "web-h2", l.RolledBackTo)
+	assert.Empty(t, l.FailingSince)
 	evs := e.events()
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
 	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
@@ -133,7 +136,7 @@ func TestDeclaredFailureRolledBackAfterARestart(t *testing.T) {
 	e.reconcileResult()
 	got := e.deployment()
 	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationFailFastRevision])
+	assert.Equal(t, int64(3), ledgerOf(t, got).FailFastRevision)
 	evs := e.events()
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
 	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ErrImagePull for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
@@ -149,7 +152,7 @@ func TestDeadlineRollbackIsReported(t *testing.T) {
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
 	require.NoError(t, e.reconcile())
-	assert.Equal(t, []string{"Deployment/status", "Deployment"}, e.sequence, "reported, then rolled back, and nothing more")
+	assert.Equal(t, []string{"Deployment/status", "Deployment", "Deployment/status"}, e.sequence, "reported, then rolled back, then recorded in the ledger, and nothing more")
 	st := e.stalled()
 	require.NotNil(t, st)
 	assert.Contains(t, st.Message, "Rolled back from revision 3 (ReplicaSet web-h3), which exceeded its progress deadline, to known-good revision 2 (ReplicaSet web-h2).")
@@ -211,7 +214,9 @@ func TestVerdictEnds(t *testing.T) {
 			}
 			require.NoError(t, e.reconcile())
 			assert.Nil(t, e.stalled(), "the Deployment no longer reads as failed, before a client can read its new generation as observed")
-			assert.NotContains(t, e.deployment().Annotations, vocab.AnnotationRolledBackTo)
+			l := ledgerOf(t, e.deployment())
+			assert.Empty(t, l.RolledBackTo, "the rollback no longer stands")
+			assert.Equal(t, int64(3), l.RolledBackRevision, "the revision rolled back from is not decided again")
 			assert.NotContains(t, e.deployment().Labels, vocab.LabelRolledBack)
 
 			// Coming back to the restored template later does not bring
@@ -239,11 +244,11 @@ func TestAStandingVerdictGetsItsLabel(t *testing.T) {
 	require.NotNil(t, e.stalled(), "the verdict stands")
 }
 
-// The label goes with the verdict however the verdict ended: here the
-// rollback's annotation was removed by hand.
+// The label goes with the verdict however the verdict ended: here the ledger
+// no longer names the restored ReplicaSet (the guard stopped after it forgot
+// the rollback, before it removed the condition and label).
 func TestTheLabelGoesWithTheVerdict(t *testing.T) {
-	d := deployment(rolledBack, func(d *appsv1.Deployment) {
-		delete(d.Annotations, vocab.AnnotationRolledBackTo)
+	d := deployment(rolledBack, withLedger(func(l *Ledger) { l.RolledBackTo = "" }), func(d *appsv1.Deployment) {
 		d.Labels = map[string]string{vocab.LabelRolledBack: "3"}
 		d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{
 			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback})
@@ -270,7 +275,7 @@ func TestOptingOutReleasesTheVerdict(t *testing.T) {
 	got := e.deployment()
 	assert.Nil(t, guardStalled(&got.Status))
 	assert.NotContains(t, got.Labels, vocab.LabelRolledBack)
-	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackTo)
+	assert.Empty(t, ledgerOf(t, got).RolledBackTo)
 
 	e.sequence = nil
 	_, err := e.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(plain)})
@@ -286,12 +291,12 @@ func TestNoVerdictWithoutARollback(t *testing.T) {
 		d    *appsv1.Deployment
 		rss  func(d *appsv1.Deployment) []client.Object
 	}{
-		{name: "fail-fast, no known-good revision", d: deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Format(time.RFC3339)+" web-h3")),
+		{name: "fail-fast, no known-good revision", d: deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0, "web-h3") })),
 			rss: func(d *appsv1.Deployment) []client.Object {
 				rs3 := replicaSet(d, 3, "web:v3")
 				return []client.Object{rs3, newRSPod(rs3, "a", "ImagePullBackOff")}
 			}},
-		{name: "fail-fast, automatic rollback off", d: deployment(inProgress, annotate(vocab.AnnotationFailingSince, t0.Format(time.RFC3339)+" web-h3", vocab.AnnotationAutoRollback, "false")),
+		{name: "fail-fast, automatic rollback off", d: deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0, "web-h3") }), annotate(vocab.AnnotationAutoRollback, "false")),
 			rss: func(d *appsv1.Deployment) []client.Object {
 				rs1, rs2, rs3 := history(d)
 				return []client.Object{rs1, rs2, rs3, newRSPod(rs3, "a", "ImagePullBackOff")}
@@ -313,8 +318,15 @@ func TestNoVerdictWithoutARollback(t *testing.T) {
 			e.reconcileResult()
 			e.clock.Step(time.Minute)
 			e.reconcileResult()
-			assert.Empty(t, e.statusPatches, "the Deployment's status is upstream's alone")
-			want, got := progressing(tt.d), progressing(e.deployment())
+			d := e.deployment()
+			assert.Nil(t, guardStalled(&d.Status), "no verdict")
+			var types []appsv1.DeploymentConditionType
+			for _, c := range d.Status.Conditions {
+				types = append(types, c.Type)
+			}
+			assert.ElementsMatch(t, []appsv1.DeploymentConditionType{appsv1.DeploymentProgressing, vocab.ConditionLedger}, types,
+				"the Deployment's status is upstream's but for the guard's ledger")
+			want, got := progressing(tt.d), progressing(d)
 			assert.Equal(t, []string{string(want.Status), want.Reason, want.Message}, []string{string(got.Status), got.Reason, got.Message})
 		})
 	}
@@ -360,7 +372,10 @@ func TestVerdictDue(t *testing.T) {
 			assert.Equal(t, tt.wantDue, due)
 			assert.Equal(t, tt.wantName, name)
 			if due {
-				assert.Equal(t, 1, StalledIndex(&tt.d.Status))
+				i := StalledIndex(&tt.d.Status)
+				require.GreaterOrEqual(t, i, 0)
+				assert.Equal(t, appsv1.DeploymentConditionType(vocab.ConditionStalled), tt.d.Status.Conditions[i].Type)
+				assert.Equal(t, vocab.ReasonAutoRollback, tt.d.Status.Conditions[i].Reason)
 			}
 		})
 	}

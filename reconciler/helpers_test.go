@@ -2,8 +2,10 @@ package reconciler
 
 import (
 	"fmt"
+	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -91,10 +93,46 @@ func replicaSet(d *appsv1.Deployment, revision int64, image string, mods ...func
 	return rs
 }
 
-// knownGood marks a ReplicaSet as the guard does.
-func knownGood(rs *appsv1.ReplicaSet) {
-	rs.Annotations[vocab.AnnotationKnownGood] = t0.Format(time.RFC3339)
-	rs.Annotations[vocab.AnnotationKnownGoodHash] = rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
+// withKnownGood records the ReplicaSets in d's ledger as known-good, as the
+// guard does when their rollouts complete, in the order given: the last is
+// the newest. Each entry takes the ReplicaSet's revision, UID and template as
+// they are now.
+func withKnownGood(d *appsv1.Deployment, rss ...*appsv1.ReplicaSet) {
+	l, _ := ReadLedger(d)
+	for _, rs := range rss {
+		rev, err := Revision(rs)
+		if err != nil {
+			panic(fmt.Sprintf("ReplicaSet %s: %v", rs.Name, err))
+		}
+		l = l.WithKnownGood(rs, rev, t0)
+	}
+	SetLedger(&d.Status, l, t0)
+}
+
+// withLedger is a Deployment modifier that changes its ledger (an empty one
+// when it has none) as the guard would have written it.
+func withLedger(change func(*Ledger)) func(*appsv1.Deployment) {
+	return func(d *appsv1.Deployment) {
+		l, _ := ReadLedger(d)
+		change(&l)
+		SetLedger(&d.Status, l, t0)
+	}
+}
+
+// ledgerOf returns d's ledger, which must be there.
+func ledgerOf(t *testing.T, d *appsv1.Deployment) Ledger {
+	t.Helper()
+	l, ok := ReadLedger(d)
+	require.True(t, ok, "the Deployment has a ledger")
+	return l
+}
+
+// legacyKnownGood writes the known-good mark an earlier release wrote on a
+// ReplicaSet (or anyone may forge): its time and the ReplicaSet's own
+// pod-template-hash.
+func legacyKnownGood(rs *appsv1.ReplicaSet) {
+	rs.Annotations[vocab.LegacyAnnotationKnownGood] = t0.Format(time.RFC3339)
+	rs.Annotations[vocab.LegacyAnnotationKnownGoodHash] = rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
 }
 
 // completed gives d the status of a finished rollout of its template.
@@ -152,10 +190,22 @@ func annotate(kv ...string) func(*appsv1.Deployment) {
 func paused(d *appsv1.Deployment) { d.Spec.Paused = true }
 
 // history returns the ReplicaSets of a Deployment rolled out three times: v1 and
-// v2 completed and were marked known-good, v3 is the Deployment's template.
+// v2 completed and are known-good in d's ledger, v3 is the Deployment's
+// template.
 func history(d *appsv1.Deployment) (rs1, rs2, rs3 *appsv1.ReplicaSet) {
-	rs1 = replicaSet(d, 1, "web:v1", knownGood)
-	rs2 = replicaSet(d, 2, "web:v2", knownGood)
+	rs1 = replicaSet(d, 1, "web:v1")
+	rs2 = replicaSet(d, 2, "web:v2")
 	rs3 = replicaSet(d, 3, "web:v3")
+	withKnownGood(d, rs1, rs2)
 	return rs1, rs2, rs3
+}
+
+// knownGoodNames lists the ReplicaSets of the ledger's known-good entries,
+// oldest first.
+func knownGoodNames(l Ledger) []string {
+	var out []string
+	for _, e := range l.KnownGood {
+		out = append(out, e.ReplicaSet)
+	}
+	return out
 }

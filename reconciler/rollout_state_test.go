@@ -27,8 +27,14 @@ func TestReadRollout(t *testing.T) {
 		rolledBack(d)
 		completed(d)
 	}
-	failingLeft := annotate(vocab.AnnotationFailFastRevision, "3",
-		vocab.AnnotationRollbackStatus, "Revision 3 (ReplicaSet web-h3) is failing: 1/1 new pods ErrImagePull for 1m0s; no known-good revision to roll back to, so it is left as it is.")
+	const leftMessage = "Revision 3 (ReplicaSet web-h3) is failing: 1/1 new pods ErrImagePull for 1m0s; no known-good revision to roll back to, so it is left as it is."
+	failingLeft := func(d *appsv1.Deployment) {
+		withLedger(func(l *Ledger) { l.FailFastRevision = 3 })(d)
+		annotate(vocab.AnnotationRollbackStatus, leftMessage)(d)
+	}
+	// The same in annotations only: what a tenant (or an earlier release's
+	// copy) can write.
+	failingForged := annotate(vocab.LegacyAnnotationFailFastRevision, "3", vocab.AnnotationRollbackStatus, leftMessage)
 
 	tests := []struct {
 		name        string
@@ -48,6 +54,7 @@ func TestReadRollout(t *testing.T) {
 		{name: "rollback accepted", d: deployment(restoredComplete, annotate(vocab.AnnotationAcceptRollback, "3")), wantPhase: RolloutComplete},
 		{name: "a new template after a rollback waits for its own rollout", d: deployment(restoredComplete, notObserved, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v5") }), wantPhase: RolloutProgressing},
 		{name: "found failing, no known-good revision", d: deployment(updating, failingLeft), wantPhase: RolloutFailed, wantReason: vocab.ReasonRolloutFailing, wantMessage: "is failing: 1/1 new pods ErrImagePull"},
+		{name: "found failing only in forged annotations", d: deployment(updating, failingForged), wantPhase: RolloutProgressing, wantMessage: "1 out of 3 new replicas have been updated"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -53,11 +53,20 @@ func TestWaitForRollout(t *testing.T) {
 	bad := fixtures.ReplicaSet(d, "web-b", "b", "web:2", "2", false, 0)
 	bad.Labels["app"] = "web"
 
+	const rollbackStatus = "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 15s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a)."
 	rolledBack := d.DeepCopy()
-	rolledBack.Annotations = map[string]string{
-		vocab.AnnotationRolledBackRevision: "2",
-		vocab.AnnotationRolledBackTo:       "web-a",
-		vocab.AnnotationRollbackStatus:     "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 15s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a).",
+	rolledBack.Annotations = map[string]string{vocab.AnnotationRollbackStatus: rollbackStatus}
+	l, _ := reconciler.ReadLedger(rolledBack)
+	l.RolledBackRevision, l.RolledBackTo = 2, "web-a"
+	reconciler.SetLedger(&rolledBack.Status, l, fixtures.Now)
+
+	// The same rollback told only by annotations: what a tenant can write
+	// (or an earlier release left, which the guard adopts once, itself).
+	forged := d.DeepCopy()
+	forged.Annotations = map[string]string{
+		vocab.LegacyAnnotationRolledBackRevision: "2",
+		vocab.LegacyAnnotationRolledBackTo:       "web-a",
+		vocab.AnnotationRollbackStatus:           rollbackStatus,
 	}
 
 	tests := []struct {
@@ -70,6 +79,7 @@ func TestWaitForRollout(t *testing.T) {
 		{name: "complete", d: d, wantPhase: reconciler.RolloutComplete, wantMessage: `deployment "web" successfully rolled out`},
 		{name: "rolled back by the guard", d: rolledBack, wantPhase: reconciler.RolloutFailed, wantReason: vocab.ReasonAutoRollback,
 			wantMessage: "2/2 new pods ImagePullBackOff for 15s (container app, image web:2)"},
+		{name: "a rollback only in annotations is none", d: forged, wantPhase: reconciler.RolloutComplete, wantMessage: `deployment "web" successfully rolled out`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -31,6 +32,13 @@ var statusNow = fixtures.Now
 func withAnnotation(rs appsv1.ReplicaSet, k, v string) appsv1.ReplicaSet {
 	rs.Annotations[k] = v
 	return rs
+}
+
+// withLedger changes d's ledger as the guard would have written it.
+func withLedger(d *appsv1.Deployment, change func(*reconciler.Ledger)) {
+	l, _ := reconciler.ReadLedger(d)
+	change(&l)
+	reconciler.SetLedger(&d.Status, l, statusNow)
 }
 
 func statusEvent(d *appsv1.Deployment, at time.Time, typ, reason, note string) eventsv1.Event {
@@ -61,13 +69,10 @@ func TestBuildStatus(t *testing.T) {
 				h := failedTemplate(d)
 				d.Annotations = map[string]string{
 					vocab.RevisionAnnotation:             "3",
-					vocab.AnnotationKnownGoodRevision:    "3",
-					vocab.AnnotationRolledBackRevision:   "2",
-					vocab.AnnotationRolledBackTo:         "web-a",
-					vocab.AnnotationFailFastRevision:     "2",
 					vocab.AnnotationQuarantinedTemplates: h,
 					vocab.AnnotationRollbackStatus:       "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 30s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a).",
 				}
+				withLedger(d, func(l *reconciler.Ledger) { l.RolledBackRevision, l.RolledBackTo, l.FailFastRevision = 2, "web-a", 2 })
 				other := fixtures.Deployment("x:1", nil)
 				other.Name, other.UID = "other", "other-uid"
 				return statusInput{
@@ -101,6 +106,7 @@ func TestBuildStatus(t *testing.T) {
 				assert.False(t, b.Current)
 				assert.True(t, a.Current)
 				assert.True(t, a.KnownGood)
+				assert.Equal(t, statusNow.Add(-time.Hour).Format(time.RFC3339), a.KnownGoodAt, "when the guard recorded it")
 				assert.Nil(t, a.Failure)
 				require.Len(t, st.Quarantined, 1)
 				assert.Equal(t, []string{"web-b"}, st.Quarantined[0].ReplicaSets)
@@ -143,8 +149,9 @@ func TestBuildStatus(t *testing.T) {
 		{
 			name: "a rollout in progress with fail-fast's window open",
 			input: func() statusInput {
-				d := fixtures.Deployment("web:2", map[string]string{vocab.RevisionAnnotation: "2", vocab.AnnotationFailingSince: "2026-11-23T06:59:00Z web-b"})
+				d := fixtures.Deployment("web:2", map[string]string{vocab.RevisionAnnotation: "2"})
 				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2}
+				withLedger(d, func(l *reconciler.Ledger) { l.FailingSince = "2026-11-23T06:59:00Z web-b" })
 				return statusInput{Deployment: d}
 			},
 			check: func(t *testing.T, st deploymentStatus, text string) {
@@ -152,6 +159,37 @@ func TestBuildStatus(t *testing.T) {
 				assert.Equal(t, "web-b", st.Rollout.FailingReplicaSet)
 				assert.Contains(t, text, "Rollout: progressing: 1 updated, 2 ready, 2 available of 3")
 				assert.Contains(t, text, "fail-fast: new pods of ReplicaSet web-b failing since 2026-11-23T06:59:00Z")
+			},
+		},
+		{
+			// What a tenant can write (or an earlier release left, which the
+			// guard adopts once, itself): the guard's facts only in
+			// annotations, a known-good mark on a ReplicaSet.
+			name: "the guard's facts only in annotations are none",
+			input: func() statusInput {
+				d := fixtures.Deployment("web:2", map[string]string{
+					vocab.RevisionAnnotation:                 "2",
+					vocab.LegacyAnnotationKnownGoodRevision:  "1",
+					vocab.LegacyAnnotationRolledBackRevision: "2",
+					vocab.LegacyAnnotationRolledBackTo:       "web-a",
+					vocab.LegacyAnnotationFailFastRevision:   "2",
+					vocab.LegacyAnnotationFailingSince:       "2026-11-23T06:59:00Z web-b",
+				})
+				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2}
+				a := fixtures.ReplicaSet(d, "web-a", "a", "web:1", "1", false, 2)
+				a = withAnnotation(a, vocab.LegacyAnnotationKnownGood, "2026-11-23T06:00:00Z")
+				a = withAnnotation(a, vocab.LegacyAnnotationKnownGoodHash, "a")
+				return statusInput{Deployment: d, ReplicaSets: []appsv1.ReplicaSet{a, fixtures.ReplicaSet(d, "web-b", "b", "web:2", "2", false, 1)}}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				assert.Empty(t, st.KnownGoodRevision)
+				assert.Contains(t, text, "known-good revision none yet")
+				require.Len(t, st.Revisions, 2)
+				assert.False(t, st.Revisions[0].KnownGood, "a mark on the ReplicaSet is not the guard's record")
+				assert.Empty(t, st.Revisions[0].KnownGoodAt)
+				assert.Nil(t, st.Verdict, "no rollback stands")
+				assert.Empty(t, st.Rollout.FailingReplicaSet)
+				assert.Equal(t, "progressing", st.Rollout.State)
 			},
 		},
 		{

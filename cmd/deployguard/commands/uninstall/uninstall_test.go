@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -177,35 +178,69 @@ func TestUninstallRetriesOnConflict(t *testing.T) {
 }
 
 // A Deployment the guard rolled back reads as failed until the guard ends the
-// verdict; uninstall ends it, since nothing would once the guard is gone.
+// verdict; uninstall ends it, since nothing would once the guard is gone, and
+// removes the guard's ledger with it. A rollback told only by annotations (a
+// tenant can write them) is no verdict.
 func TestUninstallEndsRollbackVerdicts(t *testing.T) {
-	rolledBack := withFinalizers("rolled-back", false)
-	rolledBack.Labels = map[string]string{"app": "web", vocab.LabelRolledBack: "3"}
-	rolledBack.Annotations = map[string]string{vocab.AnnotationRolledBackTo: "rolled-back-h2", vocab.AnnotationRolledBackRevision: "3"}
-	rolledBack.Status.Conditions = []appsv1.DeploymentCondition{
-		{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue},
-		{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback},
+	stalled := appsv1.DeploymentCondition{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback}
+	rolledBackLedger := func(d *appsv1.Deployment) {
+		l, _ := reconciler.ReadLedger(d)
+		l.RolledBackRevision, l.RolledBackTo = 3, d.Name+"-h2"
+		reconciler.SetLedger(&d.Status, l, fixtures.Now)
 	}
-	scheme := runtime.NewScheme()
-	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rolledBack, withFinalizers("theirs", false, otherFinalizer)).
-		WithStatusSubresource(&appsv1.Deployment{}).Build()
+	tests := []struct {
+		name    string
+		d       func(d *appsv1.Deployment)
+		verdict bool
+	}{
+		{name: "label, ledger and Stalled condition", verdict: true, d: func(d *appsv1.Deployment) {
+			d.Labels = map[string]string{"app": "web", vocab.LabelRolledBack: "3"}
+			d.Status.Conditions = append(d.Status.Conditions, stalled)
+			rolledBackLedger(d)
+		}},
+		{name: "in the ledger alone (an earlier release set no label)", verdict: true, d: rolledBackLedger},
+		{name: "in annotations alone", verdict: false, d: func(d *appsv1.Deployment) {
+			d.Annotations = map[string]string{vocab.LegacyAnnotationRolledBackTo: d.Name + "-h2", vocab.LegacyAnnotationRolledBackRevision: "3"}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rolledBack := withFinalizers("rolled-back", false)
+			rolledBack.Labels = map[string]string{"app": "web"}
+			rolledBack.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue}}
+			tt.d(rolledBack)
+			want := rolledBack.DeepCopy()
+			scheme := runtime.NewScheme()
+			require.NoError(t, clientgoscheme.AddToScheme(scheme))
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rolledBack, withFinalizers("theirs", false, otherFinalizer)).
+				WithStatusSubresource(&appsv1.Deployment{}).Build()
 
-	var out bytes.Buffer
-	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{dryRun: true}, &out))
-	assert.Contains(t, out.String(), "would end the rollback verdict on deployment shop/rolled-back\n")
-	assert.Contains(t, out.String(), "1 Deployments stand rolled back by the guard; nothing was changed (dry run).")
-	assert.NotContains(t, out.String(), "shop/theirs")
+			var out bytes.Buffer
+			require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{dryRun: true}, &out))
+			assert.NotContains(t, out.String(), "shop/theirs")
+			if !tt.verdict {
+				assert.NotContains(t, out.String(), "rollback verdict")
+				assert.NotContains(t, out.String(), "stand rolled back")
+				require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
+				got := &appsv1.Deployment{}
+				require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "rolled-back"}, got))
+				assert.Equal(t, want.Annotations, got.Annotations, "not the guard's to remove")
+				return
+			}
+			assert.Contains(t, out.String(), "would end the rollback verdict on deployment shop/rolled-back\n")
+			assert.Contains(t, out.String(), "1 Deployments stand rolled back by the guard; nothing was changed (dry run).")
 
-	out.Reset()
-	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
-	assert.Contains(t, out.String(), "ended the rollback verdict on deployment shop/rolled-back\n")
-	assert.Contains(t, out.String(), "Ended the rollback verdict on 1 Deployments")
-	got := &appsv1.Deployment{}
-	require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "rolled-back"}, got))
-	assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
-	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackTo)
-	assert.Equal(t, "3", got.Annotations[vocab.AnnotationRolledBackRevision], "the history stays")
-	require.Len(t, got.Status.Conditions, 1, "the Deployment no longer reads as failed")
-	assert.Equal(t, appsv1.DeploymentProgressing, got.Status.Conditions[0].Type)
+			out.Reset()
+			require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
+			assert.Contains(t, out.String(), "ended the rollback verdict on deployment shop/rolled-back\n")
+			assert.Contains(t, out.String(), "Ended the rollback verdict on 1 Deployments")
+			got := &appsv1.Deployment{}
+			require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "rolled-back"}, got))
+			assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
+			_, hasLedger := reconciler.ReadLedger(got)
+			assert.False(t, hasLedger, "nothing the guard wrote is left")
+			require.Len(t, got.Status.Conditions, 1, "the Deployment no longer reads as failed")
+			assert.Equal(t, appsv1.DeploymentProgressing, got.Status.Conditions[0].Type)
+		})
+	}
 }
