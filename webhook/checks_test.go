@@ -374,7 +374,7 @@ func TestValidate(t *testing.T) {
 			d:    guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
 			old: func() *appsv1.Deployment {
 				o := quarantinedOld.DeepCopy()
-				o.Annotations[vocab.AnnotationRolledBackTo] = "web-a"
+				o.Labels = map[string]string{vocab.LabelRolledBack: "2"}
 				o.Annotations[vocab.AnnotationRollbackStatus] = "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 15s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a)."
 				return o
 			}(),

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
+	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/stretchr/testify/assert"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -40,13 +43,13 @@ func TestVerdictHandler(t *testing.T) {
 	rolledBack := func(image string, observed int64) *appsv1.Deployment {
 		d := stored(func(d *appsv1.Deployment) {
 			d.Generation, d.UID, d.ResourceVersion = 5, "uid-web", "10"
-			d.Annotations = map[string]string{vocab.AnnotationRolledBackTo: "web-restored", vocab.AnnotationRolledBackRevision: "4"}
 			d.Status.ObservedGeneration = observed
 			d.Status.Conditions = []appsv1.DeploymentCondition{
 				{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue},
 				{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback},
 				{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue},
 			}
+			reconciler.SetLedger(&d.Status, reconciler.Ledger{RolledBackTo: "web-restored", RolledBackRevision: 4}, time.Unix(0, 0))
 		})
 		if image != "" {
 			d.Spec.Template.Spec.Containers[0].Image = image
@@ -73,9 +76,16 @@ func TestVerdictHandler(t *testing.T) {
 		{name: "the restored template observed, the ReplicaSet gone", old: rolledBack("", 4), d: rolledBack("", 5), rs: &appsv1.ReplicaSet{}, wantRemoved: true},
 		{name: "the restored template observed, the ReplicaSet not the Deployment's", old: rolledBack("", 4), d: rolledBack("", 5), rs: orphan, wantRemoved: true},
 		{name: "the restored template observed, the rollback accepted", old: rolledBack("", 4),
-			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationAcceptRollback] = "4" }), wantRemoved: true},
+			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { d.Annotations = map[string]string{vocab.AnnotationAcceptRollback: "4"} }), wantRemoved: true},
 		{name: "a verdict without its rollback recorded", old: rolledBack("", 4),
-			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { delete(d.Annotations, vocab.AnnotationRolledBackTo) }), wantRemoved: true},
+			d: with(rolledBack("", 5), func(d *appsv1.Deployment) {
+				reconciler.SetLedger(&d.Status, reconciler.Ledger{RolledBackRevision: 4}, time.Unix(0, 0))
+			}), wantRemoved: true},
+		{name: "a rollback named only by annotations a tenant can write", old: rolledBack("", 4),
+			d: with(rolledBack("", 5), func(d *appsv1.Deployment) {
+				reconciler.SetLedger(&d.Status, reconciler.Ledger{}, time.Unix(0, 0))
+				d.Annotations = map[string]string{vocab.LegacyAnnotationRolledBackTo: "web-restored", vocab.LegacyAnnotationRolledBackRevision: "4"}
+			}), wantRemoved: true},
 		{name: "a write of another template than the stored one", old: rolledBack("", 4), d: rolledBack("web:fixed", 5)},
 		{name: "a write of another template, without identity", old: rolledBack("", 4),
 			d: with(rolledBack("web:fixed", 5), func(d *appsv1.Deployment) { d.UID, d.ResourceVersion = "", "" })},
@@ -124,7 +134,7 @@ func TestVerdictHandler(t *testing.T) {
 			got := &appsv1.Deployment{}
 			require.NoError(t, json.Unmarshal(patched, got))
 			want := tt.d.DeepCopy()
-			want.Status.Conditions = []appsv1.DeploymentCondition{want.Status.Conditions[0], want.Status.Conditions[2]}
+			want.Status.Conditions = slices.Delete(want.Status.Conditions, 1, 2)
 			assert.Equal(t, want, got, "only the guard's Stalled condition is removed")
 		})
 	}
