@@ -363,6 +363,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		l.HandledDeadline = handled
 		if dec.Action == ActionRollBack {
 			l.RolledBackRevision, l.RolledBackTo, l.FailingSince = dec.FailedRevision, dec.Target.Name, ""
+			l.RolledBackToTemplate = vocab.TemplateHash(RollbackTemplate(dec.Target))
 			if dec.Evidence != "" {
 				l.FailFastRevision = dec.FailedRevision
 			}

@@ -55,6 +55,13 @@ func DecideVerdict(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) Verdict {
 	if failed != "" && d.Annotations[vocab.AnnotationAcceptRollback] == failed {
 		return Verdict{Clear: true, Why: "accepted"}
 	}
+	if l.RolledBackToTemplate != "" {
+		if templateHash(&d.ObjectMeta, &d.Spec.Template) != l.RolledBackToTemplate {
+			return Verdict{Clear: true, Why: "new template"}
+		}
+		return Verdict{Stalled: true, Message: stalledMessage(d, d.Annotations[vocab.AnnotationRollbackStatus], failed), Why: "rolled back"}
+	}
+	// A rollback adopted from an earlier release names only the ReplicaSet.
 	var restored *appsv1.ReplicaSet
 	for _, rs := range rss {
 		if rs.Name == to {
@@ -121,8 +128,10 @@ func RemoveStalled(s *appsv1.DeploymentStatus) bool {
 
 // VerdictDue reports whether the status write from old to d records d's
 // generation as observed while the guard's Stalled condition is on it, and
-// names the ReplicaSet the rollback restored (what DecideVerdict compares
-// the template with; "" when the rollback is not recorded). Deploying tools
+// whether DecideVerdict can decide it from d alone (the ledger names the
+// restored template's hash, as every rollback of this release records it;
+// one adopted from an earlier release names only a ReplicaSet, and is left
+// to the reconciler). Deploying tools
 // read a new spec's outcome from that write on (kstatus, so Helm 4 and
 // Flux, reads conditions once observedGeneration is the generation). The
 // Deployment controller makes it right after recording the newRS, and it
@@ -131,13 +140,13 @@ func RemoveStalled(s *appsv1.DeploymentStatus) bool {
 // guard's status webhook decides the verdict in this write instead. A
 // Deployment being deleted is left to the cleanup, as the reconciler leaves
 // it.
-func VerdictDue(old, d *appsv1.Deployment) (restored string, due bool) {
+func VerdictDue(old, d *appsv1.Deployment) (selfContained, due bool) {
 	if guardStalled(&d.Status) == nil || d.DeletionTimestamp != nil ||
 		!specObserved(d) || old.Status.ObservedGeneration == d.Generation {
-		return "", false
+		return false, false
 	}
 	l, _ := ReadLedger(d)
-	return l.RolledBackTo, true
+	return l.RolledBackTo == "" || l.RolledBackToTemplate != "", true
 }
 
 // reconcileVerdict brings the Stalled condition in line with DecideVerdict.

@@ -61,6 +61,10 @@ type Ledger struct {
 	// the rollback no longer stands (DecideVerdict).
 	RolledBackRevision int64  `json:"rolledBackRevision,omitempty"`
 	RolledBackTo       string `json:"rolledBackTo,omitempty"`
+	// RolledBackToTemplate is the hash of the template the rollback restored
+	// (vocab.TemplateHash): the rollback stands while the Deployment runs it,
+	// which the verdict webhook decides without reading anything.
+	RolledBackToTemplate string `json:"rolledBackToTemplate,omitempty"`
 	// FailFastRevision is the revision fail-fast has decided about.
 	FailFastRevision int64 `json:"failFastRevision,omitempty"`
 	// HandledDeadline is the lastTransitionTime (RFC 3339) of the newest

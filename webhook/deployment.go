@@ -5,7 +5,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/webhook/exception"
 )
@@ -30,9 +29,9 @@ type Deployment struct {
 	// Budgets, when set, finds the PodDisruptionBudgets that select a
 	// Deployment's pods, for the drain check, and serves the budgets' webhook.
 	Budgets BudgetSource
-	// ReplicaSets, when set, reads a ReplicaSet from the API server, and
-	// serves the status webhook that ends the rollback verdict (VerdictPath).
-	ReplicaSets client.Reader
+	// ServeVerdicts serves the status webhook that ends the rollback verdict
+	// (VerdictPath).
+	ServeVerdicts bool
 	// Now is the clock exceptions expire by; nil is time.Now.
 	Now func() time.Time
 	// BodyTimeout bounds how long each webhook request's body may take to

@@ -32,9 +32,9 @@ func (w *Deployment) Handlers(m *Metrics) (mutating, validating *Endpoint) {
 }
 
 // VerdictHandler returns the status webhook's handler (see verdict),
-// instrumented; ReplicaSets must be set.
+// instrumented.
 func (w *Deployment) VerdictHandler(m *Metrics) *Endpoint {
-	return &Endpoint{Webhook: &admission.Webhook{Handler: neverRefuse(instrument("verdict", deploymentKind, verdict{replicaSets: w.ReplicaSets}.handle, m))},
+	return &Endpoint{Webhook: &admission.Webhook{Handler: neverRefuse(instrument("verdict", deploymentKind, verdict{}.handle, m))},
 		Deployments: true, BodyTimeout: w.BodyTimeout}
 }
 
@@ -69,7 +69,7 @@ func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(ht
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, wrap(mutating))
 	srv.Register(ValidatePath, wrap(validating))
-	if w.ReplicaSets != nil {
+	if w.ServeVerdicts {
 		srv.Register(VerdictPath, wrap(w.VerdictHandler(m)))
 	}
 	if w.Budgets != nil {

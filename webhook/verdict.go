@@ -7,11 +7,8 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/deployguard/deployguard/reconciler"
@@ -35,10 +32,12 @@ const VerdictPath = "/mutate-apps-v1-deployment-status"
 // The API server sends it only the status writes of Deployments labelled
 // vocab.LabelRolledBack (the entry's objectSelector, which costs it no
 // conversion), and of those only the writes VerdictDue names (the entry's
-// matchCondition): a few per rollback. It reads one ReplicaSet from the API
-// server for each. It never refuses: a status write it cannot decide goes
-// through unchanged, and the reconciler decides later, as it did before.
-type verdict struct{ replicaSets client.Reader }
+// matchCondition): a few per rollback. It decides from the request alone
+// (the ledger in the status names the restored template), and calls nothing:
+// whoever reaches the webhook port, no request makes the guard read from the
+// API server. It never refuses: a status write it cannot decide goes through
+// unchanged, and the reconciler decides later.
+type verdict struct{}
 
 func (v verdict) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Update || req.SubResource != "status" {
@@ -57,27 +56,18 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 	// copy of the spec, generation or identity the writer sent.
 	d := *r.OldObject
 	d.Status, d.Annotations = r.Object.Status, r.Object.Annotations
-	restoredName, due := reconciler.VerdictDue(r.OldObject, &d)
+	selfContained, due := reconciler.VerdictDue(r.OldObject, &d)
 	if !due {
 		return admission.Allowed(""), reasonNone
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("deployment", klog.KObj(&d), "user", req.UserInfo.Username)
-	var rss []*appsv1.ReplicaSet
-	if restoredName != "" {
-		rs := &appsv1.ReplicaSet{}
-		err := v.replicaSets.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: restoredName}, rs)
-		switch {
-		case err == nil && metav1.IsControlledBy(rs, &d):
-			rss = append(rss, rs)
-		case err == nil, apierrors.IsNotFound(err):
-			// Not the Deployment's: DecideVerdict reads the restored
-			// ReplicaSet as gone, as the reconciler does, which lists only
-			// the ReplicaSets the Deployment controls.
-		default:
-			log.Info("Could not read the restored ReplicaSet; the reconciler will decide the rollback verdict", "replicaSet", restoredName, "error", err.Error())
-			return admission.Allowed(""), reasonNone
-		}
+	if !selfContained {
+		// A rollback adopted from an earlier release names only the restored
+		// ReplicaSet: the reconciler decides it. The webhook reads nothing
+		// from the API server on any caller's word.
+		return admission.Allowed(""), reasonNone
 	}
+	var rss []*appsv1.ReplicaSet
 	decided := reconciler.DecideVerdict(&d, rss)
 	if decided.Stalled {
 		return admission.Allowed(""), reasonNone

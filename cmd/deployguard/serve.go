@@ -311,9 +311,8 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 		Budgets:         budgets,
 		Policies:        guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
-		// Uncached: the status webhook reads one ReplicaSet a few times per
-		// rollback, and every replica serves it, leader or not.
-		ReplicaSets: mgr.GetAPIReader(),
+		// Every replica serves it, leader or not.
+		ServeVerdicts: true,
 	}
 	if exceptions != nil {
 		hooks.Exceptions = exceptions

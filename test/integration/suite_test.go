@@ -231,7 +231,7 @@ func startGuard(ctx context.Context) (func(), error) {
 		Policies:        guardwebhook.RegoPolicies{Engine: engine},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 		Exceptions:      exceptions,
-		ReplicaSets:     mgr.GetAPIReader(),
+		ServeVerdicts:   true,
 		// Shorter than serve's, so that TestStalledClientsDoNotStopAdmission
 		// waits two seconds for it, not ten.
 		BodyTimeout: suiteBodyTimeout,
