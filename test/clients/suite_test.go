@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -232,14 +234,16 @@ func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx cont
 	}
 }
 
-// waitKnownGood waits until the guard has recorded the Deployment's current
-// revision as known-good: a later bad deploy then has somewhere to go back.
+// waitKnownGood waits until the guard's ledger records the Deployment's
+// current revision as its newest known-good one: a later bad deploy then has
+// somewhere to go back.
 func waitKnownGood(t *testing.T, ns, name string) {
 	t.Helper()
 	waitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
-		return d.Annotations[vocab.AnnotationKnownGoodRevision] != "" &&
-			d.Annotations[vocab.AnnotationKnownGoodRevision] == d.Annotations[vocab.RevisionAnnotation], describe(d), nil
+		l, _ := reconciler.ReadLedger(d)
+		n := l.Newest()
+		return n != nil && strconv.FormatInt(n.Revision, 10) == d.Annotations[vocab.RevisionAnnotation], describe(d), nil
 	})
 }
 

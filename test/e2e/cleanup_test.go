@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
@@ -598,7 +599,8 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	rolled := get(ctx, t, ns, "rolled")
 	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))
 	assert.NotContains(t, rolled.Labels, vocab.LabelRolledBack)
-	assert.NotContains(t, rolled.Annotations, vocab.AnnotationRolledBackTo)
+	ledger, _ := reconciler.ReadLedger(rolled)
+	assert.Empty(t, ledger.RolledBackTo, "the ledger names no rollback that stands: %s", describe(rolled))
 	require.NoError(t, update(t, ns, "rolled", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:3" }))
 	rolled = waitAvailable(t, ns, "rolled", time.Minute)
 	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))

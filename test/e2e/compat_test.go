@@ -136,7 +136,8 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	d = waitAvailable(t, ns, "quota", 5*time.Minute)
 	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image)
 	assert.Equal(t, "2", d.Annotations[vocab.RevisionAnnotation])
-	assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision, "completed, not rolled back")
+	assert.Zero(t, rolledBackRevision(d), "completed, not rolled back")
+	assert.NotContains(t, d.Labels, vocab.LabelRolledBack, "completed, not rolled back")
 	for _, p := range podsOf(ctx, t, ns, d) {
 		if p.DeletionTimestamp == nil {
 			assert.Equal(t, "app:2", p.Spec.Containers[0].Image)

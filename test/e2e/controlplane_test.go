@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,14 +184,14 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 		return !ok.IsZero(), "", nil
 	})
 	afterRestart(t, l.Client, ns, "web", "web was not rolled back from revision 2", func(d *appsv1.Deployment) bool {
-		return d.Annotations[vocab.AnnotationRolledBackRevision] == "2"
+		return rolledBackRevision(d) == 2
 	})
 	afterRestart(t, l.Client, ns, "web", "web did not complete on the restored template", completed)
-	// The guard records the completed revision as known-good on the
-	// Deployment, an annotation write (which bumps a Deployment's
-	// generation): the state to hold still from is after that record.
+	// The guard records the completed revision as known-good in its ledger
+	// on the Deployment's status: the state to hold still from is after
+	// that record.
 	d := afterRestart(t, l.Client, ns, "web", "the restored revision was not recorded known-good", func(d *appsv1.Deployment) bool {
-		return completed(d) && d.Annotations[vocab.AnnotationKnownGoodRevision] == d.Annotations[vocab.RevisionAnnotation]
+		return completed(d) && strconv.FormatInt(knownGoodRevision(d), 10) == d.Annotations[vocab.RevisionAnnotation]
 	})
 	probe.stop()
 	firstOK, total, failedAfter := probe.since(back)

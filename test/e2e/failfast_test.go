@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -101,13 +102,14 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
 			waitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "web")
-				return d.Annotations[vocab.AnnotationRolledBackRevision] == "2", describe(d), nil
+				return rolledBackRevision(d) == 2, describe(d), nil
 			})
 			d := waitAvailable(t, ns, "web", 90*time.Second-time.Since(changed))
 			t.Logf("%s: rolled back and Available again %s after the change", tt.name, time.Since(changed).Round(100*time.Millisecond))
 			assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
 			assert.Empty(t, d.Spec.Template.Spec.Containers[0].EnvFrom)
-			assert.Equal(t, "2", d.Annotations[vocab.AnnotationFailFastRevision])
+			l, _ := reconciler.ReadLedger(d)
+			assert.Equal(t, int64(2), l.FailFastRevision, "fail-fast decided about revision 2")
 			msg := guardEvent(t, ns, "web", vocab.ReasonAutoRollback)
 			assert.Contains(t, msg, "Rolled back from revision 2")
 			assert.Contains(t, msg, "new pods "+tt.reason)
@@ -149,7 +151,8 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 			// Fail-fast sees the evidence (its window starts) …
 			waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "blip")
-				return d.Annotations[vocab.AnnotationFailingSince] != "", describe(d), nil
+				l, _ := reconciler.ReadLedger(d)
+				return l.FailingSince != "", describe(d), nil
 			})
 			if tc.deadline < 90 {
 				// … the deadline passes, and its rollback is deferred.
@@ -163,8 +166,10 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 			t.Logf("the blip cleared and the rollout completed %s after the change", time.Since(changed).Round(time.Second))
 			assert.Greater(t, time.Since(changed), 90*time.Second, "the pods were failing for 90 s")
 			assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
-			assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision)
-			assert.NotContains(t, d.Annotations, vocab.AnnotationFailFastRevision)
+			l, _ := reconciler.ReadLedger(d)
+			assert.Zero(t, l.RolledBackRevision, "not rolled back")
+			assert.Zero(t, l.FailFastRevision, "fail-fast decided nothing")
+			assert.NotContains(t, d.Labels, vocab.LabelRolledBack)
 			waitKnownGood(t, ns, "blip", 2)
 		})
 	}
@@ -181,7 +186,8 @@ func TestFailFastLeavesASlowStartAlone(t *testing.T) {
 	}))
 	d := waitAvailable(t, ns, "slow", 2*time.Minute)
 	assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
-	assert.NotContains(t, d.Annotations, vocab.AnnotationRolledBackRevision)
+	assert.Zero(t, rolledBackRevision(d), "not rolled back")
+	assert.NotContains(t, d.Labels, vocab.LabelRolledBack)
 	waitKnownGood(t, ns, "slow", 2)
 }
 
@@ -234,7 +240,7 @@ func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
 	assert.Never(t, func() bool {
 		d := &appsv1.Deployment{}
 		err := local.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "spread"}, d)
-		return err == nil && d.Annotations[vocab.AnnotationRolledBackRevision] != ""
+		return err == nil && (rolledBackRevision(d) != 0 || d.Labels[vocab.LabelRolledBack] != "")
 	}, 2*failFastWindow, time.Second, "a revision whose other pods run was rolled back")
 }
 
@@ -258,7 +264,8 @@ func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
 	assert.Never(t, func() bool {
 		for _, name := range []string{"opted-out", "paused"} {
 			d := &appsv1.Deployment{}
-			if err := local.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil || d.Annotations[vocab.AnnotationRolledBackRevision] != "" {
+			if err := local.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil ||
+				rolledBackRevision(d) != 0 || d.Labels[vocab.LabelRolledBack] != "" {
 				return true
 			}
 		}
@@ -292,15 +299,16 @@ func guardEventWithin(t *testing.T, ns, name, reason string, within time.Duratio
 }
 
 // The guard killed after it saw the evidence and before its window ended:
-// the window's start is on the Deployment, and the restarted guard rolls back
-// once.
+// the window's start is in its ledger on the Deployment's status, and the
+// restarted guard rolls back once.
 func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
 	ns := newNamespace(t, nil)
 	rolledOutOnce(t, slowDeployment(ns, "killed", "app:1"))
 	require.NoError(t, update(t, ns, "killed", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
 	waitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "killed")
-		return d.Annotations[vocab.AnnotationFailingSince] != "", describe(d), nil
+		l, _ := reconciler.ReadLedger(d)
+		return l.FailingSince != "", describe(d), nil
 	})
 	require.NoError(t, local.RestartGuard(context.Background()), "killed between the evidence and the write")
 	d := waitRolledBack(t, ns, "killed", 2)
@@ -314,8 +322,9 @@ func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
 }
 
 // TestFailFastReactionTime measures, over 10 rollbacks, the time from the
-// first failing pod status of a broken rollout to the guard's rollback write,
-// each seen on a watch. It reports; it does not enforce.
+// first failing pod status of a broken rollout to the guard's rollback write
+// (the one that restores the template and sets the rolled-back label), each
+// seen on a watch. It reports; it does not enforce.
 func TestFailFastReactionTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -368,7 +377,7 @@ func TestFailFastReactionTime(t *testing.T) {
 		defer close(done)
 		for ev := range deployments.ResultChan() {
 			d, ok := ev.Object.(*appsv1.Deployment)
-			if !ok || ev.Type != watch.Modified || d.Annotations[vocab.AnnotationRolledBackRevision] != "2" {
+			if !ok || ev.Type != watch.Modified || d.Labels[vocab.LabelRolledBack] != "2" {
 				continue
 			}
 			now := time.Now()

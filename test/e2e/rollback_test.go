@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -43,17 +42,18 @@ func waitKnownGood(t *testing.T, ns, name string, revision int) {
 	t.Helper()
 	waitFor(t, time.Minute, fmt.Sprintf("revision %d of %s was not marked known-good", revision, name), func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
-		return d.Annotations[vocab.AnnotationKnownGoodRevision] == strconv.Itoa(revision), describe(d), nil
+		return knownGoodRevision(d) == int64(revision), describe(d), nil
 	})
 }
 
-// waitRolledBack waits until the guard has rolled back from failedRevision and
-// the Deployment completed again on the restored template.
+// waitRolledBack waits until the guard has rolled back from failedRevision (its
+// ledger records it) and the Deployment completed again on the restored
+// template.
 func waitRolledBack(t *testing.T, ns, name string, failedRevision int) *appsv1.Deployment {
 	t.Helper()
 	waitFor(t, time.Duration(deadline+60)*time.Second, fmt.Sprintf("%s was not rolled back from revision %d", name, failedRevision), func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
-		return d.Annotations[vocab.AnnotationRolledBackRevision] == strconv.Itoa(failedRevision), describe(d), nil
+		return rolledBackRevision(d) == int64(failedRevision), describe(d), nil
 	})
 	return waitAvailable(t, ns, name, time.Minute)
 }
@@ -139,7 +139,7 @@ func TestPausedDeploymentIsLeftAloneUntilResumed(t *testing.T) {
 	// stops its clock, and the guard never rolls back a paused Deployment.
 	assert.Never(t, func() bool {
 		d := get(ctx, t, ns, "paused")
-		return d.Spec.Template.Spec.Containers[0].Image != "app:2" || d.Annotations[vocab.AnnotationRolledBackRevision] != ""
+		return d.Spec.Template.Spec.Containers[0].Image != "app:2" || rolledBackRevision(d) != 0 || d.Labels[vocab.LabelRolledBack] != ""
 	}, time.Duration(2*deadline)*time.Second, 200*time.Millisecond, "a paused Deployment was rolled back")
 	d := get(ctx, t, ns, "paused")
 	assert.True(t, d.Spec.Paused)
@@ -181,8 +181,9 @@ func TestQuarantinedTemplateIsRefusedUntilOverridden(t *testing.T) {
 }
 
 // The guard is killed twice: once before the deadline passes, so that it
-// starts with a failed rollout to act on, and again right after its rollback
-// write. The rollback happens exactly once.
+// starts with a failed rollout to act on, and again as soon as its rollback is
+// recorded (the write that restores the template, then the ledger on the
+// status). The rollback happens exactly once.
 func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
@@ -205,9 +206,9 @@ func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 	restarted = true
 	waitFor(t, time.Minute, "no rollback after restart", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "crashy")
-		return d.Annotations[vocab.AnnotationRolledBackRevision] == "2", describe(d), nil
+		return rolledBackRevision(d) == 2, describe(d), nil
 	})
-	require.NoError(t, local.RestartGuard(ctx), "killed right after the rollback write")
+	require.NoError(t, local.RestartGuard(ctx), "killed right after the rollback was recorded")
 
 	d := waitAvailable(t, ns, "crashy", time.Minute)
 	generation := d.Generation
@@ -220,12 +221,13 @@ func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 	// killed right after its write, so the event of that write may be lost;
 	// a second one would mean a second rollback.
 	assert.LessOrEqual(t, len(filter(eventReasons(ctx, t, ns, "crashy"), vocab.ReasonAutoRollback)), 1)
-	assert.Equal(t, "2", get(ctx, t, ns, "crashy").Annotations[vocab.AnnotationRolledBackRevision])
+	assert.Equal(t, int64(2), rolledBackRevision(get(ctx, t, ns, "crashy")))
 }
 
 // TestRollbackReactionTime measures, over 20 rollbacks, the time from the
 // moment the Progressing condition turns ProgressDeadlineExceeded to the
-// guard's rollback write, both seen on one watch. It reports; it does not
+// guard's rollback write (the one that restores the template and sets the
+// rolled-back label), both seen on one watch. It reports; it does not
 // enforce (timing is reported in the issue note, never asserted).
 func TestRollbackReactionTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -271,7 +273,7 @@ func TestRollbackReactionTime(t *testing.T) {
 			if _, seen := failedAt[d.Name]; !seen && p != nil && p.Reason == vocab.ProgressDeadlineExceeded && p.Status == corev1.ConditionFalse {
 				failedAt[d.Name] = now
 			}
-			if _, seen := reaction[d.Name]; !seen && d.Annotations[vocab.AnnotationRolledBackRevision] == "2" {
+			if _, seen := reaction[d.Name]; !seen && d.Labels[vocab.LabelRolledBack] == "2" {
 				if f, ok := failedAt[d.Name]; ok {
 					reaction[d.Name] = now.Sub(f)
 				}

@@ -57,7 +57,8 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	assert.Contains(t, text, "Scale-up stalled (Stalled, ScaleUpStalled): 2/6 replicas available")
 	// Nothing was rolled back: there is no template to roll back to.
 	got := get(ctx, t, ns, "spread")
-	assert.NotContains(t, got.Annotations, vocab.AnnotationRolledBackRevision)
+	assert.Zero(t, rolledBackRevision(got), describe(got))
+	assert.NotContains(t, got.Labels, vocab.LabelRolledBack)
 
 	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(2)) }))
 	waitFor(t, 30*time.Second, "the report was not cleared after scaling back", func(ctx context.Context) (bool, string, error) {

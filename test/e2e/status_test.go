@@ -98,7 +98,7 @@ func TestStatusAfterRollback(t *testing.T) {
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
 			waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "web")
-				return d.Annotations[vocab.AnnotationRolledBackRevision] == "2", describe(d), nil
+				return rolledBackRevision(d) == 2, describe(d), nil
 			})
 			waitAvailable(t, ns, "web", time.Minute)
 			waitKnownGood(t, ns, "web", 3)

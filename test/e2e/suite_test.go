@@ -26,6 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
 
@@ -186,8 +188,29 @@ func describe(d *appsv1.Deployment) string {
 	for _, c := range d.Status.Conditions {
 		cs = append(cs, fmt.Sprintf("%s=%s/%s", c.Type, c.Status, c.Reason))
 	}
-	return fmt.Sprintf("generation %d observed %d, replicas %d updated %d available %d, conditions %v, annotations %v",
-		d.Generation, d.Status.ObservedGeneration, d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.AvailableReplicas, cs, guardAnnotations(d))
+	ledger := ""
+	if c := condition(d, vocab.ConditionLedger); c != nil {
+		ledger = c.Message
+	}
+	return fmt.Sprintf("generation %d observed %d, replicas %d updated %d available %d, conditions %v, annotations %v, ledger %s",
+		d.Generation, d.Status.ObservedGeneration, d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.AvailableReplicas, cs, guardAnnotations(d), ledger)
+}
+
+// knownGoodRevision is the revision of the newest known-good ReplicaSet in
+// the guard's ledger on d (its status), 0 when there is none.
+func knownGoodRevision(d *appsv1.Deployment) int64 {
+	l, _ := reconciler.ReadLedger(d)
+	if n := l.Newest(); n != nil {
+		return n.Revision
+	}
+	return 0
+}
+
+// rolledBackRevision is the failed revision the guard's ledger on d says it
+// rolled back from, 0 when it rolled back none.
+func rolledBackRevision(d *appsv1.Deployment) int64 {
+	l, _ := reconciler.ReadLedger(d)
+	return l.RolledBackRevision
 }
 
 func guardAnnotations(d *appsv1.Deployment) map[string]string {

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -153,7 +154,8 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 		if err := admin.Get(ctx, client.ObjectKey{Namespace: rolloutNS, Name: "app"}, d); err != nil {
 			return false, err.Error(), nil
 		}
-		return d.Annotations[vocab.AnnotationKnownGoodRevision] == "1", fmt.Sprint(d.Annotations), nil
+		n := ledgerOn(d).Newest()
+		return n != nil && n.Revision == 1, guardState(d), nil
 	})
 
 	loadNS := newNamespace(ctx, t, admin, "faults-load")
@@ -189,7 +191,8 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	t.Logf("killed %s (the leader, lease holder %s, %d connections open) with SIGKILL at %s, %s after the bad rollout was written",
 		leader.slot.name, holder, open[leader.slot.name].Current, killAt.Format("15:04:05.000"), killAt.Sub(updatedAt).Round(time.Millisecond))
 	d := getDeployment(ctx, t, admin, rolloutNS, "app")
-	require.Empty(t, d.Annotations[vocab.AnnotationRolledBackRevision], "the killed leader had not rolled back yet")
+	require.Zero(t, ledgerOn(d).RolledBackRevision, "the killed leader had not rolled back yet")
+	require.Empty(t, d.Labels[vocab.LabelRolledBack], "the killed leader had not rolled back yet")
 
 	downAfterKill := time.Now()
 	require.NoError(t, lb.waitStatus(ctx, leader.slot.name, "DOWN", 10*time.Second))
@@ -206,15 +209,16 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	t.Logf("new lease holder %s, %s after the kill", newHolder, time.Since(killAt).Round(100*time.Millisecond))
 	waitFor(t, time.Duration(deadline+60)*time.Second, "app rolled back from revision 2", func(ctx context.Context) (bool, string, error) {
 		d := getDeployment(ctx, t, admin, rolloutNS, "app")
-		return d.Annotations[vocab.AnnotationRolledBackRevision] == "2" && d.Spec.Template.Spec.Containers[0].Image == "app:1", fmt.Sprint(d.Annotations), nil
+		return ledgerOn(d).RolledBackRevision == 2 && d.Spec.Template.Spec.Containers[0].Image == "app:1", guardState(d), nil
 	})
 	t.Logf("rolled back %s after the kill", time.Since(killAt).Round(100*time.Millisecond))
-	// The restored template completes as revision 3. Every write of the
-	// Deployment's spec or annotations moves its generation (the guard's
-	// known-good mark too), so it is read once that mark is written.
+	// The restored template completes as revision 3; its generation is read
+	// once the guard has recorded that in its ledger (a status write), when
+	// the guard has nothing left to write about the rollback.
 	waitFor(t, time.Minute, "app/3 known-good", func(ctx context.Context) (bool, string, error) {
 		d := getDeployment(ctx, t, admin, rolloutNS, "app")
-		return d.Annotations[vocab.AnnotationKnownGoodRevision] == "3", fmt.Sprint(d.Annotations), nil
+		n := ledgerOn(d).Newest()
+		return n != nil && n.Revision == 3, guardState(d), nil
 	})
 	rolledBack := getDeployment(ctx, t, admin, rolloutNS, "app").Generation
 
@@ -294,7 +298,8 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	assert.Equal(t, 1, count(reasons, vocab.ReasonAutoRollback), "one rollback: %v", reasons)
 	d = getDeployment(ctx, t, admin, rolloutNS, "app")
 	assert.Equal(t, rolledBack, d.Generation, "the Deployment was not changed again after its rollback, through every replica replaced")
-	assert.Equal(t, "2", d.Annotations[vocab.AnnotationRolledBackRevision])
+	assert.Equal(t, int64(2), ledgerOn(d).RolledBackRevision)
+	assert.Equal(t, "2", d.Labels[vocab.LabelRolledBack], "the rollback of revision 2 still stands")
 }
 
 // gate follows a starting replica until it serves: the webhook requests it
@@ -459,6 +464,19 @@ func update(ctx context.Context, c client.Client, ns, name string, mutate func(*
 		mutate(d)
 		return c.Update(ctx, d)
 	})
+}
+
+// ledgerOn is the guard's ledger on the Deployment's status (empty when it
+// has none).
+func ledgerOn(d *appsv1.Deployment) reconciler.Ledger {
+	l, _ := reconciler.ReadLedger(d)
+	return l
+}
+
+// guardState describes what the guard recorded on the Deployment, for a
+// failure's message.
+func guardState(d *appsv1.Deployment) string {
+	return fmt.Sprintf("generation %d, ledger %+v, labels %v, annotations %v", d.Generation, ledgerOn(d), d.Labels, d.Annotations)
 }
 
 func getDeployment(ctx context.Context, t *testing.T, c client.Client, ns, name string) *appsv1.Deployment {

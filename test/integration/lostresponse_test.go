@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -101,10 +102,12 @@ func startReconciler(t *testing.T, wrap func(client.Client) client.Client) {
 	})
 }
 
-// rolloutHistory stores what the Deployment controller would have left for a
-// rollout of revision 2 that exceeded its deadline: revision 1 completed and
-// known-good, revision 2 the newRS, the Deployment's status at the deadline.
-// (envtest runs no controllers, so the test writes it.)
+// rolloutHistory stores what the Deployment controller and the guard would
+// have left for a rollout of revision 2 that exceeded its deadline: revision 1
+// completed and known-good in the guard's ledger (on the Deployment's status,
+// bound to that ReplicaSet's UID and template), revision 2 the newRS, the
+// Deployment's status at the deadline. (envtest runs no controllers, so the
+// test writes it.)
 func rolloutHistory(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
 	d := deployment(ns, name)
@@ -113,7 +116,7 @@ func rolloutHistory(ctx context.Context, t *testing.T, ns, name string) *appsv1.
 	d.Spec.Template.Spec.Containers[0].Image = "nginx:no-such-tag"
 	require.NoError(t, k8s.Update(ctx, d))
 
-	rs := func(revision int, tmpl corev1.PodTemplateSpec, knownGood bool) {
+	rs := func(revision int, tmpl corev1.PodTemplateSpec) *appsv1.ReplicaSet {
 		hash := fmt.Sprintf("rev%d", revision)
 		tmpl = *tmpl.DeepCopy()
 		tmpl.Labels[appsv1.DefaultDeploymentUniqueLabelKey] = hash
@@ -128,26 +131,43 @@ func rolloutHistory(ctx context.Context, t *testing.T, ns, name string) *appsv1.
 			},
 			Spec: appsv1.ReplicaSetSpec{Replicas: ptr(int32(2)), Selector: sel, Template: tmpl},
 		}
-		if knownGood {
-			r.Annotations[vocab.AnnotationKnownGood] = time.Now().UTC().Format(time.RFC3339)
-			r.Annotations[vocab.AnnotationKnownGoodHash] = hash
-		}
 		require.NoError(t, k8s.Create(ctx, r))
+		return r
 	}
-	rs(1, *v1, true)
-	rs(2, d.Spec.Template, false)
+	good := rs(1, *v1)
+	rs(2, d.Spec.Template)
 
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), d))
 	now := metav1.Now()
-	d.Status = appsv1.DeploymentStatus{
-		ObservedGeneration: d.Generation, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2,
-		Conditions: []appsv1.DeploymentCondition{{
-			Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded,
-			Message: fmt.Sprintf("ReplicaSet %q has timed out progressing.", name+"-rev2"), LastUpdateTime: now, LastTransitionTime: now,
-		}},
-	}
-	require.NoError(t, k8s.Status().Update(ctx, d))
+	updateStatus(ctx, t, d, func(d *appsv1.Deployment) {
+		d.Status = appsv1.DeploymentStatus{
+			ObservedGeneration: d.Generation, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2,
+			Conditions: []appsv1.DeploymentCondition{{
+				Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded,
+				Message: fmt.Sprintf("ReplicaSet %q has timed out progressing.", name+"-rev2"), LastUpdateTime: now, LastTransitionTime: now,
+			}},
+		}
+		reconciler.SetLedger(&d.Status, reconciler.Ledger{}.WithKnownGood(good, 1, now.Time), now.Time)
+	})
+	l, ok := reconciler.ReadLedger(d)
+	require.True(t, ok, "the ledger is stored")
+	require.Equal(t, []reconciler.KnownGoodEntry{{ReplicaSet: good.Name, UID: good.UID, Template: vocab.TemplateHash(&good.Spec.Template),
+		Revision: 1, At: now.UTC().Format(time.RFC3339)}}, l.KnownGood, "revision 1 known-good, as the guard records it")
 	return d
+}
+
+// updateStatus writes the Deployment's status as change leaves it: a write of
+// the status subresource (which no tenant can write) through the API server,
+// on the Deployment read again and retried on conflicts with whatever else
+// writes it. d takes the stored result.
+func updateStatus(ctx context.Context, t *testing.T, d *appsv1.Deployment, change func(*appsv1.Deployment)) {
+	t.Helper()
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(d), d); err != nil {
+			return err
+		}
+		change(d)
+		return k8s.Status().Update(ctx, d)
+	}))
 }
 
 // A rollback write whose response is lost is not written twice: the retry
@@ -156,9 +176,10 @@ func rolloutHistory(ctx context.Context, t *testing.T, ns, name string) *appsv1.
 func TestLostResponseOfARollbackIsNotRolledBackTwice(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, nil)
+	// The rollback's write: the template restored, the Deployment labelled.
 	losing := &losingClient{lose: func(obj client.Object) bool {
 		d, ok := obj.(*appsv1.Deployment)
-		return ok && d.Annotations[vocab.AnnotationRolledBackRevision] != ""
+		return ok && d.Labels[vocab.LabelRolledBack] != ""
 	}}
 	startReconciler(t, func(c client.Client) client.Client { losing.Client = c; return losing })
 	d := rolloutHistory(ctx, t, ns, "web")
@@ -168,12 +189,22 @@ func TestLostResponseOfARollbackIsNotRolledBackTwice(t *testing.T) {
 	require.Eventually(t, func() bool {
 		// The API server applies the write before the client hears back:
 		// the rollback can be seen before its response is lost.
-		return k8s.Get(ctx, client.ObjectKeyFromObject(d), got) == nil && got.Annotations[vocab.AnnotationRolledBackRevision] == "2" &&
+		return k8s.Get(ctx, client.ObjectKeyFromObject(d), got) == nil && got.Labels[vocab.LabelRolledBack] == "2" &&
 			len(losing.lostWrites()) > 0
 	}, 30*time.Second, 20*time.Millisecond, "rolled back")
 	require.Equal(t, []string{"*v1.Deployment " + ns + "/web"}, losing.lostWrites(), "the rollback's response was lost")
 	assert.Equal(t, "nginx:1.27.3", got.Spec.Template.Spec.Containers[0].Image)
 	assert.Equal(t, failedGeneration+1, got.Generation, "one write of the template")
+	// The rollback is recorded in the ledger (a status write, the response
+	// of which is not lost) once the guard has found its write applied.
+	require.Eventually(t, func() bool {
+		cur := &appsv1.Deployment{}
+		if k8s.Get(ctx, client.ObjectKeyFromObject(d), cur) != nil {
+			return false
+		}
+		l, _ := reconciler.ReadLedger(cur)
+		return l.RolledBackRevision == 2 && l.RolledBackTo == "web-rev1"
+	}, 10*time.Second, 20*time.Millisecond, "the rollback is recorded in the ledger, though its write's response was lost")
 
 	// The retry runs within milliseconds (controller-runtime's backoff); give
 	// it time to act twice, and check it did not.

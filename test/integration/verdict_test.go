@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -18,9 +19,8 @@ import (
 // Deployment controller's status write that records a new generation as
 // observed is the first one a deploying tool reads the new spec's outcome
 // from. When that spec ends the rollback verdict (a new template, an
-// accepted rollback, the restored ReplicaSet gone), the guard's Stalled
-// condition is gone from that very write, whoever sends it; otherwise it
-// stays. Here the test writes the status as the Deployment controller does
+// accepted rollback), the guard's Stalled condition is gone from that very
+// write, whoever sends it; otherwise it stays. Here the test writes the status as the Deployment controller does
 // (its user, every condition copied), so that nothing else, the reconciler
 // included, could have ended the verdict in between.
 func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
@@ -31,7 +31,11 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 	tests := []struct {
 		name string
 		// change is the user's write after the rollback.
-		change    func(t *testing.T, d *appsv1.Deployment)
+		change func(t *testing.T, d *appsv1.Deployment)
+		// adopted: the rollback was adopted from an earlier release's
+		// annotations, and the ledger names only the restored ReplicaSet,
+		// not its template.
+		adopted   bool
 		wantClear bool
 	}{
 		// Rolled back by an earlier release, which set no label: the API
@@ -47,18 +51,26 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 			d.Spec.Replicas = ptr(int32(3))
 		}},
 		{name: "the rollback accepted, and a scale", wantClear: true, change: func(t *testing.T, d *appsv1.Deployment) {
-			d.Annotations[vocab.AnnotationAcceptRollback] = "2"
+			metav1.SetMetaDataAnnotation(&d.ObjectMeta, vocab.AnnotationAcceptRollback, "2")
 			d.Spec.Replicas = ptr(int32(3))
 		}},
-		{name: "a scale once the restored ReplicaSet is gone", wantClear: true, change: func(t *testing.T, d *appsv1.Deployment) {
+		// The ledger names the restored template: the Deployment runs it
+		// still, whatever became of its ReplicaSet.
+		{name: "a scale once the restored ReplicaSet is gone", change: func(t *testing.T, d *appsv1.Deployment) {
 			rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: d.Name + "-restored"}}
 			require.NoError(t, k8s.Delete(ctx, rs))
 			d.Spec.Replicas = ptr(int32(3))
 		}},
+		// The webhook reads nothing from the API server: a rollback whose
+		// template it cannot tell from the request is the reconciler's to
+		// end, after this write.
+		{name: "a fixed template, the rollback adopted from an earlier release", adopted: true, change: func(t *testing.T, d *appsv1.Deployment) {
+			d.Spec.Template.Spec.Containers[0].Image = "nginx:1.27.4"
+		}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := rolledBackDeployment(ctx, t, ns, "web-"+string(rune('a'+i)))
+			d := rolledBackDeployment(ctx, t, ns, "web-"+string(rune('a'+i)), tt.adopted)
 
 			tt.change(t, d)
 			require.NoError(t, k8s.Update(ctx, d))
@@ -81,18 +93,24 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 			} else {
 				assert.NotNil(t, guardStalledOn(stored), "the rollback still stands: the restored template is running")
 			}
-			require.Len(t, stored.Status.Conditions, map[bool]int{true: 1, false: 2}[tt.wantClear], "the other conditions are kept")
+			require.Len(t, stored.Status.Conditions, map[bool]int{true: 2, false: 3}[tt.wantClear], "the other conditions are kept")
 			assert.Equal(t, appsv1.DeploymentProgressing, stored.Status.Conditions[0].Type)
+			l, kept := reconciler.ReadLedger(stored)
+			assert.True(t, kept, "the guard's ledger is kept")
+			assert.Equal(t, int64(2), l.RolledBackRevision, "the ledger still says which revision was rolled back")
 			assert.Equal(t, stored.Generation, stored.Status.ObservedGeneration)
 		})
 	}
 }
 
 // rolledBackDeployment creates Deployment name as the guard's rollback leaves
-// it: running the template of its ReplicaSet name-restored (revision 1)
-// after revision 2 failed, the rollback recorded in its annotations and
-// reported as the guard's Stalled condition on its status, and labelled.
-func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
+// it: running the template of its ReplicaSet name-restored (revision 1,
+// known-good) after revision 2 failed, labelled, the rollback recorded in the
+// guard's ledger and reported as the guard's Stalled condition, both on its
+// status. The ledger names the restored template, as every rollback of this
+// release records it, unless adopted: a rollback an earlier release made
+// names only the ReplicaSet.
+func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string, adopted bool) *appsv1.Deployment {
 	t.Helper()
 	d := deployment(ns, name)
 	require.NoError(t, k8s.Create(ctx, d))
@@ -114,26 +132,30 @@ func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string) *a
 	rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey] = hash
 	require.NoError(t, k8s.Create(ctx, rs))
 
-	if d.Annotations == nil {
-		d.Annotations = map[string]string{}
-	}
-	d.Annotations[vocab.AnnotationRolledBackTo] = rs.Name
-	d.Annotations[vocab.AnnotationRolledBackRevision] = "2"
 	if d.Labels == nil {
 		d.Labels = map[string]string{}
 	}
 	d.Labels[vocab.LabelRolledBack] = "2"
 	require.NoError(t, k8s.Update(ctx, d))
 	now := metav1.Now()
-	d.Status.ObservedGeneration = d.Generation
-	d.Status.Conditions = []appsv1.DeploymentCondition{
-		{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "NewReplicaSetAvailable",
-			Message: `ReplicaSet "` + rs.Name + `" has successfully progressed.`, LastUpdateTime: now, LastTransitionTime: now},
-		{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback,
-			Message: "Rolled back from revision 2.", LastUpdateTime: now, LastTransitionTime: now},
-	}
-	require.NoError(t, k8s.Status().Update(ctx, d))
+	updateStatus(ctx, t, d, func(d *appsv1.Deployment) {
+		d.Status.ObservedGeneration = d.Generation
+		d.Status.Conditions = []appsv1.DeploymentCondition{
+			{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "NewReplicaSetAvailable",
+				Message: `ReplicaSet "` + rs.Name + `" has successfully progressed.`, LastUpdateTime: now, LastTransitionTime: now},
+			{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback,
+				Message: "Rolled back from revision 2.", LastUpdateTime: now, LastTransitionTime: now},
+		}
+		ledger := reconciler.Ledger{RolledBackRevision: 2, RolledBackTo: rs.Name}.WithKnownGood(rs, 1, now.Time)
+		if !adopted {
+			ledger.RolledBackToTemplate = vocab.TemplateHash(reconciler.RollbackTemplate(rs))
+		}
+		reconciler.SetLedger(&d.Status, ledger, now.Time)
+	})
 	require.NotNil(t, guardStalledOn(d), "the guard's own report is left as it is")
+	l, _ := reconciler.ReadLedger(d)
+	require.Equal(t, rs.Name, l.RolledBackTo, "the rollback is recorded")
+	require.True(t, l.IsKnownGood(rs), "the restored ReplicaSet is known-good: %+v", l.KnownGood)
 	return d
 }
 
