@@ -392,6 +392,32 @@ func valueSets() []valueSet {
 			assert.Equal(t, "kube-prometheus-stack", str(objs["PrometheusRule/deployguard-system/deployguard"], "metadata", "labels", "release"))
 			assert.Equal(t, "1", str(objs["ConfigMap/deployguard-system/deployguard-dashboard"], "metadata", "labels", "grafana_dashboard"))
 		},
+	}, {
+		name: "a network policy: the API server's nodes and a tunnel's pods, metrics from the monitoring namespace", namespace: "platform-guard",
+		values: []string{"--set", "networkPolicy.enabled=true", "--set", "networkPolicy.webhook.cidrs={10.0.0.0/24,fd00::/64}",
+			"--set", `networkPolicy.webhook.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=kube-system`,
+			"--set", "networkPolicy.webhook.podSelector.matchLabels.k8s-app=konnectivity-agent",
+			"--set", "networkPolicy.metrics.namespace=monitoring"},
+		check: func(t *testing.T, objs map[string]object) {
+			np := objs["NetworkPolicy/platform-guard/deployguard"]
+			require.NotNil(t, np, "the NetworkPolicy, in the release namespace")
+			assert.Equal(t, map[string]any{"app.kubernetes.io/name": "deployguard"}, dig(np, "spec", "podSelector", "matchLabels"), "it selects the guard's pods")
+			assert.Equal(t, []any{"Ingress"}, dig(np, "spec", "policyTypes"), "the guard's own calls to the API server are not restricted")
+			ingress, _ := dig(np, "spec", "ingress").([]any)
+			require.Len(t, ingress, 2, "the webhook port and the metrics port; no other")
+			assert.Equal(t, []any{map[string]any{"port": "webhook", "protocol": "TCP"}}, dig(ingress[0], "ports"))
+			assert.Equal(t, []any{
+				map[string]any{"ipBlock": map[string]any{"cidr": "10.0.0.0/24"}},
+				map[string]any{"ipBlock": map[string]any{"cidr": "fd00::/64"}},
+				map[string]any{
+					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "kube-system"}},
+					"podSelector":       map[string]any{"matchLabels": map[string]any{"k8s-app": "konnectivity-agent"}},
+				},
+			}, dig(ingress[0], "from"), "the webhook port only from where the API server's calls come from")
+			assert.Equal(t, []any{map[string]any{"port": "metrics", "protocol": "TCP"}}, dig(ingress[1], "ports"))
+			assert.Equal(t, []any{map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}},
+				dig(ingress[1], "from"), "the metrics port only from the monitoring namespace")
+		},
 	}}
 }
 
@@ -482,6 +508,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		// The guard refuses it at start; the probe's Role would go to default.
 		{"no namespace for the floor probe", "config.nativePolicies.probeNamespace=", "/config/nativePolicies/probeNamespace"},
 		{"a probe namespace that is not a namespace name", "config.nativePolicies.probeNamespace=Team_A", "/config/nativePolicies/probeNamespace"},
+		// It would shut the API server out, and the enforce entry fails closed.
+		{"a network policy that admits no one to the webhook port", "networkPolicy.enabled=true", "networkPolicy.webhook.cidrs"},
+		{"a network policy source that is not a CIDR", "networkPolicy.webhook.cidrs={10.0.0.1}", "/networkPolicy/webhook/cidrs/0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(filepath.Join(tools, "helm"), "template", release, chartDir(), "--set", tc.set)
