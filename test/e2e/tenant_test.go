@@ -254,9 +254,15 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	})
 
 	// Over a quiet minute, nothing changes: no write, no Event.
-	w, err := local.Client.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	cfg, err := local.Cluster.RESTConfig()
 	require.NoError(t, err)
-	rsw, err := local.Client.Watch(ctx, &appsv1.ReplicaSetList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
+	require.NoError(t, err)
+	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	require.NoError(t, err)
+	rsw, err := wc.Watch(ctx, &appsv1.ReplicaSetList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	require.NoError(t, err)
+	evw, err := wc.Watch(ctx, &eventsv1.EventList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
 	require.NoError(t, err)
 	quiet := time.After(time.Minute)
 	var changes []string
@@ -273,12 +279,17 @@ loop:
 					changes = append(changes, fmt.Sprintf("ReplicaSet %s %s", o.GetName(), ev.Type))
 				}
 			}
+		case ev := <-evw.ResultChan():
+			if e, ok := ev.Object.(*eventsv1.Event); ok && ev.Type == watch.Added && strings.Contains(e.ReportingController, "deployguard") {
+				changes = append(changes, fmt.Sprintf("Event %s: %s", e.Reason, e.Note))
+			}
 		case <-quiet:
 			break loop
 		}
 	}
 	w.Stop()
 	rsw.Stop()
+	evw.Stop()
 	assert.Empty(t, changes, "the guard and the Deployment controller stop writing once the rollouts are done")
 
 	// Each revision recorded known-good once, whatever was copied around.
