@@ -331,6 +331,7 @@ func TestReconcileRollsBackInOneWrite(t *testing.T) {
 	l := ledgerOf(t, got)
 	assert.Equal(t, int64(3), l.RolledBackRevision, "recorded in the ledger, after the rollback's write")
 	assert.Equal(t, "web-h2", l.RolledBackTo)
+	assert.Equal(t, vocab.TemplateHash(RollbackTemplate(rs2)), l.RolledBackToTemplate, "the restored template, which the verdict webhook compares")
 	assert.Empty(t, l.FailFastRevision, "a deadline's rollback, not fail-fast's")
 	assert.Equal(t, "Deployment/status", e.sequence[len(e.sequence)-1], "the ledger is written last")
 	assert.Equal(t, "older,"+failedHash, got.Annotations[vocab.AnnotationQuarantinedTemplates])

@@ -19,14 +19,18 @@ import (
 
 // rolledBack gives d the state the guard's rollback from revision 3 to the
 // ReplicaSet of revision 2 leaves: its template, the rollback in its ledger
-// and its message in an annotation.
+// (the restored ReplicaSet and its template's hash) and its message in an
+// annotation.
 func rolledBack(d *appsv1.Deployment) {
 	d.Spec.Template = podTemplate("web:v2")
-	withLedger(func(l *Ledger) { l.RolledBackRevision, l.RolledBackTo = 3, "web-h2" })(d)
+	withLedger(func(l *Ledger) {
+		l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate = 3, "web-h2", vocab.TemplateHash(&d.Spec.Template)
+	})(d)
 	d.Annotations[vocab.AnnotationRollbackStatus] = "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2)."
 }
 
 func TestDecideVerdict(t *testing.T) {
+	adopted := withLedger(func(l *Ledger) { l.RolledBackToTemplate = "" })
 	tests := []struct {
 		name        string
 		d           *appsv1.Deployment
@@ -40,7 +44,12 @@ func TestDecideVerdict(t *testing.T) {
 		{name: "an earlier rollback accepted, not this one", d: deployment(rolledBack, annotate(vocab.AnnotationAcceptRollback, "1")), wantStalled: true},
 		{name: "a new template applied", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v4") }), wantClear: true},
 		{name: "the failed template applied again (quarantine let it through)", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v3") }), wantClear: true},
-		{name: "the restored ReplicaSet is gone", d: deployment(rolledBack, withLedger(func(l *Ledger) { l.RolledBackTo = "web-gone" })), wantClear: true},
+		{name: "the restored ReplicaSet is gone, its template still running", d: deployment(rolledBack, withLedger(func(l *Ledger) { l.RolledBackTo = "web-gone" })), wantStalled: true},
+		// A rollback adopted from an earlier release names only the
+		// ReplicaSet it restored: the verdict reads it.
+		{name: "adopted, running the restored ReplicaSet's template", d: deployment(rolledBack, adopted), wantStalled: true},
+		{name: "adopted, a new template applied", d: deployment(rolledBack, adopted, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v4") }), wantClear: true},
+		{name: "adopted, the restored ReplicaSet is gone", d: deployment(rolledBack, adopted, withLedger(func(l *Ledger) { l.RolledBackTo = "web-gone" })), wantClear: true},
 		{name: "a rollback told only by annotations (forged, or an earlier release's copied on)", d: deployment(func(d *appsv1.Deployment) {
 			d.Spec.Template = podTemplate("web:v2")
 		}, annotate(vocab.LegacyAnnotationRolledBackRevision, "3", vocab.LegacyAnnotationRolledBackTo, "web-h2"))},
@@ -340,15 +349,19 @@ func TestVerdictDue(t *testing.T) {
 	}
 	newGeneration := func(d *appsv1.Deployment) { d.Generation = 4 }
 	observed := func(d *appsv1.Deployment) { d.Status.ObservedGeneration = d.Generation }
+	adopted := withLedger(func(l *Ledger) { l.RolledBackToTemplate = "" })
 	tests := []struct {
-		name     string
-		old, d   *appsv1.Deployment
-		wantDue  bool
-		wantName string
+		name              string
+		old, d            *appsv1.Deployment
+		wantDue           bool
+		wantSelfContained bool
 	}{
 		{name: "the write that observes a new generation, verdict on it",
 			old: deployment(rolledBack, withStalled, newGeneration), d: deployment(rolledBack, withStalled, newGeneration, observed),
-			wantDue: true, wantName: "web-h2"},
+			wantDue: true, wantSelfContained: true},
+		{name: "the same, for a rollback adopted from an earlier release: left to the reconciler",
+			old: deployment(rolledBack, adopted, withStalled, newGeneration), d: deployment(rolledBack, adopted, withStalled, newGeneration, observed),
+			wantDue: true, wantSelfContained: false},
 		{name: "no verdict on it",
 			old: deployment(rolledBack, newGeneration), d: deployment(rolledBack, newGeneration, observed)},
 		{name: "another controller's Stalled condition",
@@ -364,13 +377,13 @@ func TestVerdictDue(t *testing.T) {
 				d.DeletionTimestamp = &metav1.Time{Time: t0}
 			})},
 		{name: "a verdict without its rollback recorded",
-			old: deployment(withStalled, newGeneration), d: deployment(withStalled, newGeneration, observed), wantDue: true},
+			old: deployment(withStalled, newGeneration), d: deployment(withStalled, newGeneration, observed), wantDue: true, wantSelfContained: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			name, due := VerdictDue(tt.old, tt.d)
+			selfContained, due := VerdictDue(tt.old, tt.d)
 			assert.Equal(t, tt.wantDue, due)
-			assert.Equal(t, tt.wantName, name)
+			assert.Equal(t, tt.wantSelfContained, selfContained)
 			if due {
 				i := StalledIndex(&tt.d.Status)
 				require.GreaterOrEqual(t, i, 0)

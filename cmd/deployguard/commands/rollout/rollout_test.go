@@ -57,8 +57,12 @@ func TestWaitForRollout(t *testing.T) {
 	rolledBack := d.DeepCopy()
 	rolledBack.Annotations = map[string]string{vocab.AnnotationRollbackStatus: rollbackStatus}
 	l, _ := reconciler.ReadLedger(rolledBack)
-	l.RolledBackRevision, l.RolledBackTo = 2, "web-a"
+	l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate = 2, "web-a", vocab.TemplateHash(reconciler.RollbackTemplate(&good))
 	reconciler.SetLedger(&rolledBack.Status, l, fixtures.Now)
+	// A rollback adopted from an earlier release names only the ReplicaSet.
+	adopted := rolledBack.DeepCopy()
+	l.RolledBackToTemplate = ""
+	reconciler.SetLedger(&adopted.Status, l, fixtures.Now)
 
 	// The same rollback told only by annotations: what a tenant can write
 	// (or an earlier release left, which the guard adopts once, itself).
@@ -78,6 +82,8 @@ func TestWaitForRollout(t *testing.T) {
 	}{
 		{name: "complete", d: d, wantPhase: reconciler.RolloutComplete, wantMessage: `deployment "web" successfully rolled out`},
 		{name: "rolled back by the guard", d: rolledBack, wantPhase: reconciler.RolloutFailed, wantReason: vocab.ReasonAutoRollback,
+			wantMessage: "2/2 new pods ImagePullBackOff for 15s (container app, image web:2)"},
+		{name: "rolled back by an earlier release", d: adopted, wantPhase: reconciler.RolloutFailed, wantReason: vocab.ReasonAutoRollback,
 			wantMessage: "2/2 new pods ImagePullBackOff for 15s (container app, image web:2)"},
 		{name: "a rollback only in annotations is none", d: forged, wantPhase: reconciler.RolloutComplete, wantMessage: `deployment "web" successfully rolled out`},
 	}
