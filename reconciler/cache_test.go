@@ -1,0 +1,90 @@
+package reconciler
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// bigPodSpec is a pod spec of the size the cache must not hold: many
+// containers, each with env and resources, and volumes.
+func bigPodSpec() corev1.PodSpec {
+	var s corev1.PodSpec
+	for i := range 20 {
+		c := corev1.Container{Name: fmt.Sprintf("c%d", i), Image: fmt.Sprintf("registry.example/app-%d:v1", i),
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}}
+		for j := range 20 {
+			c.Env = append(c.Env, corev1.EnvVar{Name: fmt.Sprintf("VAR_%d", j), Value: fmt.Sprintf("value-%d-%d", i, j)})
+		}
+		s.Containers = append(s.Containers, c)
+		s.Volumes = append(s.Volumes, corev1.Volume{Name: fmt.Sprintf("v%d", i), VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	}
+	return s
+}
+
+// Rule 4: the cache transform strips every template the API server sends,
+// whatever its annotations say. A tenant who writes the cache's own key,
+// deployguard.io/cached-template-hash, on a Deployment or ReplicaSet (or in
+// its pod template) keeps no pod spec in the guard's memory and chooses no
+// hash: the hash is the template's own.
+func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
+	const forged = "0123456789abcdef"
+	forgeries := []struct {
+		name           string
+		onMeta, onTmpl bool
+	}{
+		{name: "none"},
+		{name: "on the object's annotations", onMeta: true},
+		{name: "on the template's annotations", onTmpl: true},
+		{name: "on both", onMeta: true, onTmpl: true},
+	}
+	objects := map[string]func() (obj client.Object, meta *metav1.ObjectMeta, tmpl *corev1.PodTemplateSpec){
+		"Deployment": func() (client.Object, *metav1.ObjectMeta, *corev1.PodTemplateSpec) {
+			d := deployment()
+			d.Spec.Template.Spec = bigPodSpec()
+			return d, &d.ObjectMeta, &d.Spec.Template
+		},
+		"ReplicaSet": func() (client.Object, *metav1.ObjectMeta, *corev1.PodTemplateSpec) {
+			rs := replicaSet(deployment(), 2, "web:v2")
+			rs.Spec.Template.Spec = bigPodSpec()
+			return rs, &rs.ObjectMeta, &rs.Spec.Template
+		},
+	}
+	for kind, build := range objects {
+		for _, f := range forgeries {
+			t.Run(kind+", forged hash "+f.name, func(t *testing.T) {
+				obj, meta, tmpl := build()
+				if f.onMeta {
+					meta.Annotations[cachedTemplateHash] = forged
+				}
+				if f.onTmpl {
+					tmpl.Annotations[cachedTemplateHash] = forged
+				}
+				want := vocab.TemplateHash(tmpl)
+
+				_, err := StripForCache(obj)
+				require.NoError(t, err)
+
+				assert.Equal(t, corev1.PodSpec{}, tmpl.Spec, "no pod spec kept")
+				assert.Equal(t, map[string]string{cachedTemplateHash: want}, tmpl.Annotations, "the template's own hash in its place")
+				assert.Equal(t, want, templateHash(meta, tmpl))
+				assert.NotEqual(t, forged, templateHash(meta, tmpl))
+
+				// Idempotent: the transform of a cached object changes nothing.
+				once := obj.DeepCopyObject()
+				_, err = StripForCache(obj)
+				require.NoError(t, err)
+				assert.Equal(t, once, obj, "stripped twice is stripped once")
+				assert.Equal(t, want, templateHash(meta, tmpl))
+			})
+		}
+	}
+}
