@@ -267,6 +267,7 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	phases := []func(context.Context, *appsv1.Deployment, []*appsv1.ReplicaSet) error{
 		r.reconcileFinalizers,
 		r.reconcileLedger,
+		r.reconcilePending,
 		r.reconcileKnownGood,
 	}
 	for _, phase := range phases {

@@ -307,12 +307,18 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		}
 	}
 	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
+	var pending PendingRollback
 	if dec.Action == ActionRollBack {
 		// Told before it is done: once the template is restored the
 		// Deployment controller reports the rollout complete within
 		// seconds, and no deploying tool may read that as the failed
-		// revision's success (reconcileVerdict).
-		if _, err := r.reportRollback(ctx, d, stalledMessage(d, dec.Message, formatRevision(dec.FailedRevision))); err != nil {
+		// revision's success (reconcileVerdict). The same status write
+		// records the rollback as pending, settled once it is made.
+		pending = PendingRollback{
+			FailedRevision: dec.FailedRevision, To: dec.Target.Name, Template: vocab.TemplateHash(RollbackTemplate(dec.Target)),
+			Deadline: dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339), FailFast: dec.Evidence != "",
+		}
+		if _, err := r.reportRollbackPending(ctx, d, stalledMessage(d, dec.Message, formatRevision(dec.FailedRevision)), &pending); err != nil {
 			if apierrors.IsConflict(err) {
 				r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 			}
@@ -320,11 +326,10 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		}
 	}
 
-	// The rollback's template and annotations first, then the ledger: a
-	// restart between the two finds the template restored and the deadline
-	// stale (it names the failed ReplicaSet, no longer the newRS), and decides
-	// nothing twice; the other order could record a rollback that never
-	// happened, and then never make it.
+	// The rollback was recorded as pending with its report; now the template
+	// and annotations, then the ledger settles it. A guard stopped between
+	// them settles it on its next pass (reconcilePending): made if the
+	// Deployment runs the restored template, dropped and decided again if not.
 	var failedHash string
 	if dec.Action == ActionRollBack {
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -360,14 +365,10 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	}
 	handled := dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
 	if _, err = r.updateLedger(ctx, d, func(l Ledger) Ledger {
-		l.HandledDeadline = handled
 		if dec.Action == ActionRollBack {
-			l.RolledBackRevision, l.RolledBackTo, l.FailingSince = dec.FailedRevision, dec.Target.Name, ""
-			l.RolledBackToTemplate = vocab.TemplateHash(RollbackTemplate(dec.Target))
-			if dec.Evidence != "" {
-				l.FailFastRevision = dec.FailedRevision
-			}
+			return l.settled(pending)
 		}
+		l.HandledDeadline = handled
 		return l
 	}); err != nil {
 		if dec.Action == ActionRollBack {
@@ -552,4 +553,32 @@ func declaredFailure(msg string) (rs, evidence string, ok bool) {
 		return "", "", false
 	}
 	return rs, evidence, true
+}
+
+// reconcilePending settles a rollback recorded as pending by a guard that
+// stopped before it settled it: made, if the Deployment runs the restored
+// template (the ledger then records it as a rollback written now would);
+// not made otherwise (the pending record goes, and the rollback phase decides
+// again).
+func (r *DeploymentReconciler) reconcilePending(ctx context.Context, d *appsv1.Deployment, _ []*appsv1.ReplicaSet) error {
+	l, _ := ReadLedger(d)
+	if l.Pending == nil {
+		return nil
+	}
+	p := *l.Pending
+	made := templateHash(&d.ObjectMeta, &d.Spec.Template) == p.Template
+	if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger {
+		if l.Pending == nil || *l.Pending != p {
+			return l
+		}
+		if made {
+			return l.settled(p)
+		}
+		l.Pending = nil
+		return l
+	}); err != nil {
+		return fmt.Errorf("settling the rollback of revision %d: %w", p.FailedRevision, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Settled a rollback an earlier pass left pending", "failedRevision", p.FailedRevision, "target", p.To, "made", made)
+	return nil
 }

@@ -28,7 +28,7 @@ type Verdict struct {
 	// Message is the Stalled condition's message (Stalled only).
 	Message string
 	// Clear: the rollback no longer stands (a new template, or accepted);
-	// vocab.AnnotationRolledBackTo goes, so that coming back to the restored
+	// the ledger's RolledBackTo goes, so that coming back to the restored
 	// template later does not bring the verdict back.
 	Clear bool
 	// Why says, for the log, why the verdict is what it is.
@@ -36,8 +36,8 @@ type Verdict struct {
 }
 
 // DecideVerdict decides whether the Deployment still reads as failed after
-// the guard's rollback. The rollback stands while the ReplicaSet it restored
-// (vocab.AnnotationRolledBackTo) is the newRS, that is until a new template
+// the guard's rollback. The rollback stands while the Deployment runs the
+// template it restored (the ledger's RolledBackToTemplate), that is until a new template
 // is applied, and until a person accepts it (vocab.AnnotationAcceptRollback
 // naming the failed revision). An identical template applied again, as a
 // GitOps tool does after a revert, changes nothing: the guard cannot tell it
@@ -238,13 +238,25 @@ func rolledBackRevision(d *appsv1.Deployment) string {
 // the Deployment between the rollback and its report; the verdict phase
 // keeps it afterwards.
 func (r *DeploymentReconciler) reportRollback(ctx context.Context, d *appsv1.Deployment, message string) (bool, error) {
-	if cur := guardStalled(&d.Status); cur != nil && cur.Status == corev1.ConditionTrue && cur.Message == message {
+	return r.reportRollbackPending(ctx, d, message, nil)
+}
+
+// reportRollbackPending is reportRollback that also records, in the same
+// status write, the rollback about to be made (Ledger.Pending), when pending
+// is set.
+func (r *DeploymentReconciler) reportRollbackPending(ctx context.Context, d *appsv1.Deployment, message string, pending *PendingRollback) (bool, error) {
+	l, _ := ReadLedger(d)
+	if cur := guardStalled(&d.Status); cur != nil && cur.Status == corev1.ConditionTrue && cur.Message == message && (pending == nil || equalPending(l.Pending, pending)) {
 		return false, nil
 	}
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	setCondition(&d.Status, appsv1.DeploymentCondition{
 		Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback, Message: message,
 	}, r.Clock.Now())
+	if pending != nil {
+		l.Pending = pending
+		SetLedger(&d.Status, l, r.Clock.Now())
+	}
 	if err := r.Client.Status().Patch(ctx, d, patch); err != nil {
 		return false, fmt.Errorf("reporting the rollback on the Deployment's status: %w", err)
 	}

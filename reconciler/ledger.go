@@ -73,6 +73,36 @@ type Ledger struct {
 	// FailingSince is "<RFC 3339> <ReplicaSet>": when failure evidence was
 	// first seen on that ReplicaSet's new pods.
 	FailingSince string `json:"failingSince,omitempty"`
+	// Pending is a rollback decided and about to be written: recorded before
+	// the template is restored, settled after (reconcilePending), so that a
+	// guard stopped between the two finds out whether it happened.
+	Pending *PendingRollback `json:"pending,omitempty"`
+}
+
+// PendingRollback is a rollback the guard is making: from FailedRevision to
+// the ReplicaSet To, whose template hashes to Template, deciding the deadline
+// Deadline (RFC 3339); FailFast when fail-fast declared the failure.
+type PendingRollback struct {
+	FailedRevision int64  `json:"failedRevision"`
+	To             string `json:"to"`
+	Template       string `json:"template"`
+	Deadline       string `json:"deadline"`
+	FailFast       bool   `json:"failFast,omitempty"`
+}
+
+func equalPending(a, b *PendingRollback) bool {
+	return (a == nil && b == nil) || (a != nil && b != nil && *a == *b)
+}
+
+// settled returns the ledger with the pending rollback p recorded as made.
+func (l Ledger) settled(p PendingRollback) Ledger {
+	l.Pending = nil
+	l.HandledDeadline = p.Deadline
+	l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate, l.FailingSince = p.FailedRevision, p.To, p.Template, ""
+	if p.FailFast {
+		l.FailFastRevision = p.FailedRevision
+	}
+	return l
 }
 
 // ledgerReason is the ledger condition's reason.
@@ -252,6 +282,13 @@ func AdoptLegacy(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, cutoff time.Tim
 // acted on, is recorded. d takes the result. It writes nothing, and reports
 // false, when change changes nothing.
 func (r *DeploymentReconciler) updateLedger(ctx context.Context, d *appsv1.Deployment, change func(Ledger) Ledger) (bool, error) {
+	if r.Installed != nil {
+		// Uninstalled while this replica still runs: `deployguard
+		// uninstall` removes every ledger, and none comes back.
+		if installed, err := r.Installed(ctx); err != nil || !installed {
+			return false, err
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		l, _ := ReadLedger(d)
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})

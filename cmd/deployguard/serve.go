@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -56,6 +57,8 @@ type serveFlags struct {
 	webhookPort int
 	certDir     string
 	http2       bool
+	clientCA    string
+	clientNames string
 
 	certMode       string
 	certSecret     string
@@ -92,6 +95,8 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	fs.IntVar(&f.webhookPort, "webhook-port", 9443, "port of the webhook server")
 	fs.StringVar(&f.certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key; reloaded when they change")
 	fs.BoolVar(&f.http2, "enable-http2", false, "serve webhooks over HTTP/2 too (off: the HTTP/2 Rapid Reset advisories)")
+	fs.StringVar(&f.clientCA, "client-ca-file", "", "PEM CA bundle: when set, the webhooks answer only clients presenting a certificate it verifies (the API server's, from its admission configuration's kubeconfig); others get 403 before any admission work")
+	fs.StringVar(&f.clientNames, "client-names", "", "with --client-ca-file: comma-separated names (subject common name or DNS name) one of which the client certificate must carry; any verified certificate when empty")
 	fs.StringVar(&f.certMode, "cert-mode", "files", "where the serving certificate comes from: files (mounted, e.g. by cert-manager) or self-managed (the guard issues its own CA and certificate)")
 	fs.StringVar(&f.certSecret, "cert-secret", "deployguard-webhook-tls", "self-managed: the Secret in --namespace that holds the CA and serving certificate")
 	fs.StringVar(&f.dnsNames, "cert-dns-names", "deployguard-webhook.deployguard-system.svc", "self-managed: comma-separated DNS names of the serving certificate")
@@ -239,6 +244,21 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 			c.NextProtos = []string{"http/1.1"}
 		}
 	}}
+	if f.clientCA != "" {
+		pem, err := os.ReadFile(f.clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("reading --client-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca-file %s holds no PEM certificate", f.clientCA)
+		}
+		// Verified if given; guardwebhook.RequireClient refuses the
+		// requests of clients that gave none.
+		tlsOpts = append(tlsOpts, func(c *tls.Config) {
+			c.ClientCAs, c.ClientAuth = pool, tls.VerifyClientCertIfGiven
+		})
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme: scheme,
 		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
@@ -320,7 +340,12 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// Registered through CloseConnections: once stopping, every answer
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
-	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
+	wrap := stop.CloseConnections
+	if f.clientCA != "" {
+		names := cli.SplitList(f.clientNames)
+		wrap = func(h http.Handler) http.Handler { return stop.CloseConnections(guardwebhook.RequireClient(names, h)) }
+	}
+	hooks.SetupWithManager(mgr, wm, wrap)
 	// Any other path is not found, once its body has come or its time is
 	// up: Go's server reads a refused request's body on, to reuse the
 	// connection, and would wait for a stalled one for ever.
