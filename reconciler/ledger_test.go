@@ -547,3 +547,58 @@ func TestRestoredKnownGoodRecordedAtItsNewRevision(t *testing.T) {
 	require.NoError(t, e.reconcile())
 	assert.Equal(t, writes, e.writeCount())
 }
+
+// A guard stopped between the report of a rollback (which records it as
+// pending) and its settlement: the next pass settles it as made when the
+// Deployment runs the restored template, and otherwise drops it and decides
+// again, rolling back once.
+func TestPendingRollbackSettledAfterARestart(t *testing.T) {
+	restored := vocab.TemplateHash(&deployment(func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v2") }).Spec.Template)
+	pending := PendingRollback{FailedRevision: 3, To: "web-h2", Template: restored, Deadline: t0.Add(20 * time.Minute).Format(time.RFC3339)}
+	tests := []struct {
+		name string
+		// made: the rollback's write landed before the guard stopped.
+		made bool
+	}{
+		{name: "the template was restored: settled as made", made: true},
+		{name: "the template was not restored: dropped, decided again", made: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := deployment(failed, func(d *appsv1.Deployment) {
+				d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{Type: vocab.ConditionStalled, Status: "True",
+					Reason: vocab.ReasonAutoRollback, Message: stalledMessage(d, "", "3")})
+				if tt.made {
+					d.Spec.Template = podTemplate("web:v2")
+					d.Generation = 4 // not observed yet
+				}
+			})
+			rs1, rs2, rs3 := history(d)
+			withLedger(func(l *Ledger) { l.Pending = &pending })(d)
+			e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
+
+			require.NoError(t, e.reconcile())
+
+			got := e.deployment()
+			l := ledgerOf(t, got)
+			assert.Nil(t, l.Pending, "settled")
+			assert.Equal(t, int64(3), l.RolledBackRevision)
+			assert.Equal(t, "web-h2", l.RolledBackTo)
+			assert.Equal(t, restored, l.RolledBackToTemplate)
+			assert.Equal(t, pending.Deadline, l.HandledDeadline)
+			assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
+			require.NotNil(t, guardStalled(&got.Status), "the rollback reads as failed")
+			if tt.made {
+				assert.Empty(t, e.events(), "not rolled back twice")
+				assert.Zero(t, e.rollbacks(resultRolledBack))
+			} else {
+				assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()), "rolled back once")
+				assert.Equal(t, 1.0, e.rollbacks(resultRolledBack))
+			}
+
+			writes := e.writeCount()
+			require.NoError(t, e.reconcile())
+			assert.Equal(t, writes, e.writeCount())
+		})
+	}
+}
