@@ -81,7 +81,7 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	local, err = harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%d", os.Getpid()), WorkDir: work,
-		Nodes: 2, GuardConfig: guardConfig, Log: logFile,
+		Nodes: 2, GuardConfig: guardConfig, Log: logFile, ClientAuth: true,
 		// The audit's report CRDs, as make run and config/ install them.
 		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
 	})

@@ -2,11 +2,15 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -349,4 +353,57 @@ deny contains "a tier: critical Deployment may not be deleted: remove the label 
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "may not be deleted")
 	require.NoError(t, local.Client.Get(ctx, client.ObjectKeyFromObject(d), &appsv1.Deployment{}), "still there")
+}
+
+// The webhook port answers any pod that reaches it. With the API server
+// presenting its client certificate (the local cluster runs so), a flood of
+// admission reviews from anyone else is refused before any admission work,
+// and the API server's own calls go on being answered.
+func TestFloodOnTheWebhookPortFromOutsideTheAPIServer(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	review := fmt.Sprintf(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","kind":{"group":"apps","version":"v1","kind":"Deployment"},"resource":{"group":"apps","version":"v1","resource":"deployments"},"operation":"DELETE","namespace":%q,"name":"web","oldObject":{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web","namespace":%q}}}}`, tn.ns, tn.ns)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, //nolint:gosec // the caller is the attacker here
+		MaxIdleConnsPerHost: 16,
+	}}
+	url := fmt.Sprintf("https://127.0.0.1:%d", local.Guard.Opts.WebhookPort)
+	var (
+		mu     sync.Mutex
+		status = map[int]int{}
+		wg     sync.WaitGroup
+	)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				for _, path := range []string{"/validate-apps-v1-deployment", "/mutate-apps-v1-deployment", "/mutate-apps-v1-deployment-status"} {
+					resp, err := hc.Post(url+path, "application/json", strings.NewReader(review))
+					code := -1
+					if err == nil {
+						code = resp.StatusCode
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+					mu.Lock()
+					status[code]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	// Meanwhile the tenant deploys, through the API server and the guard,
+	// whose own check refuses a second Deployment over the same pods.
+	require.NoError(t, tn.c.Create(ctx, deployment(tn.ns, "web", "app:1")))
+	waitFor(t, time.Minute, "the guard never judged the overlapping Deployment", func(ctx context.Context) (bool, string, error) {
+		twin := deployment(tn.ns, "web-twin", "app:1")
+		twin.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web"}
+		twin.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web"}
+		err := tn.c.Create(ctx, twin, client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), `also selects the pods of Deployment "web"`), fmt.Sprint(err), nil
+	})
+	wg.Wait()
+	assert.Equal(t, map[int]int{http.StatusForbidden: 8 * 50 * 3}, status, "every request without the API server's client certificate is refused")
+	waitAvailable(t, tn.ns, "web", time.Minute)
 }

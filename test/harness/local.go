@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,6 +38,10 @@ type LocalOptions struct {
 	// WithoutNativePolicies leaves config/native out: the guard's webhook
 	// then evaluates their rules itself.
 	WithoutNativePolicies bool
+	// ClientAuth runs kube-apiserver with an admission configuration that
+	// presents a client certificate to webhooks, and the guard requiring it
+	// (--client-ca-file): no other client reaches its admission code.
+	ClientAuth bool
 }
 
 // Local is a running local cluster with the guard serving its webhooks.
@@ -65,6 +70,15 @@ func StartLocal(ctx context.Context, o LocalOptions) (l *Local, err error) {
 		}
 	}()
 	start := time.Now()
+	if o.ClientAuth {
+		a, err := writeClientAuth(filepath.Join(o.WorkDir, "client-auth"))
+		if err != nil {
+			return l, fmt.Errorf("writing the webhook client certificate: %w", err)
+		}
+		o.ClusterArgs = append(slices.Clone(o.ClusterArgs), "--config", a.kwokctlConfig)
+		o.GuardArgs = append(slices.Clone(o.GuardArgs), a.guardArgs()...)
+		l.Opts = o
+	}
 	if l.Cluster, err = StartClusterWith(ctx, o.Tools, o.Name, filepath.Join(o.WorkDir, "cluster"), o.Nodes, o.Log, o.ClusterArgs...); err != nil {
 		return l, err
 	}

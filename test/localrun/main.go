@@ -61,7 +61,7 @@ func run(tools, guard, workDir string) error {
 	fmt.Printf("Starting a local cluster (2 kwok nodes) and deployguard; logs in %s …\n", logPath)
 	l, err := harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: guard, Name: "deployguard", WorkDir: workDir, Nodes: 2,
-		GuardConfig: guardConfig, Log: logFile,
+		GuardConfig: guardConfig, Log: logFile, ClientAuth: true,
 		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport"), filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
 	})
 	if err != nil {

@@ -169,8 +169,8 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	}
 
 	var (
-		seen, changed, verdicts int
-		errs                    []error
+		seen, changed, verdicts, ledgers int
+		errs                             []error
 	)
 	list := &appsv1.DeploymentList{}
 	opts := []client.ListOption{client.Limit(500)}
@@ -192,6 +192,17 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 				} else if ended {
 					verdicts++
 					fmt.Fprintf(out, "ended the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
+				}
+			} else if _, ok := reconciler.ReadLedger(d); ok && d.DeletionTimestamp == nil {
+				// What the guard kept about the rollouts: nothing of the
+				// guard is left behind.
+				if o.dryRun {
+					ledgers++
+					fmt.Fprintf(out, "would remove the guard's ledger from deployment %s/%s\n", d.Namespace, d.Name)
+				} else if removed, err := removeLedger(ctx, c, client.ObjectKeyFromObject(d)); err != nil {
+					errs = append(errs, fmt.Errorf("deployment %s/%s: removing the guard's ledger: %w", d.Namespace, d.Name, err))
+				} else if removed {
+					ledgers++
 				}
 			}
 			if !slices.ContainsFunc(d.Finalizers, vocab.IsGuardFinalizer) {
@@ -223,6 +234,12 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 		fmt.Fprintf(out, "Removed the guard's finalizers from %d Deployments.\n", changed)
 	}
 	switch {
+	case ledgers > 0 && o.dryRun:
+		fmt.Fprintf(out, "%d Deployments carry the guard's ledger (status condition %s); nothing was changed (dry run).\n", ledgers, vocab.ConditionLedger)
+	case ledgers > 0:
+		fmt.Fprintf(out, "Removed the guard's ledger (status condition %s) from %d Deployments.\n", vocab.ConditionLedger, ledgers)
+	}
+	switch {
 	case verdicts > 0 && o.dryRun:
 		fmt.Fprintf(out, "%d Deployments stand rolled back by the guard; nothing was changed (dry run).\n", verdicts)
 	case verdicts > 0:
@@ -230,6 +247,30 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	}
 	fmt.Fprintf(out, "Records of deleted Deployments are kept: kubectl get configmaps -A -l %s=true\n", vocab.LabelRecord)
 	return errors.Join(errs...)
+}
+
+// removeLedger removes the guard's ledger condition from one Deployment's
+// status: a patch conditional on the resourceVersion read, retried on
+// conflict. It reports whether there was one to remove.
+func removeLedger(ctx context.Context, c client.Client, key client.ObjectKey) (bool, error) {
+	removed := false
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		removed = false
+		d := &appsv1.Deployment{}
+		if err := c.Get(ctx, key, d); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		if !reconciler.RemoveLedger(&d.Status) {
+			return nil
+		}
+		if err := c.Status().Patch(ctx, d, patch); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		removed = true
+		return nil
+	})
+	return removed, err
 }
 
 // removeGuardFinalizers removes the guard's finalizers, and only those, from

@@ -244,3 +244,30 @@ func TestUninstallEndsRollbackVerdicts(t *testing.T) {
 		})
 	}
 }
+
+// A Deployment that the guard never rolled back still carries its ledger
+// (known-good revisions): uninstall removes it too, and only it.
+func TestUninstallRemovesEveryLedger(t *testing.T) {
+	d := withFinalizers("web", false)
+	d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue}}
+	reconciler.SetLedger(&d.Status, reconciler.Ledger{KnownGood: []reconciler.KnownGoodEntry{{ReplicaSet: "web-1", UID: "uid-1", Template: "h", Revision: 1}}}, fixtures.Now)
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(d).WithStatusSubresource(&appsv1.Deployment{}).Build()
+
+	var out bytes.Buffer
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{dryRun: true}, &out))
+	assert.Contains(t, out.String(), "would remove the guard's ledger from deployment shop/web\n")
+	got := &appsv1.Deployment{}
+	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(d), got))
+	_, has := reconciler.ReadLedger(got)
+	require.True(t, has, "a dry run changes nothing")
+
+	out.Reset()
+	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
+	assert.Contains(t, out.String(), "Removed the guard's ledger (status condition deployguard.io/Ledger) from 1 Deployments.")
+	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(d), got))
+	_, has = reconciler.ReadLedger(got)
+	assert.False(t, has)
+	assert.Equal(t, []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue}}, got.Status.Conditions, "upstream's conditions stay")
+}
