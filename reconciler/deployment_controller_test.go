@@ -553,7 +553,7 @@ func TestKnownGoodThenRollbackAcrossRevisions(t *testing.T) {
 
 	got := e.deployment()
 	assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
-	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(e.events()))
+	assert.Equal(t, []string{vocab.ReasonAnnotationsIgnored, vocab.ReasonAutoRollback}, eventReasons(e.events()), "the copied marks ignored, with a word")
 	rs3 := e.replicaSet("web-h3")
 	require.Contains(t, rs3.Annotations, vocab.LegacyAnnotationKnownGood, "the copied mark is there")
 	assert.False(t, IsKnownGood(got, rs3), "but it is not an entry: no rollback loop is seen")

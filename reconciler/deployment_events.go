@@ -12,6 +12,7 @@ const (
 	actionRollBack      = "RollBack"
 	actionHold          = "Hold"
 	actionMarkKnownGood = "MarkKnownGood"
+	actionIgnore        = "Ignore"
 )
 
 // emitRollbackNormalEvent tells that the guard rolled the Deployment back to the

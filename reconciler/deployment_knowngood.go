@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -102,8 +103,8 @@ func FindKnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (target
 // (AdoptLegacy), empty when there were none, so that annotations a tenant
 // writes later are never adopted.
 func (r *DeploymentReconciler) reconcileLedger(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
-	if _, ok := ReadLedger(d); ok {
-		return nil
+	if l, ok := ReadLedger(d); ok {
+		return r.tellIgnored(ctx, d, rss, l)
 	}
 	adopted, ok := AdoptLegacy(d, rss, r.Options.LegacyCutoff)
 	if !ok {
@@ -114,6 +115,30 @@ func (r *DeploymentReconciler) reconcileLedger(ctx context.Context, d *appsv1.De
 	}
 	ctrl.LoggerFrom(ctx).Info("Adopted the rollout history an earlier release kept in annotations", "knownGood", len(adopted.KnownGood),
 		"rolledBackRevision", adopted.RolledBackRevision, "failFastRevision", adopted.FailFastRevision)
+	return nil
+}
+
+// tellIgnored says once per Deployment, with an Event and in the log, that
+// it or its ReplicaSets carry annotations the guard ignores (a tenant's
+// forgery, or copies of an earlier release's marks that upstream carried
+// around), and records in the ledger that it was said. Only where the
+// Deployment has a ledger already: before, they may still be adopted.
+func (r *DeploymentReconciler) tellIgnored(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, l Ledger) error {
+	if l.IgnoredTold {
+		return nil
+	}
+	ignored := ignoredAnnotations(d, rss)
+	if len(ignored) == 0 {
+		return nil
+	}
+	written, err := r.updateLedger(ctx, d, func(l Ledger) Ledger { l.IgnoredTold = true; return l })
+	if err != nil || !written {
+		return err
+	}
+	msg := fmt.Sprintf("Ignoring annotations %s on the Deployment or its ReplicaSets: the guard keeps what it acts on in its ledger (status condition %s), which no annotation changes. Remove them when convenient.",
+		strings.Join(ignored, ", "), vocab.ConditionLedger)
+	ctrl.LoggerFrom(ctx).Info("Deployment carries annotations the guard ignores", "annotations", ignored)
+	r.Recorder.Eventf(d, nil, corev1.EventTypeNormal, vocab.ReasonAnnotationsIgnored, actionIgnore, "%s", msg)
 	return nil
 }
 

@@ -77,6 +77,41 @@ type Ledger struct {
 	// the template is restored, settled after (reconcilePending), so that a
 	// guard stopped between the two finds out whether it happened.
 	Pending *PendingRollback `json:"pending,omitempty"`
+	// IgnoredTold: the guard has said, once, that this Deployment or its
+	// ReplicaSets carry annotations it ignores (LegacyAnnotations).
+	IgnoredTold bool `json:"ignoredTold,omitempty"`
+}
+
+// LegacyAnnotations are the annotations the guard ignores on Deployments and
+// ReplicaSets: the facts earlier releases kept in them (read once, by
+// AdoptLegacy), and the name under which the cache kept a template's hash.
+// Whoever writes them, or whatever copies them, changes nothing.
+var LegacyAnnotations = []string{
+	vocab.LegacyAnnotationKnownGood, vocab.LegacyAnnotationKnownGoodHash, vocab.LegacyAnnotationKnownGoodRevision,
+	vocab.LegacyAnnotationRolledBackRevision, vocab.LegacyAnnotationRolledBackTo, vocab.LegacyAnnotationFailFastRevision,
+	vocab.LegacyAnnotationHandledDeadline, vocab.LegacyAnnotationFailingSince, vocab.Domain + "/cached-template-hash",
+}
+
+// ignoredAnnotations returns, sorted, the LegacyAnnotations on d and its
+// ReplicaSets.
+func ignoredAnnotations(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) []string {
+	found := map[string]bool{}
+	for _, k := range LegacyAnnotations {
+		if _, ok := d.Annotations[k]; ok {
+			found[k] = true
+		}
+		for _, rs := range rss {
+			if _, ok := rs.Annotations[k]; ok {
+				found[k] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(found))
+	for k := range found {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // PendingRollback is a rollback the guard is making: from FailedRevision to

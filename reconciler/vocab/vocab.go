@@ -211,10 +211,15 @@ const (
 // does not own.
 const ConditionLedger = Domain + "/Ledger"
 
-// Annotations on the record ConfigMaps the cleanup's record step writes.
+// Annotations on the record ConfigMaps the cleanup's record step writes, in
+// the guard's own namespace.
 const (
 	// AnnotationRecordOf is the name of the Deployment the record was made of.
 	AnnotationRecordOf = Domain + "/record-of"
+	// AnnotationRecordNamespace is the namespace of the Deployment the record
+	// was made of, where `deployguard restore` recreates it. An earlier
+	// release's records, in the Deployment's own namespace, have none.
+	AnnotationRecordNamespace = Domain + "/record-namespace"
 	// AnnotationRecordUID is the UID of the deleted Deployment: a record of the
 	// same UID is already done; one of another UID is an earlier Deployment of the
 	// same name, which the new record replaces.
@@ -250,7 +255,9 @@ const (
 	// data a Rego policy.
 	LabelPolicy = Domain + "/policy"
 	// LabelRecord set to "true" marks a ConfigMap as a restorable record of a
-	// deleted Deployment (`deployguard restore NAMESPACE/NAME`).
+	// deleted Deployment (`deployguard restore NAMESPACE/NAME`). The guard
+	// reads and sweeps records in its own namespace only: the label on a
+	// ConfigMap elsewhere, which a tenant can write, makes nothing of it.
 	LabelRecord = Domain + "/record"
 )
 
@@ -285,6 +292,10 @@ const (
 	// policies in force refuse (changed since it ran); the guard does not
 	// restore it.
 	ReasonRollbackRefused = "RollbackRefusedByPolicy"
+	// ReasonAnnotationsIgnored: a Deployment or its ReplicaSets carry
+	// annotations the guard ignores (an earlier release's marks, forged or
+	// copied); said once.
+	ReasonAnnotationsIgnored = "AnnotationsIgnored"
 	// ReasonRolloutFailing: fail-fast found a rollout failing and did not
 	// roll it back (automatic rollback is off for it).
 	ReasonRolloutFailing = "RolloutFailing"
