@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -114,10 +115,12 @@ func TestDecideDrain(t *testing.T) {
 }
 
 func TestDecideRecord(t *testing.T) {
-	record := func(uid string) *corev1.ConfigMap {
+	record := func(ns, name, uid string) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-			Labels:      map[string]string{vocab.LabelRecord: "true"},
-			Annotations: map[string]string{vocab.AnnotationRecordUID: uid},
+			Labels: map[string]string{vocab.LabelRecord: "true"},
+			Annotations: map[string]string{
+				vocab.AnnotationRecordNamespace: ns, vocab.AnnotationRecordOf: name, vocab.AnnotationRecordUID: uid,
+			},
 		}}
 	}
 	tests := []struct {
@@ -127,15 +130,18 @@ func TestDecideRecord(t *testing.T) {
 		want        RecordAction
 	}{
 		{name: "no record yet", want: RecordCreate},
-		{name: "this Deployment's record exists", existing: record("uid-web"), want: RecordDone},
-		{name: "an earlier Deployment's record", existing: record("uid-older"), want: RecordReplace},
-		{name: "a ConfigMap of the user's has the name", existing: &corev1.ConfigMap{}, want: RecordNameTaken},
+		{name: "this Deployment's record exists", existing: record("shop", "web", "uid-web"), want: RecordDone},
+		{name: "an earlier Deployment's record", existing: record("shop", "web", "uid-older"), want: RecordReplace},
+		{name: "a ConfigMap that is not a record has the name", existing: &corev1.ConfigMap{}, want: RecordNameTaken},
+		{name: "the record of a Deployment of another namespace", existing: record("blog", "web", "uid-web"), want: RecordOfAnother},
+		{name: "the record of another Deployment", existing: record("shop", "api", "uid-api"), want: RecordOfAnother},
+		{name: "a record that names no namespace", existing: record("", "web", "uid-web"), want: RecordOfAnother},
 		{name: "namespace terminating", terminating: true, want: RecordSkip},
-		{name: "namespace terminating, record exists", existing: record("uid-web"), terminating: true, want: RecordSkip},
+		{name: "namespace terminating, record exists", existing: record("shop", "web", "uid-web"), terminating: true, want: RecordSkip},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, DecideRecord(tt.existing, "uid-web", tt.terminating))
+			assert.Equal(t, tt.want, DecideRecord(tt.existing, types.NamespacedName{Namespace: "shop", Name: "web"}, "uid-web", tt.terminating))
 		})
 	}
 }
@@ -173,17 +179,28 @@ func TestRecordExpired(t *testing.T) {
 }
 
 func TestRecordName(t *testing.T) {
-	assert.Equal(t, "deployguard-record-web", RecordName("web"))
+	assert.Equal(t, "deployguard-record-shop.web", RecordName("shop", "web"))
+	assert.NotEqual(t, RecordName("a-b", "c"), RecordName("a", "b-c"), "a namespace has no dot: the first one ends it")
 
+	dns := `^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	longNS := strings.Repeat("n", 63)
 	long1 := fmt.Sprintf("%0250d", 1)
 	long2 := fmt.Sprintf("%0250d", 2)
-	n1, n2 := RecordName(long1), RecordName(long2)
+	n1, n2 := RecordName(longNS, long1), RecordName(longNS, long2)
 	assert.LessOrEqual(t, len(n1), 253)
+	assert.Regexp(t, dns, n1)
 	assert.NotEqual(t, n1, n2, "names cut to the same prefix still differ")
-	assert.Equal(t, n1, RecordName(long1), "stable")
-	dotted := RecordName(fmt.Sprintf("%0224d.%025d", 1, 2))
-	assert.Regexp(t, `^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`, dotted)
+	assert.NotEqual(t, n1, RecordName("shop", long1), "the namespace is in the hash")
+	assert.Equal(t, n1, RecordName(longNS, long1), "stable")
+	dotted := RecordName("shop", fmt.Sprintf("%0224d.%025d", 1, 2))
+	assert.LessOrEqual(t, len(dotted), 253)
+	assert.Regexp(t, dns, dotted)
 	assert.NotContains(t, dotted, ".-")
+
+	// An earlier release's name, in the Deployment's namespace, as it wrote it.
+	assert.Equal(t, "deployguard-record-web", LegacyRecordName("web"))
+	assert.LessOrEqual(t, len(LegacyRecordName(long1)), 253)
+	assert.NotEqual(t, LegacyRecordName(long1), LegacyRecordName(long2))
 }
 
 func TestRecordRoundTrip(t *testing.T) {
@@ -200,22 +217,26 @@ func TestRecordRoundTrip(t *testing.T) {
 	d.Labels = map[string]string{"team": "shop"}
 	rs1, rs2, rs3 := history(d)
 
-	cm, err := BuildRecord(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, t0.Add(time.Hour))
+	cm, err := BuildRecord(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, guardNamespace, t0.Add(time.Hour))
 	require.NoError(t, err)
-	assert.Equal(t, "deployguard-record-web", cm.Name)
-	assert.Equal(t, "shop", cm.Namespace)
+	assert.Equal(t, "deployguard-record-shop.web", cm.Name)
+	assert.Equal(t, guardNamespace, cm.Namespace, "in the guard's namespace, where tenants cannot write")
 	assert.Equal(t, "true", cm.Labels[vocab.LabelRecord])
 	assert.Equal(t, map[string]string{
-		vocab.AnnotationRecordOf: "web", vocab.AnnotationRecordUID: "uid-web", vocab.AnnotationRecordExpires: t0.Add(time.Hour).Format(time.RFC3339),
+		vocab.AnnotationRecordNamespace: "shop", vocab.AnnotationRecordOf: "web", vocab.AnnotationRecordUID: "uid-web",
+		vocab.AnnotationRecordExpires: t0.Add(time.Hour).Format(time.RFC3339),
 	}, cm.Annotations)
+	of, ok := RecordOf(cm)
+	assert.True(t, ok)
+	assert.Equal(t, types.NamespacedName{Namespace: "shop", Name: "web"}, of)
 	assert.Equal(t, "3", cm.Data[RecordKeyRevision])
 	assert.Equal(t, "2", cm.Data[RecordKeyKnownGoodRevision], "the newest known-good revision")
 	assert.Empty(t, cm.OwnerReferences, "a record outlives its Deployment")
 
-	got, err := DeploymentFromRecord(cm, false)
+	got, err := DeploymentFromRecord(cm, of, false)
 	require.NoError(t, err)
 	assert.Equal(t, "web", got.Name)
-	assert.Equal(t, "shop", got.Namespace)
+	assert.Equal(t, "shop", got.Namespace, "recreated in its own namespace, not the record's")
 	assert.Equal(t, d.Labels, got.Labels)
 	assert.Equal(t, int32(3), *got.Spec.Replicas, "the replica count from before the drain")
 	assert.Equal(t, d.Spec.Template, got.Spec.Template)
@@ -227,20 +248,26 @@ func TestRecordRoundTrip(t *testing.T) {
 	assert.Empty(t, got.UID)
 	assert.Empty(t, got.ResourceVersion)
 
-	kg, err := DeploymentFromRecord(cm, true)
+	kg, err := DeploymentFromRecord(cm, of, true)
 	require.NoError(t, err)
 	assert.Equal(t, *RollbackTemplate(rs2), kg.Spec.Template, "the known-good template, as rollout undo restores it")
 
 	t.Run("no known-good revision", func(t *testing.T) {
-		cm, err := BuildRecord(d, []*appsv1.ReplicaSet{replicaSet(d, 3, "web:v3")}, t0)
+		cm, err := BuildRecord(d, []*appsv1.ReplicaSet{replicaSet(d, 3, "web:v3")}, guardNamespace, t0)
 		require.NoError(t, err)
 		assert.NotContains(t, cm.Data, RecordKeyKnownGoodTemplate)
-		_, err = DeploymentFromRecord(cm, true)
+		_, err = DeploymentFromRecord(cm, of, true)
 		assert.ErrorContains(t, err, "no known-good template")
 	})
 	t.Run("not a record", func(t *testing.T) {
-		_, err := DeploymentFromRecord(&corev1.ConfigMap{Data: cm.Data}, false)
+		_, err := DeploymentFromRecord(&corev1.ConfigMap{Data: cm.Data}, of, false)
 		assert.ErrorIs(t, err, ErrNotARecord)
+		_, ok := RecordOf(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Annotations: cm.Annotations}})
+		assert.False(t, ok, "annotations without the label make no record")
+	})
+	t.Run("a record holding another Deployment", func(t *testing.T) {
+		_, err := DeploymentFromRecord(cm, types.NamespacedName{Namespace: "shop", Name: "api"}, false)
+		assert.ErrorContains(t, err, `holds Deployment "web", not "api"`)
 	})
 }
 
@@ -277,10 +304,13 @@ func (e *env) deletePods(names ...string) {
 	}
 }
 
+// webKey is the Deployment these tests delete.
+var webKey = types.NamespacedName{Namespace: "shop", Name: "web"}
+
 func (e *env) record() *corev1.ConfigMap {
 	e.t.Helper()
 	cm := &corev1.ConfigMap{}
-	require.NoError(e.t, e.client.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "deployguard-record-web"}, cm))
+	require.NoError(e.t, e.client.Get(context.Background(), client.ObjectKey{Namespace: guardNamespace, Name: "deployguard-record-shop.web"}, cm))
 	return cm
 }
 
@@ -357,7 +387,7 @@ func TestCleanupRunsStepsInOrder(t *testing.T) {
 	assert.Equal(t, []string{vocab.ReasonDrained, vocab.ReasonRecorded}, eventReasons(e.events()))
 
 	rec := e.record()
-	restored, err := DeploymentFromRecord(rec, false)
+	restored, err := DeploymentFromRecord(rec, webKey, false)
 	require.NoError(t, err)
 	assert.Equal(t, int32(3), *restored.Spec.Replicas)
 	assert.Equal(t, d.Spec.Template, restored.Spec.Template)
@@ -396,7 +426,7 @@ func TestCleanupResumesAfterRestart(t *testing.T) {
 		e.deletePods("web-h3-a")
 		e.reconcileResult()
 		assert.Equal(t, []string{vocab.ReasonDrained, vocab.ReasonRecorded}, eventReasons(e.events()), "no second DrainStarted")
-		assert.Equal(t, int32(3), *e.must(DeploymentFromRecord(e.record(), false)).Spec.Replicas)
+		assert.Equal(t, int32(3), *e.must(DeploymentFromRecord(e.record(), webKey, false)).Spec.Replicas)
 		count, sum := histogram(t, e.r.Metrics, stepDrain)
 		assert.Equal(t, uint64(1), count)
 		assert.InDelta(t, 30.3, sum, 0.001, "the drain's duration counts from its start, before the restart")
@@ -419,7 +449,7 @@ func TestCleanupResumesAfterRestart(t *testing.T) {
 	t.Run("killed after writing the record", func(t *testing.T) {
 		d := deployment(deleting(vocab.FinalizerRecord))
 		rs1, rs2, rs3 := history(d)
-		rec, err := BuildRecord(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, t0.Add(48*time.Hour))
+		rec, err := BuildRecord(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, guardNamespace, t0.Add(48*time.Hour))
 		require.NoError(t, err)
 		e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, rec)
 
@@ -509,9 +539,10 @@ func (r *regardingRecorder) Eventf(regarding, related runtime.Object, eventtype,
 	r.FakeRecorder.Eventf(regarding, related, eventtype, reason, action, note, args...)
 }
 
-// A terminating namespace: nothing can be created there, so no record; the
-// namespace controller deletes the pods, so no waiting. The Events are told
-// about the Namespace, since the Deployment's namespace refuses them.
+// A terminating namespace: a Deployment deleted with its namespace is not
+// recorded; the namespace controller deletes the pods, so no waiting. The
+// Events are told about the Namespace, since the Deployment's namespace
+// refuses them.
 func TestCleanupInTerminatingNamespace(t *testing.T) {
 	ns := namespace(nil)
 	ns.UID = "uid-shop"
@@ -538,13 +569,15 @@ func TestCleanupInTerminatingNamespace(t *testing.T) {
 	assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultSkipped))
 }
 
-// The namespace starts terminating while the record is being written: the
-// create is refused, and the step is skipped rather than retried for ever.
-func TestRecordRefusedByTerminatingNamespace(t *testing.T) {
+// The guard's own namespace starts terminating (an uninstall) while the
+// record is being written: the create is refused, and the step gives up
+// rather than retry for ever. The Deployment's namespace is not terminating:
+// the Event is told about the Deployment.
+func TestRecordRefusedByTerminatingGuardNamespace(t *testing.T) {
 	d := deployment(deleting(vocab.FinalizerRecord))
 	e := newEnv(t, namespace(nil), d)
 	e.r.Client = &failingCreate{Client: e.r.Client, fail: func(obj client.Object) error {
-		err := apierrors.NewForbidden(corev1.Resource("configmaps"), obj.GetName(), fmt.Errorf("unable to create new content in namespace shop because it is being terminated"))
+		err := apierrors.NewForbidden(corev1.Resource("configmaps"), obj.GetName(), fmt.Errorf("unable to create new content in namespace %s because it is being terminated", obj.GetNamespace()))
 		err.ErrStatus.Details.Causes = append(err.ErrStatus.Details.Causes, metav1.StatusCause{Type: corev1.NamespaceTerminatingCause})
 		return err
 	}}
@@ -554,9 +587,11 @@ func TestRecordRefusedByTerminatingNamespace(t *testing.T) {
 
 	e.reconcileResult()
 
-	assert.Equal(t, []string{vocab.ReasonCleanupShortened}, eventReasons(e.events()))
-	assert.Equal(t, []string{"Namespace/shop"}, rec.regarding, "told about the Namespace: its Deployments can no longer carry Events")
-	assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultSkipped))
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonRecordFailed}, eventReasons(evs))
+	assert.Contains(t, evs[0], "the guard's namespace deployguard-system is terminating")
+	assert.Equal(t, []string{"/web"}, rec.regarding, "told about the Deployment (typed, so without a kind), not its Namespace: that one is not terminating")
+	assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultFailed))
 	err := e.client.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "web"}, &appsv1.Deployment{})
 	assert.True(t, apierrors.IsNotFound(err), "its last finalizer removed, the Deployment is gone")
 }
@@ -574,20 +609,37 @@ func (c *failingCreate) Create(_ context.Context, obj client.Object, _ ...client
 func TestRecordStep(t *testing.T) {
 	t.Run("replaces the record of an earlier Deployment of the same name", func(t *testing.T) {
 		older := deployment(func(d *appsv1.Deployment) { d.UID = "uid-older"; d.Spec.Template = podTemplate("web:v1") })
-		old, err := BuildRecord(older, nil, t0)
+		old, err := BuildRecord(older, nil, guardNamespace, t0)
 		require.NoError(t, err)
 		d := deployment(deleting(vocab.FinalizerRecord))
 		e := newEnv(t, namespace(nil), d, old)
 
 		e.reconcileResult()
 
-		assert.Equal(t, []string{"update ConfigMap deployguard-record-web"}, e.writes)
+		assert.Equal(t, []string{"update ConfigMap deployguard-record-shop.web"}, e.writes)
 		rec := e.record()
 		assert.Equal(t, "uid-web", rec.Annotations[vocab.AnnotationRecordUID])
-		assert.Equal(t, "web:v3", e.must(DeploymentFromRecord(rec, false)).Spec.Template.Spec.Containers[0].Image)
+		assert.Equal(t, "web:v3", e.must(DeploymentFromRecord(rec, webKey, false)).Spec.Template.Spec.Containers[0].Image)
+	})
+	t.Run("leaves the record of another Deployment alone", func(t *testing.T) {
+		other := deployment(func(d *appsv1.Deployment) { d.Namespace = "blog"; d.UID = "uid-blog-web" })
+		theirs, err := BuildRecord(other, nil, guardNamespace, t0)
+		require.NoError(t, err)
+		theirs.Name = RecordName("shop", "web") // two long names whose hashes meet
+		d := deployment(deleting(vocab.FinalizerRecord))
+		e := newEnv(t, namespace(nil), d, theirs)
+
+		e.reconcileResult()
+
+		assert.Empty(t, e.writes)
+		assert.Equal(t, "blog", e.record().Annotations[vocab.AnnotationRecordNamespace], "not overwritten")
+		evs := e.events()
+		assert.Equal(t, []string{vocab.ReasonRecordFailed}, eventReasons(evs))
+		assert.Contains(t, evs[0], `the record of another Deployment ("blog/web"`)
+		assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultFailed))
 	})
 	t.Run("leaves a ConfigMap of the user's alone", func(t *testing.T) {
-		theirs := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-web"}, Data: map[string]string{"mine": "yes"}}
+		theirs := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: guardNamespace, Name: "deployguard-record-shop.web"}, Data: map[string]string{"mine": "yes"}}
 		d := deployment(deleting(vocab.FinalizerRecord))
 		e := newEnv(t, namespace(nil), d, theirs)
 
@@ -600,6 +652,36 @@ func TestRecordStep(t *testing.T) {
 		assert.Contains(t, evs[0], "not a deployguard record")
 		assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultFailed))
 	})
+}
+
+// The record lives in the guard's namespace. A ConfigMap a tenant labelled as
+// a record in its own namespace, by the name an earlier release used, is
+// neither read nor written: it decides nothing.
+func TestRecordIsWrittenInTheGuardsNamespace(t *testing.T) {
+	forged := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: LegacyRecordName("web"),
+			Labels: map[string]string{vocab.LabelRecord: "true"},
+			Annotations: map[string]string{
+				vocab.AnnotationRecordNamespace: "shop", vocab.AnnotationRecordOf: "web", vocab.AnnotationRecordUID: "uid-web",
+				vocab.AnnotationRecordExpires: t0.Add(time.Hour).Format(time.RFC3339),
+			}},
+		Data: map[string]string{RecordKeyDeployment: "forged"},
+	}
+	d := deployment(deleting(vocab.FinalizerRecord))
+	e := newEnv(t, namespace(nil), d, forged)
+
+	e.reconcileResult()
+
+	assert.Equal(t, []string{"create ConfigMap deployguard-record-shop.web"}, e.writes, "not taken as done by the tenant's ConfigMap")
+	rec := e.record()
+	assert.Equal(t, guardNamespace, rec.Namespace)
+	assert.Equal(t, "web:v3", e.must(DeploymentFromRecord(rec, webKey, false)).Spec.Template.Spec.Containers[0].Image)
+	left := &corev1.ConfigMap{}
+	require.NoError(t, e.client.Get(context.Background(), client.ObjectKeyFromObject(forged), left))
+	assert.Equal(t, forged.Data, left.Data, "the tenant's ConfigMap is left as it is")
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonRecorded}, eventReasons(evs))
+	assert.Contains(t, evs[0], "ConfigMap deployguard-system/deployguard-record-shop.web")
 }
 
 // Someone changes the finalizers between the guard's read and its write: the
@@ -626,7 +708,7 @@ func TestFinalizerRemovalConflict(t *testing.T) {
 
 	e.reconcileResult()
 	assert.Equal(t, []string{otherFinalizer}, e.deployment().Finalizers)
-	assert.Equal(t, []string{"create ConfigMap deployguard-record-web"}, e.writes, "the record written once")
+	assert.Equal(t, []string{"create ConfigMap deployguard-record-shop.web"}, e.writes, "the record written once")
 	assert.Equal(t, []string{vocab.ReasonRecorded}, eventReasons(e.events()))
 }
 

@@ -6,12 +6,14 @@
 // in order (drain, record; see CLEANUP.md). All state lives on the objects
 // themselves: what the reconciler acts on in a status condition of each
 // Deployment (its ledger, ledger.go), what people set and read in annotations
-// (names in package vocab), and the record ConfigMaps of deleted Deployments. There is no CRD, and
-// nothing is kept in memory between reconciles.
+// (names in package vocab), and the record ConfigMaps of deleted Deployments, in
+// the guard's own namespace. There is no CRD, and nothing is kept in memory
+// between reconciles.
 package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -71,6 +73,11 @@ type Options struct {
 	// cleanup goes on, and says so in an Event. Zero or less means
 	// DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// RecordNamespace is the guard's own namespace, where the cleanup's record
+	// step writes the records of deleted Deployments and the RecordSweeper
+	// deletes expired ones: tenants cannot write there, so a record is the
+	// guard's alone. SetupWithManager requires it.
+	RecordNamespace string
 	// RecordRetention is how long the record of a deleted Deployment is kept
 	// before the guard deletes it. Zero or less means DefaultRecordRetention.
 	RecordRetention time.Duration
@@ -122,8 +129,8 @@ type DeploymentReconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
 	// APIReader reads from the API server directly: the pods of a Deployment
-	// being drained, and record ConfigMaps, neither of which is cached (the
-	// manager caches ConfigMaps of the guard's own namespace only).
+	// being drained, which are not cached, and record ConfigMaps, read fresh
+	// (a record written just before a restart may not be in a cache yet).
 	APIReader client.Reader
 	// Recorder emits Events (events.k8s.io/v1) about the Deployments.
 	Recorder events.EventRecorder
@@ -173,6 +180,9 @@ func IndexFields(ctx context.Context, fi client.FieldIndexer) error {
 // Namespaces. It also adds the RecordSweeper, which deletes expired records on
 // the leader. ctx is used to set up the cache index.
 func (r *DeploymentReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Options.RecordNamespace == "" {
+		return errors.New("setting up the rollout reconciler: Options.RecordNamespace (the guard's own namespace, where records live) is required")
+	}
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
@@ -214,11 +224,12 @@ func (r *DeploymentReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Ma
 		return fmt.Errorf("setting up %s controller: %w", ControllerName, err)
 	}
 	sweeper := &RecordSweeper{
-		Reader:   r.APIReader,
-		Client:   r.Client,
-		Clock:    clock.RealClock{},
-		Interval: r.Options.recordSweepInterval(),
-		Metrics:  r.Metrics,
+		Namespace: r.Options.RecordNamespace,
+		Reader:    r.APIReader,
+		Client:    r.Client,
+		Clock:     clock.RealClock{},
+		Interval:  r.Options.recordSweepInterval(),
+		Metrics:   r.Metrics,
 	}
 	if err := mgr.Add(sweeper); err != nil {
 		return fmt.Errorf("adding the record sweeper: %w", err)

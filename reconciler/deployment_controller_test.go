@@ -115,9 +115,21 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 		Recorder:  e.recorder,
 		Clock:     e.clock,
 		Metrics:   metrics,
-		Options:   DefaultOptions(),
+		Options:   testOptions(),
 	}
 	return e
+}
+
+// guardNamespace is the guard's own namespace in these tests, where records
+// live.
+const guardNamespace = "deployguard-system"
+
+// testOptions are DefaultOptions with the guard's namespace set, as serve
+// sets it.
+func testOptions() Options {
+	o := DefaultOptions()
+	o.RecordNamespace = guardNamespace
+	return o
 }
 
 // cacheReads serves Get and List as the manager's cache does: through

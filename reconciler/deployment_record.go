@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -43,17 +44,45 @@ const (
 // recordPrefix starts the name of every record ConfigMap.
 const recordPrefix = "deployguard-record-"
 
-// RecordName is the name of the ConfigMap that holds the record of the
-// Deployment named deployment, in the Deployment's namespace. A name too long
-// for a ConfigMap is cut and ends with a hash of the whole name.
-func RecordName(deployment string) string {
-	name := recordPrefix + deployment
+// RecordName is the name of the ConfigMap, in the guard's own namespace, that
+// holds the record of Deployment namespace/deployment:
+// deployguard-record-NAMESPACE.NAME. A namespace name holds no dot, so no two
+// Deployments share a record's name. A name too long for a ConfigMap (253
+// characters) is cut and ends with a hash of the namespace and name; the
+// record's annotations (RecordOf) say whose it is.
+func RecordName(namespace, deployment string) string {
+	return fitRecordName(recordPrefix+namespace+"."+deployment, namespace+"/"+deployment, 8)
+}
+
+// LegacyRecordName is the name an earlier release gave the record of the
+// Deployment named deployment, in the Deployment's own namespace, where
+// anyone who may write ConfigMaps there could have written it. Only
+// `deployguard restore --legacy-record` reads it.
+func LegacyRecordName(deployment string) string {
+	return fitRecordName(recordPrefix+deployment, deployment, 4)
+}
+
+// fitRecordName returns name, or, when it is too long for a ConfigMap, name
+// cut and ended with the first hashBytes bytes of the SHA-256 of key, in hex.
+func fitRecordName(name, key string, hashBytes int) string {
 	if len(name) <= validation.DNS1123SubdomainMaxLength {
 		return name
 	}
-	sum := sha256.Sum256([]byte(deployment))
-	suffix := "-" + hex.EncodeToString(sum[:4])
+	sum := sha256.Sum256([]byte(key))
+	suffix := "-" + hex.EncodeToString(sum[:hashBytes])
 	return strings.TrimRight(name[:validation.DNS1123SubdomainMaxLength-len(suffix)], ".-") + suffix
+}
+
+// RecordOf returns the Deployment a record was made of, from its
+// annotations; false when cm is not a record (no label vocab.LabelRecord=true)
+// or does not name both the Deployment's namespace and name, as an earlier
+// release's records do not.
+func RecordOf(cm *corev1.ConfigMap) (types.NamespacedName, bool) {
+	key := types.NamespacedName{Namespace: cm.Annotations[vocab.AnnotationRecordNamespace], Name: cm.Annotations[vocab.AnnotationRecordOf]}
+	if cm.Labels[vocab.LabelRecord] != "true" || key.Namespace == "" || key.Name == "" {
+		return types.NamespacedName{}, false
+	}
+	return key, true
 }
 
 // RecordAction is what the record step does now.
@@ -73,11 +102,15 @@ const (
 	// RecordNameTaken: a ConfigMap that is not a record has the name; the guard
 	// does not overwrite it, and gives the step up.
 	RecordNameTaken RecordAction = "NameTaken"
+	// RecordOfAnother: a record of another Deployment has the name (two long
+	// names whose hashes meet, or a record written by hand); the guard does
+	// not overwrite it, and gives the step up.
+	RecordOfAnother RecordAction = "OfAnother"
 )
 
-// DecideRecord decides the record step from the ConfigMap that has the
-// record's name (nil if none) and the UID of the Deployment being deleted.
-func DecideRecord(existing *corev1.ConfigMap, uid types.UID, namespaceTerminating bool) RecordAction {
+// DecideRecord decides the record step of Deployment key, of the given UID,
+// from the ConfigMap that has the record's name (nil if none).
+func DecideRecord(existing *corev1.ConfigMap, key types.NamespacedName, uid types.UID, namespaceTerminating bool) RecordAction {
 	switch {
 	case namespaceTerminating:
 		return RecordSkip
@@ -85,11 +118,14 @@ func DecideRecord(existing *corev1.ConfigMap, uid types.UID, namespaceTerminatin
 		return RecordCreate
 	case existing.Labels[vocab.LabelRecord] != "true":
 		return RecordNameTaken
-	case existing.Annotations[vocab.AnnotationRecordUID] == string(uid):
-		return RecordDone
-	default:
-		return RecordReplace
 	}
+	if of, ok := RecordOf(existing); !ok || of != key {
+		return RecordOfAnother
+	}
+	if existing.Annotations[vocab.AnnotationRecordUID] == string(uid) {
+		return RecordDone
+	}
+	return RecordReplace
 }
 
 // restoreSkipAnnotations are the Deployment annotations a record does not keep:
@@ -173,21 +209,23 @@ func NewestKnownGood(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (*appsv1.Re
 }
 
 // BuildRecord makes the record ConfigMap of a Deployment being deleted, from
-// the Deployment and its ReplicaSets, to expire at expires.
-func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, expires time.Time) (*corev1.ConfigMap, error) {
+// the Deployment and its ReplicaSets, in namespace (the guard's own), to
+// expire at expires.
+func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, namespace string, expires time.Time) (*corev1.ConfigMap, error) {
 	manifest, err := yaml.Marshal(RestorableDeployment(d))
 	if err != nil {
 		return nil, fmt.Errorf("encoding the Deployment: %w", err)
 	}
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      RecordName(d.Name),
-			Namespace: d.Namespace,
+			Name:      RecordName(d.Namespace, d.Name),
+			Namespace: namespace,
 			Labels:    map[string]string{vocab.LabelRecord: "true"},
 			Annotations: map[string]string{
-				vocab.AnnotationRecordOf:      d.Name,
-				vocab.AnnotationRecordUID:     string(d.UID),
-				vocab.AnnotationRecordExpires: expires.UTC().Format(time.RFC3339),
+				vocab.AnnotationRecordNamespace: d.Namespace,
+				vocab.AnnotationRecordOf:        d.Name,
+				vocab.AnnotationRecordUID:       string(d.UID),
+				vocab.AnnotationRecordExpires:   expires.UTC().Format(time.RFC3339),
 			},
 		},
 		Data: map[string]string{RecordKeyDeployment: string(manifest)},
@@ -210,10 +248,13 @@ func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, expires time.Ti
 // not a record of the guard.
 var ErrNotARecord = errors.New("not a deployguard record")
 
-// DeploymentFromRecord decodes the Deployment a record recreates. With
-// knownGood, its pod template is the record's known-good template instead of
-// the one it had when it was deleted.
-func DeploymentFromRecord(cm *corev1.ConfigMap, knownGood bool) (*appsv1.Deployment, error) {
+// DeploymentFromRecord decodes the Deployment a record recreates, as
+// Deployment key: the caller has checked that the record is key's (RecordOf,
+// or an earlier release's record-of annotation), and a record that holds a
+// Deployment of another name is refused. With knownGood, its pod template is
+// the record's known-good template instead of the one it had when it was
+// deleted.
+func DeploymentFromRecord(cm *corev1.ConfigMap, key types.NamespacedName, knownGood bool) (*appsv1.Deployment, error) {
 	if cm.Labels[vocab.LabelRecord] != "true" {
 		return nil, fmt.Errorf("ConfigMap %s/%s has no label %s=true: %w", cm.Namespace, cm.Name, vocab.LabelRecord, ErrNotARecord)
 	}
@@ -224,6 +265,9 @@ func DeploymentFromRecord(cm *corev1.ConfigMap, knownGood bool) (*appsv1.Deploym
 	d := &appsv1.Deployment{}
 	if err := yaml.UnmarshalStrict([]byte(raw), d); err != nil {
 		return nil, fmt.Errorf("decoding %s of record %s/%s: %w", RecordKeyDeployment, cm.Namespace, cm.Name, err)
+	}
+	if d.Name != key.Name {
+		return nil, fmt.Errorf("record %s/%s holds Deployment %q, not %q", cm.Namespace, cm.Name, d.Name, key.Name)
 	}
 	if knownGood {
 		raw, ok := cm.Data[RecordKeyKnownGoodTemplate]
@@ -236,37 +280,54 @@ func DeploymentFromRecord(cm *corev1.ConfigMap, knownGood bool) (*appsv1.Deploym
 		}
 		d.Spec.Template = t
 	}
-	d.Namespace = cm.Namespace
+	d.Namespace = key.Namespace
 	return d, nil
 }
 
 // reconcileRecord runs the record step: save a restorable record of the
-// Deployment in a ConfigMap of its namespace. The ConfigMap is read from the
-// API server (not cached); its existence, with this Deployment's UID, is the
-// step's state: a guard restarted after writing it finds it and goes on.
+// Deployment in a ConfigMap of the guard's own namespace
+// (Options.RecordNamespace), where tenants cannot write: `deployguard restore`
+// recreates what a record says, so a record is a fact only the guard may
+// state. The ConfigMap is read from the API server; its existence, with this
+// Deployment's UID, is the step's state: a guard restarted after writing it
+// finds it and goes on.
 func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.Deployment, ns namespaceState) (stepOutcome, error) {
 	begin := r.Clock.Now()
-	name := RecordName(d.Name)
-	skipped := stepOutcome{done: true, result: resultSkipped, eventType: corev1.EventTypeWarning, reason: vocab.ReasonCleanupShortened,
-		message: fmt.Sprintf("namespace %s is terminating: no record saved (nothing can be created in a terminating namespace), so the Deployment cannot be restored with deployguard restore.", ns.Name)}
-
+	recordNS := r.Options.RecordNamespace
+	name := RecordName(d.Namespace, d.Name)
+	failed := func(msg string, args ...any) stepOutcome {
+		return stepOutcome{done: true, result: resultFailed, eventType: corev1.EventTypeWarning, reason: vocab.ReasonRecordFailed,
+			message: fmt.Sprintf(msg, args...)}
+	}
+	if recordNS == "" {
+		// SetupWithManager refuses this; a reconciler built by hand writes
+		// no record anywhere else.
+		return failed("No record saved: the guard has no namespace of its own configured for records."), nil
+	}
 	var existing *corev1.ConfigMap
 	cm := &corev1.ConfigMap{}
-	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: name}, cm); {
+	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: recordNS, Name: name}, cm); {
 	case err == nil:
 		existing = cm
 	case !apierrors.IsNotFound(err):
-		return stepOutcome{}, fmt.Errorf("reading record %s: %w", name, err)
+		return stepOutcome{}, fmt.Errorf("reading record %s/%s: %w", recordNS, name, err)
 	}
 
 	expires := r.Clock.Now().Add(r.Options.recordRetention())
-	action := DecideRecord(existing, d.UID, ns.Terminating)
+	action := DecideRecord(existing, client.ObjectKeyFromObject(d), d.UID, ns.Terminating)
 	switch action {
 	case RecordSkip:
-		return skipped, nil
+		// A record could be written (it lives in the guard's namespace), but
+		// this release keeps the earlier one's rule: a Deployment deleted
+		// with its namespace is not recorded.
+		return stepOutcome{done: true, result: resultSkipped, eventType: corev1.EventTypeWarning, reason: vocab.ReasonCleanupShortened,
+			message: fmt.Sprintf("namespace %s is terminating: no record saved (a Deployment deleted with its namespace is not recorded), so the Deployment cannot be restored with deployguard restore.", ns.Name)}, nil
 	case RecordNameTaken:
-		return stepOutcome{done: true, result: resultFailed, eventType: corev1.EventTypeWarning, reason: vocab.ReasonRecordFailed,
-			message: fmt.Sprintf("No record saved: ConfigMap %s exists and is not a deployguard record (no label %s=true); the guard does not overwrite it.", name, vocab.LabelRecord)}, nil
+		return failed("No record saved: ConfigMap %s/%s exists and is not a deployguard record (no label %s=true); the guard does not overwrite it.", recordNS, name, vocab.LabelRecord), nil
+	case RecordOfAnother:
+		of, _ := RecordOf(existing)
+		return failed("No record saved: ConfigMap %s/%s is the record of another Deployment (%q, annotations %s and %s); the guard does not overwrite it.",
+			recordNS, name, of.String(), vocab.AnnotationRecordNamespace, vocab.AnnotationRecordOf), nil
 	case RecordDone:
 		expires = recordExpiresOr(existing, expires)
 	case RecordCreate, RecordReplace:
@@ -274,7 +335,7 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 		if err != nil {
 			return stepOutcome{}, err
 		}
-		rec, err := BuildRecord(full, rss, expires)
+		rec, err := BuildRecord(full, rss, recordNS, expires)
 		if err != nil {
 			return stepOutcome{}, err
 		}
@@ -286,20 +347,20 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 		}
 		switch {
 		case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
-			// The namespace is terminating; the cache had not seen it yet.
-			skipped.namespaceTerminating = true
-			return skipped, nil
+			// The guard's own namespace is being deleted: the guard is being
+			// uninstalled, and its records go with the namespace.
+			return failed("No record saved: the guard's namespace %s is terminating (the guard is being uninstalled), so the Deployment cannot be restored with deployguard restore.", recordNS), nil
 		case apierrors.IsAlreadyExists(err):
 			// Created meanwhile (by this very step, before a restart the cache
 			// had not seen): decided again from a fresh read.
 			return stepOutcome{}, apierrors.NewConflict(corev1.Resource("configmaps"), name, err)
 		case err != nil:
-			return stepOutcome{}, fmt.Errorf("writing record %s: %w", name, err)
+			return stepOutcome{}, fmt.Errorf("writing record %s/%s: %w", recordNS, name, err)
 		}
-		ctrl.LoggerFrom(ctx).Info("Record saved", "configMap", name, "action", action)
+		ctrl.LoggerFrom(ctx).Info("Record saved", "configMap", klog.KObj(rec), "action", action)
 	}
-	msg := fmt.Sprintf("Saved a record of the Deployment in ConfigMap %s, kept until %s; restore it with: deployguard restore %s/%s",
-		name, expires.UTC().Format(time.RFC3339), d.Namespace, d.Name)
+	msg := fmt.Sprintf("Saved a record of the Deployment in ConfigMap %s/%s, kept until %s; restore it with: deployguard restore %s/%s",
+		recordNS, name, expires.UTC().Format(time.RFC3339), d.Namespace, d.Name)
 	return stepOutcome{done: true, result: resultCompleted, duration: r.Clock.Since(begin), eventType: corev1.EventTypeNormal, reason: vocab.ReasonRecorded, message: msg}, nil
 }
 

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -41,16 +42,20 @@ func RecordExpired(cm *corev1.ConfigMap, now time.Time) bool {
 }
 
 // RecordSweeper deletes the records of deleted Deployments once their
-// retention has passed. It is a manager Runnable that runs on the leader only:
+// retention has passed, in the guard's own namespace only: a ConfigMap
+// labelled as a record anywhere else is not the guard's (a tenant may write
+// one in its namespace) and is neither read nor deleted. It is a manager
+// Runnable that runs on the leader only:
 // at start (so records that expired while no guard ran go at once), then at the
 // earliest expiry it saw or after Interval, whichever comes first (a record
 // made meanwhile expires a whole retention later, at least Interval away).
 //
-// A periodic list rather than a watch: records are rare and long-lived, and the
-// manager caches ConfigMaps of the guard's own namespace only; a label-selected
-// list from the API server every Interval costs less than a cluster-wide
-// informer.
+// A periodic list rather than a watch: records are rare and long-lived; a
+// label-selected list of one namespace from the API server every Interval
+// costs next to nothing.
 type RecordSweeper struct {
+	// Namespace is the guard's own, where the records are (Options.RecordNamespace).
+	Namespace string
 	// Reader lists records from the API server; Client deletes them.
 	Reader client.Reader
 	Client client.Writer
@@ -91,7 +96,10 @@ func (s *RecordSweeper) Sweep(ctx context.Context) (time.Duration, error) {
 	log := ctrl.LoggerFrom(ctx)
 	now := s.Clock.Now()
 	wait := s.Interval
-	opts := []client.ListOption{client.MatchingLabels{vocab.LabelRecord: "true"}, client.Limit(500)}
+	if s.Namespace == "" {
+		return wait, errors.New("the record sweeper has no namespace: it deletes records in the guard's namespace only")
+	}
+	opts := []client.ListOption{client.InNamespace(s.Namespace), client.MatchingLabels{vocab.LabelRecord: "true"}, client.Limit(500)}
 	for {
 		var list corev1.ConfigMapList
 		if err := s.Reader.List(ctx, &list, opts...); err != nil {
@@ -112,7 +120,8 @@ func (s *RecordSweeper) Sweep(ctx context.Context) (time.Duration, error) {
 			switch {
 			case err == nil:
 				s.Metrics.recordsExpired.Inc()
-				log.Info("Deleted expired record", "configMap", klog.KObj(cm), "deployment", cm.Annotations[vocab.AnnotationRecordOf], "expired", expires)
+				log.Info("Deleted expired record", "configMap", klog.KObj(cm), "deployment",
+					klog.KRef(cm.Annotations[vocab.AnnotationRecordNamespace], cm.Annotations[vocab.AnnotationRecordOf]), "expired", expires)
 			case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 				// Gone or replaced meanwhile; the next sweep sees the new one.
 			default:
@@ -122,7 +131,7 @@ func (s *RecordSweeper) Sweep(ctx context.Context) (time.Duration, error) {
 		if list.Continue == "" {
 			break
 		}
-		opts = append(opts[:2], client.Continue(list.Continue))
+		opts = append(opts[:3], client.Continue(list.Continue))
 	}
 	return max(wait, minSweepWait), nil
 }

@@ -32,7 +32,10 @@ func TestSetupWithManager(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	r := &DeploymentReconciler{Options: DefaultOptions()}
+	require.ErrorContains(t, (&DeploymentReconciler{Options: DefaultOptions()}).SetupWithManager(context.Background(), mgr),
+		"RecordNamespace", "no guard without a namespace of its own for records")
+
+	r := &DeploymentReconciler{Options: testOptions()}
 	require.NoError(t, r.SetupWithManager(context.Background(), mgr))
 
 	assert.NotNil(t, r.Client)

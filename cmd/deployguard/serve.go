@@ -372,6 +372,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 	ropts.FailFast = cfg.FailFastOptions()
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
+	ropts.RecordNamespace = f.namespace
 	if err := reconciler.IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return nil, nil, err
 	}

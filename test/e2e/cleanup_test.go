@@ -74,7 +74,12 @@ func startTimeline(t *testing.T, ns string) *timeline {
 		"Deployment": &appsv1.DeploymentList{}, "ReplicaSet": &appsv1.ReplicaSetList{},
 		"Pod": &corev1.PodList{}, "ConfigMap": &corev1.ConfigMapList{},
 	} {
-		w, err := wc.Watch(ctx, list, client.InNamespace(ns))
+		// Records live in the guard's namespace: ConfigMaps are watched there.
+		in := ns
+		if kind == "ConfigMap" {
+			in = harness.GuardNamespace
+		}
+		w, err := wc.Watch(ctx, list, client.InNamespace(in))
 		require.NoError(t, err)
 		tl.done.Add(1)
 		go func() {
@@ -254,7 +259,7 @@ func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 	}
 	var recordCreated, deploymentGone uint64
 	for _, e := range tl.filter("ConfigMap", watch.Added) {
-		if e.name == "deployguard-record-web" {
+		if e.name == reconciler.RecordName(ns, "web") {
 			recordCreated = e.rv
 		}
 	}
@@ -274,7 +279,7 @@ func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 		assert.Equal(t, 1, count(reasons, r), "one %s event in %v", r, reasons)
 	}
 	rec := &corev1.ConfigMap{}
-	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "deployguard-record-web"}, rec))
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: reconciler.RecordName(ns, "web")}, rec))
 	assert.Equal(t, "true", rec.Labels[vocab.LabelRecord])
 	assert.Equal(t, "1", rec.Data["known-good-revision"])
 	assert.NotEmpty(t, rec.Annotations[vocab.AnnotationRecordExpires])
@@ -423,7 +428,7 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	assert.NotContains(t, reasons, vocab.ReasonDrainTimedOut)
 	var writes []watch.EventType
 	for _, e := range tl.snapshot() {
-		if e.kind == "ConfigMap" && e.name == "deployguard-record-slow" {
+		if e.kind == "ConfigMap" && e.name == reconciler.RecordName(ns, "slow") {
 			writes = append(writes, e.typ)
 		}
 	}
@@ -474,9 +479,9 @@ func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 
 // Deleting a namespace of guarded Deployments completes within the drain
 // timeout: in a terminating namespace the guard does not wait for the pods
-// (the namespace controller deletes them) and saves no record (nothing can be
-// created there), and says so in Events about the Namespace, which land in
-// the default namespace.
+// (the namespace controller deletes them) and saves no record (a Deployment
+// deleted with its namespace is not recorded), and says so in Events about
+// the Namespace, which land in the default namespace.
 //
 // In this cluster the kube-controller-manager runs with the admin kubeconfig,
 // so the namespace controller's DELETE of a protected Deployment would reach

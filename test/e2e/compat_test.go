@@ -19,7 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // podsOf lists the pods a Deployment's selector selects.
@@ -99,7 +101,7 @@ func TestOrphaningDeletionOfAGuardedDeploymentKeepsItsPods(t *testing.T) {
 	for _, p := range pods {
 		assert.Nil(t, p.DeletionTimestamp, "pod %s still runs", p.Name)
 	}
-	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "deployguard-record-orphaned"}, &corev1.ConfigMap{}))
+	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: reconciler.RecordName(ns, "orphaned")}, &corev1.ConfigMap{}))
 }
 
 // In a namespace whose pod quota is full, a rolling update with upstream's

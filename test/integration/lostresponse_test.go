@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // losingClient applies every write, but loses the response of the first one
@@ -91,7 +93,9 @@ func startReconciler(t *testing.T, wrap func(client.Client) client.Client) {
 	require.NoError(t, err)
 	m, err := reconciler.NewMetrics(nil)
 	require.NoError(t, err)
-	r := &reconciler.DeploymentReconciler{Client: wrap(mgr.GetClient()), Metrics: m, Options: reconciler.DefaultOptions()}
+	opts := reconciler.DefaultOptions()
+	opts.RecordNamespace = harness.GuardNamespace
+	r := &reconciler.DeploymentReconciler{Client: wrap(mgr.GetClient()), Metrics: m, Options: opts}
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, r.SetupWithManager(ctx, mgr))
 	done := make(chan error, 1)
@@ -273,8 +277,9 @@ func TestLostResponsesDuringCleanup(t *testing.T) {
 			require.Eventually(t, func() bool { return len(losing.lostWrites()) == 1 }, 10*time.Second, 20*time.Millisecond, "a response was lost")
 
 			var records corev1.ConfigMapList
-			require.NoError(t, k8s.List(ctx, &records, client.InNamespace(ns), client.MatchingLabels{vocab.LabelRecord: "true"}))
-			assert.Len(t, records.Items, 1, "one record")
+			require.NoError(t, k8s.List(ctx, &records, client.InNamespace(harness.GuardNamespace), client.MatchingLabels{vocab.LabelRecord: "true"}))
+			records.Items = slices.DeleteFunc(records.Items, func(cm corev1.ConfigMap) bool { return cm.Annotations[vocab.AnnotationRecordNamespace] != ns })
+			assert.Len(t, records.Items, 1, "one record, in the guard's namespace")
 			reasons := func() map[string]int {
 				var events eventsv1.EventList
 				require.NoError(t, k8s.List(ctx, &events, client.InNamespace(ns)))

@@ -33,7 +33,7 @@ type deploymentStatus struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	// Deleted: the Deployment does not exist; Record says whether the guard
-	// kept a restorable record of it.
+	// kept a restorable record of it (in the guard's namespace).
 	Deleted bool `json:"deleted,omitempty"`
 	Record  bool `json:"record,omitempty"`
 
@@ -549,6 +549,7 @@ Flags:
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	output := fs.String("o", "text", "output format: text or json")
 	drain := fs.String("drain", "", "a node: list the Deployments whose pods on it cannot be evicted now, and why")
+	guardNamespace := fs.String("guard-namespace", "deployguard-system", "the guard's own namespace (deployguard serve --namespace), where the records of deleted Deployments are")
 	positional, err := cli.ParseInterspersed(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -572,7 +573,7 @@ Flags:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := fetchStatus(ctx, c, ns, name)
+	st, err := fetchStatus(ctx, c, *guardNamespace, ns, name)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
 		return 1
@@ -617,8 +618,9 @@ func runDrain(kubeconfig, node, output string, positional []string, stdout, stde
 }
 
 // fetchStatus reads the Deployment, its ReplicaSets and the events of its
-// namespace, and builds the status.
-func fetchStatus(ctx context.Context, c client.Client, ns, name string) (deploymentStatus, error) {
+// namespace, and builds the status; of a Deployment that is gone, whether the
+// guard's namespace holds its record.
+func fetchStatus(ctx context.Context, c client.Client, guardNamespace, ns, name string) (deploymentStatus, error) {
 	d := &appsv1.Deployment{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -626,9 +628,10 @@ func fetchStatus(ctx context.Context, c client.Client, ns, name string) (deploym
 		}
 		st := deploymentStatus{Namespace: ns, Name: name, Deleted: true}
 		cm := &corev1.ConfigMap{}
-		switch err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: reconciler.RecordName(name)}, cm); {
+		switch err := c.Get(ctx, client.ObjectKey{Namespace: guardNamespace, Name: reconciler.RecordName(ns, name)}, cm); {
 		case err == nil:
-			st.Record = cm.Labels[vocab.LabelRecord] == "true"
+			of, ok := reconciler.RecordOf(cm)
+			st.Record = ok && of == client.ObjectKey{Namespace: ns, Name: name}
 		case !apierrors.IsNotFound(err):
 			return deploymentStatus{}, fmt.Errorf("reading the record of Deployment %s/%s: %w", ns, name, err)
 		}

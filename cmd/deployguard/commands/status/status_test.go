@@ -295,8 +295,15 @@ func TestStatusUsage(t *testing.T) {
 func TestFetchStatus(t *testing.T) {
 	d := fixtures.Deployment("web:1", map[string]string{vocab.RevisionAnnotation: "1"})
 	rs := fixtures.ReplicaSet(d, "web-a", "a", "web:1", "1", true, 2)
-	record := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-old", Labels: map[string]string{vocab.LabelRecord: "true"}}}
-	c := fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(d, &rs, record).WithInterceptorFuncs(interceptor.Funcs{
+	record := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: "deployguard-record-shop.old",
+		Labels:      map[string]string{vocab.LabelRecord: "true"},
+		Annotations: map[string]string{vocab.AnnotationRecordNamespace: "shop", vocab.AnnotationRecordOf: "old"}}}
+	// Labelled as a record in the Deployment's namespace, where a tenant can
+	// write: not the guard's.
+	forged := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deployguard-record-forged",
+		Labels:      map[string]string{vocab.LabelRecord: "true"},
+		Annotations: map[string]string{vocab.AnnotationRecordNamespace: "shop", vocab.AnnotationRecordOf: "forged"}}}
+	c := fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(d, &rs, record, forged).WithInterceptorFuncs(interceptor.Funcs{
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 			if _, ok := list.(*eventsv1.EventList); ok {
 				return apierrors.NewForbidden(schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, "", errors.New("RBAC"))
@@ -305,17 +312,21 @@ func TestFetchStatus(t *testing.T) {
 		},
 	}).Build()
 
-	st, err := fetchStatus(context.Background(), c, "shop", "web")
+	st, err := fetchStatus(context.Background(), c, "deployguard-system", "shop", "web")
 	require.NoError(t, err)
 	require.Len(t, st.Revisions, 1)
 	assert.True(t, st.Revisions[0].KnownGood)
 	assert.Contains(t, st.EventsUnavailable, "forbidden")
 
-	st, err = fetchStatus(context.Background(), c, "shop", "old")
+	st, err = fetchStatus(context.Background(), c, "deployguard-system", "shop", "old")
 	require.NoError(t, err)
 	assert.True(t, st.Deleted)
 	assert.True(t, st.Record)
-	st, err = fetchStatus(context.Background(), c, "shop", "never")
+	st, err = fetchStatus(context.Background(), c, "deployguard-system", "shop", "forged")
+	require.NoError(t, err)
+	assert.True(t, st.Deleted)
+	assert.False(t, st.Record, "a ConfigMap labelled as a record outside the guard's namespace is none")
+	st, err = fetchStatus(context.Background(), c, "deployguard-system", "shop", "never")
 	require.NoError(t, err)
 	assert.True(t, st.Deleted)
 	assert.False(t, st.Record)
