@@ -46,9 +46,11 @@ any more, then removes the guard's finalizers, and only
 those, from every Deployment in the cluster, and ends the guard's rollback
 verdicts (its Stalled condition, label and annotation), which nothing would
 end once it is gone. Run it before deleting the guard
-itself. Record ConfigMaps of deleted Deployments are kept, and so are the
-CRDs with their objects (PolicyExceptions, reports): deleting a CRD deletes
-every object of its kind, so that is left to kubectl delete crd.
+itself. Record ConfigMaps of deleted Deployments are kept, in the guard's
+namespace (--namespace): they go when that namespace is deleted, so save them
+first if you may want them back. The CRDs are kept with their objects
+(PolicyExceptions, reports): deleting a CRD deletes every object of its kind,
+so that is left to kubectl delete crd.
 
 Flags:
 `)
@@ -57,7 +59,7 @@ Flags:
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	fs.StringVar(&o.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration")
 	fs.StringVar(&o.validatingName, "validating-webhook-configuration", "deployguard-validating", "the guard's ValidatingWebhookConfiguration")
-	fs.StringVar(&o.namespace, "namespace", "deployguard-system", "the guard's namespace, which holds the native policies' params")
+	fs.StringVar(&o.namespace, "namespace", "deployguard-system", "the guard's namespace, which holds the native policies' params and the records of deleted Deployments")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -245,7 +247,8 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	case verdicts > 0:
 		fmt.Fprintf(out, "Ended the rollback verdict on %d Deployments: they no longer read as failed.\n", verdicts)
 	}
-	fmt.Fprintf(out, "Records of deleted Deployments are kept: kubectl get configmaps -A -l %s=true\n", vocab.LabelRecord)
+	fmt.Fprintf(out, "Records of deleted Deployments are kept in namespace %s, and go when it is deleted; to save them: kubectl get configmaps -n %s -l %s=true -o yaml\n",
+		o.namespace, o.namespace, vocab.LabelRecord)
 	return errors.Join(errs...)
 }
 
