@@ -1,11 +1,15 @@
 package reconciler
 
 import (
+	"encoding/json"
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -86,5 +90,52 @@ func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
 				assert.Equal(t, want, templateHash(meta, tmpl))
 			})
 		}
+	}
+}
+
+// BenchmarkCacheOfLargeTemplates measures what the cache keeps of a
+// Deployment with an 800 KB pod template, as the informer gets it (decoded
+// from JSON, then StripForCache), with and without the annotation that an
+// earlier release's cache trusted: retained-B/op is the heap the kept object
+// holds. Run: go test -run XXX -bench CacheOfLargeTemplates -benchtime 64x ./reconciler/
+func BenchmarkCacheOfLargeTemplates(b *testing.B) {
+	spec := bigPodSpec()
+	// About 800 KB of env values in the first container.
+	for i := range 800 {
+		spec.Containers[0].Env = append(spec.Containers[0].Env, corev1.EnvVar{Name: fmt.Sprintf("BIG_%d", i), Value: strings.Repeat("x", 1000)})
+	}
+	for _, forged := range []bool{false, true} {
+		b.Run(fmt.Sprintf("forged=%t", forged), func(b *testing.B) {
+			d := deployment()
+			d.Spec.Template.Spec = spec
+			if forged {
+				d.Annotations[vocab.Domain+"/cached-template-hash"] = "forged"
+				d.Spec.Template.Annotations = map[string]string{vocab.Domain + "/cached-template-hash": "forged"}
+			}
+			raw, err := json.Marshal(d)
+			require.NoError(b, err)
+			b.ReportMetric(float64(len(raw)), "object-B")
+			kept := make([]any, 0, b.N)
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			b.ResetTimer()
+			for range b.N {
+				o := &appsv1.Deployment{}
+				if err := json.Unmarshal(raw, o); err != nil {
+					b.Fatal(err)
+				}
+				s, err := StripForCache(o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				kept = append(kept, s)
+			}
+			b.StopTimer()
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "retained-B/op")
+			runtime.KeepAlive(kept)
+		})
 	}
 }

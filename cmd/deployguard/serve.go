@@ -19,7 +19,9 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -40,6 +42,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
 )
@@ -495,7 +498,13 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags
 // (they are policies; the cluster's are never cached). Pods are never cached.
 func cacheOptions(namespace, exceptions string) cache.Options {
 	byObject := reconciler.CacheOptions()
-	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
+	// Without the restore records (reconciler's record step): nothing reads
+	// them from the cache, and each is as large as its Deployment.
+	noRecords := labels.NewSelector()
+	if req, err := labels.NewRequirement(vocab.LabelRecord, selection.DoesNotExist, nil); err == nil {
+		noRecords = noRecords.Add(*req)
+	}
+	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {LabelSelector: noRecords}}}
 	// Exceptions are honoured in one namespace: the guard watches no other.
 	if exceptions != "" {
 		byObject[&exception.PolicyException{}] = cache.ByObject{Namespaces: map[string]cache.Config{exceptions: {}}}
