@@ -141,11 +141,20 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 		vocab.LegacyAnnotationRolledBackTo:       "web-x",
 		vocab.LegacyAnnotationKnownGood:          "2000-01-01T00:00:00Z",
 		vocab.Domain + "/cached-template-hash":   "forged",
+		// What else the guard reads of a Deployment, each a word for
+		// people or a speed bump on the tenant's own Deployment that stops
+		// no rollback (reconciler/README.md, "The ledger").
+		vocab.AnnotationRollbackStatus:       "forged",
+		vocab.AnnotationQuarantinedTemplates: "0000000000000000",
+		vocab.AnnotationDrainStarted:         "2000-01-01T00:00:00Z",
+		vocab.AnnotationDrainReplicas:        "99",
 	}
 	tn.update(t, "web", func(d *appsv1.Deployment) {
 		for k, v := range forged {
 			metav1.SetMetaDataAnnotation(&d.ObjectMeta, k, v)
 		}
+		metav1.SetMetaDataLabel(&d.ObjectMeta, vocab.LabelRolledBack, "2")
+		metav1.SetMetaDataLabel(&d.ObjectMeta, vocab.LabelQuarantined, vocab.LabelQuarantinedValue)
 		breakTemplate(&d.Spec.Template, "app:2-typo")
 	})
 	// The failing ReplicaSet as the Deployment controller created it, marked
@@ -183,6 +192,8 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 	for _, e := range l.KnownGood {
 		assert.NotEqual(t, failing.UID, e.UID, "the failing ReplicaSet never became known-good")
 	}
+	// And the guard said, once, that it ignores what was forged.
+	assert.Contains(t, guardEventWithin(t, tn.ns, "web", vocab.ReasonAnnotationsIgnored, time.Minute), vocab.LegacyAnnotationFailFastRevision)
 }
 
 // The guard restores a template under its own identity, so it asks the
@@ -364,7 +375,7 @@ func TestFloodOnTheWebhookPortFromOutsideTheAPIServer(t *testing.T) {
 	tn := newTenant(t)
 	review := fmt.Sprintf(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","kind":{"group":"apps","version":"v1","kind":"Deployment"},"resource":{"group":"apps","version":"v1","resource":"deployments"},"operation":"DELETE","namespace":%q,"name":"web","oldObject":{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web","namespace":%q}}}}`, tn.ns, tn.ns)
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, //nolint:gosec // the caller is the attacker here
+		TLSClientConfig:     &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, //nolint:gosec // the caller is the attacker here
 		MaxIdleConnsPerHost: 16,
 	}}
 	url := fmt.Sprintf("https://127.0.0.1:%d", local.Guard.Opts.WebhookPort)
