@@ -418,3 +418,37 @@ func TestFloodOnTheWebhookPortFromOutsideTheAPIServer(t *testing.T) {
 	assert.Equal(t, map[int]int{http.StatusForbidden: 8 * 50 * 3}, status, "every request without the API server's client certificate is refused")
 	waitAvailable(t, tn.ns, "web", time.Minute)
 }
+
+// Revision 1 ran with host networking, revision 2 without; both completed.
+// The platform team then enforces "no host network". A tenant who deletes
+// revision 2's ReplicaSet (edit may) and starts a bad rollout gets no
+// rollback to revision 1: the guard restores only the newest known-good
+// revision, as it completed, and says why it restores nothing.
+func TestTenantDeletingTheKnownGoodReplicaSetChoosesNoOlderTemplate(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	d := deployment(tn.ns, "hop", "app:1")
+	d.Spec.Template.Spec.HostNetwork = true
+	require.NoError(t, tn.c.Create(ctx, d))
+	waitLedger(t, tn.ns, "hop", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
+	tn.update(t, "hop", func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.HostNetwork = false
+		d.Spec.Template.Spec.Containers[0].Image = "app:2"
+	})
+	waitLedger(t, tn.ns, "hop", "revision 2 was not recorded known-good", time.Minute, knownGoodAt(2))
+
+	var rss appsv1.ReplicaSetList
+	require.NoError(t, tn.c.List(ctx, &rss, client.InNamespace(tn.ns)))
+	for i := range rss.Items {
+		if rss.Items[i].Annotations[vocab.RevisionAnnotation] == "2" {
+			require.NoError(t, tn.c.Delete(ctx, &rss.Items[i]), "a tenant may delete its ReplicaSets")
+		}
+	}
+	tn.update(t, "hop", breakImage("app:3-typo"))
+	msg := guardEventWithin(t, tn.ns, "hop", vocab.ReasonNoKnownGoodRevision, time.Duration(deadline+60)*time.Second)
+	assert.Contains(t, msg, "the guard restores only the newest known-good revision")
+	got := get(ctx, t, tn.ns, "hop")
+	assert.False(t, got.Spec.Template.Spec.HostNetwork, "revision 1's template was not restored")
+	assert.Equal(t, "app:3-typo", got.Spec.Template.Spec.Containers[0].Image)
+	assert.Zero(t, ledgerOf(got).RolledBackRevision)
+}
