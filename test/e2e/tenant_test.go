@@ -437,14 +437,19 @@ func TestTenantDeletingTheKnownGoodReplicaSetChoosesNoOlderTemplate(t *testing.T
 	})
 	waitLedger(t, tn.ns, "hop", "revision 2 was not recorded known-good", time.Minute, knownGoodAt(2))
 
+	// A bad rollout, and revision 2's ReplicaSet (now an old one) deleted
+	// before its deadline.
+	tn.update(t, "hop", breakImage("app:3-typo"))
 	var rss appsv1.ReplicaSetList
 	require.NoError(t, tn.c.List(ctx, &rss, client.InNamespace(tn.ns)))
+	deleted := 0
 	for i := range rss.Items {
 		if rss.Items[i].Annotations[vocab.RevisionAnnotation] == "2" {
 			require.NoError(t, tn.c.Delete(ctx, &rss.Items[i]), "a tenant may delete its ReplicaSets")
+			deleted++
 		}
 	}
-	tn.update(t, "hop", breakImage("app:3-typo"))
+	require.Equal(t, 1, deleted)
 	msg := guardEventWithin(t, tn.ns, "hop", vocab.ReasonNoKnownGoodRevision, time.Duration(deadline+60)*time.Second)
 	assert.Contains(t, msg, "the guard restores only the newest known-good revision")
 	got := get(ctx, t, tn.ns, "hop")
