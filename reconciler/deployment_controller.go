@@ -286,17 +286,18 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 			return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 		}
 	}
-	// A rollback on the deadline may wait out a registry blip: it says
-	// until when.
-	held, err := r.reconcileRollback(ctx, d, allRSs)
-	if err != nil {
-		return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
-	}
-	// Last: it may roll back, and a rollback on a deadline decided above
-	// takes the newRS out of its hands.
+	// Fail-fast declares a failing rollout failed, in upstream's words
+	// (Progressing=False, ProgressDeadlineExceeded); it never rolls back.
 	again, err := r.reconcileFailFast(ctx, d, allRSs)
 	if err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while judging its rollout; requeued")
+	}
+	// The rollback phase acts on a failure, declared or upstream's deadline,
+	// once. On the deadline it may wait out a registry blip: it says until
+	// when.
+	held, err := r.reconcileRollback(ctx, d, allRSs)
+	if err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 	}
 	// After every phase that may roll back: it tells the deploying tools.
 	if err := r.reconcileVerdict(ctx, d, allRSs); err != nil {

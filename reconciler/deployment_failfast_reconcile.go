@@ -169,10 +169,10 @@ func (r *DeploymentReconciler) setFailingSince(ctx context.Context, d *appsv1.De
 // failRevision acts on a revision fail-fast found failing. With a
 // known-good revision to go to, it declares the revision failed in
 // upstream's words (declareFailed), so that every client watching the
-// rollout fails on it as it would at the deadline, and then rolls back
-// through the deadline's own path (reconcileRollback: same target,
-// quarantine, exactly once). A restart or a conflict between the two writes
-// leaves the declaration, which the deadline's path picks up. Without a
+// rollout fails on it as it would at the deadline; the rollback phase, which
+// runs next in the same pass, acts on it as on a deadline (reconcileRollback:
+// same target, quarantine, exactly once), and after a restart it finds the
+// declaration and does the same. Without a
 // target, or with automatic rollback off, it reports the failure once and
 // declares nothing: the Deployment then fails at its deadline as upstream's
 // does. The decision is taken again on the Deployment as the API server has
@@ -195,14 +195,14 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 	rollBack := r.Options.AutoRollback && !autoRollbackOptedOut(d)
 
 	if rollBack && KnownGoodTarget(d, rss) != nil {
+		// Declared here; the rollback phase, which runs next, acts on it.
 		if err := r.declareFailed(ctx, d, newRS, summary, now); err != nil {
 			return err
 		}
 		r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, resultRolledBack).Inc()
 		r.Metrics.failFastReaction.Observe(now.Sub(since).Seconds())
-		log.Info("Declared a failing rollout failed; rolling back to its known-good revision", "failedRevision", failedRevision, "evidence", summary)
-		_, err := r.reconcileRollback(ctx, d, rss)
-		return err
+		log.Info("Declared a failing rollout failed; the rollback phase rolls it back to its known-good revision", "failedRevision", failedRevision, "evidence", summary)
+		return nil
 	}
 
 	var message, result string
