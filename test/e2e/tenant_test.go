@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -268,16 +269,27 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 		return n != nil && n.Revision == rev && rev >= 7 && completed(d)
 	})
 
+	// The fix's Event is told after its ledger write; the quiet minute
+	// starts once it is there.
+	finalRevision, _ := reconciler.Revision(final)
+	waitFor(t, time.Minute, "no Event for the fixed revision", func(ctx context.Context) (bool, string, error) {
+		notes := guardEvents(ctx, t, tn.ns, "undo", vocab.ReasonKnownGood)
+		return slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, fmt.Sprintf("Revision %d ", finalRevision)) }), fmt.Sprint(notes), nil
+	})
+	var now eventsv1.EventList
+	require.NoError(t, local.Client.List(ctx, &now, client.InNamespace(tn.ns)))
+	from := &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: now.ResourceVersion}}
+
 	// Over a quiet minute, nothing changes: no write, no Event.
 	cfg, err := local.Cluster.RESTConfig()
 	require.NoError(t, err)
 	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
 	require.NoError(t, err)
-	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(tn.ns), from)
 	require.NoError(t, err)
-	rsw, err := wc.Watch(ctx, &appsv1.ReplicaSetList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	rsw, err := wc.Watch(ctx, &appsv1.ReplicaSetList{}, client.InNamespace(tn.ns), from)
 	require.NoError(t, err)
-	evw, err := wc.Watch(ctx, &eventsv1.EventList{}, client.InNamespace(tn.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: final.ResourceVersion}})
+	evw, err := wc.Watch(ctx, &eventsv1.EventList{}, client.InNamespace(tn.ns), from)
 	require.NoError(t, err)
 	quiet := time.After(time.Minute)
 	var changes []string
