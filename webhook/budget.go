@@ -1,11 +1,14 @@
 package webhook
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -196,7 +199,211 @@ func (v BudgetVerdict) BudgetMessage() string {
 // budgetFinding is a verdict as a finding at path, refusing in enforce mode.
 func budgetFinding(mode string, path *field.Path, message string) Finding {
 	if mode == BudgetsEnforce {
-		return refuse(field.Forbidden(path, message), reasonDisruptionBudget)
+		return refuse(field.Forbidden(path, message), OriginDisruptionBudget)
 	}
-	return warn(reasonDisruptionBudget, path, message)
+	return warn(OriginDisruptionBudget, path, message)
+}
+
+// BlocksNodeDrains: the write brings the Deployment's pods under a
+// PodDisruptionBudget that then allows no eviction of them, or under a
+// second budget, so that no node that runs one of them can be drained.
+// Only a new Deployment, new replicas or new template labels can.
+func BlocksNodeDrains(_ context.Context, in Input) Findings {
+	d, old := in.Request.Object, in.Request.OldObject
+	if !drainMayChange(d, old) {
+		return nil
+	}
+	return checkBudgets(in.Options, in.Budgets, d, old, false)
+}
+
+// KeepsNodesUndrainable: the pods of a stored Deployment are under a budget
+// that allows no eviction of them, or under two.
+func KeepsNodesUndrainable(_ context.Context, in Input) Findings {
+	return checkBudgets(in.Options, in.Budgets, in.Request.Object, nil, true)
+}
+
+// drainMayChange: a new Deployment, new replicas or new template labels may
+// bring it under a budget that allows no eviction.
+func drainMayChange(d, old *appsv1.Deployment) bool {
+	return old == nil || replicasOf(d) != replicasOf(old) || overlapMayChange(d, old)
+}
+
+// ReviewBudget judges a budget written (old nil on CREATE), on a change of
+// its spec: whether it allows no eviction of the pods of the Deployments it
+// selects now, and whether another budget selects their pods too (the
+// Eviction API refuses a pod under two). What the stored budget did already
+// only warns, in every mode: refusing it would block a change that makes
+// nothing worse.
+func (w *Reviewer) ReviewBudget(p, old *policyv1.PodDisruptionBudget, username string, groups []string) Findings {
+	o := w.Options
+	if w.Budgets == nil || o.DisruptionBudgets == BudgetsOff || p.DeletionTimestamp != nil {
+		return nil
+	}
+	if old != nil && apiequality.Semantic.DeepEqual(old.Spec, p.Spec) {
+		return nil
+	}
+	if o.exemptionOf(p.Namespace, username, groups) != "" {
+		return nil
+	}
+	b, ok := BudgetOf(p)
+	if !ok {
+		return nil
+	}
+	mode := o.DisruptionBudgets
+	sels, err := w.Budgets.Targets(p.Namespace, b.Selector)
+	if err != nil {
+		// A warning is not worth refusing for; enforce mode refuses, as the
+		// overlap check does, rather than let one through unchecked.
+		if mode == BudgetsEnforce {
+			return Findings{refuse(field.InternalError(budgetPath(b),
+				fmt.Errorf("could not look up the Deployments this budget selects, try again: %w", err)), OriginDisruptionBudget)}
+		}
+		return nil
+	}
+	var prev *Budget
+	if old != nil {
+		if ob, ok := BudgetOf(old); ok && old.Name == p.Name {
+			prev = &ob
+		}
+	}
+	var f Findings
+	if v, blocked := JudgeBudget(b, targetsOf(sels, "", 0)); blocked {
+		m := mode
+		if prev != nil {
+			if oldSels, err := w.Budgets.Targets(p.Namespace, prev.Selector); err == nil {
+				if _, was := JudgeBudget(*prev, targetsOf(oldSels, "", 0)); was {
+					m = BudgetsWarn
+				}
+			}
+		}
+		f = append(f, budgetFinding(m, budgetPath(b), v.BudgetMessage()))
+	}
+	if other, deployment := sharedPods(w.Budgets, p.Namespace, p.Name, sels); other != "" {
+		m := mode
+		if prev != nil && prev.Selector.String() == b.Selector.String() {
+			m = BudgetsWarn
+		}
+		f = append(f, budgetFinding(m, field.NewPath("spec", "selector"), fmt.Sprintf(
+			"this budget selects the pods of Deployment %q, which PodDisruptionBudget %q selects too: the Eviction API refuses to evict a pod under more than one budget, so no node that runs one of them can be drained; keep one budget for these pods",
+			deployment, other)))
+	}
+	return f
+}
+
+// sharedPods names another budget of namespace (not name) that selects the
+// pods of one of sels, and that Deployment; "" when none does.
+func sharedPods(budgets BudgetSource, namespace, name string, sels []Selection) (other, deployment string) {
+	for _, s := range sels {
+		if s.Replicas == 0 {
+			continue
+		}
+		selecting, err := budgets.Selecting(namespace, s.TemplateLabels)
+		if err != nil {
+			return "", ""
+		}
+		for _, b := range selecting {
+			if b.Name != name {
+				return b.Name, s.Name
+			}
+		}
+	}
+	return "", ""
+}
+
+func budgetPath(b Budget) *field.Path {
+	if b.MaxUnavailable != nil {
+		return field.NewPath("spec", "maxUnavailable")
+	}
+	return field.NewPath("spec", "minAvailable")
+}
+
+// targetsOf are the Deployments of sels as a budget counts them, with
+// Deployment name (when set) at replicas rather than as the index knows it.
+func targetsOf(sels []Selection, name string, replicas int32) []BudgetTarget {
+	targets := make([]BudgetTarget, 0, len(sels)+1)
+	for _, s := range sels {
+		if s.Name != name {
+			targets = append(targets, BudgetTarget{Name: s.Name, Replicas: s.Replicas})
+		}
+	}
+	if name != "" {
+		targets = append(targets, BudgetTarget{Name: name, Replicas: replicas})
+	}
+	return targets
+}
+
+// budgetsOver judges, for Deployment d as written, every budget that
+// selects its pods: the verdicts of those that allow no eviction, and the
+// names of all of them.
+func budgetsOver(budgets BudgetSource, d *appsv1.Deployment) (blocked []BudgetVerdict, names []string, err error) {
+	selecting, err := budgets.Selecting(d.Namespace, labels.Set(d.Spec.Template.Labels))
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, b := range selecting {
+		names = append(names, b.Name)
+		sels, err := budgets.Targets(d.Namespace, b.Selector)
+		if err != nil {
+			return nil, nil, err
+		}
+		if v, ok := JudgeBudget(b, targetsOf(sels, d.Name, replicasOf(d))); ok {
+			blocked = append(blocked, v)
+		}
+	}
+	slices.Sort(names)
+	return blocked, names, nil
+}
+
+// checkBudgets is the drain check of a Deployment at its replicas (old: as
+// stored, nil on CREATE): every budget selecting its pods that then allows
+// no eviction, and pods under more than one budget. What already held for
+// old only warns, in every mode, as an overlap that predates an update does:
+// a scale from 1 to 2 under minAvailable 3 makes nothing worse. strict makes
+// a failed lookup a finding (enforce mode, the audit); otherwise a check that
+// only warns is skipped.
+func checkBudgets(o *Options, budgets BudgetSource, d, old *appsv1.Deployment, strict bool) Findings {
+	if budgets == nil || o.DisruptionBudgets == BudgetsOff || d.DeletionTimestamp != nil || replicasOf(d) == 0 {
+		return nil
+	}
+	path := specPath.Child("replicas")
+	blocked, names, err := budgetsOver(budgets, d)
+	if err != nil {
+		if !strict && o.DisruptionBudgets != BudgetsEnforce {
+			return nil
+		}
+		return Findings{refuse(field.InternalError(path,
+			fmt.Errorf("could not look up the PodDisruptionBudgets that select this Deployment's pods, try again: %w", err)), OriginDisruptionBudget)}
+	}
+	if len(blocked) == 0 && len(names) < 2 {
+		return nil
+	}
+	var wasBlocked map[string]bool
+	wasShared := false
+	if old != nil && replicasOf(old) > 0 {
+		if ob, oldNames, err := budgetsOver(budgets, old); err == nil {
+			wasBlocked = map[string]bool{}
+			for _, v := range ob {
+				wasBlocked[v.Budget.Name] = true
+			}
+			wasShared = len(oldNames) > 1
+		}
+	}
+	var f Findings
+	for _, v := range blocked {
+		mode := o.DisruptionBudgets
+		if wasBlocked[v.Budget.Name] {
+			mode = BudgetsWarn
+		}
+		f = append(f, budgetFinding(mode, path, v.DeploymentMessage()))
+	}
+	if len(names) > 1 {
+		mode := o.DisruptionBudgets
+		if wasShared {
+			mode = BudgetsWarn
+		}
+		f = append(f, budgetFinding(mode, specPath.Child("template", "metadata", "labels"), fmt.Sprintf(
+			"these pods are selected by %d PodDisruptionBudgets (%s): the Eviction API refuses to evict a pod under more than one budget, so no node that runs one of them can be drained; keep one budget for these pods",
+			len(names), strings.Join(names, ", "))))
+	}
+	return f
 }

@@ -162,8 +162,8 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 	budget := pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one)
 	x.Set(budget)
 	for _, mode := range []string{"", BudgetsWarn, BudgetsEnforce, BudgetsOff} {
-		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Overlaps: deps, Budgets: x}
-		f := w.checkBudgets(deploymentWith("web", 1, map[string]string{"app": "web"}), nil, false)
+		w := &Reviewer{Options: &Options{DisruptionBudgets: mode}, Overlaps: deps, Budgets: x}
+		f := checkBudgets(w.Options, w.Budgets, deploymentWith("web", 1, map[string]string{"app": "web"}), nil, false)
 		switch mode {
 		case BudgetsOff:
 			if len(f) != 0 {
@@ -181,7 +181,7 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 				t.Errorf("warning: %s", f.Warnings()[0])
 			}
 		}
-		if f := w.checkBudgets(deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false); len(f) != 0 {
+		if f := checkBudgets(w.Options, w.Budgets, deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false); len(f) != 0 {
 			t.Errorf("%q: two replicas under minAvailable 1 allow a drain: %v", mode, f)
 		}
 		// The budget's own webhook, with web stored at 1 replica.
@@ -205,20 +205,20 @@ func TestDrainCheckRefusesOnlyWhatAWriteMakesWorse(t *testing.T) {
 	x := NewBudgetIndex(deps)
 	three := intstr.FromInt32(3)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &three))
-	w := &Deployment{Options: &Options{DisruptionBudgets: BudgetsEnforce}, Overlaps: deps, Budgets: x}
+	w := &Reviewer{Options: &Options{DisruptionBudgets: BudgetsEnforce}, Overlaps: deps, Budgets: x}
 	web := func(n int32) *appsv1.Deployment { return deploymentWith("web", n, map[string]string{"app": "web"}) }
-	if f := w.checkBudgets(web(1), nil, false); len(f.Refusals()) != 1 {
+	if f := checkBudgets(w.Options, w.Budgets, web(1), nil, false); len(f.Refusals()) != 1 {
 		t.Errorf("a new Deployment under minAvailable 3: %v", f)
 	}
-	if f := w.checkBudgets(web(2), web(1), false); len(f.Refusals()) != 0 || len(f.Warnings()) != 1 {
+	if f := checkBudgets(w.Options, w.Budgets, web(2), web(1), false); len(f.Refusals()) != 0 || len(f.Warnings()) != 1 {
 		t.Errorf("scaling 1 to 2 under minAvailable 3 makes nothing worse: want one warning, got %v", f)
 	}
-	if f := w.checkBudgets(web(0), web(1), false); len(f) != 0 {
+	if f := checkBudgets(w.Options, w.Budgets, web(0), web(1), false); len(f) != 0 {
 		t.Errorf("no pods, nothing to evict: %v", f)
 	}
 	one := intstr.FromInt32(1)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
-	if f := w.checkBudgets(web(1), web(2), false); len(f.Refusals()) != 1 {
+	if f := checkBudgets(w.Options, w.Budgets, web(1), web(2), false); len(f.Refusals()) != 1 {
 		t.Errorf("scaling 2 to 1 under minAvailable 1 blocks every drain: %v", f)
 	}
 }
@@ -230,7 +230,7 @@ func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
 	x := NewBudgetIndex(deps)
 	one := intstr.FromInt32(1)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
-	w := &Deployment{Options: &Options{}, Overlaps: deps, Budgets: x}
+	w := &Reviewer{Options: &Options{}, Overlaps: deps, Budgets: x}
 	web := deploymentWith("web", 3, map[string]string{"app": "web", "tier": "front"})
 	deps.Set(web)
 	second := pdb("front", &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "front"}}, &one)
@@ -239,7 +239,7 @@ func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
 		t.Errorf("the second budget's review: %v", f)
 	}
 	x.Set(second)
-	f = w.checkBudgets(web, nil, false)
+	f = checkBudgets(w.Options, w.Budgets, web, nil, false)
 	if len(f) != 1 || !strings.Contains(f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)") {
 		t.Errorf("the Deployment's check: %v", f)
 	}
@@ -254,8 +254,8 @@ func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
 		Object: runtime.RawExtension{Raw: []byte(`{"spec": {"minAvailable": [1]}}`)},
 	}}
 	for mode, allowed := range map[string]bool{BudgetsWarn: true, "": true, BudgetsEnforce: false} {
-		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
-		resp := w.BudgetHandler(nil).Handle(context.Background(), req)
+		w := &Reviewer{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
+		resp := (&Hooks{Reviewer: w}).BudgetHandler(nil).Handle(context.Background(), req)
 		if resp.Allowed != allowed {
 			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)
 		}

@@ -84,7 +84,7 @@ func TestValidate(t *testing.T) {
 		lister       OverlapSource
 		opts         func(*Options)
 		wantErrs     []string // each must appear in one error
-		wantReason   string   // the refusal's reason label; none when wantErrs is empty
+		wantReason   string   // the check the refusal is counted under (RefusedBy); empty when wantErrs is empty
 		wantWarnings []string
 	}{
 		{
@@ -96,7 +96,7 @@ func TestValidate(t *testing.T) {
 			name:       "empty selector",
 			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
 			user:       alice,
-			wantReason: reasonSelector,
+			wantReason: OriginSelector,
 			wantErrs:   []string{"spec.selector: Required value: an empty selector would select every pod"},
 		},
 		{
@@ -110,7 +110,7 @@ func TestValidate(t *testing.T) {
 			name:       "selector that does not select the template",
 			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
 			user:       alice,
-			wantReason: reasonSelector,
+			wantReason: OriginSelector,
 			wantErrs:   []string{"spec.template.metadata.labels", "does not select the template's labels"},
 		},
 		{
@@ -118,7 +118,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(),
 			user:       alice,
 			lister:     indexOf(other),
-			wantReason: reasonOverlap,
+			wantReason: OriginOverlap,
 			wantErrs:   []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
 		},
 		{
@@ -130,7 +130,7 @@ func TestValidate(t *testing.T) {
 			}),
 			user:       alice,
 			lister:     indexOf(other),
-			wantReason: reasonOverlap,
+			wantReason: OriginOverlap,
 			wantErrs:   []string{`would be selected by Deployment "web-canary"`},
 		},
 		{
@@ -157,7 +157,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(),
 			user:       alice,
 			lister:     overlapsFunc(func(context.Context, *appsv1.Deployment) ([]Selection, error) { return nil, ErrIndexNotSynced }),
-			wantReason: reasonInternal,
+			wantReason: OriginInternal,
 			wantErrs:   []string{"could not look up the namespace's Deployments", "the guard has not yet seen every Deployment"},
 		},
 		{
@@ -166,7 +166,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
 			}),
 			user:       alice,
-			wantReason: reasonStrategy,
+			wantReason: OriginStrategy,
 			wantErrs:   []string{"spec.strategy.rollingUpdate.maxUnavailable", "resolves to 3 of 3 replicas"},
 		},
 		{
@@ -175,7 +175,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromInt32(5))
 			}),
 			user:       alice,
-			wantReason: reasonStrategy,
+			wantReason: OriginStrategy,
 			wantErrs:   []string{"resolves to 5 of 3 replicas"},
 		},
 		{
@@ -205,7 +205,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonRevisionHistory,
+			wantReason: OriginRevisionHistory,
 			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 500 is outside this cluster's bounds: keep at most 100"},
 		},
 		{
@@ -231,7 +231,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonProgressDeadline,
+			wantReason: OriginProgressDeadline,
 			wantErrs:   []string{"spec.progressDeadlineSeconds: Invalid value: 5 is outside this cluster's bounds: set at least 30 seconds"},
 		},
 		{
@@ -241,7 +241,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.MinReadySeconds = 60
 			}),
 			user:       alice,
-			wantReason: reasonProgressDeadline,
+			wantReason: OriginProgressDeadline,
 			wantErrs:   []string{"must be greater than spec.minReadySeconds (60)"},
 		},
 		{
@@ -258,7 +258,7 @@ func TestValidate(t *testing.T) {
 			}),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonStrategy,
+			wantReason: OriginStrategy,
 			wantErrs:   []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
 		},
 		{
@@ -296,7 +296,7 @@ func TestValidate(t *testing.T) {
 			old:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonRevisionHistory,
+			wantReason: OriginRevisionHistory,
 			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 400"},
 		},
 		{
@@ -312,7 +312,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
 			old:        guarded(beingDeleted),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: OriginFinalizers,
 			wantErrs:   []string{"metadata.finalizers: Forbidden", "being deleted", vocab.AnnotationSkipCleanup + "=true"},
 		},
 		{
@@ -320,7 +320,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
 			old:        guarded(beingDeleted),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: OriginFinalizers,
 			wantErrs:   []string{"metadata.finalizers: Forbidden"},
 		},
 		{
@@ -329,7 +329,7 @@ func TestValidate(t *testing.T) {
 			old:        guarded(beingDeleted),
 			user:       alice,
 			opts:       func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
-			wantReason: reasonFinalizers,
+			wantReason: OriginFinalizers,
 			wantErrs: []string{
 				"metadata.finalizers: Forbidden",
 			},
@@ -351,14 +351,14 @@ func TestValidate(t *testing.T) {
 			d:          guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
 			old:        guarded(),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: OriginFinalizers,
 			wantErrs:   []string{`metadata.annotations[deployguard.io/cleanup]: Invalid value: unknown cleanup step "backup"`},
 		},
 		{
 			name:       "unknown finalizer in the guard's domain",
 			d:          guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: OriginFinalizers,
 			wantErrs:   []string{`metadata.finalizers: Invalid value: "deployguard.io/backup" is not one of deployguard's finalizers`},
 		},
 		{
@@ -366,7 +366,7 @@ func TestValidate(t *testing.T) {
 			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
 			old:        quarantinedOld,
 			user:       alice,
-			wantReason: reasonQuarantine,
+			wantReason: OriginQuarantine,
 			wantErrs:   []string{"spec.template: Forbidden", "failed its rollout before", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
 		},
 		{
@@ -379,7 +379,7 @@ func TestValidate(t *testing.T) {
 				return o
 			}(),
 			user:       alice,
-			wantReason: reasonQuarantine,
+			wantReason: OriginQuarantine,
 			wantErrs:   []string{"failed its rollout before", "(deployguard: Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff"},
 		},
 		{
@@ -408,7 +408,7 @@ func TestValidate(t *testing.T) {
 			}),
 			old:        quarantinedOld,
 			user:       alice,
-			wantReason: reasonQuarantine,
+			wantReason: OriginQuarantine,
 			wantErrs:   []string{"spec.template: Forbidden"},
 		},
 	}
@@ -420,10 +420,7 @@ func TestValidate(t *testing.T) {
 			}
 			f := checkRequest(context.Background(), tt.d, tt.old, tt.user, o, tt.lister)
 			all := f.Refusals().ToAggregate()
-			if tt.wantReason == "" {
-				tt.wantReason = reasonNone
-			}
-			assert.Equal(t, tt.wantReason, refusalReason(f.Refusals()))
+			assert.Equal(t, tt.wantReason, RefusedBy(f.Refusals()))
 			if len(tt.wantErrs) == 0 {
 				assert.NoError(t, all)
 			} else {
@@ -450,6 +447,6 @@ func checkRequest(ctx context.Context, d, old *appsv1.Deployment, user authentic
 	if old != nil {
 		op = admissionv1.Update
 	}
-	w := &Deployment{Options: o, Overlaps: overlaps}
+	w := &Reviewer{Options: o, Overlaps: overlaps}
 	return w.Review(ctx, Request{Operation: op, Object: d, OldObject: old, UserInfo: user}, Stage{Checks: true, Native: true}).Findings
 }

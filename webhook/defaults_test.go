@@ -91,7 +91,7 @@ func TestDefault(t *testing.T) {
 			name:        "the platform's defaults replace the built-in values",
 			in:          stored(),
 			opts:        platformDefaults,
-			wantChanged: []string{defaultedMaxUnavailable, defaultedRevisionHistory, defaultedProgressDeadline},
+			wantChanged: []string{DefaultedMaxUnavailable, DefaultedRevisionHistory, DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromInt32(0), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 				assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxSurge)
@@ -122,7 +122,7 @@ func TestDefault(t *testing.T) {
 			in:   stored(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(0)) }),
 			opts: platformDefaults,
 			// The strategy and deadline still equal the built-in values.
-			wantChanged: []string{defaultedMaxUnavailable, defaultedProgressDeadline},
+			wantChanged: []string{DefaultedMaxUnavailable, DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, int32(0), *d.Spec.RevisionHistoryLimit)
 			},
@@ -133,7 +133,7 @@ func TestDefault(t *testing.T) {
 				d.Spec.Selector = nil
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "prod", "version": "v2", "pod-template-hash": "x"}
 			}),
-			wantChanged: []string{defaultedSelector},
+			wantChanged: []string{DefaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "prod"}, d.Spec.Selector.MatchLabels)
 			},
@@ -144,7 +144,7 @@ func TestDefault(t *testing.T) {
 				d.Spec.Selector = &metav1.LabelSelector{}
 				d.Spec.Template.Labels = map[string]string{"app": "legacy"}
 			}),
-			wantChanged: []string{defaultedSelector},
+			wantChanged: []string{DefaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"app": "legacy"}, d.Spec.Selector.MatchLabels)
 			},
@@ -163,9 +163,9 @@ func TestDefault(t *testing.T) {
 			in: stored(func(d *appsv1.Deployment) {
 				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true", "team": "shop"}
 			}),
-			wantChanged: []string{defaultedSelector},
+			wantChanged: []string{DefaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
-				assert.Equal(t, map[string]string{"team": "shop", vocab.AnnotationDefaulted: defaultedSelector}, d.Annotations)
+				assert.Equal(t, map[string]string{"team": "shop", vocab.AnnotationDefaulted: DefaultedSelector}, d.Annotations)
 			},
 		},
 		{
@@ -206,7 +206,7 @@ func TestDefault(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr(intstr.FromInt32(0))
 			}),
 			opts:        platformDefaults,
-			wantChanged: []string{defaultedRevisionHistory, defaultedProgressDeadline},
+			wantChanged: []string{DefaultedRevisionHistory, DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 			},
@@ -217,7 +217,7 @@ func TestDefault(t *testing.T) {
 				d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
 			}),
 			opts:        platformDefaults,
-			wantChanged: []string{defaultedRevisionHistory, defaultedProgressDeadline},
+			wantChanged: []string{DefaultedRevisionHistory, DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Nil(t, d.Spec.Strategy.RollingUpdate)
 			},
@@ -225,7 +225,7 @@ func TestDefault(t *testing.T) {
 		{
 			name:        "the cleanup annotation adds its finalizers in canonical order after others",
 			in:          stored(cleanup("drain, record"), withFinalizers("example.com/keep")),
-			wantChanged: []string{defaultedFinalizers},
+			wantChanged: []string{DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{"example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain}, d.Finalizers)
 			},
@@ -234,7 +234,7 @@ func TestDefault(t *testing.T) {
 			name:        "the cluster's default steps apply without the annotation",
 			in:          stored(),
 			opts:        func(o *Options) { o.CleanupFinalizers = []string{vocab.FinalizerRecord} },
-			wantChanged: []string{defaultedFinalizers},
+			wantChanged: []string{DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{vocab.FinalizerRecord}, d.Finalizers)
 			},
@@ -249,7 +249,7 @@ func TestDefault(t *testing.T) {
 			name:        "a full update that leaves the finalizers out gets them back",
 			in:          stored(cleanup("record,drain")),
 			old:         stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
-			wantChanged: []string{defaultedFinalizers},
+			wantChanged: []string{DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers)
 			},
@@ -258,7 +258,7 @@ func TestDefault(t *testing.T) {
 			name:        "removing the annotation removes the finalizers",
 			in:          stored(withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
 			old:         stored(cleanup("record,drain"), withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
-			wantChanged: []string{defaultedFinalizers},
+			wantChanged: []string{DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{"example.com/keep"}, d.Finalizers)
 			},
@@ -267,7 +267,7 @@ func TestDefault(t *testing.T) {
 			name:        "an earlier version's finalizers go from a Deployment that does not ask",
 			in:          stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
 			old:         stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
-			wantChanged: []string{defaultedFinalizers},
+			wantChanged: []string{DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Nil(t, d.Finalizers)
 			},
@@ -285,7 +285,7 @@ func TestDefault(t *testing.T) {
 			name:        "while deleting, what the stored object had is put back",
 			in:          stored(cleanup("record,drain"), deleting, withFinalizers("orphan")),
 			old:         stored(cleanup("record,drain"), deleting, withFinalizers(vocab.FinalizerDrain, "orphan")),
-			wantChanged: []string{defaultedFinalizers},
+			wantChanged: []string{DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{"orphan", vocab.FinalizerDrain}, d.Finalizers, "the record step had run: its finalizer stays gone")
 			},
@@ -316,7 +316,7 @@ func TestDefault(t *testing.T) {
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
-				assert.Equal(t, reasonSelector, refusalReason(errs), "the only refusal Default makes is the selector's")
+				assert.Equal(t, OriginSelector, refusalReason(errs), "the only refusal Default makes is the selector's")
 				return
 			}
 			require.Empty(t, errs)

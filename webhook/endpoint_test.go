@@ -99,9 +99,9 @@ func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 	}
 	refused := 0
 	for _, inAPIServer := range []bool{false, true} {
-		w := &Deployment{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
+		w := &Reviewer{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
 		w.Options.NativeInAPIServer = inAPIServer
-		_, validating := w.Handlers(nil)
+		_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 		no := false
 		validating.RecoverPanic = &no
 		require.True(t, validating.SkipCreatePodSpec)
@@ -124,8 +124,8 @@ func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 // BenchmarkEndpointDecoding: what the one-pass decoding saves on a
 // production-sized Deployment's CREATE, against the Webhook alone.
 func BenchmarkEndpointDecoding(b *testing.B) {
-	w := &Deployment{Options: testOptions()}
-	_, validating := w.Handlers(nil)
+	w := &Reviewer{Options: testOptions()}
+	_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 	d := realistic()
 	body := review(b, admissionv1.Create, d, nil)
 	for name, h := range map[string]http.Handler{"endpoint": validating, "webhook": validating.Webhook} {

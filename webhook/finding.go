@@ -99,12 +99,6 @@ func (fs Findings) Warnings() []string {
 	return out
 }
 
-// Origins a caller tells apart.
-const (
-	OriginPolicy     = reasonPolicy
-	OriginQuarantine = reasonQuarantine
-)
-
 // refuse is a Go check's refusal.
 func refuse(e *field.Error, check string) Finding {
 	e = e.WithOrigin(check)

@@ -43,8 +43,8 @@ func servers(t testing.TB) (mutating, validating http.Handler) {
 
 func serversWith(t testing.TB, p Policies) (mutating, validating http.Handler) {
 	t.Helper()
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
-	m, v := w.Handlers(nil)
+	w := &Reviewer{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
+	m, v := (&Hooks{Reviewer: w}).Handlers(nil)
 	no := false
 	m.RecoverPanic, v.RecoverPanic = &no, &no
 	return m, v
@@ -381,7 +381,7 @@ func BenchmarkAdmission(b *testing.B) {
 	// The default install: kube-apiserver enforces the native refusals, the
 	// webhook evaluates the warnings and bounds.
 	b.Run("go-checks-native-refusals-in-apiserver", func(b *testing.B) {
-		benchmarkAdmission(b, nil, func(w *Deployment) { w.Options.NativeInAPIServer = true })
+		benchmarkAdmission(b, nil, func(w *Reviewer) { w.Options.NativeInAPIServer = true })
 	})
 	eng, err := policy.New(policy.Options{})
 	require.NoError(b, err)
@@ -395,13 +395,13 @@ func BenchmarkAdmission(b *testing.B) {
 	}
 	b.Run("policy-finding-no-exceptions", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest) })
 	b.Run("policy-finding-1000-exceptions", func(b *testing.B) {
-		benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest, func(w *Deployment) { w.Exceptions = thousandExceptions(b) })
+		benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest, func(w *Reviewer) { w.Exceptions = thousandExceptions(b) })
 	})
 	// The drain check in a namespace of 2,000 Deployments, each under a
 	// budget of its own, that share a common label: the review finds the
 	// one budget selecting its pods and that budget's one Deployment.
 	b.Run("go-checks-2000-deployments-and-budgets", func(b *testing.B) {
-		benchmarkAdmission(b, nil, func(w *Deployment) { w.Overlaps, w.Budgets = budgetedNamespace(b, 2000) })
+		benchmarkAdmission(b, nil, func(w *Reviewer) { w.Overlaps, w.Budgets = budgetedNamespace(b, 2000) })
 	})
 }
 
@@ -448,17 +448,17 @@ func thousandExceptions(b *testing.B) *exception.Index {
 }
 
 func benchmarkAdmission(b *testing.B, p Policies, muts ...any) {
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
+	w := &Reviewer{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
 	d := realistic()
 	for _, m := range muts {
 		switch m := m.(type) {
 		case func(*appsv1.Deployment):
 			m(d)
-		case func(*Deployment):
+		case func(*Reviewer):
 			m(w)
 		}
 	}
-	mutating, validating := w.Handlers(nil)
+	mutating, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 	no := false
 	mutating.RecoverPanic, validating.RecoverPanic = &no, &no
 	create := review(b, admissionv1.Create, d, nil)
@@ -505,9 +505,9 @@ func BenchmarkValidatingDefaultInstall(b *testing.B) {
 			d.Spec.Template.Labels["app.kubernetes.io/name"] = d.Name
 		}))
 	}
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
+	w := &Reviewer{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
 	w.Options.NativeInAPIServer = true
-	_, validating := w.Handlers(nil)
+	_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 	no := false
 	validating.RecoverPanic = &no
 	d := realistic()

@@ -31,20 +31,20 @@ func TestRefusalReason(t *testing.T) {
 	}{
 		{name: "nothing refused", errs: nil, want: reasonNone},
 		{name: "a check's error counts as its check",
-			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(reasonOverlap)}, want: reasonOverlap},
+			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(OriginOverlap)}, want: OriginOverlap},
 		{name: "the first check that refused counts, not the path",
 			errs: field.ErrorList{
-				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(reasonStrategy),
-				field.Invalid(selector, "app=web", "overlaps").WithOrigin(reasonOverlap),
-			}, want: reasonStrategy},
+				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(OriginStrategy),
+				field.Invalid(selector, "app=web", "overlaps").WithOrigin(OriginOverlap),
+			}, want: OriginStrategy},
 		{name: "a policy denial at a field a Go check also reports is the policy's",
-			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(reasonPolicy)}, want: reasonPolicy},
+			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(OriginPolicy)}, want: OriginPolicy},
 		{name: "an internal error is the guard's, whichever check met it",
-			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(reasonOverlap)}, want: reasonInternal},
+			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(OriginOverlap)}, want: OriginInternal},
 		{name: "an error that names no check is not given a label outside the set",
-			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: reasonInternal},
+			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: OriginInternal},
 		{name: "a free-text origin is not a label",
-			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: reasonInternal},
+			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: OriginInternal},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -64,7 +64,7 @@ func (f policyFunc) Evaluate(_ context.Context, in policy.Request) (policy.Decis
 // guard's own failure.
 func TestAdmissionsCountedByReason(t *testing.T) {
 	index := indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" }))
-	w := &Deployment{
+	w := &Reviewer{
 		Options: testOptions(),
 		Overlaps: overlapsFunc(func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
 			if d.Name == "unlisted" {
@@ -85,7 +85,7 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	require.NoError(t, err)
-	mutating, validating := w.Handlers(m)
+	mutating, validating := (&Hooks{Reviewer: w}).Handlers(m)
 
 	named := func(name string) func(*appsv1.Deployment) { return func(d *appsv1.Deployment) { d.Name = name } }
 	deleting := func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{Time: time.Unix(1e9, 0)} }
@@ -107,29 +107,29 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 		{name: "a selector that cannot be repaired", body: review(t, admissionv1.Create, stored(func(d *appsv1.Deployment) {
 			d.Spec.Selector = nil
 			d.Spec.Template.Labels = map[string]string{"version": "v1"}
-		}), nil), op: "CREATE", wantResult: "denied", wantWhy: reasonSelector},
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: OriginSelector},
 		{name: "an object that does not decode", body: bytes.Replace(review(t, admissionv1.Update, stored(), stored()), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1),
 			op: "UPDATE", wantResult: "error", wantWhy: reasonMalformed},
 
 		{validating: true, name: "not a Deployment", body: wrongKind,
 			op: "CREATE", wantResult: "error", wantWhy: reasonMalformed},
 		{validating: true, name: "an overlap", body: review(t, admissionv1.Create, guarded(), nil),
-			op: "CREATE", wantResult: "denied", wantWhy: reasonOverlap},
+			op: "CREATE", wantResult: "denied", wantWhy: OriginOverlap},
 		{validating: true, name: "every replica down and an overlap: the first check", body: review(t, admissionv1.Create, guarded(func(d *appsv1.Deployment) {
 			d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
-		}), nil), op: "CREATE", wantResult: "denied", wantWhy: reasonStrategy},
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: OriginStrategy},
 		{validating: true, name: "the overlap index not synced", body: review(t, admissionv1.Create, guarded(named("unlisted")), nil),
-			op: "CREATE", wantResult: "denied", wantWhy: reasonInternal},
+			op: "CREATE", wantResult: "denied", wantWhy: OriginInternal},
 		{validating: true, name: "a metadata change", body: review(t, admissionv1.Update, guarded(), guarded()),
 			op: "UPDATE", wantResult: "allowed", wantWhy: reasonNone},
 		{validating: true, name: "a policy", body: review(t, admissionv1.Update, denyAnnotated, guarded()),
-			op: "UPDATE", wantResult: "denied", wantWhy: reasonPolicy},
+			op: "UPDATE", wantResult: "denied", wantWhy: OriginPolicy},
 		{validating: true, name: "the guard's finalizers removed while deleting",
 			body: review(t, admissionv1.Update, guarded(deleting, func(d *appsv1.Deployment) { d.Finalizers = nil }), guarded(deleting)),
-			op:   "UPDATE", wantResult: "denied", wantWhy: reasonFinalizers},
+			op:   "UPDATE", wantResult: "denied", wantWhy: OriginFinalizers},
 		{validating: true, name: "a protected Deployment deleted",
 			body: review(t, admissionv1.Delete, nil, guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationProtected] = "true" })),
-			op:   "DELETE", wantResult: "denied", wantWhy: reasonProtected},
+			op:   "DELETE", wantResult: "denied", wantWhy: OriginProtected},
 		{validating: true, name: "a DELETE without oldObject", body: review(t, admissionv1.Delete, nil, nil),
 			op: "DELETE", wantResult: "error", wantWhy: reasonMalformed},
 	}

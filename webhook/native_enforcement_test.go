@@ -23,8 +23,8 @@ func TestNativeEnforced(t *testing.T) {
 
 	o.Native = NewNativeEnforcement(true)
 	assert.True(t, o.NativeEnforced())
-	assert.False(t, o.Enforced(LoadedPolicies{}).Refusals)
-	assert.NotEqual(t, "true", MustDecide(o.Enforced(LoadedPolicies{})))
+	assert.False(t, EnforcedOf(o, LoadedPolicies{}).Refusals)
+	assert.NotEqual(t, "true", MustDecide(EnforcedOf(o, LoadedPolicies{})))
 
 	changed := o.Native.Changed()
 	assert.True(t, o.Native.Set(false), "lost")
@@ -34,8 +34,8 @@ func TestNativeEnforced(t *testing.T) {
 		t.Fatal("a change closes Changed")
 	}
 	assert.False(t, o.NativeEnforced())
-	assert.True(t, o.Enforced(LoadedPolicies{}).Refusals)
-	assert.Equal(t, "true", MustDecide(o.Enforced(LoadedPolicies{})), "the enforce entry takes every request")
+	assert.True(t, EnforcedOf(o, LoadedPolicies{}).Refusals)
+	assert.Equal(t, "true", MustDecide(EnforcedOf(o, LoadedPolicies{})), "the enforce entry takes every request")
 
 	again := o.Native.Changed()
 	assert.False(t, o.Native.Set(false), "no change")
@@ -58,7 +58,7 @@ func TestNativeEnforced(t *testing.T) {
 func TestValidatingJudgesTheRefusalsOnCreates(t *testing.T) {
 	o := testOptions()
 	o.NativeInAPIServer, o.Native = true, NewNativeEnforcement(true)
-	w := &Deployment{Options: o}
+	w := &Reviewer{Options: o}
 	allDown := func() *appsv1.Deployment {
 		d := deploymentWith("web", 3, map[string]string{"app": "web"})
 		all := intstr.FromString("100%")

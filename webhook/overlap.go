@@ -2,15 +2,20 @@ package webhook
 
 import (
 	"context"
-	"errors"
-	"sync"
+	"fmt"
+	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
-	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
+
+// The overlap check: two Deployments whose selectors select each other's
+// pods fight over them. Admission refuses an overlap where it starts; the
+// candidates come from an index (overlap_index.go), the decision is made
+// here, exactly.
 
 // Selection is what the overlap check knows of another Deployment: its name,
 // its selector and the labels of its pods.
@@ -46,339 +51,113 @@ type OverlapSource interface {
 	OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
 }
 
-// ErrIndexNotSynced is returned while the index has not seen every
-// Deployment yet: an answer then could miss an overlap.
-var ErrIndexNotSynced = errors.New("the guard has not yet seen every Deployment")
-
-// OverlapIndex indexes the Deployments of every namespace by the label pairs
-// the overlap check looks for, so that a request finds its few candidates
-// without listing, let alone copying, the namespace's Deployments.
-//
-// Two Deployments overlap when one's selector matches the other's pod
-// template labels. For "my selector selects their pods", the candidates are
-// the Deployments whose template has a label my selector requires (the
-// requirement with the fewest of them). For "their selector selects my pods",
-// each Deployment is filed under the label pairs one of its selector's
-// equality (or set) requirements accepts, the one whose labels are the rarest
-// among the namespace's pods when it is filed: any selector that matches my
-// labels is filed under one of my label pairs. Selectors with no such requirement
-// (only NotIn, Exists, DoesNotExist) are always candidates; selectors of mine
-// with none are compared with the whole namespace. Both are rare.
-type OverlapIndex struct {
-	mu     sync.RWMutex
-	byNS   map[string]*nsSelections
-	synced func() bool
-}
-
-type nameSet map[string]struct{}
-
-type nsSelections struct {
-	entries    map[string]filed
-	byTemplate map[labelPair]nameSet // pods labelled k=v
-	byAnchor   map[labelPair]nameSet // selectors that require k=v (first requirement)
-	unanchored nameSet
-}
-
-type labelPair struct{ key, value string }
-
-// filed is a Selection and the label pairs it is filed under in byAnchor
-// (none: unanchored).
-type filed struct {
-	Selection
-	anchors []labelPair
-}
-
-// NewOverlapIndex returns an empty index. synced, when set, reports whether
-// the informer feeding it has delivered every existing Deployment.
-func NewOverlapIndex(synced func() bool) *OverlapIndex {
-	return &OverlapIndex{byNS: map[string]*nsSelections{}, synced: synced}
-}
-
-// Set files (or refiles) a Deployment.
-func (x *OverlapIndex) Set(d *appsv1.Deployment) {
-	s, ok := SelectionOf(d)
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	ns := x.byNS[d.Namespace]
-	if ns != nil {
-		ns.remove(d.Name)
+// StartsAnOverlap: the write makes the Deployment's selector select the
+// pods of another Deployment of the namespace, or its pods selected by
+// another's selector. The selector is immutable, so only a new object or
+// new template labels can. An overlap that predates an update only warns:
+// refusing it would block unrelated changes such as a rollback.
+func StartsAnOverlap(ctx context.Context, in Input) Findings {
+	d, old := in.Request.Object, in.Request.OldObject
+	if in.Overlaps == nil || !overlapMayChange(d, old) {
+		return nil
 	}
-	if !ok {
-		if ns != nil && len(ns.entries) == 0 {
-			delete(x.byNS, d.Namespace)
-		}
-		return
+	now := checkOverlap(ctx, in.Overlaps, d)
+	if old != nil && overlapping(now) && overlapping(checkOverlap(ctx, in.Overlaps, old)) {
+		// The overlap predates this update.
+		now = overlapPredates(now)[:1]
 	}
-	if ns == nil {
-		ns = &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
-		x.byNS[d.Namespace] = ns
-	}
-	ns.add(s)
+	return now
 }
 
-// Delete forgets a Deployment.
-func (x *OverlapIndex) Delete(namespace, name string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if ns := x.byNS[namespace]; ns != nil {
-		ns.remove(name)
-		if len(ns.entries) == 0 {
-			delete(x.byNS, namespace)
-		}
+// OverlapsAnotherDeployment: a stored Deployment overlaps another. It
+// warns: admission refuses an overlap only where it starts.
+func OverlapsAnotherDeployment(ctx context.Context, in Input) Findings {
+	if in.Overlaps == nil {
+		return nil
 	}
+	return overlapPredates(checkOverlap(ctx, in.Overlaps, in.Request.Object))
 }
 
-// Synced reports whether the informer feeding the index has delivered every
-// Deployment that existed when it started (always, without an informer). A
-// replica is not ready before: its overlap check could not answer.
-func (x *OverlapIndex) Synced() bool { return x.synced == nil || x.synced() }
-
-// Len is the number of Deployments filed, for tests and metrics.
-func (x *OverlapIndex) Len() int {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	n := 0
-	for _, ns := range x.byNS {
-		n += len(ns.entries)
-	}
-	return n
-}
-
-// OverlapCandidates implements OverlapSource.
-func (x *OverlapIndex) OverlapCandidates(_ context.Context, d *appsv1.Deployment) ([]Selection, error) {
-	if !x.Synced() {
-		return nil, ErrIndexNotSynced
-	}
+// CheckOverlap refuses a Deployment whose selector selects the pods of another
+// Deployment in the namespace, or whose pods another Deployment's selector
+// selects: two Deployments would then fight over the same pods. others are
+// the candidates an OverlapSource found; the decision is made here, exactly.
+func CheckOverlap(d *appsv1.Deployment, others []Selection) Findings {
+	var f Findings
+	p := specPath.Child("selector")
 	mine, ok := SelectionOf(d)
 	if !ok {
-		return nil, nil
+		return f // reported by checkSelector
 	}
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	ns := x.byNS[d.Namespace]
-	if ns == nil {
-		return nil, nil
-	}
-	seen := map[string]struct{}{d.Name: {}}
-	var out []Selection
-	takeOne := func(n string) {
-		if _, dup := seen[n]; !dup {
-			seen[n] = struct{}{}
-			out = append(out, ns.entries[n].Selection)
-		}
-	}
-	take := func(names nameSet) {
-		for n := range names {
-			takeOne(n)
-		}
-	}
-	// Their pods, selected by my selector.
-	if pairs, ok := narrowest(mine.Selector, ns.byTemplate); ok {
-		for _, p := range pairs {
-			take(ns.byTemplate[p])
-		}
-	} else {
-		for n := range ns.entries {
-			takeOne(n)
-		}
-	}
-	// My pods, selected by theirs.
-	for k, v := range mine.TemplateLabels {
-		take(ns.byAnchor[labelPair{k, v}])
-	}
-	take(ns.unanchored)
-	return out, nil
-}
-
-// Feed keeps the index up to date from a Deployment informer (the manager's:
-// one watch serves the reconciler and the index). The index answers only once
-// the informer has delivered every existing Deployment.
-func (x *OverlapIndex) Feed(inf informer) error {
-	synced, err := feed(inf, x.Set, x.Delete)
-	x.synced = synced
-	return err
-}
-
-// informer is what feed needs of a shared informer.
-type informer interface {
-	AddEventHandler(toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
-}
-
-// feed keeps an index of objects of type T up to date from inf: set on
-// every add and update, forget on a delete (a tombstone's last state too).
-// It returns whether inf has delivered what existed when it started.
-func feed[T interface {
-	GetNamespace() string
-	GetName() string
-}](inf informer, set func(T), forget func(namespace, name string)) (func() bool, error) {
-	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if o, ok := obj.(T); ok {
-				set(o)
-			}
-		},
-		UpdateFunc: func(_, obj any) {
-			if o, ok := obj.(T); ok {
-				set(o)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if o, ok := obj.(T); ok {
-				forget(o.GetNamespace(), o.GetName())
-			}
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return reg.HasSynced, nil
-}
-
-// narrowest returns the label pairs of the selector's equality or set
-// requirement that the fewest pod templates carry; false when the selector
-// has none.
-func narrowest(sel labels.Selector, byTemplate map[labelPair]nameSet) ([]labelPair, bool) {
-	reqs, _ := sel.Requirements()
-	best, bestCount := []labelPair(nil), -1
-	for _, r := range reqs {
-		pairs := requiredPairs(r)
-		if pairs == nil {
+	// In name order, so that the message does not depend on the index.
+	others = slices.SortedFunc(slices.Values(others), func(a, b Selection) int { return strings.Compare(a.Name, b.Name) })
+	for _, o := range others {
+		if o.Name == d.Name || o.Deleting {
 			continue
 		}
-		n := 0
-		for _, p := range pairs {
-			n += len(byTemplate[p])
-		}
-		if bestCount < 0 || n < bestCount {
-			best, bestCount = pairs, n
-		}
-	}
-	return best, bestCount >= 0
-}
-
-// requiredPairs returns the label pairs of which a requirement accepts one:
-// k=v for Equals, each k=v for In; nil for operators that accept labels the
-// index cannot enumerate.
-func requiredPairs(r labels.Requirement) []labelPair {
-	switch r.Operator() {
-	case selection.Equals, selection.DoubleEquals, selection.In:
-		vals := r.Values().UnsortedList()
-		out := make([]labelPair, 0, len(vals))
-		for _, v := range vals {
-			out = append(out, labelPair{r.Key(), v})
-		}
-		return out
-	}
-	return nil
-}
-
-func (ns *nsSelections) add(s Selection) {
-	// Anchor on the requirement the fewest pods satisfy now, so that a common
-	// label (part-of, team) does not make every Deployment a candidate.
-	anchors, _ := narrowest(s.Selector, ns.byTemplate)
-	ns.addAnchored(s, anchors)
-}
-
-// addAnchored files s under anchors (none: unanchored).
-func (ns *nsSelections) addAnchored(s Selection, anchors []labelPair) {
-	f := filed{Selection: s, anchors: anchors}
-	ns.entries[s.Name] = f
-	for k, v := range s.TemplateLabels {
-		addName(ns.byTemplate, labelPair{k, v}, s.Name)
-	}
-	for _, p := range f.anchors {
-		addName(ns.byAnchor, p, s.Name)
-	}
-	if f.anchors == nil {
-		ns.unanchored[s.Name] = struct{}{}
-	}
-}
-
-func (ns *nsSelections) remove(name string) {
-	f, ok := ns.entries[name]
-	if !ok {
-		return
-	}
-	delete(ns.entries, name)
-	for k, v := range f.TemplateLabels {
-		removeName(ns.byTemplate, labelPair{k, v}, name)
-	}
-	for _, p := range f.anchors {
-		removeName(ns.byAnchor, p, name)
-	}
-	delete(ns.unanchored, name)
-}
-
-func addName(m map[labelPair]nameSet, p labelPair, name string) {
-	set := m[p]
-	if set == nil {
-		set = nameSet{}
-		m[p] = set
-	}
-	set[name] = struct{}{}
-}
-
-func removeName(m map[labelPair]nameSet, p labelPair, name string) {
-	if set := m[p]; set != nil {
-		delete(set, name)
-		if len(set) == 0 {
-			delete(m, p)
+		switch {
+		case mine.Selector.Matches(o.TemplateLabels):
+			f = append(f, refuse(field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
+				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
+				o.Name, o.TemplateLabels.String())), OriginOverlap))
+		case o.Selector.Matches(mine.TemplateLabels):
+			f = append(f, refuse(field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
+				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
+				o.Name, o.Selector.String())), OriginOverlap))
 		}
 	}
+	return f
 }
 
-// rarest returns the label pairs of sel's requirement that the fewest of
-// namespace's pod templates carry now, to file another kind of selector (a
-// disruption budget's) under; nil when sel has no equality or set
-// requirement.
-func (x *OverlapIndex) rarest(namespace string, sel labels.Selector) []labelPair {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	var byTemplate map[labelPair]nameSet
-	if ns := x.byNS[namespace]; ns != nil {
-		byTemplate = ns.byTemplate
+// checkOverlap checks d against the candidates overlaps finds.
+func checkOverlap(ctx context.Context, overlaps OverlapSource, d *appsv1.Deployment) Findings {
+	others, err := overlaps.OverlapCandidates(ctx, d)
+	if err != nil {
+		f := refuse(field.InternalError(specPath.Child("selector"),
+			fmt.Errorf("could not look up the namespace's Deployments to check for overlapping selectors, try again: %w", err)), OriginOverlap)
+		f.Message = "could not look up the namespace's Deployments to check for overlapping selectors: " + err.Error()
+		return Findings{f}
 	}
-	pairs, _ := narrowest(sel, byTemplate)
-	return pairs
+	return CheckOverlap(d, others)
 }
 
-// SelectedBy returns the Deployments of namespace whose pods sel selects
-// (none being deleted): a disruption budget's. It costs the Deployments
-// carrying sel's rarest required label, the whole namespace only for a
-// selector with no equality or set requirement.
-func (x *OverlapIndex) SelectedBy(namespace string, sel labels.Selector) ([]Selection, error) {
-	if !x.Synced() {
-		return nil, ErrIndexNotSynced
-	}
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	ns := x.byNS[namespace]
-	if ns == nil {
-		return nil, nil
-	}
-	var out []Selection
-	consider := func(n string) {
-		if e := ns.entries[n]; !e.Deleting && sel.Matches(e.TemplateLabels) {
-			out = append(out, e.Selection)
+// overlapping reports whether the overlap check found an overlap (not a
+// failed lookup).
+func overlapping(f Findings) bool {
+	for _, x := range f {
+		if x.Severity == SeverityError && x.Err.Type != field.ErrorTypeInternal {
+			return true
 		}
 	}
-	if pairs, ok := narrowest(sel, ns.byTemplate); ok {
-		seen := map[string]struct{}{}
-		for _, p := range pairs {
-			for n := range ns.byTemplate[p] {
-				if _, dup := seen[n]; !dup {
-					seen[n] = struct{}{}
-					consider(n)
-				}
-			}
+	return false
+}
+
+// overlapPredates turns overlap refusals into the warnings of an overlap that
+// predates the request: admission refuses an overlap only where it starts.
+func overlapPredates(f Findings) Findings {
+	out := make(Findings, 0, len(f))
+	for _, x := range f {
+		if x.Severity == SeverityError && x.Err.Type != field.ErrorTypeInternal {
+			x = warn(OriginOverlap, specPath.Child("selector"), "this Deployment's pods overlap with another Deployment's; "+x.Err.Detail)
 		}
-		return out, nil
+		out = append(out, x)
 	}
-	for n := range ns.entries {
-		consider(n)
+	return out
+}
+
+// overlapMayChange: the selector is immutable, so only a new object or new
+// template labels can create an overlap.
+func overlapMayChange(d, old *appsv1.Deployment) bool {
+	if old == nil {
+		return true
 	}
-	return out, nil
+	if len(d.Spec.Template.Labels) != len(old.Spec.Template.Labels) {
+		return true
+	}
+	for k, v := range d.Spec.Template.Labels {
+		if old.Spec.Template.Labels[k] != v {
+			return true
+		}
+	}
+	return false
 }

@@ -67,7 +67,7 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 		policies []policy.Source
 		old      *appsv1.Deployment
 		user     string
-		mut      func(*Deployment)
+		mut      func(*Reviewer)
 		allowed  bool
 		messages []string // in the refusal, each
 		warnings []string // exactly
@@ -94,13 +94,13 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 		{name: "the deletion protection alone", policies: []policy.Source{criticalPolicy("critical", "enforce")},
 			old: guarded(protected), messages: []string{"is protected from deletion"}},
 		{name: "an exempt user", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), user: "ops-bot", mut: func(w *Deployment) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
+			old: guarded(critical), user: "ops-bot", mut: func(w *Reviewer) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
 		{name: "an exempt namespace", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), mut: func(w *Deployment) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
+			old: guarded(critical), mut: func(w *Reviewer) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
 		{name: "the guard itself", policies: []policy.Source{criticalPolicy("critical", "enforce")},
 			old: guarded(critical), user: testOptions().GuardUsername, allowed: true},
 		{name: "a PolicyException of the policy turns the refusal into a warning", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), mut: func(w *Deployment) {
+			old: guarded(critical), mut: func(w *Reviewer) {
 				x := exception.NewIndex("deployguard-system")
 				x.Set(&exception.PolicyException{
 					ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: "decommission-web"},
@@ -112,11 +112,11 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := &Deployment{Options: testOptions(), Overlaps: indexOf(), Policies: enginePolicies(t, tt.policies...)}
+			w := &Reviewer{Options: testOptions(), Overlaps: indexOf(), Policies: enginePolicies(t, tt.policies...)}
 			if tt.mut != nil {
 				tt.mut(w)
 			}
-			_, validating := w.Handlers(nil)
+			_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 			no := false
 			validating.RecoverPanic = &no
 			body := review(t, admissionv1.Delete, nil, tt.old)
@@ -144,7 +144,7 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 // it), and its namespace and name.
 func TestDeletePolicyInput(t *testing.T) {
 	var got policy.Request
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(), Policies: policyFunc(func(in policy.Request) policy.Decision {
+	w := &Reviewer{Options: testOptions(), Overlaps: indexOf(), Policies: policyFunc(func(in policy.Request) policy.Decision {
 		got = in
 		return policy.Decision{}
 	})}

@@ -123,8 +123,8 @@ func LoadedPoliciesOf(s policy.Set) LoadedPolicies {
 	return l
 }
 
-// Enforced is what o enforces, with the loaded policies p.
-func (o *Options) Enforced(p LoadedPolicies) Enforced {
+// EnforcedOf is what o enforces, with the loaded policies p.
+func EnforcedOf(o *Options, p LoadedPolicies) Enforced {
 	return Enforced{
 		Refusals:           !o.NativeEnforced(),
 		Quarantine:         o.Quarantine == QuarantineEnforce,
@@ -150,8 +150,8 @@ func MustDecide(e Enforced) string {
 	}
 	var terms []string
 	if e.Quarantine {
-		// CheckQuarantine: an update that changes the template of a
-		// Deployment with quarantined templates.
+		// BringsBackAQuarantinedTemplate: an update that changes the
+		// template of a Deployment with quarantined templates.
 		terms = append(terms, `(request.operation == "UPDATE" && has(oldObject.metadata.annotations) && `+
 			quote(vocab.AnnotationQuarantinedTemplates)+" in oldObject.metadata.annotations && "+
 			"object.spec.template != oldObject.spec.template)")

@@ -184,7 +184,7 @@ func TestRouting(t *testing.T) {
 			if c.mut != nil {
 				c.mut(&o)
 			}
-			e := o.Enforced(c.loaded)
+			e := EnforcedOf(&o, c.loaded)
 			decide, advise, adviseCreates := MustDecide(e), MayAdvise(e), MayAdviseCreate(e)
 			selector, err := metav1.LabelSelectorAsSelector(EnforceObjectSelector(e))
 			require.NoError(t, err)

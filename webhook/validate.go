@@ -23,7 +23,7 @@ import (
 // kind is checked before), without the scheme's decoder, which first reads
 // the whole object once more to find its kind; and it keeps the findings,
 // whose first problem is the refusal's reason (refusalReason).
-type validator struct{ w *Deployment }
+type validator struct{ reviewer *Reviewer }
 
 func (v validator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update && req.Operation != admissionv1.Delete {
@@ -35,8 +35,8 @@ func (v validator) handle(ctx context.Context, req admission.Request) (admission
 		return resp, reason
 	}
 	stage := Validating
-	stage.Native = !v.w.Options.NativeEnforced()
-	rev := v.w.Review(ctx, r, stage)
+	stage.Native = !v.reviewer.Options.NativeEnforced()
+	rev := v.reviewer.Review(ctx, r, stage)
 	if audited := auditedLines(rev.Findings); len(audited) > 0 {
 		ctrl.LoggerFrom(ctx).Info("audit-mode policy findings", "reason", "PolicyAudit",
 			"namespace", req.Namespace, "name", name, "findings", audited)
@@ -83,6 +83,8 @@ func decodeRequest(req admission.Request) (r Request, name string, resp admissio
 	}
 	return r, name, resp, reason
 }
+
+var deploymentGK = appsv1.SchemeGroupVersion.WithKind("Deployment").GroupKind()
 
 // invalid refuses a Deployment for errs, all of them in one Invalid status as
 // the API server's own validation does, and gives the reason to count it by.

@@ -119,7 +119,7 @@ func TestVerdictHandler(t *testing.T) {
 // status write, whatever the failurePolicy, would stop the Deployment
 // controller's rollout.
 func TestVerdictWebhookNeverRefuses(t *testing.T) {
-	h := (&Deployment{ServeVerdicts: true}).VerdictHandler(nil)
+	h := (&Hooks{Reviewer: &Reviewer{}, ServeVerdicts: true}).VerdictHandler(nil)
 	for name, req := range map[string]admissionv1.AdmissionRequest{
 		"an object that does not decode": {Kind: deploymentKind.gvk, Operation: admissionv1.Update, SubResource: "status",
 			Object: runtime.RawExtension{Raw: []byte(`{"spec":"x"}`)}, OldObject: runtime.RawExtension{Raw: []byte(`{}`)}},

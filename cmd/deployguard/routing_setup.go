@@ -58,7 +58,7 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 		if opts.Native != nil {
 			nativeChanged = opts.Native.Changed()
 		}
-		e := opts.Enforced(loadedPolicies(eng.Active()))
+		e := guardwebhook.EnforcedOf(opts, loadedPolicies(eng.Active()))
 		wrote, err := guardwebhook.Route(ctx, rw, name, e)
 		next := routeEvery
 		switch {

@@ -286,7 +286,7 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 type admissionParts struct {
 	// reviewer is the validating webhook's: the reconciler judges what a
 	// rollback would restore with it.
-	reviewer       *guardwebhook.Deployment
+	reviewer       *guardwebhook.Reviewer
 	engine         *policy.Engine
 	policiesLoaded func() bool
 	budgets        *guardwebhook.BudgetIndex
@@ -328,18 +328,18 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	if err := setupNative(ctx, mgr, f.namespace, opts, f.nativeCheckPeriod); err != nil {
 		return nil, err
 	}
-	hooks := &guardwebhook.Deployment{
+	reviewer := &guardwebhook.Reviewer{
 		Options:         opts,
 		Overlaps:        overlaps,
 		Budgets:         budgets,
 		Policies:        guardwebhook.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
-		// Every replica serves it, leader or not.
-		ServeVerdicts: true,
 	}
 	if exceptions != nil {
-		hooks.Exceptions = exceptions
+		reviewer.Exceptions = exceptions
 	}
+	// Every replica serves the verdicts, leader or not.
+	hooks := &guardwebhook.Hooks{Reviewer: reviewer, ServeVerdicts: true}
 	// Registered through CloseConnections: once stopping, every answer
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
@@ -353,7 +353,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// up: Go's server reads a refused request's body on, to reuse the
 	// connection, and would wait for a stalled one for ever.
 	mgr.GetWebhookServer().Register("/", guardwebhook.WithBodyTimeout(0, http.NotFoundHandler()))
-	return &admissionParts{reviewer: hooks, engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
+	return &admissionParts{reviewer: reviewer, engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

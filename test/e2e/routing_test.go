@@ -26,7 +26,7 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	// The default install's routing: the native refusals enforced by the
 	// API server, the built-in policies only.
 	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce}
-	narrow := guardwebhook.MayAdvise(def.Enforced(guardwebhook.LoadedPolicies{}))
+	narrow := guardwebhook.MayAdvise(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{}))
 	waitFor(t, time.Minute, "the validating webhook never routed as for a default install", func(ctx context.Context) (bool, string, error) {
 		got := advised(ctx, t)
 		return got == narrow, got, nil

@@ -224,14 +224,16 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	(&guardwebhook.Deployment{
-		Options:         cfg.WebhookOptions(guardUser),
-		Overlaps:        overlaps,
-		Budgets:         budgets,
-		Policies:        guardwebhook.RegoPolicies{Engine: engine},
-		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
-		Exceptions:      exceptions,
-		ServeVerdicts:   true,
+	(&guardwebhook.Hooks{
+		Reviewer: &guardwebhook.Reviewer{
+			Options:         cfg.WebhookOptions(guardUser),
+			Overlaps:        overlaps,
+			Budgets:         budgets,
+			Policies:        guardwebhook.RegoPolicies{Engine: engine},
+			NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
+			Exceptions:      exceptions,
+		},
+		ServeVerdicts: true,
 		// Shorter than serve's, so that TestStalledClientsDoNotStopAdmission
 		// waits two seconds for it, not ten.
 		BodyTimeout: suiteBodyTimeout,

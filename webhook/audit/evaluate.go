@@ -125,7 +125,7 @@ func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *pol
 	} else {
 		stage.Policies = false
 	}
-	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, Budgets: e.Budgets, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
+	w := guardwebhook.Reviewer{Options: e.Options, Overlaps: e.Overlaps, Budgets: e.Budgets, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
 	rev := w.Review(ctx, guardwebhook.Request{
 		Operation: admissionv1.Update, Object: d, OldObject: d,
 		UserInfo: authenticationv1.UserInfo{Username: AuditUsername},
@@ -154,7 +154,7 @@ func (p setPolicies) Evaluate(ctx context.Context, r policy.Request) (policy.Dec
 // checkResults gives every Go check that ran its results: fail for a
 // refusal, warn for a warning, error for a lookup that failed, pass for a
 // check that found nothing. A namespace the guard exempts gets one skip.
-func checkResults(rev guardwebhook.Review, res Resource) []Result {
+func checkResults(rev guardwebhook.Result, res Resource) []Result {
 	var out []Result
 	if rev.Exempt != "" {
 		out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: rev.Exempt, Resource: res})
@@ -207,7 +207,7 @@ const RuleQuarantinedTemplate = "quarantined-template"
 // fails and a warn finding warns whatever the policy's mode (the mode decides
 // what admission does, not what is wrong), an evaluation failure is an error,
 // and a policy that found nothing passes. An exempt request skips them all.
-func policyResults(policies []policy.PolicyInfo, rev guardwebhook.Review, res Resource) []Result {
+func policyResults(policies []policy.PolicyInfo, rev guardwebhook.Result, res Resource) []Result {
 	var out []Result
 	findings := map[string][]guardwebhook.Finding{}
 	var unreadable *guardwebhook.Finding

@@ -480,7 +480,7 @@ func stripComments(b []byte) []byte {
 // server's built-in defaults, then the webhooks' review (defaults, Go checks,
 // policies) as a CREATE.
 type pipeline struct {
-	review *guardwebhook.Deployment
+	review *guardwebhook.Reviewer
 	// seen indexes the Deployments admitted so far, as the webhook's index
 	// does the cluster's, so that a later manifest that overlaps an earlier
 	// one is refused as the cluster would refuse it.
@@ -616,7 +616,7 @@ func newPipeline(cfg config.Config, policies guardwebhook.Policies) *pipeline {
 	seen := guardwebhook.NewOverlapIndex(nil)
 	budgets := guardwebhook.NewBudgetIndex(seen)
 	return &pipeline{
-		review:  &guardwebhook.Deployment{Options: cfg.WebhookOptions(""), Overlaps: seen, Budgets: budgets, Policies: policies},
+		review:  &guardwebhook.Reviewer{Options: cfg.WebhookOptions(""), Overlaps: seen, Budgets: budgets, Policies: policies},
 		seen:    seen,
 		budgets: budgets,
 	}
