@@ -1,20 +1,15 @@
 package webhook
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"testing"
 
-	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 func minAvail(v intstr.IntOrString) Budget {
@@ -89,26 +84,8 @@ func pdb(name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrStrin
 	return pdbIn("ns", name, sel, minAvailable)
 }
 
-func pdbIn(namespace, name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
-	return &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel, MinAvailable: minAvailable},
-	}
-}
-
 func deploymentWith(name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
 	return deploymentIn("ns", name, replicas, podLabels)
-}
-
-func deploymentIn(ns, name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: podLabels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels}},
-		},
-	}
 }
 
 func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
@@ -242,25 +219,5 @@ func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
 	f = checkBudgets(w.Options, w.Budgets, web, nil, false)
 	if len(f) != 1 || !strings.Contains(f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)") {
 		t.Errorf("the Deployment's check: %v", f)
-	}
-}
-
-// The budget webhook's failurePolicy Ignore covers a guard that does not
-// answer; one that answers must not refuse either, outside enforce mode,
-// even a request it cannot read.
-func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
-	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-		UID: "u", Operation: admissionv1.Create, Kind: budgetKind.gvk, Namespace: "ns", Name: "b",
-		Object: runtime.RawExtension{Raw: []byte(`{"spec": {"minAvailable": [1]}}`)},
-	}}
-	for mode, allowed := range map[string]bool{BudgetsWarn: true, "": true, BudgetsEnforce: false} {
-		w := &Reviewer{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
-		resp := (&Hooks{Reviewer: w}).BudgetHandler(nil).Handle(context.Background(), req)
-		if resp.Allowed != allowed {
-			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)
-		}
-		if allowed && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "could not judge this PodDisruptionBudget")) {
-			t.Errorf("mode %q: warnings %v", mode, resp.Warnings)
-		}
 	}
 }

@@ -17,35 +17,6 @@ import (
 	"github.com/deployguard/deployguard/webhook/native"
 )
 
-// guarded is a stored Deployment that asks for the guard's cleanup, after the
-// mutating webhook.
-func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
-	d := stored()
-	d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
-	if _, errs := Default(d, nil, testOptions(), false); len(errs) > 0 {
-		panic(errs)
-	}
-	for _, m := range mut {
-		m(d)
-	}
-	return d
-}
-
-type overlapsFunc func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
-
-func (f overlapsFunc) OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
-	return f(ctx, d)
-}
-
-// indexOf is the index the webhook uses, holding ds.
-func indexOf(ds ...*appsv1.Deployment) OverlapSource {
-	x := NewOverlapIndex(nil)
-	for _, d := range ds {
-		x.Set(d)
-	}
-	return x
-}
-
 var (
 	alice = authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
 	guard = authenticationv1.UserInfo{Username: "system:serviceaccount:deployguard-system:deployguard"}

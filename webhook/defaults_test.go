@@ -13,51 +13,10 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
-// testOptions are the options of a default install: the API server's own
-// defaults, no cleanup steps unless a Deployment asks.
-func testOptions() *Options {
-	return &Options{
-		StableLabelKeys:         []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"},
-		MaxSurge:                intstr.FromString("25%"),
-		MaxUnavailable:          intstr.FromString("25%"),
-		RevisionHistoryLimit:    10,
-		ProgressDeadlineSeconds: 600,
-		RevisionHistoryBounds:   Range{Min: 1, Max: 100},
-		ProgressDeadlineBounds:  Range{Min: 30, Max: 7200},
-		GuardUsername:           "system:serviceaccount:deployguard-system:deployguard",
-		BreakGlassGroups:        []string{"platform-admins"},
-		Quarantine:              QuarantineEnforce,
-	}
-}
-
 // platformDefaults are defaults a platform team chose over the built-in ones.
 func platformDefaults(o *Options) {
 	o.MaxUnavailable = intstr.FromInt32(0)
 	o.RevisionHistoryLimit, o.ProgressDeadlineSeconds = 20, 300
-}
-
-// stored returns a Deployment as the API server hands it to the mutating
-// webhook: built-in defaults applied.
-func stored(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(3)),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "web"}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": "web", "version": "v1"}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "web", Image: "nginx:1.27.3",
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-				}}},
-			},
-		},
-	}
-	APIServerDefaults(d)
-	for _, m := range mut {
-		m(d)
-	}
-	return d
 }
 
 func TestDefault(t *testing.T) {
@@ -316,7 +275,7 @@ func TestDefault(t *testing.T) {
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
-				assert.Equal(t, OriginSelector, refusalReason(errs), "the only refusal Default makes is the selector's")
+				assert.Equal(t, OriginSelector, RefusedBy(errs), "the only refusal Default makes is the selector's")
 				return
 			}
 			require.Empty(t, errs)
@@ -343,7 +302,7 @@ func TestAPIServerDefaults(t *testing.T) {
 	APIServerDefaults(d)
 	assert.Equal(t, int32(1), *d.Spec.Replicas)
 	assert.Equal(t, appsv1.RollingUpdateDeploymentStrategyType, d.Spec.Strategy.Type)
-	assert.Equal(t, builtinMaxSurge, *d.Spec.Strategy.RollingUpdate.MaxSurge)
+	assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxSurge)
 	assert.Equal(t, int32(10), *d.Spec.RevisionHistoryLimit)
 	assert.Equal(t, int32(600), *d.Spec.ProgressDeadlineSeconds)
 	assert.Equal(t, corev1.PullAlways, d.Spec.Template.Spec.Containers[0].ImagePullPolicy)

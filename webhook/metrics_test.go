@@ -53,12 +53,6 @@ func TestRefusalReason(t *testing.T) {
 	}
 }
 
-type policyFunc func(in policy.Request) policy.Decision
-
-func (f policyFunc) Evaluate(_ context.Context, in policy.Request) (policy.Decision, error) {
-	return f(in), nil
-}
-
 // Every admission is counted once, with the reason of its refusal, whichever
 // way it was refused: before decoding, by a Go check, by a policy, or by the
 // guard's own failure.

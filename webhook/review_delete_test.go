@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deployguard/deployguard/policy"
@@ -137,26 +136,4 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestDeletePolicyInput: on a DELETE the policies get operation DELETE, no
-// object, the Deployment being deleted as oldObject (as the API server sent
-// it), and its namespace and name.
-func TestDeletePolicyInput(t *testing.T) {
-	var got policy.Request
-	w := &Reviewer{Options: testOptions(), Overlaps: indexOf(), Policies: policyFunc(func(in policy.Request) policy.Decision {
-		got = in
-		return policy.Decision{}
-	})}
-	old := guarded()
-	raw := mustJSON(t, old)
-	rev := w.Review(context.Background(), Request{Operation: admissionv1.Delete, OldObject: old, OldObjectRaw: raw,
-		UserInfo: authenticationv1.UserInfo{Username: "alice"}}, Validating)
-	assert.True(t, rev.PoliciesRan)
-	assert.Equal(t, "DELETE", got.Operation)
-	assert.Nil(t, got.Object)
-	assert.Equal(t, raw, got.OldObject)
-	assert.Equal(t, "shop", got.Namespace)
-	assert.Equal(t, "web", got.Name)
-	assert.Equal(t, "alice", got.UserInfo.Username)
 }

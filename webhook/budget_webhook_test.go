@@ -1,0 +1,31 @@
+package webhook
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// The budget webhook's failurePolicy Ignore covers a guard that does not
+// answer; one that answers must not refuse either, outside enforce mode,
+// even a request it cannot read.
+func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "u", Operation: admissionv1.Create, Kind: budgetKind.gvk, Namespace: "ns", Name: "b",
+		Object: runtime.RawExtension{Raw: []byte(`{"spec": {"minAvailable": [1]}}`)},
+	}}
+	for mode, allowed := range map[string]bool{BudgetsWarn: true, "": true, BudgetsEnforce: false} {
+		w := &Reviewer{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
+		resp := (&Hooks{Reviewer: w}).BudgetHandler(nil).Handle(context.Background(), req)
+		if resp.Allowed != allowed {
+			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)
+		}
+		if allowed && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "could not judge this PodDisruptionBudget")) {
+			t.Errorf("mode %q: warnings %v", mode, resp.Warnings)
+		}
+	}
+}
