@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	kjson "sigs.k8s.io/json"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // BudgetPath is where the disruption budget webhook is served; config/webhook
@@ -26,7 +28,7 @@ func (h *Hooks) BudgetHandler(m *Metrics) *admission.Webhook {
 	handler := instrument("disruption-budget", budgetKind, h.handleBudget, m)
 	return &admission.Webhook{Handler: admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		resp := handler.Handle(ctx, req)
-		if resp.Allowed || h.Reviewer.Options.DisruptionBudgets == BudgetsEnforce {
+		if resp.Allowed || h.Reviewer.Options.DisruptionBudgets == review.BudgetsEnforce {
 			return resp
 		}
 		// failurePolicy Ignore covers a guard that does not answer, not one

@@ -8,6 +8,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // The budget webhook's failurePolicy Ignore covers a guard that does not
@@ -18,8 +20,8 @@ func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
 		UID: "u", Operation: admissionv1.Create, Kind: budgetKind.gvk, Namespace: "ns", Name: "b",
 		Object: runtime.RawExtension{Raw: []byte(`{"spec": {"minAvailable": [1]}}`)},
 	}}
-	for mode, allowed := range map[string]bool{BudgetsWarn: true, "": true, BudgetsEnforce: false} {
-		w := &Reviewer{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
+	for mode, allowed := range map[string]bool{review.BudgetsWarn: true, "": true, review.BudgetsEnforce: false} {
+		w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: mode}, Budgets: review.NewBudgetIndex(review.NewOverlapIndex(nil))}
 		resp := (&Hooks{Reviewer: w}).BudgetHandler(nil).Handle(context.Background(), req)
 		if resp.Allowed != allowed {
 			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)

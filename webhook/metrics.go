@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // Metrics counts and times admissions by webhook, operation, result and
@@ -70,5 +72,5 @@ func refusalReason(errs field.ErrorList) string {
 	if len(errs) == 0 {
 		return reasonNone
 	}
-	return RefusedBy(errs)
+	return review.RefusedBy(errs)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // mutator serves the mutating webhook. It is not an admission.Defaulter: it
@@ -19,7 +20,7 @@ import (
 // request (two full JSON round trips, about 1 ms and 3,600
 // allocations on an 8 KB Deployment). The patch then touches exactly what the
 // guard changed, which is also what the defaulted annotation lists.
-type mutator struct{ reviewer *Reviewer }
+type mutator struct{ reviewer *review.Reviewer }
 
 func (m mutator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
@@ -42,7 +43,7 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	_, judged := d.Labels[native.LabelRefusals]
 	_, marked := d.Annotations[native.AnnotationSelectorRepaired]
-	rev := m.reviewer.Review(ctx, r, Mutating)
+	rev := m.reviewer.Review(ctx, r, review.Mutating)
 	if errs := rev.Findings.Refusals(); len(errs) > 0 {
 		return invalid(name, errs, nil)
 	}
@@ -85,12 +86,12 @@ func patchFor(d *appsv1.Deployment, changed []string, had presence) []jsonpatch.
 	strategy := false
 	for _, f := range changed {
 		switch f {
-		case DefaultedSelector:
+		case review.DefaultedSelector:
 			add("/spec/selector", d.Spec.Selector)
-		case DefaultedMaxSurge, DefaultedMaxUnavailable:
+		case review.DefaultedMaxSurge, review.DefaultedMaxUnavailable:
 			ru := d.Spec.Strategy.RollingUpdate
 			switch {
-			case had.rollingUpdate && f == DefaultedMaxSurge:
+			case had.rollingUpdate && f == review.DefaultedMaxSurge:
 				add("/spec/strategy/rollingUpdate/maxSurge", ru.MaxSurge)
 			case had.rollingUpdate:
 				add("/spec/strategy/rollingUpdate/maxUnavailable", ru.MaxUnavailable)
@@ -100,11 +101,11 @@ func patchFor(d *appsv1.Deployment, changed []string, had presence) []jsonpatch.
 				add("/spec/strategy", d.Spec.Strategy)
 				strategy = true
 			}
-		case DefaultedRevisionHistory:
+		case review.DefaultedRevisionHistory:
 			add("/spec/revisionHistoryLimit", *d.Spec.RevisionHistoryLimit)
-		case DefaultedProgressDeadline:
+		case review.DefaultedProgressDeadline:
 			add("/spec/progressDeadlineSeconds", *d.Spec.ProgressDeadlineSeconds)
-		case DefaultedFinalizers:
+		case review.DefaultedFinalizers:
 			add("/metadata/finalizers", d.Finalizers)
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // TestNativeEnforced: the webhook leaves the refusals to the API server only
@@ -11,12 +13,12 @@ import (
 // enforced; a lost policy brings them back to the webhook and routes them to
 // the failing-closed entry.
 func TestNativeEnforced(t *testing.T) {
-	o := &Options{}
+	o := &review.Options{}
 	assert.False(t, o.NativeEnforced(), "not installed")
 	o.NativeInAPIServer = true
 	assert.True(t, o.NativeEnforced(), "installed, never checked (in-process callers)")
 
-	o.Native = NewNativeEnforcement(true)
+	o.Native = review.NewNativeEnforcement(true)
 	assert.True(t, o.NativeEnforced())
 	assert.False(t, EnforcedOf(o, LoadedPolicies{}).Refusals)
 	assert.NotEqual(t, "true", MustDecide(EnforcedOf(o, LoadedPolicies{})))

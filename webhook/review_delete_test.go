@@ -15,6 +15,8 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // criticalPolicy refuses, in mode, the deletion of a Deployment labelled
@@ -43,12 +45,12 @@ deny contains {"msg": "add an owner label", "field": "metadata.labels.owner"} if
 `}
 
 // enginePolicies loads sources into a policy engine the way serve does.
-func enginePolicies(t *testing.T, sources ...policy.Source) Policies {
+func enginePolicies(t *testing.T, sources ...policy.Source) review.Policies {
 	t.Helper()
 	eng, err := policy.New(policy.Options{})
 	require.NoError(t, err)
 	require.NoError(t, eng.Load(context.Background(), append(policy.Builtins(), sources...)))
-	return RegoPolicies{Engine: eng}
+	return review.RegoPolicies{Engine: eng}
 }
 
 // TestPoliciesJudgeDeletes: the validating webhook evaluates the Rego
@@ -66,40 +68,40 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 		policies []policy.Source
 		old      *appsv1.Deployment
 		user     string
-		mut      func(*Reviewer)
+		mut      func(*review.Reviewer)
 		allowed  bool
 		messages []string // in the refusal, each
 		warnings []string // exactly
 	}{
 		{name: "an enforced policy refuses the deletion", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), messages: []string{refusal}},
+			old: reviewtest.Guarded(critical), messages: []string{refusal}},
 		{name: "a warn-mode policy warns", policies: []policy.Source{criticalPolicy("critical", "warn")},
-			old: guarded(critical), allowed: true, warnings: []string{warning}},
+			old: reviewtest.Guarded(critical), allowed: true, warnings: []string{warning}},
 		{name: "an audit-mode policy is only recorded", policies: []policy.Source{criticalPolicy("critical", "audit")},
-			old: guarded(critical), allowed: true},
+			old: reviewtest.Guarded(critical), allowed: true},
 		{name: "nothing objects: the deletion passes", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(), allowed: true},
+			old: reviewtest.Guarded(), allowed: true},
 		{name: "no policy but the built-ins, all of whose rules the Deployment breaks",
-			old: guarded(func(d *appsv1.Deployment) {
+			old: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				c := &d.Spec.Template.Spec.Containers[0]
 				c.Image, c.ReadinessProbe = "nginx", nil
 				d.Spec.Template.Spec.HostNetwork = true
 			}), allowed: true},
 		{name: "a policy about the object alone does not refuse every deletion", policies: []policy.Source{ownerPolicy},
-			old: guarded(), allowed: true},
+			old: reviewtest.Guarded(), allowed: true},
 		{name: "the deletion protection and the policy, each refusing", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old:      guarded(critical, protected),
+			old:      reviewtest.Guarded(critical, protected),
 			messages: []string{"is protected from deletion", "metadata: Forbidden: [policy critical] a tier: critical Deployment may not be deleted"}},
 		{name: "the deletion protection alone", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(protected), messages: []string{"is protected from deletion"}},
+			old: reviewtest.Guarded(protected), messages: []string{"is protected from deletion"}},
 		{name: "an exempt user", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), user: "ops-bot", mut: func(w *Reviewer) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
+			old: reviewtest.Guarded(critical), user: "ops-bot", mut: func(w *review.Reviewer) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
 		{name: "an exempt namespace", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), mut: func(w *Reviewer) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
+			old: reviewtest.Guarded(critical), mut: func(w *review.Reviewer) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
 		{name: "the guard itself", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), user: testOptions().GuardUsername, allowed: true},
+			old: reviewtest.Guarded(critical), user: reviewtest.Options().GuardUsername, allowed: true},
 		{name: "a PolicyException of the policy turns the refusal into a warning", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), mut: func(w *Reviewer) {
+			old: reviewtest.Guarded(critical), mut: func(w *review.Reviewer) {
 				x := exception.NewIndex("deployguard-system")
 				x.Set(&exception.PolicyException{
 					ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: "decommission-web"},
@@ -111,14 +113,14 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := &Reviewer{Options: testOptions(), Overlaps: indexOf(), Policies: enginePolicies(t, tt.policies...)}
+			w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(), Policies: enginePolicies(t, tt.policies...)}
 			if tt.mut != nil {
 				tt.mut(w)
 			}
 			_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 			no := false
 			validating.RecoverPanic = &no
-			body := review(t, admissionv1.Delete, nil, tt.old)
+			body := reviewBody(t, admissionv1.Delete, nil, tt.old)
 			if tt.user != "" {
 				body = bytes.Replace(body, []byte(`"userInfo":{"username":"alice"}`), []byte(`"userInfo":{"username":"`+tt.user+`"}`), 1)
 			}

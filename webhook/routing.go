@@ -10,6 +10,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // The validating webhook for Deployments is three entries of one
@@ -124,15 +125,15 @@ func LoadedPoliciesOf(s policy.Set) LoadedPolicies {
 }
 
 // EnforcedOf is what o enforces, with the loaded policies p.
-func EnforcedOf(o *Options, p LoadedPolicies) Enforced {
+func EnforcedOf(o *review.Options, p LoadedPolicies) Enforced {
 	return Enforced{
 		Refusals:           !o.NativeEnforced(),
-		Quarantine:         o.Quarantine == QuarantineEnforce,
+		Quarantine:         o.Quarantine == review.QuarantineEnforce,
 		Policies:           p.Enforce,
 		PoliciesOnDelete:   p.Enforce && !p.EnforceSkipsDelete,
 		PoliciesBeyondSpec: p.BeyondSpec,
 		Bounds:             o.BoundsEnforce,
-		Budgets:            o.DisruptionBudgets == BudgetsEnforce,
+		Budgets:            o.DisruptionBudgets == review.BudgetsEnforce,
 		ExemptNamespaces:   o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
 		GuardUsername: o.GuardUsername,
 	}

@@ -1,3 +1,12 @@
+// Package webhook serves deployguard's admission webhooks over HTTP: the
+// mutating webhook of apps/v1 Deployments, which fills in the cluster's
+// defaults and the guard's finalizers; the validating webhook, which refuses
+// dangerous specs; the status webhook that ends a rollback's verdict; and the
+// validating webhook of PodDisruptionBudgets. Each decodes its request, has
+// the review (package review) judge it, and translates what it found into an
+// AdmissionResponse. The controllers that route the guard's own webhook
+// configurations (routing*.go) and check that the API server enforces the
+// native floor (native_*.go) live here too.
 package webhook
 
 import (
@@ -14,6 +23,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // Paths the webhooks are served at; config/webhook uses the same.
@@ -28,7 +39,7 @@ const (
 // decodes its request, has the Reviewer judge it, and translates what it
 // found into an AdmissionResponse.
 type Hooks struct {
-	Reviewer *Reviewer
+	Reviewer *review.Reviewer
 	// ServeVerdicts serves the status webhook that ends the rollback verdict
 	// (VerdictPath).
 	ServeVerdicts bool

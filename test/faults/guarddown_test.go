@@ -27,6 +27,7 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // downConfig exempts one namespace, so that the routing's exemptions are
@@ -128,7 +129,7 @@ func TestGuardDown(t *testing.T) {
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
 	require.NoError(t, admin.Create(ctx, held))
 	// The leader leaves the default operations and conditions as installed.
-	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
+	def := &review.Options{NativeInAPIServer: true, Quarantine: review.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
 	assert.Equal(t, guardwebhook.MustDecide(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
 	// The leader adds the selector the manifests leave out: the enforce
@@ -234,7 +235,7 @@ func TestGuardDown(t *testing.T) {
 // the guard finds and answers by failing closed, but which would leave the
 // rest of this test without the floor it checks.
 func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, kubectl func(...string) (string, error),
-	def *guardwebhook.Options, manifest string) {
+	def *review.Options, manifest string) {
 	t.Helper()
 	// Both bindings: the refusals' own, and the one for creates (the
 	// probe's and this test's).
@@ -280,7 +281,7 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	}
 	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
 	lost := *def
-	lost.Native = guardwebhook.NewNativeEnforcement(false)
+	lost.Native = review.NewNativeEnforcement(false)
 	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(guardwebhook.EnforcedOf(&lost, guardwebhook.LoadedPolicies{})), got, nil

@@ -45,6 +45,7 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 const (
@@ -213,7 +214,7 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err := src.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	overlaps, budgets, err := guardwebhook.Indexes(ctx, mgr.GetCache())
+	overlaps, budgets, err := review.Indexes(ctx, mgr.GetCache())
 	if err != nil {
 		return nil, err
 	}
@@ -225,11 +226,11 @@ func startGuard(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	(&guardwebhook.Hooks{
-		Reviewer: &guardwebhook.Reviewer{
+		Reviewer: &review.Reviewer{
 			Options:         cfg.WebhookOptions(guardUser),
 			Overlaps:        overlaps,
 			Budgets:         budgets,
-			Policies:        guardwebhook.RegoPolicies{Engine: engine},
+			Policies:        review.RegoPolicies{Engine: engine},
 			NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
 			Exceptions:      exceptions,
 		},

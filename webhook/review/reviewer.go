@@ -1,4 +1,12 @@
-package webhook
+// Package review is deployguard's review of apps/v1 Deployment writes: the
+// cluster's defaults and the guard's finalizers (defaults.go), the Go checks
+// as named steps of a chain (checks.go), the guard's native policies
+// evaluated in process (native_rules.go), the Rego policies and the
+// PolicyExceptions, in one pipeline, Reviewer.Review. The admission webhooks
+// (package webhook), `deployguard check` and the audit all run it, and each
+// only translates its findings: into an AdmissionResponse; into text, JSON,
+// SARIF or JUnit; into a PolicyReport. It holds no transport.
+package review
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package webhook
+package review_test
 
 import (
 	"context"
@@ -11,8 +11,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // TestDeletePolicyInput: on a DELETE the policies get operation DELETE, no
@@ -20,15 +23,15 @@ import (
 // it), and its namespace and name.
 func TestDeletePolicyInput(t *testing.T) {
 	var got policy.Request
-	w := &Reviewer{Options: testOptions(), Overlaps: indexOf(), Policies: policyFunc(func(in policy.Request) policy.Decision {
+	w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(), Policies: reviewtest.PoliciesFunc(func(in policy.Request) policy.Decision {
 		got = in
 		return policy.Decision{}
 	})}
-	old := guarded()
+	old := reviewtest.Guarded()
 	raw, err := json.Marshal(old)
 	require.NoError(t, err)
-	rev := w.Review(context.Background(), Request{Operation: admissionv1.Delete, OldObject: old, OldObjectRaw: raw,
-		UserInfo: authenticationv1.UserInfo{Username: "alice"}}, Validating)
+	rev := w.Review(context.Background(), review.Request{Operation: admissionv1.Delete, OldObject: old, OldObjectRaw: raw,
+		UserInfo: authenticationv1.UserInfo{Username: "alice"}}, review.Validating)
 	assert.True(t, rev.PoliciesRan)
 	assert.Equal(t, "DELETE", got.Operation)
 	assert.Nil(t, got.Object)
@@ -43,9 +46,9 @@ func TestDeletePolicyInput(t *testing.T) {
 // create itself, for one that arrives unlabelled, and leaves updates to the
 // API server.
 func TestValidatingJudgesTheRefusalsOnCreates(t *testing.T) {
-	o := testOptions()
-	o.NativeInAPIServer, o.Native = true, NewNativeEnforcement(true)
-	w := &Reviewer{Options: o}
+	o := reviewtest.Options()
+	o.NativeInAPIServer, o.Native = true, review.NewNativeEnforcement(true)
+	w := &review.Reviewer{Options: o}
 	allDown := func() *appsv1.Deployment {
 		d := deploymentWith("web", 3, map[string]string{"app": "web"})
 		all := intstr.FromString("100%")
@@ -53,15 +56,15 @@ func TestValidatingJudgesTheRefusalsOnCreates(t *testing.T) {
 			RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}}
 		return d
 	}
-	stage := Validating
+	stage := review.Validating
 	stage.Native = !o.NativeEnforced()
 	alice := authenticationv1.UserInfo{Username: "alice"}
-	created := w.Review(context.Background(), Request{Operation: admissionv1.Create, Object: allDown(), UserInfo: alice}, stage)
+	created := w.Review(context.Background(), review.Request{Operation: admissionv1.Create, Object: allDown(), UserInfo: alice}, stage)
 	if assert.NotEmpty(t, created.Findings.Refusals(), "an unlabelled create the refusals refuse") {
 		assert.Contains(t, created.Findings.Refusals().ToAggregate().Error(), "100% resolves to 3 of 3 replicas")
 	}
 	old := allDown()
-	old.Spec.Replicas = ptr(int32(1))
-	updated := w.Review(context.Background(), Request{Operation: admissionv1.Update, Object: allDown(), OldObject: old, UserInfo: alice}, stage)
+	old.Spec.Replicas = ptr.To(int32(1))
+	updated := w.Review(context.Background(), review.Request{Operation: admissionv1.Update, Object: allDown(), OldObject: old, UserInfo: alice}, stage)
 	assert.Empty(t, updated.Findings.Refusals(), "an update is the API server's to refuse")
 }

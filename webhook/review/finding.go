@@ -1,4 +1,4 @@
-package webhook
+package review
 
 import (
 	"k8s.io/apimachinery/pkg/util/validation/field"

@@ -1,4 +1,7 @@
-package webhook
+// Package reviewtest holds the fixtures the tests of the review and of its
+// callers share: a default install's options, Deployments as the API server
+// hands them to the webhooks, and small stand-ins for the review's sources.
+package reviewtest
 
 import (
 	"context"
@@ -8,35 +11,37 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
-// testOptions are the options of a default install: the API server's own
+// Options are the options of a default install: the API server's own
 // defaults, no cleanup steps unless a Deployment asks.
-func testOptions() *Options {
-	return &Options{
+func Options() *review.Options {
+	return &review.Options{
 		StableLabelKeys:         []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"},
 		MaxSurge:                intstr.FromString("25%"),
 		MaxUnavailable:          intstr.FromString("25%"),
 		RevisionHistoryLimit:    10,
 		ProgressDeadlineSeconds: 600,
-		RevisionHistoryBounds:   Range{Min: 1, Max: 100},
-		ProgressDeadlineBounds:  Range{Min: 30, Max: 7200},
+		RevisionHistoryBounds:   review.Range{Min: 1, Max: 100},
+		ProgressDeadlineBounds:  review.Range{Min: 30, Max: 7200},
 		GuardUsername:           "system:serviceaccount:deployguard-system:deployguard",
 		BreakGlassGroups:        []string{"platform-admins"},
-		Quarantine:              QuarantineEnforce,
+		Quarantine:              review.QuarantineEnforce,
 	}
 }
 
-// stored returns a Deployment as the API server hands it to the mutating
+// Stored returns a Deployment as the API server hands it to the mutating
 // webhook: built-in defaults applied.
-func stored(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
+func Stored(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
 	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"},
 		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(3)),
+			Replicas: ptr.To(int32(3)),
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "web"}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": "web", "version": "v1"}},
@@ -47,19 +52,19 @@ func stored(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
 			},
 		},
 	}
-	APIServerDefaults(d)
+	review.APIServerDefaults(d)
 	for _, m := range mut {
 		m(d)
 	}
 	return d
 }
 
-// guarded is a stored Deployment that asks for the guard's cleanup, after the
+// Guarded is a stored Deployment that asks for the guard's cleanup, after the
 // mutating webhook.
-func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
-	d := stored()
+func Guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
+	d := Stored()
 	d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
-	if _, errs := Default(d, nil, testOptions(), false); len(errs) > 0 {
+	if _, errs := review.Default(d, nil, Options(), false); len(errs) > 0 {
 		panic(errs)
 	}
 	for _, m := range mut {
@@ -68,28 +73,34 @@ func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
 	return d
 }
 
-// indexOf is the index the webhook uses, holding ds.
-func indexOf(ds ...*appsv1.Deployment) OverlapSource {
-	x := NewOverlapIndex(nil)
+// Index is the index the webhook uses, holding ds.
+func Index(ds ...*appsv1.Deployment) review.OverlapSource {
+	x := review.NewOverlapIndex(nil)
 	for _, d := range ds {
 		x.Set(d)
 	}
 	return x
 }
 
-type overlapsFunc func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
+// OverlapsFunc finds the candidates of the overlap check.
+type OverlapsFunc func(ctx context.Context, d *appsv1.Deployment) ([]review.Selection, error)
 
-func (f overlapsFunc) OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
+// OverlapCandidates implements review.OverlapSource.
+func (f OverlapsFunc) OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]review.Selection, error) {
 	return f(ctx, d)
 }
 
-type policyFunc func(in policy.Request) policy.Decision
+// PoliciesFunc decides what the Rego policies would.
+type PoliciesFunc func(in policy.Request) policy.Decision
 
-func (f policyFunc) Evaluate(_ context.Context, in policy.Request) (policy.Decision, error) {
+// Evaluate implements review.Policies.
+func (f PoliciesFunc) Evaluate(_ context.Context, in policy.Request) (policy.Decision, error) {
 	return f(in), nil
 }
 
-func deploymentIn(ns, name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
+// DeploymentIn is a Deployment of namespace ns with replicas and the
+// template's labels as its selector.
+func DeploymentIn(ns, name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: appsv1.DeploymentSpec{
@@ -100,7 +111,8 @@ func deploymentIn(ns, name string, replicas int32, podLabels map[string]string) 
 	}
 }
 
-func pdbIn(namespace, name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
+// BudgetIn is a PodDisruptionBudget of namespace with a minAvailable.
+func BudgetIn(namespace, name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel, MinAvailable: minAvailable},
