@@ -42,7 +42,7 @@ const (
 const AuditUsername = "deployguard:audit"
 
 // RuleOverlap is the rule of the overlap check, under PolicySpec.
-const RuleOverlap = "overlap"
+const RuleOverlap = review.OriginOverlap
 
 // Resource names the Deployment a result is about.
 type Resource struct {
