@@ -15,6 +15,7 @@ import (
 	kjson "sigs.k8s.io/json"
 
 	"github.com/deployguard/deployguard/test/harness"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // corpusDeployments are the Deployments of the differential tests' corpora
@@ -39,7 +40,7 @@ func corpusDeployments(t testing.TB) map[string][]byte {
 // members, unknown fields, invalid UTF-8, nulls, numbers out of range.
 func TestDecodingAsTheAPIMachinery(t *testing.T) {
 	bodies := corpusDeployments(t)
-	for name, d := range map[string]*appsv1.Deployment{"realistic": realistic(), "stored": stored(), "guarded": guarded()} {
+	for name, d := range map[string]*appsv1.Deployment{"realistic": realistic(), "stored": reviewtest.Stored(), "guarded": reviewtest.Guarded()} {
 		bodies[name] = mustJSON(t, d)
 	}
 	edge := map[string]string{
@@ -85,10 +86,10 @@ func TestDecodingAsTheAPIMachinery(t *testing.T) {
 
 	d := realistic()
 	for name, b := range map[string][]byte{
-		"create":  review(t, admissionv1.Create, d, nil),
-		"update":  review(t, admissionv1.Update, d, guarded()),
-		"delete":  review(t, admissionv1.Delete, nil, guarded()),
-		"options": bytes.Replace(review(t, admissionv1.Create, d, nil), []byte(`"operation":"CREATE"`), []byte(`"operation":"CREATE","options":{"kind":"CreateOptions","apiVersion":"meta.k8s.io/v1","dryRun":["All"]},"userInfo":{"username":"alice","groups":["dev"],"extra":{"scopes":["a","b"]}}`), 1),
+		"create":  reviewBody(t, admissionv1.Create, d, nil),
+		"update":  reviewBody(t, admissionv1.Update, d, reviewtest.Guarded()),
+		"delete":  reviewBody(t, admissionv1.Delete, nil, reviewtest.Guarded()),
+		"options": bytes.Replace(reviewBody(t, admissionv1.Create, d, nil), []byte(`"operation":"CREATE"`), []byte(`"operation":"CREATE","options":{"kind":"CreateOptions","apiVersion":"meta.k8s.io/v1","dryRun":["All"]},"userInfo":{"username":"alice","groups":["dev"],"extra":{"scopes":["a","b"]}}`), 1),
 	} {
 		var want admissionv1.AdmissionReview
 		require.NoError(t, kjson.UnmarshalCaseSensitivePreserveInts(b, &want), name)

@@ -21,6 +21,8 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/test/harness"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // TestEndpointAnswersAsTheWebhook: the one-pass decoding changes nothing a
@@ -29,16 +31,16 @@ import (
 // Endpoint as from the controller-runtime Webhook it wraps.
 func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 	mutating, validating := servers(t)
-	d := stored()
+	d := reviewtest.Stored()
 	bad := d.DeepCopy()
 	bad.Spec.Selector = nil
 	bad.Spec.Template.Labels = map[string]string{"version": "1"}
-	v1 := review(t, admissionv1.Create, d, nil)
+	v1 := reviewBody(t, admissionv1.Create, d, nil)
 	bodies := map[string][]byte{
 		"create":                 v1,
-		"update":                 review(t, admissionv1.Update, d, guarded()),
-		"delete":                 review(t, admissionv1.Delete, nil, guarded()),
-		"refused":                review(t, admissionv1.Create, bad, nil),
+		"update":                 reviewBody(t, admissionv1.Update, d, reviewtest.Guarded()),
+		"delete":                 reviewBody(t, admissionv1.Delete, nil, reviewtest.Guarded()),
+		"refused":                reviewBody(t, admissionv1.Create, bad, nil),
 		"v1beta1":                bytes.Replace(v1, []byte(`"apiVersion":"admission.k8s.io/v1"`), []byte(`"apiVersion":"admission.k8s.io/v1beta1"`), 1),
 		"no kind":                bytes.Replace(v1, []byte(`"kind":"AdmissionReview",`), nil, 1),
 		"no request":             []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`),
@@ -99,9 +101,9 @@ func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 	}
 	refused := 0
 	for _, inAPIServer := range []bool{false, true} {
-		w := &Deployment{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
+		w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(others...), Policies: review.RegoPolicies{Engine: eng}}
 		w.Options.NativeInAPIServer = inAPIServer
-		_, validating := w.Handlers(nil)
+		_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 		no := false
 		validating.RecoverPanic = &no
 		require.True(t, validating.SkipCreatePodSpec)
@@ -109,7 +111,7 @@ func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 			d, err := decodeDeployment(runtime.RawExtension{Raw: b})
 			require.NoError(t, err)
 			d.Namespace = "shop"
-			body := review(t, admissionv1.Create, d, nil)
+			body := reviewBody(t, admissionv1.Create, d, nil)
 			got, want := post(validating, body), post(validating.Webhook, body)
 			assert.Equal(t, want.Code, got.Code, name)
 			assert.Equal(t, want.Body.String(), got.Body.String(), "%s (native policies in the API server: %v)", name, inAPIServer)
@@ -124,10 +126,10 @@ func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 // BenchmarkEndpointDecoding: what the one-pass decoding saves on a
 // production-sized Deployment's CREATE, against the Webhook alone.
 func BenchmarkEndpointDecoding(b *testing.B) {
-	w := &Deployment{Options: testOptions()}
-	_, validating := w.Handlers(nil)
+	w := &review.Reviewer{Options: reviewtest.Options()}
+	_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 	d := realistic()
-	body := review(b, admissionv1.Create, d, nil)
+	body := reviewBody(b, admissionv1.Create, d, nil)
 	for name, h := range map[string]http.Handler{"endpoint": validating, "webhook": validating.Webhook} {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -174,7 +176,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	defer conn.Close()
 
 	// Another client is served while the first one stalls.
-	resp, err := srv.Client().Post(srv.URL, "application/json", bytes.NewReader(review(t, admissionv1.Create, stored(), nil)))
+	resp, err := srv.Client().Post(srv.URL, "application/json", bytes.NewReader(reviewBody(t, admissionv1.Create, reviewtest.Stored(), nil)))
 	require.NoError(t, err)
 	out, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -210,7 +212,7 @@ func TestHandlingOutlastsTheBodyDeadline(t *testing.T) {
 		})}}
 	srv := httptest.NewTLSServer(ep)
 	defer srv.Close()
-	resp, err := srv.Client().Post(srv.URL, "application/json", bytes.NewReader(review(t, admissionv1.Create, stored(), nil)))
+	resp, err := srv.Client().Post(srv.URL, "application/json", bytes.NewReader(reviewBody(t, admissionv1.Create, reviewtest.Stored(), nil)))
 	require.NoError(t, err)
 	out, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -252,7 +254,7 @@ func TestStalledBodyIsCutOffOverHTTP2(t *testing.T) {
 	// The same connection serves the next request.
 	var reused bool
 	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
-	next, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, srv.URL, bytes.NewReader(review(t, admissionv1.Create, stored(), nil)))
+	next, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, srv.URL, bytes.NewReader(reviewBody(t, admissionv1.Create, reviewtest.Stored(), nil)))
 	require.NoError(t, err)
 	next.Header.Set("Content-Type", "application/json")
 	resp, err = srv.Client().Do(next)

@@ -12,6 +12,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // The seeds are small on purpose: the fuzzer minimizes every new interesting
@@ -24,14 +26,14 @@ import (
 // never fail with a 5xx. `make fuzz` explores it; `make test` replays the seeds
 // and testdata/fuzz/FuzzHandlers.
 func FuzzHandlers(f *testing.F) {
-	d := stored()
+	d := reviewtest.Stored()
 	bad := d.DeepCopy()
 	bad.Spec.Selector = nil
 	bad.Spec.Template.Labels = map[string]string{"version": "1"}
-	f.Add(review(f, admissionv1.Create, d, nil))
-	f.Add(review(f, admissionv1.Update, d, guarded()))
-	f.Add(review(f, admissionv1.Delete, nil, d))
-	f.Add(review(f, admissionv1.Create, bad, nil))
+	f.Add(reviewBody(f, admissionv1.Create, d, nil))
+	f.Add(reviewBody(f, admissionv1.Update, d, reviewtest.Guarded()))
+	f.Add(reviewBody(f, admissionv1.Delete, nil, d))
+	f.Add(reviewBody(f, admissionv1.Create, bad, nil))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","object":{"kind":"Deployment","apiVersion":"apps/v1","spec":null}}}`))
 	f.Add([]byte(`{"request":{"kind":{"group":"apps","version":"v1","kind":"Deployment"},"operation":"UPDATE","object":{},"oldObject":{"metadata":{"finalizers":["deployguard.io/x"]}}}}`))
 	f.Add([]byte(`{}`))
@@ -47,8 +49,8 @@ func FuzzHandlers(f *testing.F) {
 // the Deployment (defaults, checks, finalizer rules, the built-in Rego library
 // through RegoPolicies) rather than on the envelope.
 func FuzzDeployment(f *testing.F) {
-	d, _ := json.Marshal(stored())
-	g, _ := json.Marshal(guarded())
+	d, _ := json.Marshal(reviewtest.Stored())
+	g, _ := json.Marshal(reviewtest.Guarded())
 	f.Add("CREATE", d, []byte(nil))
 	f.Add("UPDATE", d, g)
 	f.Add("UPDATE", g, d)
@@ -59,7 +61,7 @@ func FuzzDeployment(f *testing.F) {
 	eng, err := policy.New(policy.Options{})
 	require.NoError(f, err)
 	require.NoError(f, eng.Load(context.Background(), policy.Builtins()))
-	mutating, validating := serversWith(f, RegoPolicies{Engine: eng})
+	mutating, validating := serversWith(f, review.RegoPolicies{Engine: eng})
 	f.Fuzz(func(t *testing.T, op string, object, oldObject []byte) {
 		answers(t, envelope(op, object, oldObject), mutating, validating)
 	})

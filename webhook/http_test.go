@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 	"sigs.k8s.io/structured-merge-diff/v6/value"
 
@@ -31,6 +32,8 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // servers returns the two webhooks as HTTP handlers, with panics left to
@@ -41,10 +44,10 @@ func servers(t testing.TB) (mutating, validating http.Handler) {
 	return serversWith(t, nil)
 }
 
-func serversWith(t testing.TB, p Policies) (mutating, validating http.Handler) {
+func serversWith(t testing.TB, p review.Policies) (mutating, validating http.Handler) {
 	t.Helper()
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
-	m, v := w.Handlers(nil)
+	w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(reviewtest.Guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
+	m, v := (&Hooks{Reviewer: w}).Handlers(nil)
 	no := false
 	m.RecoverPanic, v.RecoverPanic = &no, &no
 	return m, v
@@ -53,7 +56,7 @@ func serversWith(t testing.TB, p Policies) (mutating, validating http.Handler) {
 // realistic is a Deployment of the size and shape seen in production: several
 // containers with env, probes, resources, volumes; about 8 KB as JSON.
 func realistic() *appsv1.Deployment {
-	d := stored()
+	d := reviewtest.Stored()
 	d.Labels = map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/part-of": "shop", "team": "checkout"}
 	d.Annotations = map[string]string{"kubernetes.io/change-cause": "release 2026.11.21-1", "owner": "checkout@example.com"}
 	var containers []corev1.Container
@@ -80,7 +83,7 @@ func realistic() *appsv1.Deployment {
 		{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "web-config"}}}},
 		{Name: "cache", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
-	APIServerDefaults(d)
+	review.APIServerDefaults(d)
 	return d
 }
 
@@ -104,7 +107,7 @@ func withManagedFields(t testing.TB, d *appsv1.Deployment) *appsv1.Deployment {
 	return d
 }
 
-func review(t testing.TB, op admissionv1.Operation, obj, old runtime.Object) []byte {
+func reviewBody(t testing.TB, op admissionv1.Operation, obj, old runtime.Object) []byte {
 	t.Helper()
 	req := &admissionv1.AdmissionRequest{
 		UID:       types.UID("0d1f3c1e-2b7a-4c4e-9d4e-1f2a3b4c5d6e"),
@@ -153,7 +156,7 @@ func decodeResponse(t testing.TB, w *httptest.ResponseRecorder) *admissionv1.Adm
 func TestHandlersOnBadInput(t *testing.T) {
 	mutating, validating := servers(t)
 	pod := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}}
-	wrongKind := review(t, admissionv1.Create, pod, nil)
+	wrongKind := reviewBody(t, admissionv1.Create, pod, nil)
 	wrongKind = bytes.Replace(wrongKind, []byte(`"kind":{"group":"apps","version":"v1","kind":"Deployment"}`), []byte(`"kind":{"group":"","version":"v1","kind":"Pod"}`), 1)
 
 	// controller-runtime answers every request with an AdmissionReview whose
@@ -168,9 +171,9 @@ func TestHandlersOnBadInput(t *testing.T) {
 		{name: "not JSON", body: []byte("{nope"), wantCode: http.StatusBadRequest},
 		{name: "review without request", body: []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), wantCode: http.StatusBadRequest, wantMsg: "no AdmissionReview request"},
 		{name: "wrong kind", body: wrongKind, wantCode: http.StatusBadRequest, wantMsg: "admits apps/v1 Deployments only"},
-		{name: "missing object", body: review(t, admissionv1.Create, nil, nil), wantCode: http.StatusBadRequest, wantMsg: "carries no object"},
-		{name: "update without oldObject", body: review(t, admissionv1.Update, realistic(), nil), wantCode: http.StatusBadRequest, wantMsg: "carries no oldObject"},
-		{name: "object that is not a Deployment", body: bytes.Replace(review(t, admissionv1.Create, realistic(), nil), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1), wantCode: http.StatusBadRequest, wantMsg: "replicas"},
+		{name: "missing object", body: reviewBody(t, admissionv1.Create, nil, nil), wantCode: http.StatusBadRequest, wantMsg: "carries no object"},
+		{name: "update without oldObject", body: reviewBody(t, admissionv1.Update, realistic(), nil), wantCode: http.StatusBadRequest, wantMsg: "carries no oldObject"},
+		{name: "object that is not a Deployment", body: bytes.Replace(reviewBody(t, admissionv1.Create, realistic(), nil), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1), wantCode: http.StatusBadRequest, wantMsg: "replicas"},
 		{name: "oversized body", body: bytes.Repeat([]byte(" "), 8<<20), wantCode: http.StatusRequestEntityTooLarge, wantMsg: "too large"},
 	}
 	for _, tt := range tests {
@@ -191,7 +194,7 @@ func TestHandlersOnBadInput(t *testing.T) {
 func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 	mutating, _ := servers(t)
 	// A default install changes nothing in a valid Deployment: no patch at all.
-	resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, realistic(), nil)))
+	resp := decodeResponse(t, post(mutating, reviewBody(t, admissionv1.Create, realistic(), nil)))
 	require.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch)
 	assert.Empty(t, resp.Warnings)
@@ -199,7 +202,7 @@ func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 	d := realistic()
 	d.Annotations[vocab.AnnotationCleanup] = "record"
 	d.Spec.Selector = nil
-	resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+	resp = decodeResponse(t, post(mutating, reviewBody(t, admissionv1.Create, d, nil)))
 	require.True(t, resp.Allowed)
 	assert.Equal(t, []string{"spec.selector: the selector was empty; deployguard set it to app.kubernetes.io/name=web from the template's stable labels: write it into the manifest to keep it"}, resp.Warnings)
 	var ops []struct {
@@ -220,9 +223,9 @@ func TestHandlersPatchOnlyWhatTheyChange(t *testing.T) {
 
 	// Applying the patch and admitting again: nothing more to change.
 	again := d.DeepCopy()
-	_, errs := Default(again, nil, testOptions(), false)
+	_, errs := review.Default(again, nil, reviewtest.Options(), false)
 	require.Empty(t, errs)
-	resp = decodeResponse(t, post(mutating, review(t, admissionv1.Create, again, nil)))
+	resp = decodeResponse(t, post(mutating, reviewBody(t, admissionv1.Create, again, nil)))
 	assert.True(t, resp.Allowed)
 	assert.Empty(t, resp.Patch, "idempotent through HTTP too")
 }
@@ -238,16 +241,16 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 			return d
 		}(),
 		"no selector, no annotations": func() *appsv1.Deployment {
-			d := stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil })
+			d := reviewtest.Stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil })
 			d.Annotations = nil
 			return d
 		}(),
-		"no rollingUpdate (defaulting bypassed)": stored(func(d *appsv1.Deployment) {
+		"no rollingUpdate (defaulting bypassed)": reviewtest.Stored(func(d *appsv1.Deployment) {
 			d.Spec.Strategy.RollingUpdate = nil
 			d.Spec.RevisionHistoryLimit = nil
 			d.Spec.ProgressDeadlineSeconds = nil
 		}),
-		"both strategy fields": stored(func(d *appsv1.Deployment) {
+		"both strategy fields": reviewtest.Stored(func(d *appsv1.Deployment) {
 			d.Spec.Strategy.RollingUpdate.MaxSurge = nil
 			d.Annotations = map[string]string{"a/b~c": "x"}
 		}),
@@ -257,7 +260,7 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 			got := createPatched(t, mutating, d)
 
 			want := d.DeepCopy()
-			_, errs := Default(want, nil, testOptions(), false)
+			_, errs := review.Default(want, nil, reviewtest.Options(), false)
 			require.Empty(t, errs)
 			assert.Equal(t, want, got)
 		})
@@ -269,7 +272,7 @@ func TestMutatingPatchAppliesToDefault(t *testing.T) {
 func createPatched(t *testing.T, mutating http.Handler, d *appsv1.Deployment) *appsv1.Deployment {
 	t.Helper()
 	raw := mustJSON(t, d)
-	resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+	resp := decodeResponse(t, post(mutating, reviewBody(t, admissionv1.Create, d, nil)))
 	require.True(t, resp.Allowed, "%v", resp.Result)
 	got := &appsv1.Deployment{}
 	if len(resp.Patch) == 0 {
@@ -316,7 +319,7 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 			// Every replica but one: labelled, as loosely as the policy's
 			// own condition, and admitted.
 			three := intstr.FromInt32(3)
-			d.Spec.Replicas = ptr(int32(4))
+			d.Spec.Replicas = ptr.To(int32(4))
 			d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &three}}
 		}),
@@ -327,7 +330,7 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 			assert.NotContains(t, got.Labels, native.LabelRefusals)
 
 			want := d.DeepCopy()
-			_, errs := Default(want, nil, testOptions(), false)
+			_, errs := review.Default(want, nil, reviewtest.Options(), false)
 			require.Empty(t, errs)
 			delete(want.Labels, native.LabelDefaulting)
 			delete(want.Labels, native.LabelRefusals)
@@ -337,7 +340,7 @@ func TestMutatingRemovesTheRoutingLabel(t *testing.T) {
 			assert.Equal(t, want, got)
 
 			// And once removed, nothing more to do.
-			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, got, nil)))
+			resp := decodeResponse(t, post(mutating, reviewBody(t, admissionv1.Create, got, nil)))
 			assert.Empty(t, resp.Patch)
 		})
 	}
@@ -351,7 +354,7 @@ func TestMutatingKeepsTheLabelsOfARefusedCreate(t *testing.T) {
 	for name, mut := range map[string]func(d *appsv1.Deployment){
 		"every replica down": func(d *appsv1.Deployment) {
 			all := intstr.FromString("100%")
-			d.Spec.Replicas = ptr(int32(3))
+			d.Spec.Replicas = ptr.To(int32(3))
 			d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}}
 		},
@@ -363,7 +366,7 @@ func TestMutatingKeepsTheLabelsOfARefusedCreate(t *testing.T) {
 			d.Labels[native.LabelDefaulting] = native.DefaultingPending
 			d.Labels[native.LabelRefusals] = native.DefaultingPending
 			mut(d)
-			resp := decodeResponse(t, post(mutating, review(t, admissionv1.Create, d, nil)))
+			resp := decodeResponse(t, post(mutating, reviewBody(t, admissionv1.Create, d, nil)))
 			require.True(t, resp.Allowed, "the policy refuses it, in its words: %+v", resp.Result)
 			got := createPatched(t, mutating, d)
 			assert.Equal(t, native.DefaultingPending, got.Labels[native.LabelRefusals])
@@ -381,27 +384,27 @@ func BenchmarkAdmission(b *testing.B) {
 	// The default install: kube-apiserver enforces the native refusals, the
 	// webhook evaluates the warnings and bounds.
 	b.Run("go-checks-native-refusals-in-apiserver", func(b *testing.B) {
-		benchmarkAdmission(b, nil, func(w *Deployment) { w.Options.NativeInAPIServer = true })
+		benchmarkAdmission(b, nil, func(w *review.Reviewer) { w.Options.NativeInAPIServer = true })
 	})
 	eng, err := policy.New(policy.Options{})
 	require.NoError(b, err)
 	require.NoError(b, eng.Load(context.Background(), policy.Builtins()))
-	b.Run("with-builtin-policies", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}) })
+	b.Run("with-builtin-policies", func(b *testing.B) { benchmarkAdmission(b, review.RegoPolicies{Engine: eng}) })
 	// A Deployment a policy warns about makes the review look up the
 	// exceptions that cover it: in a cluster of 1,000 exceptions, the cost
 	// must be that of none (an index by namespace and name, not a scan).
 	latest := func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.Containers[0].Image = "registry.example.com/shop/c0:latest"
 	}
-	b.Run("policy-finding-no-exceptions", func(b *testing.B) { benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest) })
+	b.Run("policy-finding-no-exceptions", func(b *testing.B) { benchmarkAdmission(b, review.RegoPolicies{Engine: eng}, latest) })
 	b.Run("policy-finding-1000-exceptions", func(b *testing.B) {
-		benchmarkAdmission(b, RegoPolicies{Engine: eng}, latest, func(w *Deployment) { w.Exceptions = thousandExceptions(b) })
+		benchmarkAdmission(b, review.RegoPolicies{Engine: eng}, latest, func(w *review.Reviewer) { w.Exceptions = thousandExceptions(b) })
 	})
 	// The drain check in a namespace of 2,000 Deployments, each under a
 	// budget of its own, that share a common label: the review finds the
 	// one budget selecting its pods and that budget's one Deployment.
 	b.Run("go-checks-2000-deployments-and-budgets", func(b *testing.B) {
-		benchmarkAdmission(b, nil, func(w *Deployment) { w.Overlaps, w.Budgets = budgetedNamespace(b, 2000) })
+		benchmarkAdmission(b, nil, func(w *review.Reviewer) { w.Overlaps, w.Budgets = budgetedNamespace(b, 2000) })
 	})
 }
 
@@ -409,17 +412,17 @@ func BenchmarkAdmission(b *testing.B) {
 // part-of=shop, each with a budget selecting its own name, plus a budget of
 // minAvailable 1 over the benchmark's Deployment (web, 3 replicas: it allows
 // evictions, so the check looks but finds nothing).
-func budgetedNamespace(b *testing.B, n int) (*OverlapIndex, *BudgetIndex) {
-	deps := NewOverlapIndex(nil)
-	x := NewBudgetIndex(deps)
+func budgetedNamespace(b *testing.B, n int) (*review.OverlapIndex, *review.BudgetIndex) {
+	deps := review.NewOverlapIndex(nil)
+	x := review.NewBudgetIndex(deps)
 	one := intstr.FromInt32(1)
 	for i := range n {
 		name := fmt.Sprintf("app-%d", i)
 		podLabels := map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "shop"}
-		deps.Set(deploymentIn("shop", name, 2, podLabels))
-		x.Set(pdbIn("shop", name, &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}}, &one))
+		deps.Set(reviewtest.DeploymentIn("shop", name, 2, podLabels))
+		x.Set(reviewtest.BudgetIn("shop", name, &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}}, &one))
 	}
-	x.Set(pdbIn("shop", "web", &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "web"}}, &one))
+	x.Set(reviewtest.BudgetIn("shop", "web", &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "web"}}, &one))
 	if x.Len() != n+1 || deps.Len() != n {
 		b.Fatal("the indexes hold what was set")
 	}
@@ -447,25 +450,25 @@ func thousandExceptions(b *testing.B) *exception.Index {
 	return x
 }
 
-func benchmarkAdmission(b *testing.B, p Policies, muts ...any) {
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
+func benchmarkAdmission(b *testing.B, p review.Policies, muts ...any) {
+	w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(reviewtest.Guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
 	d := realistic()
 	for _, m := range muts {
 		switch m := m.(type) {
 		case func(*appsv1.Deployment):
 			m(d)
-		case func(*Deployment):
+		case func(*review.Reviewer):
 			m(w)
 		}
 	}
-	mutating, validating := w.Handlers(nil)
+	mutating, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 	no := false
 	mutating.RecoverPanic, validating.RecoverPanic = &no, &no
-	create := review(b, admissionv1.Create, d, nil)
+	create := reviewBody(b, admissionv1.Create, d, nil)
 	b.Logf("request size: %d bytes (object %d bytes)", len(create), len(mustJSON(b, d)))
 	guardedD := d.DeepCopy()
-	_, _ = Default(guardedD, nil, testOptions(), false)
-	validate := review(b, admissionv1.Create, guardedD, nil)
+	_, _ = review.Default(guardedD, nil, reviewtest.Options(), false)
+	validate := reviewBody(b, admissionv1.Create, guardedD, nil)
 
 	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
@@ -499,25 +502,25 @@ func BenchmarkValidatingDefaultInstall(b *testing.B) {
 	// request is admitted, as the bench's are.
 	var others []*appsv1.Deployment
 	for i := range 500 {
-		others = append(others, guarded(func(d *appsv1.Deployment) {
+		others = append(others, reviewtest.Guarded(func(d *appsv1.Deployment) {
 			d.Name = fmt.Sprintf("other-%d", i)
 			d.Spec.Selector.MatchLabels["app.kubernetes.io/name"] = d.Name
 			d.Spec.Template.Labels["app.kubernetes.io/name"] = d.Name
 		}))
 	}
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(others...), Policies: RegoPolicies{Engine: eng}}
+	w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(others...), Policies: review.RegoPolicies{Engine: eng}}
 	w.Options.NativeInAPIServer = true
-	_, validating := w.Handlers(nil)
+	_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 	no := false
 	validating.RecoverPanic = &no
 	d := realistic()
-	_, _ = Default(d, nil, testOptions(), false)
+	_, _ = review.Default(d, nil, reviewtest.Options(), false)
 	d = withManagedFields(b, d)
 	image := d.DeepCopy()
 	image.Spec.Template.Spec.Containers[0].Image += "-2"
 	for name, body := range map[string][]byte{
-		"create":            review(b, admissionv1.Create, d, nil),
-		"image-only-update": review(b, admissionv1.Update, image, d),
+		"create":            reviewBody(b, admissionv1.Create, d, nil),
+		"image-only-update": reviewBody(b, admissionv1.Update, image, d),
 	} {
 		b.Run(name, func(b *testing.B) {
 			if w := post(validating, body); !strings.Contains(w.Body.String(), `"allowed":true`) {

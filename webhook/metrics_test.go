@@ -17,9 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 func TestRefusalReason(t *testing.T) {
@@ -31,20 +34,20 @@ func TestRefusalReason(t *testing.T) {
 	}{
 		{name: "nothing refused", errs: nil, want: reasonNone},
 		{name: "a check's error counts as its check",
-			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(reasonOverlap)}, want: reasonOverlap},
+			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(review.OriginOverlap)}, want: review.OriginOverlap},
 		{name: "the first check that refused counts, not the path",
 			errs: field.ErrorList{
-				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(reasonStrategy),
-				field.Invalid(selector, "app=web", "overlaps").WithOrigin(reasonOverlap),
-			}, want: reasonStrategy},
+				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(review.OriginStrategy),
+				field.Invalid(selector, "app=web", "overlaps").WithOrigin(review.OriginOverlap),
+			}, want: review.OriginStrategy},
 		{name: "a policy denial at a field a Go check also reports is the policy's",
-			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(reasonPolicy)}, want: reasonPolicy},
+			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(review.OriginPolicy)}, want: review.OriginPolicy},
 		{name: "an internal error is the guard's, whichever check met it",
-			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(reasonOverlap)}, want: reasonInternal},
+			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(review.OriginOverlap)}, want: review.OriginInternal},
 		{name: "an error that names no check is not given a label outside the set",
-			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: reasonInternal},
+			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: review.OriginInternal},
 		{name: "a free-text origin is not a label",
-			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: reasonInternal},
+			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: review.OriginInternal},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,28 +56,22 @@ func TestRefusalReason(t *testing.T) {
 	}
 }
 
-type policyFunc func(in policy.Request) policy.Decision
-
-func (f policyFunc) Evaluate(_ context.Context, in policy.Request) (policy.Decision, error) {
-	return f(in), nil
-}
-
 // Every admission is counted once, with the reason of its refusal, whichever
 // way it was refused: before decoding, by a Go check, by a policy, or by the
 // guard's own failure.
 func TestAdmissionsCountedByReason(t *testing.T) {
-	index := indexOf(guarded(func(d *appsv1.Deployment) { d.Name = "other" }))
-	w := &Deployment{
-		Options: testOptions(),
-		Overlaps: overlapsFunc(func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
+	index := reviewtest.Index(reviewtest.Guarded(func(d *appsv1.Deployment) { d.Name = "other" }))
+	w := &review.Reviewer{
+		Options: reviewtest.Options(),
+		Overlaps: reviewtest.OverlapsFunc(func(ctx context.Context, d *appsv1.Deployment) ([]review.Selection, error) {
 			if d.Name == "unlisted" {
-				return nil, ErrIndexNotSynced
+				return nil, review.ErrIndexNotSynced
 			}
 			return index.OverlapCandidates(ctx, d)
 		}),
 		// A policy that refuses at spec.selector, where the selector check
 		// reports too. A DELETE has no object.
-		Policies: policyFunc(func(in policy.Request) policy.Decision {
+		Policies: reviewtest.PoliciesFunc(func(in policy.Request) policy.Decision {
 			raw, _ := in.Object.([]byte)
 			if !bytes.Contains(raw, []byte(`"example.com/deny":"true"`)) {
 				return policy.Decision{}
@@ -85,13 +82,13 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
 	require.NoError(t, err)
-	mutating, validating := w.Handlers(m)
+	mutating, validating := (&Hooks{Reviewer: w}).Handlers(m)
 
 	named := func(name string) func(*appsv1.Deployment) { return func(d *appsv1.Deployment) { d.Name = name } }
 	deleting := func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{Time: time.Unix(1e9, 0)} }
-	denyAnnotated := guarded(func(d *appsv1.Deployment) { d.Annotations["example.com/deny"] = "true" })
+	denyAnnotated := reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations["example.com/deny"] = "true" })
 	pod := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}}
-	wrongKind := bytes.Replace(review(t, admissionv1.Create, pod, nil),
+	wrongKind := bytes.Replace(reviewBody(t, admissionv1.Create, pod, nil),
 		[]byte(`"kind":{"group":"apps","version":"v1","kind":"Deployment"}`), []byte(`"kind":{"group":"","version":"v1","kind":"Pod"}`), 1)
 
 	tests := []struct {
@@ -100,37 +97,37 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 		body                    []byte
 		op, wantResult, wantWhy string
 	}{
-		{name: "nothing to default", body: review(t, admissionv1.Create, stored(named("api")), nil),
+		{name: "nothing to default", body: reviewBody(t, admissionv1.Create, reviewtest.Stored(named("api")), nil),
 			op: "CREATE", wantResult: "allowed", wantWhy: reasonNone},
-		{name: "a selector repaired", body: review(t, admissionv1.Create, stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil }), nil),
+		{name: "a selector repaired", body: reviewBody(t, admissionv1.Create, reviewtest.Stored(func(d *appsv1.Deployment) { d.Spec.Selector = nil }), nil),
 			op: "CREATE", wantResult: "patched", wantWhy: reasonNone},
-		{name: "a selector that cannot be repaired", body: review(t, admissionv1.Create, stored(func(d *appsv1.Deployment) {
+		{name: "a selector that cannot be repaired", body: reviewBody(t, admissionv1.Create, reviewtest.Stored(func(d *appsv1.Deployment) {
 			d.Spec.Selector = nil
 			d.Spec.Template.Labels = map[string]string{"version": "v1"}
-		}), nil), op: "CREATE", wantResult: "denied", wantWhy: reasonSelector},
-		{name: "an object that does not decode", body: bytes.Replace(review(t, admissionv1.Update, stored(), stored()), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1),
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: review.OriginSelector},
+		{name: "an object that does not decode", body: bytes.Replace(reviewBody(t, admissionv1.Update, reviewtest.Stored(), reviewtest.Stored()), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1),
 			op: "UPDATE", wantResult: "error", wantWhy: reasonMalformed},
 
 		{validating: true, name: "not a Deployment", body: wrongKind,
 			op: "CREATE", wantResult: "error", wantWhy: reasonMalformed},
-		{validating: true, name: "an overlap", body: review(t, admissionv1.Create, guarded(), nil),
-			op: "CREATE", wantResult: "denied", wantWhy: reasonOverlap},
-		{validating: true, name: "every replica down and an overlap: the first check", body: review(t, admissionv1.Create, guarded(func(d *appsv1.Deployment) {
-			d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
-		}), nil), op: "CREATE", wantResult: "denied", wantWhy: reasonStrategy},
-		{validating: true, name: "the overlap index not synced", body: review(t, admissionv1.Create, guarded(named("unlisted")), nil),
-			op: "CREATE", wantResult: "denied", wantWhy: reasonInternal},
-		{validating: true, name: "a metadata change", body: review(t, admissionv1.Update, guarded(), guarded()),
+		{validating: true, name: "an overlap", body: reviewBody(t, admissionv1.Create, reviewtest.Guarded(), nil),
+			op: "CREATE", wantResult: "denied", wantWhy: review.OriginOverlap},
+		{validating: true, name: "every replica down and an overlap: the first check", body: reviewBody(t, admissionv1.Create, reviewtest.Guarded(func(d *appsv1.Deployment) {
+			d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: review.OriginStrategy},
+		{validating: true, name: "the overlap index not synced", body: reviewBody(t, admissionv1.Create, reviewtest.Guarded(named("unlisted")), nil),
+			op: "CREATE", wantResult: "denied", wantWhy: review.OriginInternal},
+		{validating: true, name: "a metadata change", body: reviewBody(t, admissionv1.Update, reviewtest.Guarded(), reviewtest.Guarded()),
 			op: "UPDATE", wantResult: "allowed", wantWhy: reasonNone},
-		{validating: true, name: "a policy", body: review(t, admissionv1.Update, denyAnnotated, guarded()),
-			op: "UPDATE", wantResult: "denied", wantWhy: reasonPolicy},
+		{validating: true, name: "a policy", body: reviewBody(t, admissionv1.Update, denyAnnotated, reviewtest.Guarded()),
+			op: "UPDATE", wantResult: "denied", wantWhy: review.OriginPolicy},
 		{validating: true, name: "the guard's finalizers removed while deleting",
-			body: review(t, admissionv1.Update, guarded(deleting, func(d *appsv1.Deployment) { d.Finalizers = nil }), guarded(deleting)),
-			op:   "UPDATE", wantResult: "denied", wantWhy: reasonFinalizers},
+			body: reviewBody(t, admissionv1.Update, reviewtest.Guarded(deleting, func(d *appsv1.Deployment) { d.Finalizers = nil }), reviewtest.Guarded(deleting)),
+			op:   "UPDATE", wantResult: "denied", wantWhy: review.OriginFinalizers},
 		{validating: true, name: "a protected Deployment deleted",
-			body: review(t, admissionv1.Delete, nil, guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationProtected] = "true" })),
-			op:   "DELETE", wantResult: "denied", wantWhy: reasonProtected},
-		{validating: true, name: "a DELETE without oldObject", body: review(t, admissionv1.Delete, nil, nil),
+			body: reviewBody(t, admissionv1.Delete, nil, reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationProtected] = "true" })),
+			op:   "DELETE", wantResult: "denied", wantWhy: review.OriginProtected},
+		{validating: true, name: "a DELETE without oldObject", body: reviewBody(t, admissionv1.Delete, nil, nil),
 			op: "DELETE", wantResult: "error", wantWhy: reasonMalformed},
 	}
 	for _, tt := range tests {

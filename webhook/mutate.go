@@ -2,18 +2,16 @@ package webhook
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // mutator serves the mutating webhook. It is not an admission.Defaulter: it
@@ -22,7 +20,7 @@ import (
 // request (two full JSON round trips, about 1 ms and 3,600
 // allocations on an 8 KB Deployment). The patch then touches exactly what the
 // guard changed, which is also what the defaulted annotation lists.
-type mutator struct{ w *Deployment }
+type mutator struct{ reviewer *review.Reviewer }
 
 func (m mutator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
@@ -45,13 +43,13 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	_, judged := d.Labels[native.LabelRefusals]
 	_, marked := d.Annotations[native.AnnotationSelectorRepaired]
-	rev := m.w.Review(ctx, r, Mutating)
+	rev := m.reviewer.Review(ctx, r, review.Mutating)
 	if errs := rev.Findings.Refusals(); len(errs) > 0 {
 		return invalid(name, errs, nil)
 	}
 	_, stillMarked := d.Annotations[native.AnnotationSelectorRepaired]
 	unmark := marked && !stillMarked
-	if judged && req.Operation == admissionv1.Create && len(m.w.Options.nativeChecks(ctx, r, native.Refusals).Refusals()) > 0 {
+	if judged && req.Operation == admissionv1.Create && len(m.reviewer.Options.NativeChecks(ctx, r, native.Refusals).Refusals()) > 0 {
 		// A create deployguard-refusals refuses keeps the labels, so that
 		// its binding for creates selects it and the API server refuses it
 		// in the policy's words. (It is never stored.)
@@ -75,18 +73,6 @@ func (m mutator) handle(ctx context.Context, req admission.Request) (admission.R
 	return resp, reasonNone
 }
 
-// defaultingWarnings are the warnings about what Default changed that the user
-// should know: where the stored object differs from the manifest in a way
-// that matters to them.
-func defaultingWarnings(d *appsv1.Deployment, changed []string) Findings {
-	if !slices.Contains(changed, defaultedSelector) {
-		return nil
-	}
-	return Findings{warn(reasonSelector, specPath.Child("selector"), fmt.Sprintf(
-		"the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
-		metav1.FormatLabelSelector(d.Spec.Selector)))}
-}
-
 // presence says which parents of the patched fields the request's object had.
 type presence struct{ annotations, rollingUpdate bool }
 
@@ -100,12 +86,12 @@ func patchFor(d *appsv1.Deployment, changed []string, had presence) []jsonpatch.
 	strategy := false
 	for _, f := range changed {
 		switch f {
-		case defaultedSelector:
+		case review.DefaultedSelector:
 			add("/spec/selector", d.Spec.Selector)
-		case defaultedMaxSurge, defaultedMaxUnavailable:
+		case review.DefaultedMaxSurge, review.DefaultedMaxUnavailable:
 			ru := d.Spec.Strategy.RollingUpdate
 			switch {
-			case had.rollingUpdate && f == defaultedMaxSurge:
+			case had.rollingUpdate && f == review.DefaultedMaxSurge:
 				add("/spec/strategy/rollingUpdate/maxSurge", ru.MaxSurge)
 			case had.rollingUpdate:
 				add("/spec/strategy/rollingUpdate/maxUnavailable", ru.MaxUnavailable)
@@ -115,11 +101,11 @@ func patchFor(d *appsv1.Deployment, changed []string, had presence) []jsonpatch.
 				add("/spec/strategy", d.Spec.Strategy)
 				strategy = true
 			}
-		case defaultedRevisionHistory:
+		case review.DefaultedRevisionHistory:
 			add("/spec/revisionHistoryLimit", *d.Spec.RevisionHistoryLimit)
-		case defaultedProgressDeadline:
+		case review.DefaultedProgressDeadline:
 			add("/spec/progressDeadlineSeconds", *d.Spec.ProgressDeadlineSeconds)
-		case defaultedFinalizers:
+		case review.DefaultedFinalizers:
 			add("/metadata/finalizers", d.Finalizers)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // NativePoliciesEnforced reports whether kube-apiserver enforces the guard's
@@ -26,7 +27,7 @@ import (
 // installed, an older policy left after an upgrade, params of another
 // namespace or not written), why says what, and the webhook must evaluate
 // the refusals itself, or nothing would.
-func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
+func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o *review.Options) (ok bool, why string, err error) {
 	if ok, why, err := NativeRefusalsBound(ctx, c, namespace); !ok || err != nil {
 		return ok, why, err
 	}
@@ -40,7 +41,7 @@ func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace stri
 // through r, uncached: it also runs before the guard's caches start.
 // NativePoliciesEnforced reads the objects; this reads the behaviour, which
 // can differ (see FloorProbe).
-func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *Options) (ProbeVerdict, string) {
+func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *review.Options) (ProbeVerdict, string) {
 	// The binding that takes the probe, a create: the one for creates where
 	// the refusals' own does not. deployguard-selector labels the probe
 	// (its finalizer is in the guard's domain) as every create the policy
@@ -262,7 +263,7 @@ func createsSelected(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 
 // nativeParamsCurrent reports whether the params ConfigMap in namespace
 // holds what o says.
-func nativeParamsCurrent(ctx context.Context, c client.Reader, namespace string, o *Options) (ok bool, why string, err error) {
+func nativeParamsCurrent(ctx context.Context, c client.Reader, namespace string, o *review.Options) (ok bool, why string, err error) {
 	cm := &corev1.ConfigMap{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nativeconfig.ParamsName}, cm); err != nil {
 		return notFound(err, "ConfigMap "+namespace+"/"+nativeconfig.ParamsName+" is not there")
@@ -416,7 +417,7 @@ func notFound(err error, why string) (bool, string, error) {
 
 // ApplyNativeParams writes the policies' params ConfigMap in namespace from
 // o, so that the config file stays the one place a platform team sets them.
-func ApplyNativeParams(ctx context.Context, c client.Client, namespace string, o *Options) error {
+func ApplyNativeParams(ctx context.Context, c client.Client, namespace string, o *review.Options) error {
 	cm := o.NativeSettings().ConfigMap(namespace)
 	//nolint:staticcheck // a typed object applied whole; the guard owns every field it sets
 	if err := c.Patch(ctx, cm, client.Apply, client.FieldOwner("deployguard"), client.ForceOwnership); err != nil {

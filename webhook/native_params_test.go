@@ -23,11 +23,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // installed are config/native's refusals policy (its folded lines rewritten,
 // as kustomize does), binding and params for o.
-func installed(t *testing.T, o *Options) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *corev1.ConfigMap) {
+func installed(t *testing.T, o *review.Options) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *corev1.ConfigMap) {
 	t.Helper()
 	rules, err := native.Load()
 	require.NoError(t, err)
@@ -85,7 +87,7 @@ func installedForCreates(t *testing.T) (*admissionregistrationv1.ValidatingAdmis
 func TestNativePoliciesEnforced(t *testing.T) {
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	o := testOptions()
+	o := reviewtest.Options()
 	for _, tc := range []struct {
 		name string
 		mut  func(*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, *corev1.ConfigMap) []client.Object
@@ -178,7 +180,7 @@ func TestNativePoliciesEnforced(t *testing.T) {
 func TestNativeRefusalsJudgeTheCreates(t *testing.T) {
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	o := testOptions()
+	o := reviewtest.Options()
 	type objs struct {
 		cb *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 		mp *admissionregistrationv1.MutatingAdmissionPolicy

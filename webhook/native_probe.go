@@ -1,14 +1,11 @@
 package webhook
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 
-	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,25 +53,6 @@ func FloorProbe(namespace string) *appsv1.Deployment {
 			},
 		},
 	}
-}
-
-// FloorProbeRefusal is the line deployguard-refusals refuses d with, as
-// this guard evaluates it with its own params: what the API server must
-// say when it enforces the policy as this guard would. "" when the guard
-// would admit d.
-func (o *Options) FloorProbeRefusal(ctx context.Context, d *appsv1.Deployment) string {
-	req := Request{Operation: admissionv1.Create, Object: d, DryRun: true,
-		UserInfo: authenticationv1.UserInfo{Username: o.GuardUsername}}
-	rules, err := native.Load()
-	if err != nil {
-		return ""
-	}
-	for _, f := range rules.Evaluate(ctx, nativeRequest(req), o.NativeSettings().Params(), native.Refusals) {
-		if !f.Error {
-			return f.Line()
-		}
-	}
-	return ""
 }
 
 // ProbeVerdict is what one probe found out.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // The probe is refused by the refusals for every user but the control
@@ -23,7 +24,7 @@ import (
 func TestFloorProbeRefusal(t *testing.T) {
 	ctx := context.Background()
 	d := FloorProbe("shop")
-	for _, o := range []*Options{
+	for _, o := range []*review.Options{
 		{GuardUsername: "system:serviceaccount:deployguard-system:deployguard"},
 		{GuardUsername: "system:serviceaccount:deployguard-system:deployguard", ExemptNamespaces: []string{"shop"}, BreakGlassGroups: []string{"system:serviceaccounts"}},
 		{},
@@ -34,11 +35,11 @@ func TestFloorProbeRefusal(t *testing.T) {
 	}
 	without := d.DeepCopy()
 	without.Finalizers = nil
-	assert.Empty(t, (&Options{}).FloorProbeRefusal(ctx, without), "nothing else about the probe is refused")
+	assert.Empty(t, (&review.Options{}).FloorProbeRefusal(ctx, without), "nothing else about the probe is refused")
 	other := d.DeepCopy()
 	other.Finalizers = append(other.Finalizers, "deployguard.io/nope")
 	assert.Equal(t, `metadata.finalizers: "`+FloorProbeFinalizer+`", "deployguard.io/nope" are not deployguard's finalizers: supported values: "deployguard.io/record", "deployguard.io/drain"`,
-		(&Options{}).FloorProbeRefusal(ctx, other), "with another finalizer, the usual words")
+		(&review.Options{}).FloorProbeRefusal(ctx, other), "with another finalizer, the usual words")
 }
 
 func TestJudgeFloorProbe(t *testing.T) {

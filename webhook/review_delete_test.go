@@ -10,12 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // criticalPolicy refuses, in mode, the deletion of a Deployment labelled
@@ -44,12 +45,12 @@ deny contains {"msg": "add an owner label", "field": "metadata.labels.owner"} if
 `}
 
 // enginePolicies loads sources into a policy engine the way serve does.
-func enginePolicies(t *testing.T, sources ...policy.Source) Policies {
+func enginePolicies(t *testing.T, sources ...policy.Source) review.Policies {
 	t.Helper()
 	eng, err := policy.New(policy.Options{})
 	require.NoError(t, err)
 	require.NoError(t, eng.Load(context.Background(), append(policy.Builtins(), sources...)))
-	return RegoPolicies{Engine: eng}
+	return review.RegoPolicies{Engine: eng}
 }
 
 // TestPoliciesJudgeDeletes: the validating webhook evaluates the Rego
@@ -67,40 +68,40 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 		policies []policy.Source
 		old      *appsv1.Deployment
 		user     string
-		mut      func(*Deployment)
+		mut      func(*review.Reviewer)
 		allowed  bool
 		messages []string // in the refusal, each
 		warnings []string // exactly
 	}{
 		{name: "an enforced policy refuses the deletion", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), messages: []string{refusal}},
+			old: reviewtest.Guarded(critical), messages: []string{refusal}},
 		{name: "a warn-mode policy warns", policies: []policy.Source{criticalPolicy("critical", "warn")},
-			old: guarded(critical), allowed: true, warnings: []string{warning}},
+			old: reviewtest.Guarded(critical), allowed: true, warnings: []string{warning}},
 		{name: "an audit-mode policy is only recorded", policies: []policy.Source{criticalPolicy("critical", "audit")},
-			old: guarded(critical), allowed: true},
+			old: reviewtest.Guarded(critical), allowed: true},
 		{name: "nothing objects: the deletion passes", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(), allowed: true},
+			old: reviewtest.Guarded(), allowed: true},
 		{name: "no policy but the built-ins, all of whose rules the Deployment breaks",
-			old: guarded(func(d *appsv1.Deployment) {
+			old: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				c := &d.Spec.Template.Spec.Containers[0]
 				c.Image, c.ReadinessProbe = "nginx", nil
 				d.Spec.Template.Spec.HostNetwork = true
 			}), allowed: true},
 		{name: "a policy about the object alone does not refuse every deletion", policies: []policy.Source{ownerPolicy},
-			old: guarded(), allowed: true},
+			old: reviewtest.Guarded(), allowed: true},
 		{name: "the deletion protection and the policy, each refusing", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old:      guarded(critical, protected),
+			old:      reviewtest.Guarded(critical, protected),
 			messages: []string{"is protected from deletion", "metadata: Forbidden: [policy critical] a tier: critical Deployment may not be deleted"}},
 		{name: "the deletion protection alone", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(protected), messages: []string{"is protected from deletion"}},
+			old: reviewtest.Guarded(protected), messages: []string{"is protected from deletion"}},
 		{name: "an exempt user", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), user: "ops-bot", mut: func(w *Deployment) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
+			old: reviewtest.Guarded(critical), user: "ops-bot", mut: func(w *review.Reviewer) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
 		{name: "an exempt namespace", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), mut: func(w *Deployment) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
+			old: reviewtest.Guarded(critical), mut: func(w *review.Reviewer) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
 		{name: "the guard itself", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), user: testOptions().GuardUsername, allowed: true},
+			old: reviewtest.Guarded(critical), user: reviewtest.Options().GuardUsername, allowed: true},
 		{name: "a PolicyException of the policy turns the refusal into a warning", policies: []policy.Source{criticalPolicy("critical", "enforce")},
-			old: guarded(critical), mut: func(w *Deployment) {
+			old: reviewtest.Guarded(critical), mut: func(w *review.Reviewer) {
 				x := exception.NewIndex("deployguard-system")
 				x.Set(&exception.PolicyException{
 					ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: "decommission-web"},
@@ -112,14 +113,14 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := &Deployment{Options: testOptions(), Overlaps: indexOf(), Policies: enginePolicies(t, tt.policies...)}
+			w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(), Policies: enginePolicies(t, tt.policies...)}
 			if tt.mut != nil {
 				tt.mut(w)
 			}
-			_, validating := w.Handlers(nil)
+			_, validating := (&Hooks{Reviewer: w}).Handlers(nil)
 			no := false
 			validating.RecoverPanic = &no
-			body := review(t, admissionv1.Delete, nil, tt.old)
+			body := reviewBody(t, admissionv1.Delete, nil, tt.old)
 			if tt.user != "" {
 				body = bytes.Replace(body, []byte(`"userInfo":{"username":"alice"}`), []byte(`"userInfo":{"username":"`+tt.user+`"}`), 1)
 			}
@@ -137,26 +138,4 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestDeletePolicyInput: on a DELETE the policies get operation DELETE, no
-// object, the Deployment being deleted as oldObject (as the API server sent
-// it), and its namespace and name.
-func TestDeletePolicyInput(t *testing.T) {
-	var got policy.Request
-	w := &Deployment{Options: testOptions(), Overlaps: indexOf(), Policies: policyFunc(func(in policy.Request) policy.Decision {
-		got = in
-		return policy.Decision{}
-	})}
-	old := guarded()
-	raw := mustJSON(t, old)
-	rev := w.Review(context.Background(), Request{Operation: admissionv1.Delete, OldObject: old, OldObjectRaw: raw,
-		UserInfo: authenticationv1.UserInfo{Username: "alice"}}, Validating)
-	assert.True(t, rev.PoliciesRan)
-	assert.Equal(t, "DELETE", got.Operation)
-	assert.Nil(t, got.Object)
-	assert.Equal(t, raw, got.OldObject)
-	assert.Equal(t, "shop", got.Namespace)
-	assert.Equal(t, "web", got.Name)
-	assert.Equal(t, "alice", got.UserInfo.Username)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // The validating webhook for Deployments is three entries of one
@@ -123,16 +124,16 @@ func LoadedPoliciesOf(s policy.Set) LoadedPolicies {
 	return l
 }
 
-// Enforced is what o enforces, with the loaded policies p.
-func (o *Options) Enforced(p LoadedPolicies) Enforced {
+// EnforcedOf is what o enforces, with the loaded policies p.
+func EnforcedOf(o *review.Options, p LoadedPolicies) Enforced {
 	return Enforced{
 		Refusals:           !o.NativeEnforced(),
-		Quarantine:         o.Quarantine == QuarantineEnforce,
+		Quarantine:         o.Quarantine == review.QuarantineEnforce,
 		Policies:           p.Enforce,
 		PoliciesOnDelete:   p.Enforce && !p.EnforceSkipsDelete,
 		PoliciesBeyondSpec: p.BeyondSpec,
 		Bounds:             o.BoundsEnforce,
-		Budgets:            o.DisruptionBudgets == BudgetsEnforce,
+		Budgets:            o.DisruptionBudgets == review.BudgetsEnforce,
 		ExemptNamespaces:   o.ExemptNamespaces, ExemptUsernames: o.ExemptUsernames, ExemptGroups: o.ExemptGroups,
 		GuardUsername: o.GuardUsername,
 	}
@@ -150,8 +151,8 @@ func MustDecide(e Enforced) string {
 	}
 	var terms []string
 	if e.Quarantine {
-		// CheckQuarantine: an update that changes the template of a
-		// Deployment with quarantined templates.
+		// BringsBackAQuarantinedTemplate: an update that changes the
+		// template of a Deployment with quarantined templates.
 		terms = append(terms, `(request.operation == "UPDATE" && has(oldObject.metadata.annotations) && `+
 			quote(vocab.AnnotationQuarantinedTemplates)+" in oldObject.metadata.annotations && "+
 			"object.spec.template != oldObject.spec.template)")

@@ -13,10 +13,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // matches compiles expr as a matchCondition with the API server's own CEL
@@ -27,7 +30,7 @@ func matches(t *testing.T, expr string, r native.Request) bool {
 	p, err := native.Compile(&admissionregistrationv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "condition"},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy:   ptr(admissionregistrationv1.Fail),
+			FailurePolicy:   ptr.To(admissionregistrationv1.Fail),
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "c", Expression: expr}},
 			Validations:     []admissionregistrationv1.Validation{{Expression: "false", Message: "matched"}},
 		},
@@ -46,16 +49,16 @@ func matches(t *testing.T, expr string, r native.Request) bool {
 // loaded policy reads more than the spec; and no condition errors. So in
 // the previous layout (two entries), which the guard still routes.
 func TestRouting(t *testing.T) {
-	def := testOptions()
+	def := reviewtest.Options()
 	def.NativeInAPIServer = true
-	def.Quarantine = QuarantineEnforce
+	def.Quarantine = review.QuarantineEnforce
 	def.GuardUsername = "system:serviceaccount:deployguard-system:deployguard"
 	def.ExemptNamespaces = []string{"legacy"}
 	def.ExemptGroups = []string{"ops:exempt"}
 
-	base := guarded()
+	base := reviewtest.Guarded()
 	base.Namespace = "shop"
-	quarantinedOld := guarded(func(d *appsv1.Deployment) {
+	quarantinedOld := reviewtest.Guarded(func(d *appsv1.Deployment) {
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "abc"
 		d.Labels = map[string]string{vocab.LabelQuarantined: vocab.LabelQuarantinedValue}
 	})
@@ -68,7 +71,7 @@ func TestRouting(t *testing.T) {
 		return d
 	}
 	scaled := base.DeepCopy()
-	scaled.Spec.Replicas = ptr(int32(7))
+	scaled.Spec.Replicas = ptr.To(int32(7))
 	annotated := base.DeepCopy()
 	annotated.Annotations["team"] = "a"
 	finalized := base.DeepCopy()
@@ -130,7 +133,7 @@ func TestRouting(t *testing.T) {
 
 	cases := []struct {
 		name   string
-		mut    func(*Options)
+		mut    func(*review.Options)
 		loaded LoadedPolicies
 		reqs   []req
 	}{
@@ -147,10 +150,10 @@ func TestRouting(t *testing.T) {
 			with(create, false), with(imageUpdate, false), with(metadata, false), with(quarantineMeta, false), with(quarantine, true),
 			with(unlabelledQuarantine, true, unlabelled),
 		}},
-		{"quarantine off", func(o *Options) { o.Quarantine = QuarantineWarn }, LoadedPolicies{}, []req{
+		{"quarantine off", func(o *review.Options) { o.Quarantine = review.QuarantineWarn }, LoadedPolicies{}, []req{
 			with(quarantine, false), with(create, false), with(quarantineMeta, false, quiet),
 		}},
-		{"native refusals not in the API server: everything", func(o *Options) { o.NativeInAPIServer = false }, LoadedPolicies{}, []req{
+		{"native refusals not in the API server: everything", func(o *review.Options) { o.NativeInAPIServer = false }, LoadedPolicies{}, []req{
 			with(create, true), with(metadata, true), with(del, true),
 		}},
 		{"an enforced Rego policy", nil, LoadedPolicies{Enforce: true}, []req{
@@ -170,10 +173,10 @@ func TestRouting(t *testing.T) {
 		{"an enforced Rego policy that reads the metadata", nil, LoadedPolicies{Enforce: true, BeyondSpec: true}, []req{
 			with(metadata, true), with(metadata, false, in("legacy")), with(metadata, false, as(guard)), with(create, false, in("legacy")),
 		}},
-		{"enforced bounds", func(o *Options) { o.BoundsEnforce = true }, LoadedPolicies{}, []req{
+		{"enforced bounds", func(o *review.Options) { o.BoundsEnforce = true }, LoadedPolicies{}, []req{
 			with(create, true), with(imageUpdate, true), with(metadata, false, quiet), with(del, false), with(create, false, in("legacy")),
 		}},
-		{"enforced budgets", func(o *Options) { o.DisruptionBudgets = BudgetsEnforce }, LoadedPolicies{}, []req{
+		{"enforced budgets", func(o *review.Options) { o.DisruptionBudgets = review.BudgetsEnforce }, LoadedPolicies{}, []req{
 			with(create, true), with(scale, true), with(relabel, true), with(unlabel, true), with(unset, true),
 			with(imageUpdate, false), with(metadata, false, quiet), with(del, false), with(scale, false, as(guard)),
 		}},
@@ -184,7 +187,7 @@ func TestRouting(t *testing.T) {
 			if c.mut != nil {
 				c.mut(&o)
 			}
-			e := o.Enforced(c.loaded)
+			e := EnforcedOf(&o, c.loaded)
 			decide, advise, adviseCreates := MustDecide(e), MayAdvise(e), MayAdviseCreate(e)
 			selector, err := metav1.LabelSelectorAsSelector(EnforceObjectSelector(e))
 			require.NoError(t, err)
@@ -245,7 +248,7 @@ func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
 	require.NotEmpty(t, expr)
 	// Without the guard's cleanup steps and finalizers, which the webhook is
 	// called for anyway.
-	plain := stored()
+	plain := reviewtest.Stored()
 	repaired := plain.DeepCopy()
 	repaired.Annotations = map[string]string{native.AnnotationSelectorRepaired: "true"}
 	refused := plain.DeepCopy()
@@ -282,14 +285,14 @@ func TestMutatingScopeSeesTheSelectorMarks(t *testing.T) {
 // decide (the create entry then takes every create: MayAdviseCreate is
 // empty exactly when CREATE is left out).
 func TestEnforceOperationsCoverMustDecide(t *testing.T) {
-	base := guarded()
+	base := reviewtest.Guarded()
 	base.Namespace = "shop"
-	quarantined := guarded(func(d *appsv1.Deployment) {
+	quarantined := reviewtest.Guarded(func(d *appsv1.Deployment) {
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "abc"
 	})
 	changed := quarantined.DeepCopy()
 	changed.Spec.Template.Spec.Containers[0].Image = "app:9"
-	changed.Spec.Replicas = ptr(int32(9))
+	changed.Spec.Replicas = ptr.To(int32(9))
 	changed.Spec.Template.Labels["tier"] = "web"
 	app := &user.DefaultInfo{Name: "alice", Groups: []string{"dev"}}
 	reqs := []native.Request{

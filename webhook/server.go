@@ -1,3 +1,12 @@
+// Package webhook serves deployguard's admission webhooks over HTTP: the
+// mutating webhook of apps/v1 Deployments, which fills in the cluster's
+// defaults and the guard's finalizers; the validating webhook, which refuses
+// dangerous specs; the status webhook that ends a rollback's verdict; and the
+// validating webhook of PodDisruptionBudgets. Each decodes its request, has
+// the review (package review) judge it, and translates what it found into an
+// AdmissionResponse. The controllers that route the guard's own webhook
+// configurations (routing*.go) and check that the API server enforces the
+// native floor (native_*.go) live here too.
 package webhook
 
 import (
@@ -14,6 +23,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // Paths the webhooks are served at; config/webhook uses the same.
@@ -22,20 +33,35 @@ const (
 	ValidatePath = "/validate-apps-v1-deployment"
 )
 
+// Hooks are the guard's admission webhooks, served over HTTP: the mutating
+// and validating webhooks of Deployments, the status webhook that ends the
+// rollback verdict, and the validating webhook of PodDisruptionBudgets. Each
+// decodes its request, has the Reviewer judge it, and translates what it
+// found into an AdmissionResponse.
+type Hooks struct {
+	Reviewer *review.Reviewer
+	// ServeVerdicts serves the status webhook that ends the rollback verdict
+	// (VerdictPath).
+	ServeVerdicts bool
+	// BodyTimeout bounds how long each webhook request's body may take to
+	// arrive; zero is DefaultBodyTimeout.
+	BodyTimeout time.Duration
+}
+
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
-func (w *Deployment) Handlers(m *Metrics) (mutating, validating *Endpoint) {
-	mutating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{w: w}.handle, m)}, Deployments: true, BodyTimeout: w.BodyTimeout}
-	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{w: w}.handle, m)},
-		Deployments: true, SkipCreatePodSpec: true, BodyTimeout: w.BodyTimeout}
+func (h *Hooks) Handlers(m *Metrics) (mutating, validating *Endpoint) {
+	mutating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{reviewer: h.Reviewer}.handle, m)}, Deployments: true, BodyTimeout: h.BodyTimeout}
+	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{reviewer: h.Reviewer}.handle, m)},
+		Deployments: true, SkipCreatePodSpec: true, BodyTimeout: h.BodyTimeout}
 	return mutating, validating
 }
 
 // VerdictHandler returns the status webhook's handler (see verdict),
 // instrumented.
-func (w *Deployment) VerdictHandler(m *Metrics) *Endpoint {
+func (h *Hooks) VerdictHandler(m *Metrics) *Endpoint {
 	return &Endpoint{Webhook: &admission.Webhook{Handler: neverRefuse(instrument("verdict", deploymentKind, verdict{}.handle, m))},
-		Deployments: true, BodyTimeout: w.BodyTimeout}
+		Deployments: true, BodyTimeout: h.BodyTimeout}
 }
 
 // neverRefuse admits, unchanged, whatever next refuses or fails on
@@ -61,19 +87,19 @@ func neverRefuse(next admission.Handler) admission.Handler {
 // SetupWithManager registers both webhooks on the manager's webhook server,
 // each through wrap when it is set (serve's closes kept-alive connections
 // while it stops). serve and the integration tier both set them up here.
-func (w *Deployment) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(http.Handler) http.Handler) {
-	mutating, validating := w.Handlers(m)
+func (h *Hooks) SetupWithManager(mgr ctrl.Manager, m *Metrics, wrap func(http.Handler) http.Handler) {
+	mutating, validating := h.Handlers(m)
 	if wrap == nil {
 		wrap = func(h http.Handler) http.Handler { return h }
 	}
 	srv := mgr.GetWebhookServer()
 	srv.Register(MutatePath, wrap(mutating))
 	srv.Register(ValidatePath, wrap(validating))
-	if w.ServeVerdicts {
-		srv.Register(VerdictPath, wrap(w.VerdictHandler(m)))
+	if h.ServeVerdicts {
+		srv.Register(VerdictPath, wrap(h.VerdictHandler(m)))
 	}
-	if w.Budgets != nil {
-		srv.Register(BudgetPath, wrap(&Endpoint{Webhook: w.BudgetHandler(m), BodyTimeout: w.BodyTimeout}))
+	if h.Reviewer.Budgets != nil {
+		srv.Register(BudgetPath, wrap(&Endpoint{Webhook: h.BudgetHandler(m), BodyTimeout: h.BodyTimeout}))
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // validator serves the validating webhook. It is not an admission.Validator:
@@ -23,7 +25,7 @@ import (
 // kind is checked before), without the scheme's decoder, which first reads
 // the whole object once more to find its kind; and it keeps the findings,
 // whose first problem is the refusal's reason (refusalReason).
-type validator struct{ w *Deployment }
+type validator struct{ reviewer *review.Reviewer }
 
 func (v validator) handle(ctx context.Context, req admission.Request) (admission.Response, string) {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update && req.Operation != admissionv1.Delete {
@@ -34,9 +36,9 @@ func (v validator) handle(ctx context.Context, req admission.Request) (admission
 	if r.Object == nil && r.OldObject == nil {
 		return resp, reason
 	}
-	stage := Validating
-	stage.Native = !v.w.Options.NativeEnforced()
-	rev := v.w.Review(ctx, r, stage)
+	stage := review.Validating
+	stage.Native = !v.reviewer.Options.NativeEnforced()
+	rev := v.reviewer.Review(ctx, r, stage)
 	if audited := auditedLines(rev.Findings); len(audited) > 0 {
 		ctrl.LoggerFrom(ctx).Info("audit-mode policy findings", "reason", "PolicyAudit",
 			"namespace", req.Namespace, "name", name, "findings", audited)
@@ -48,10 +50,10 @@ func (v validator) handle(ctx context.Context, req admission.Request) (admission
 }
 
 // auditedLines are the findings of audit-mode policies, which are only logged.
-func auditedLines(f Findings) []string {
+func auditedLines(f review.Findings) []string {
 	var out []string
 	for _, x := range f {
-		if x.Severity == SeverityInfo {
+		if x.Severity == review.SeverityInfo {
 			out = append(out, x.Line())
 		}
 	}
@@ -61,20 +63,20 @@ func auditedLines(f Findings) []string {
 // decodeRequest reads an admission request for a review: the object on
 // CREATE and UPDATE, the stored object on UPDATE and DELETE. A request that
 // cannot be read gets no objects, and the response that answers it.
-func decodeRequest(req admission.Request) (r Request, name string, resp admission.Response, reason string) {
-	r = Request{Operation: req.Operation, UserInfo: req.UserInfo, DryRun: req.DryRun != nil && *req.DryRun}
+func decodeRequest(req admission.Request) (r review.Request, name string, resp admission.Response, reason string) {
+	r = review.Request{Operation: req.Operation, UserInfo: req.UserInfo, DryRun: req.DryRun != nil && *req.DryRun}
 	var err error
 	if req.Operation != admissionv1.Delete {
 		if r.Object, err = decodeDeployment(req.Object); err != nil {
 			resp, reason = malformed(fmt.Errorf("cannot decode the object as an apps/v1 Deployment: %w", err))
-			return Request{}, "", resp, reason
+			return review.Request{}, "", resp, reason
 		}
 		r.ObjectRaw, name = req.Object.Raw, r.Object.Name
 	}
 	if req.Operation != admissionv1.Create {
 		if r.OldObject, err = decodeDeployment(req.OldObject); err != nil {
 			resp, reason = malformed(fmt.Errorf("cannot decode oldObject as an apps/v1 Deployment: %w", err))
-			return Request{}, "", resp, reason
+			return review.Request{}, "", resp, reason
 		}
 		r.OldObjectRaw = req.OldObject.Raw
 		if name == "" {
@@ -83,6 +85,8 @@ func decodeRequest(req admission.Request) (r Request, name string, resp admissio
 	}
 	return r, name, resp, reason
 }
+
+var deploymentGK = appsv1.SchemeGroupVersion.WithKind("Deployment").GroupKind()
 
 // invalid refuses a Deployment for errs, all of them in one Invalid status as
 // the API server's own validation does, and gives the reason to count it by.

@@ -18,6 +18,8 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // TestVerdictHandler: the status webhook's answers, decided by the
@@ -25,12 +27,12 @@ import (
 // server's side, and a real status write, are in the integration tier
 // (TestAFixIsNeverObservedUnderTheOldVerdict).
 func TestVerdictHandler(t *testing.T) {
-	restoredTemplate := vocab.TemplateHash(&stored().Spec.Template)
+	restoredTemplate := vocab.TemplateHash(&reviewtest.Stored().Spec.Template)
 	recorded := reconciler.Ledger{RolledBackTo: "web-restored", RolledBackToTemplate: restoredTemplate, RolledBackRevision: 4}
 	// rolledBack is the Deployment at generation 5 after the rollback (with
 	// image, when set, applied), its status observed up to observed.
 	rolledBack := func(image string, observed int64) *appsv1.Deployment {
-		d := stored(func(d *appsv1.Deployment) {
+		d := reviewtest.Stored(func(d *appsv1.Deployment) {
 			d.Generation, d.UID, d.ResourceVersion = 5, "uid-web", "10"
 			d.Status.ObservedGeneration = observed
 			d.Status.Conditions = []appsv1.DeploymentCondition{
@@ -119,7 +121,7 @@ func TestVerdictHandler(t *testing.T) {
 // status write, whatever the failurePolicy, would stop the Deployment
 // controller's rollout.
 func TestVerdictWebhookNeverRefuses(t *testing.T) {
-	h := (&Deployment{ServeVerdicts: true}).VerdictHandler(nil)
+	h := (&Hooks{Reviewer: &review.Reviewer{}, ServeVerdicts: true}).VerdictHandler(nil)
 	for name, req := range map[string]admissionv1.AdmissionRequest{
 		"an object that does not decode": {Kind: deploymentKind.gvk, Operation: admissionv1.Update, SubResource: "status",
 			Object: runtime.RawExtension{Raw: []byte(`{"spec":"x"}`)}, OldObject: runtime.RawExtension{Raw: []byte(`{}`)}},

@@ -12,6 +12,7 @@ import (
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/audit"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // setupAudit runs the background audit in each leader term: one replica
@@ -19,7 +20,7 @@ import (
 // admission path. Its metrics outlive the terms. budgets is the webhook's
 // budget index, with its overlap index: the audit looks candidates up there,
 // and marks those of a changed Deployment or budget for a new audit.
-func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *guardwebhook.Options, eng *policy.Engine, budgets *guardwebhook.BudgetIndex, exceptions *exception.Index, ignored []string) error {
+func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *review.Options, eng *policy.Engine, budgets *review.BudgetIndex, exceptions *exception.Index, ignored []string) error {
 	am, err := audit.NewMetrics(metrics.Registry)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // setupNative writes the native policies' params from the config file and
@@ -25,7 +26,7 @@ import (
 // as this guard would, otherwise the webhook too, so that they are never
 // left unchecked. A policy file that does not compile stops the guard here,
 // not at its first admission.
-func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *guardwebhook.Options, every time.Duration) error {
+func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *review.Options, every time.Duration) error {
 	if _, err := native.Load(); err != nil {
 		return fmt.Errorf("the native policies: %w", err)
 	}
@@ -38,7 +39,7 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 	if !opts.NativeInAPIServer {
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
-		opts.Native = guardwebhook.NewNativeEnforcement(false)
+		opts.Native = review.NewNativeEnforcement(false)
 		gauge, err := registeredGauge("deployguard_native_policies_enforced",
 			"1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not "+
 				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, "+
@@ -94,7 +95,7 @@ type nativeChecker struct {
 	r         client.Reader
 	w         client.Client
 	namespace string
-	opts      *guardwebhook.Options
+	opts      *review.Options
 	log       logr.Logger
 	erring    bool // the last check could not tell
 	// lastProbe is the last conclusive verdict of the floor probe, and

@@ -14,6 +14,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // routeEvery is how often the leader checks the validating webhook's routing
@@ -28,7 +29,7 @@ const routeEvery = time.Minute
 // the API server starts or stops enforcing the native refusals, and every
 // routeEvery. One replica writes, so that replicas of two versions
 // in a rolling upgrade do not take turns.
-func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, eng *policy.Engine, loaded func() bool) {
+func setupRouting(leader *leaderTerms, name string, opts *review.Options, eng *policy.Engine, loaded func() bool) {
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
 		rw := uncached(lm)
 		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
@@ -41,7 +42,7 @@ func setupRouting(leader *leaderTerms, name string, opts *guardwebhook.Options, 
 	})
 }
 
-func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, opts *guardwebhook.Options, eng *policy.Engine) {
+func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, opts *review.Options, eng *policy.Engine) {
 	log := ctrl.Log.WithName("routing")
 	told := "" // the last state logged, so that a lasting one is said once
 	say := func(state string, f func()) {
@@ -58,7 +59,7 @@ func keepRouting(ctx context.Context, rw guardwebhook.ReadWriter, name string, o
 		if opts.Native != nil {
 			nativeChanged = opts.Native.Changed()
 		}
-		e := opts.Enforced(loadedPolicies(eng.Active()))
+		e := guardwebhook.EnforcedOf(opts, loadedPolicies(eng.Active()))
 		wrote, err := guardwebhook.Route(ctx, rw, name, e)
 		next := routeEvery
 		switch {
@@ -132,7 +133,7 @@ func selectorString(s *metav1.LabelSelector) string {
 // of the term, whenever the API server starts or stops enforcing the native
 // policies, and every routeEvery (deployguard-selector replaced by hand is
 // found then).
-func setupMutatingRouting(leader *leaderTerms, name, namespace string, opts *guardwebhook.Options, changesEvery bool) {
+func setupMutatingRouting(leader *leaderTerms, name, namespace string, opts *review.Options, changesEvery bool) {
 	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
 		rw := uncached(lm)
 		return lm.Add(manager.RunnableFunc(func(ctx context.Context) error {
@@ -142,7 +143,7 @@ func setupMutatingRouting(leader *leaderTerms, name, namespace string, opts *gua
 	})
 }
 
-func keepRoutingMutating(ctx context.Context, rw guardwebhook.ReadWriter, name, namespace string, opts *guardwebhook.Options, changesEvery bool) {
+func keepRoutingMutating(ctx context.Context, rw guardwebhook.ReadWriter, name, namespace string, opts *review.Options, changesEvery bool) {
 	log := ctrl.Log.WithName("routing")
 	told := "" // the last failure logged, so that a lasting one is said once
 	retry := 5 * time.Second

@@ -45,6 +45,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // serveFlags are the process-level settings; the guard's policy knobs live in
@@ -203,7 +204,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err != nil {
 		return err
 	}
-	leader, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, guardwebhook.RollbackJudge{Reviewer: adm.reviewer})
+	leader, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, review.RollbackJudge{Reviewer: adm.reviewer})
 	if err != nil {
 		return err
 	}
@@ -286,10 +287,10 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 type admissionParts struct {
 	// reviewer is the validating webhook's: the reconciler judges what a
 	// rollback would restore with it.
-	reviewer       *guardwebhook.Deployment
+	reviewer       *review.Reviewer
 	engine         *policy.Engine
 	policiesLoaded func() bool
-	budgets        *guardwebhook.BudgetIndex
+	budgets        *review.BudgetIndex
 	exceptions     *exception.Index
 }
 
@@ -297,7 +298,7 @@ type admissionParts struct {
 // overlap and budget indexes (the budget index holds the overlap one) and
 // their readiness, and both webhooks, registered through the
 // graceful stop's connection closing.
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *guardwebhook.Options, stop *gracefulStop) (*admissionParts, error) {
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *review.Options, stop *gracefulStop) (*admissionParts, error) {
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("registering admission metrics: %w", err)
@@ -313,13 +314,13 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// The overlap and drain checks' indexes, fed by the Deployment informer
 	// the reconciler uses too: one watch, and no list of the namespace per
 	// request.
-	overlaps, budgets, err := guardwebhook.Indexes(ctx, mgr.GetCache())
+	overlaps, budgets, err := review.Indexes(ctx, mgr.GetCache())
 	if err != nil {
 		return nil, err
 	}
 	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
 		if !overlaps.Synced() || !budgets.Synced() {
-			return guardwebhook.ErrIndexNotSynced
+			return review.ErrIndexNotSynced
 		}
 		return nil
 	}); err != nil {
@@ -328,18 +329,18 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	if err := setupNative(ctx, mgr, f.namespace, opts, f.nativeCheckPeriod); err != nil {
 		return nil, err
 	}
-	hooks := &guardwebhook.Deployment{
+	reviewer := &review.Reviewer{
 		Options:         opts,
 		Overlaps:        overlaps,
 		Budgets:         budgets,
-		Policies:        guardwebhook.RegoPolicies{Engine: eng},
+		Policies:        review.RegoPolicies{Engine: eng},
 		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
-		// Every replica serves it, leader or not.
-		ServeVerdicts: true,
 	}
 	if exceptions != nil {
-		hooks.Exceptions = exceptions
+		reviewer.Exceptions = exceptions
 	}
+	// Every replica serves the verdicts, leader or not.
+	hooks := &guardwebhook.Hooks{Reviewer: reviewer, ServeVerdicts: true}
 	// Registered through CloseConnections: once stopping, every answer
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
@@ -353,7 +354,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	// up: Go's server reads a refused request's body on, to reuse the
 	// connection, and would wait for a stalled one for ever.
 	mgr.GetWebhookServer().Register("/", guardwebhook.WithBodyTimeout(0, http.NotFoundHandler()))
-	return &admissionParts{reviewer: hooks, engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
+	return &admissionParts{reviewer: reviewer, engine: eng, policiesLoaded: loaded, budgets: budgets, exceptions: exceptions}, nil
 }
 
 // setupReconcilers wires the rollout reconciler into the leader's terms: it

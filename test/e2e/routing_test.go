@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem: with the
@@ -25,8 +26,8 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	ctx := context.Background()
 	// The default install's routing: the native refusals enforced by the
 	// API server, the built-in policies only.
-	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce}
-	narrow := guardwebhook.MayAdvise(def.Enforced(guardwebhook.LoadedPolicies{}))
+	def := &review.Options{NativeInAPIServer: true, Quarantine: review.QuarantineEnforce}
+	narrow := guardwebhook.MayAdvise(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{}))
 	waitFor(t, time.Minute, "the validating webhook never routed as for a default install", func(ctx context.Context) (bool, string, error) {
 		got := advised(ctx, t)
 		return got == narrow, got, nil

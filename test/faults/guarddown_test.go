@@ -27,6 +27,7 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // downConfig exempts one namespace, so that the routing's exemptions are
@@ -128,14 +129,14 @@ func TestGuardDown(t *testing.T) {
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
 	require.NoError(t, admin.Create(ctx, held))
 	// The leader leaves the default operations and conditions as installed.
-	def := &guardwebhook.Options{NativeInAPIServer: true, Quarantine: guardwebhook.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
-	assert.Equal(t, guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
+	def := &review.Options{NativeInAPIServer: true, Quarantine: review.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
+	assert.Equal(t, guardwebhook.MustDecide(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
 	// The leader adds the selector the manifests leave out: the enforce
 	// entry then takes the Deployments labelled quarantined alone.
 	waitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
 		got := enforceSelector(ctx, t, admin)
-		return assert.ObjectsAreEqual(guardwebhook.EnforceObjectSelector(def.Enforced(guardwebhook.LoadedPolicies{})), got), fmt.Sprint(got), nil
+		return assert.ObjectsAreEqual(guardwebhook.EnforceObjectSelector(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), got), fmt.Sprint(got), nil
 	})
 	// The reconciler labels a quarantined Deployment (a rollback writes
 	// the label with the list): the enforce entry selects on it.
@@ -204,7 +205,7 @@ func TestGuardDown(t *testing.T) {
 	// policy may refuse to the enforce entry. The built-in resources judges
 	// no deletion (policy/README.md, "Deletions"): DELETE is not routed.
 	start(lb.slots[2], enforcingConfig)
-	enforcing := def.Enforced(guardwebhook.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
+	enforcing := guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
 	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
 		return got == guardwebhook.MustDecide(enforcing) &&
@@ -234,7 +235,7 @@ func TestGuardDown(t *testing.T) {
 // the guard finds and answers by failing closed, but which would leave the
 // rest of this test without the floor it checks.
 func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, kubectl func(...string) (string, error),
-	def *guardwebhook.Options, manifest string) {
+	def *review.Options, manifest string) {
 	t.Helper()
 	// Both bindings: the refusals' own, and the one for creates (the
 	// probe's and this test's).
@@ -280,16 +281,16 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	}
 	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
 	lost := *def
-	lost.Native = guardwebhook.NewNativeEnforcement(false)
+	lost.Native = review.NewNativeEnforcement(false)
 	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(lost.Enforced(guardwebhook.LoadedPolicies{})), got, nil
+		return got == guardwebhook.MustDecide(guardwebhook.EnforcedOf(&lost, guardwebhook.LoadedPolicies{})), got, nil
 	})
 
 	require.NoError(t, restore())
 	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(def.Enforced(guardwebhook.LoadedPolicies{})), got, nil
+		return got == guardwebhook.MustDecide(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), got, nil
 	})
 	waitFor(t, time.Minute, "the API server refuses again", refused(true))
 

@@ -23,8 +23,8 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/audit"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // auditPolicy asks for a team label, in the test's namespace only so that the
@@ -56,7 +56,7 @@ func startAudit(t *testing.T, format string, log logr.Logger) (*audit.Runner, *p
 	require.NoError(t, err)
 	// The overlap index on the audit's cache, as serve feeds the webhook's
 	// from the cache the leader's terms share.
-	overlaps := guardwebhook.NewOverlapIndex(nil)
+	overlaps := review.NewOverlapIndex(nil)
 	inf, err := c.GetInformer(ctx, &appsv1.Deployment{})
 	require.NoError(t, err)
 	require.NoError(t, overlaps.Feed(inf))

@@ -18,8 +18,8 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // fuzzCount is how many generated Deployments the differential test adds to
@@ -57,8 +57,8 @@ func TestNativePoliciesAgreeWithTheAPIServer(t *testing.T) {
 		// The object the policies see: after the API server's defaults and
 		// the guard's mutating webhook, as check computes it.
 		s := d.DeepCopy()
-		guardwebhook.APIServerDefaults(s)
-		if _, errs := guardwebhook.Default(s, nil, opts, false); len(errs) > 0 {
+		review.APIServerDefaults(s)
+		if _, errs := review.Default(s, nil, opts, false); len(errs) > 0 {
 			skipped++ // a selector that cannot be repaired: refused before any policy
 			continue
 		}

@@ -184,7 +184,7 @@ func TestEnforcedPolicyRefusesDeletingACriticalDeployment(t *testing.T) {
 			return k8s.Update(context.Background(), cur)
 		})
 	})
-	e := guardConfig().WebhookOptions(guardUser).Enforced(guardwebhook.LoadedPoliciesOf(engine.Active()))
+	e := guardwebhook.EnforcedOf(guardConfig().WebhookOptions(guardUser), guardwebhook.LoadedPoliciesOf(engine.Active()))
 	require.True(t, e.PoliciesOnDelete, "the enforced deletion rule routes DELETE to the guard")
 	_, err := guardwebhook.Route(ctx, k8s, "deployguard-validating", e)
 	require.NoError(t, err)

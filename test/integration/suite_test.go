@@ -45,6 +45,7 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 const (
@@ -213,7 +214,7 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err := src.SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	overlaps, budgets, err := guardwebhook.Indexes(ctx, mgr.GetCache())
+	overlaps, budgets, err := review.Indexes(ctx, mgr.GetCache())
 	if err != nil {
 		return nil, err
 	}
@@ -224,14 +225,16 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	(&guardwebhook.Deployment{
-		Options:         cfg.WebhookOptions(guardUser),
-		Overlaps:        overlaps,
-		Budgets:         budgets,
-		Policies:        guardwebhook.RegoPolicies{Engine: engine},
-		NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
-		Exceptions:      exceptions,
-		ServeVerdicts:   true,
+	(&guardwebhook.Hooks{
+		Reviewer: &review.Reviewer{
+			Options:         cfg.WebhookOptions(guardUser),
+			Overlaps:        overlaps,
+			Budgets:         budgets,
+			Policies:        review.RegoPolicies{Engine: engine},
+			NamespaceLabels: guardwebhook.CacheNamespaceLabels(mgr.GetClient()),
+			Exceptions:      exceptions,
+		},
+		ServeVerdicts: true,
 		// Shorter than serve's, so that TestStalledClientsDoNotStopAdmission
 		// waits two seconds for it, not ten.
 		BodyTimeout: suiteBodyTimeout,

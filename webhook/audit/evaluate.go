@@ -19,7 +19,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // Results of a PolicyReport result, as wgpolicyk8s.io and openreports.io name them.
@@ -42,7 +42,7 @@ const (
 const AuditUsername = "deployguard:audit"
 
 // RuleOverlap is the rule of the overlap check, under PolicySpec.
-const RuleOverlap = "overlap"
+const RuleOverlap = review.OriginOverlap
 
 // Resource names the Deployment a result is about.
 type Resource struct {
@@ -62,7 +62,7 @@ type Result struct {
 
 // Evaluator runs the validating webhook's checks on a stored Deployment.
 type Evaluator struct {
-	Options *guardwebhook.Options
+	Options *review.Options
 	Engine  *policy.Engine
 	// NamespaceLabels, when set, gives policies the namespace's labels.
 	NamespaceLabels func(ctx context.Context, namespace string) (map[string]string, error)
@@ -70,13 +70,13 @@ type Evaluator struct {
 	// the webhook's index, fed by the shared informer, so that a lookup costs
 	// its few candidates, never a list of the namespace. Without it overlaps
 	// are not audited.
-	Overlaps guardwebhook.OverlapSource
+	Overlaps review.OverlapSource
 	// Budgets, when set, finds the PodDisruptionBudgets that select a stored
 	// Deployment's pods: the drain check. Without it budgets are not audited.
-	Budgets guardwebhook.BudgetSource
+	Budgets review.BudgetSource
 	// Exceptions, when set, are the PolicyExceptions admission applies:
 	// what they cover is reported as skip, naming them.
-	Exceptions guardwebhook.Exceptions
+	Exceptions review.Exceptions
 	// Now is the clock exceptions expire by; nil is time.Now.
 	Now func() time.Time
 }
@@ -113,7 +113,7 @@ func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *pol
 			return nil
 		}
 	}
-	stage := guardwebhook.Audit
+	stage := review.Audit
 	stage.Checks = checks
 	var policies []policy.PolicyInfo
 	if set != nil {
@@ -125,8 +125,8 @@ func (e *Evaluator) evaluate(ctx context.Context, d *appsv1.Deployment, set *pol
 	} else {
 		stage.Policies = false
 	}
-	w := guardwebhook.Deployment{Options: e.Options, Overlaps: e.Overlaps, Budgets: e.Budgets, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
-	rev := w.Review(ctx, guardwebhook.Request{
+	w := review.Reviewer{Options: e.Options, Overlaps: e.Overlaps, Budgets: e.Budgets, NamespaceLabels: e.NamespaceLabels, Exceptions: e.Exceptions, Now: e.Now}
+	rev := w.Review(ctx, review.Request{
 		Operation: admissionv1.Update, Object: d, OldObject: d,
 		UserInfo: authenticationv1.UserInfo{Username: AuditUsername},
 	}, stage)
@@ -154,14 +154,14 @@ func (p setPolicies) Evaluate(ctx context.Context, r policy.Request) (policy.Dec
 // checkResults gives every Go check that ran its results: fail for a
 // refusal, warn for a warning, error for a lookup that failed, pass for a
 // check that found nothing. A namespace the guard exempts gets one skip.
-func checkResults(rev guardwebhook.Review, res Resource) []Result {
+func checkResults(rev review.Result, res Resource) []Result {
 	var out []Result
 	if rev.Exempt != "" {
 		out = append(out, Result{Policy: PolicySpec, Rule: "exempt", Result: ResultSkip, Message: rev.Exempt, Resource: res})
 	}
 	said := map[string]bool{}
 	for _, f := range rev.Findings {
-		if f.Origin == guardwebhook.OriginPolicy {
+		if f.Origin == review.OriginPolicy {
 			continue
 		}
 		said[f.Origin] = true
@@ -170,10 +170,10 @@ func checkResults(rev guardwebhook.Review, res Resource) []Result {
 		case f.Err != nil && f.Err.Type == field.ErrorTypeInternal:
 			r.Result = ResultError
 			r.Message = f.Field + ": " + f.Message + "; the audit checks again when this Deployment changes and at the next full pass"
-		case f.Severity == guardwebhook.SeverityError:
+		case f.Severity == review.SeverityError:
 			r.Result = ResultFail
 		}
-		if f.Origin == guardwebhook.OriginQuarantine {
+		if f.Origin == review.OriginQuarantine {
 			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
 		}
 		if f.Exception != nil {
@@ -184,12 +184,12 @@ func checkResults(rev guardwebhook.Review, res Resource) []Result {
 	}
 	quarantine := false
 	for _, c := range rev.Checked {
-		quarantine = quarantine || c == guardwebhook.OriginQuarantine
+		quarantine = quarantine || c == review.OriginQuarantine
 		if said[c] {
 			continue
 		}
 		r := Result{Policy: PolicySpec, Rule: c, Result: ResultPass, Resource: res}
-		if c == guardwebhook.OriginQuarantine {
+		if c == review.OriginQuarantine {
 			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
 		}
 		out = append(out, r)
@@ -207,13 +207,13 @@ const RuleQuarantinedTemplate = "quarantined-template"
 // fails and a warn finding warns whatever the policy's mode (the mode decides
 // what admission does, not what is wrong), an evaluation failure is an error,
 // and a policy that found nothing passes. An exempt request skips them all.
-func policyResults(policies []policy.PolicyInfo, rev guardwebhook.Review, res Resource) []Result {
+func policyResults(policies []policy.PolicyInfo, rev review.Result, res Resource) []Result {
 	var out []Result
-	findings := map[string][]guardwebhook.Finding{}
-	var unreadable *guardwebhook.Finding
+	findings := map[string][]review.Finding{}
+	var unreadable *review.Finding
 	for i, f := range rev.Findings {
 		switch {
-		case f.Origin != guardwebhook.OriginPolicy:
+		case f.Origin != review.OriginPolicy:
 		case f.Policy == "":
 			unreadable = &rev.Findings[i]
 		default:

@@ -15,7 +15,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 const teamLabel = `# METADATA
@@ -93,8 +93,8 @@ func TestEvaluate(t *testing.T) {
 			eng, err := policy.New(policy.Options{})
 			require.NoError(t, err)
 			require.NoError(t, eng.Load(context.Background(), []policy.Source{{Name: "team.rego", Module: fmt.Sprintf(teamLabel, tt.mode)}}))
-			e := &Evaluator{Options: &guardwebhook.Options{Quarantine: guardwebhook.QuarantineEnforce,
-				RevisionHistoryBounds: guardwebhook.Range{Min: 1, Max: 100}, ProgressDeadlineBounds: guardwebhook.Range{Min: 60, Max: 3600}}, Engine: eng}
+			e := &Evaluator{Options: &review.Options{Quarantine: review.QuarantineEnforce,
+				RevisionHistoryBounds: review.Range{Min: 1, Max: 100}, ProgressDeadlineBounds: review.Range{Min: 60, Max: 3600}}, Engine: eng}
 			got := map[string]string{}
 			for _, r := range e.Evaluate(context.Background(), tt.d) {
 				got[r.Policy+"/"+r.Rule] = r.Result
@@ -118,7 +118,7 @@ func TestEvaluate(t *testing.T) {
 // labelled deployguard.io/guard=disabled, nor does the audit.
 func TestEvaluateSkipsUnguardedNamespaces(t *testing.T) {
 	labels := map[string]map[string]string{"off": {vocab.LabelGuard: "disabled"}, "shop": {}}
-	e := &Evaluator{Options: &guardwebhook.Options{}, NamespaceLabels: func(_ context.Context, ns string) (map[string]string, error) {
+	e := &Evaluator{Options: &review.Options{}, NamespaceLabels: func(_ context.Context, ns string) (map[string]string, error) {
 		return labels[ns], nil
 	}}
 	assert.Empty(t, e.Evaluate(context.Background(), sound(func(d *appsv1.Deployment) { d.Namespace = "off" })))
@@ -172,11 +172,11 @@ func TestEvaluateOverlaps(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx := guardwebhook.NewOverlapIndex(func() bool { return tt.synced })
+			idx := review.NewOverlapIndex(func() bool { return tt.synced })
 			for _, d := range tt.stored {
 				idx.Set(d)
 			}
-			e := &Evaluator{Options: &guardwebhook.Options{Quarantine: guardwebhook.QuarantineEnforce}, Overlaps: idx}
+			e := &Evaluator{Options: &review.Options{Quarantine: review.QuarantineEnforce}, Overlaps: idx}
 			var got []Result
 			for _, r := range e.Evaluate(context.Background(), web) {
 				if r.Rule == RuleOverlap {
@@ -187,7 +187,7 @@ func TestEvaluateOverlaps(t *testing.T) {
 		})
 	}
 	t.Run("without an overlap source, no overlap result", func(t *testing.T) {
-		for _, r := range (&Evaluator{Options: &guardwebhook.Options{}}).Evaluate(context.Background(), web) {
+		for _, r := range (&Evaluator{Options: &review.Options{}}).Evaluate(context.Background(), web) {
 			assert.NotEqual(t, RuleOverlap, r.Rule)
 		}
 	})
@@ -208,11 +208,11 @@ func TestEvaluateDisruptionBudgets(t *testing.T) {
 	}{{1, ResultWarn}, {2, ResultPass}} {
 		t.Run(fmt.Sprintf("%d replicas", tc.replicas), func(t *testing.T) {
 			web := sound(func(d *appsv1.Deployment) { d.Spec.Replicas = &tc.replicas })
-			deps := guardwebhook.NewOverlapIndex(nil)
+			deps := review.NewOverlapIndex(nil)
 			deps.Set(web)
-			budgets := guardwebhook.NewBudgetIndex(deps)
+			budgets := review.NewBudgetIndex(deps)
 			budgets.Set(pdb)
-			e := &Evaluator{Options: &guardwebhook.Options{}, Overlaps: deps, Budgets: budgets}
+			e := &Evaluator{Options: &review.Options{}, Overlaps: deps, Budgets: budgets}
 			var got []Result
 			for _, r := range e.Evaluate(context.Background(), web) {
 				if r.Rule == "disruption-budget" {

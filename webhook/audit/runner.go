@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/deployguard/deployguard/policy"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // Options are the audit's settings from the config file.
@@ -173,7 +173,7 @@ func (r *Runner) overlapping(ctx context.Context, d *appsv1.Deployment) []client
 	if r.Evaluator.Overlaps == nil {
 		return nil
 	}
-	mine, ok := guardwebhook.SelectionOf(d)
+	mine, ok := review.SelectionOf(d)
 	if !ok {
 		return nil
 	}
@@ -220,7 +220,7 @@ func (r *Runner) underBudgets(d *appsv1.Deployment) []client.ObjectKey {
 }
 
 // budgetTargets returns the Deployments a budget selects now.
-func (r *Runner) budgetTargets(namespace string, b guardwebhook.Budget) []client.ObjectKey {
+func (r *Runner) budgetTargets(namespace string, b review.Budget) []client.ObjectKey {
 	sels, err := r.Evaluator.Budgets.Targets(namespace, b.Selector)
 	if err != nil {
 		return nil
@@ -244,7 +244,7 @@ func (r *Runner) budgetChanged(pdbs ...any) {
 		if !ok || r.ignored(p.Namespace) {
 			continue
 		}
-		if b, ok := guardwebhook.BudgetOf(p); ok {
+		if b, ok := review.BudgetOf(p); ok {
 			keys = append(keys, r.budgetTargets(p.Namespace, b)...)
 		}
 	}

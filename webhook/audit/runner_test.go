@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // TestEntryReplace: refreshing some policies of a Deployment's entry keeps
@@ -40,7 +40,7 @@ func TestOverlapping(t *testing.T) {
 		map[string]string{"app": "web", "track": "canary"})
 	api := selecting("api", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}, map[string]string{"app": "api"})
 	synced := true
-	idx := guardwebhook.NewOverlapIndex(func() bool { return synced })
+	idx := review.NewOverlapIndex(func() bool { return synced })
 	for _, d := range []*appsv1.Deployment{web, canary, api} {
 		idx.Set(d)
 	}

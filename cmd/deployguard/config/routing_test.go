@@ -29,7 +29,7 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 	eng, err := policy.New(policy.Options{})
 	require.NoError(t, err)
 	require.NoError(t, eng.Load(context.Background(), policy.Builtins()))
-	e := opts.Enforced(guardwebhook.LoadedPolicies{BeyondSpec: !eng.Active().ReadsOnlySpec()})
+	e := guardwebhook.EnforcedOf(opts, guardwebhook.LoadedPolicies{BeyondSpec: !eng.Active().ReadsOnlySpec()})
 	entries := map[string]admissionregistrationv1.ValidatingWebhook{}
 	for _, w := range vwc.Webhooks {
 		entries[w.Name] = w

@@ -3,23 +3,23 @@ package config
 import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // WebhookOptions are the admission knobs of this configuration; guardUser is the
 // guard's own service account user, who alone may remove its finalizers.
-func (c Config) WebhookOptions(guardUser string) *guardwebhook.Options {
+func (c Config) WebhookOptions(guardUser string) *review.Options {
 	surge, unavailable := c.Defaults.Strategy.IntOrString()
-	return &guardwebhook.Options{
+	return &review.Options{
 		StableLabelKeys:         c.Selector.StableLabelKeys,
 		MaxSurge:                surge,
 		MaxUnavailable:          unavailable,
 		RevisionHistoryLimit:    c.Defaults.RevisionHistoryLimit,
 		ProgressDeadlineSeconds: c.Defaults.ProgressDeadlineSeconds,
 		CleanupFinalizers:       c.CleanupFinalizers(),
-		RevisionHistoryBounds:   guardwebhook.Range{Min: c.Bounds.RevisionHistoryLimit.Min, Max: c.Bounds.RevisionHistoryLimit.Max},
-		ProgressDeadlineBounds:  guardwebhook.Range{Min: c.Bounds.ProgressDeadlineSeconds.Min, Max: c.Bounds.ProgressDeadlineSeconds.Max},
+		RevisionHistoryBounds:   review.Range{Min: c.Bounds.RevisionHistoryLimit.Min, Max: c.Bounds.RevisionHistoryLimit.Max},
+		ProgressDeadlineBounds:  review.Range{Min: c.Bounds.ProgressDeadlineSeconds.Min, Max: c.Bounds.ProgressDeadlineSeconds.Max},
 		BoundsEnforce:           c.Bounds.Enforce,
 		GuardUsername:           guardUser,
 		BreakGlassGroups:        c.Finalizers.BreakGlassGroups,

@@ -26,7 +26,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/cmd/deployguard/report"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // Exit codes of `deployguard check`.
@@ -96,9 +96,9 @@ type checkFinding struct {
 
 // findingsOf gives every refusal and warning of a review its rule and line:
 // refusals first, then warnings, each in the order the checks ran.
-func findingsOf(doc document, fs guardwebhook.Findings) []checkFinding {
+func findingsOf(doc document, fs review.Findings) []checkFinding {
 	var out []checkFinding
-	for _, level := range []guardwebhook.Severity{guardwebhook.SeverityError, guardwebhook.SeverityWarning} {
+	for _, level := range []review.Severity{review.SeverityError, review.SeverityWarning} {
 		for _, f := range fs {
 			if f.Severity != level {
 				continue
@@ -172,7 +172,7 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
 		return exitUsage
 	}
-	pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
+	pipe := newPipeline(cfg, review.RegoPolicies{Engine: eng})
 	if f.exceptions != "" || f.clusterExceptions {
 		idx, err := exceptionIndex(f, cfg, config.PolicyNames(eng))
 		if err != nil {
@@ -480,13 +480,13 @@ func stripComments(b []byte) []byte {
 // server's built-in defaults, then the webhooks' review (defaults, Go checks,
 // policies) as a CREATE.
 type pipeline struct {
-	review *guardwebhook.Deployment
+	review *review.Reviewer
 	// seen indexes the Deployments admitted so far, as the webhook's index
 	// does the cluster's, so that a later manifest that overlaps an earlier
 	// one is refused as the cluster would refuse it.
-	seen *guardwebhook.OverlapIndex
+	seen *review.OverlapIndex
 	// budgets indexes the PodDisruptionBudgets met so far, for the drain check.
-	budgets *guardwebhook.BudgetIndex
+	budgets *review.BudgetIndex
 }
 
 func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, user authenticationv1.UserInfo) []checkResult {
@@ -556,11 +556,11 @@ func (p *pipeline) check(ctx context.Context, doc document, defaultNS string, us
 		d.Namespace = defaultNS
 	}
 	res.Namespace = d.Namespace
-	guardwebhook.APIServerDefaults(d)
-	rev := p.review.Review(ctx, guardwebhook.Request{Operation: admissionv1.Create, Object: d, UserInfo: user}, guardwebhook.Offline)
+	review.APIServerDefaults(d)
+	rev := p.review.Review(ctx, review.Request{Operation: admissionv1.Create, Object: d, UserInfo: user}, review.Offline)
 	res.Verdict, res.Warnings, res.Defaulted = "admitted", rev.Findings.Warnings(), rev.Defaulted
 	for _, f := range rev.Findings {
-		if f.Severity != guardwebhook.SeverityError {
+		if f.Severity != review.SeverityError {
 			continue
 		}
 		res.Verdict = "denied"
@@ -612,11 +612,11 @@ func (p *pipeline) checkBudget(doc document, res checkResult, defaultNS string, 
 
 // newPipeline builds the offline pipeline from the same config file and policy
 // sources as serve.
-func newPipeline(cfg config.Config, policies guardwebhook.Policies) *pipeline {
-	seen := guardwebhook.NewOverlapIndex(nil)
-	budgets := guardwebhook.NewBudgetIndex(seen)
+func newPipeline(cfg config.Config, policies review.Policies) *pipeline {
+	seen := review.NewOverlapIndex(nil)
+	budgets := review.NewBudgetIndex(seen)
 	return &pipeline{
-		review:  &guardwebhook.Deployment{Options: cfg.WebhookOptions(""), Overlaps: seen, Budgets: budgets, Policies: policies},
+		review:  &review.Reviewer{Options: cfg.WebhookOptions(""), Overlaps: seen, Budgets: budgets, Policies: policies},
 		seen:    seen,
 		budgets: budgets,
 	}

@@ -98,7 +98,7 @@ func TestCheckFindingsPointAtTheLine(t *testing.T) {
 }
 
 // One problem, one warning: a missing readiness probe is the probes policy's
-// to report (webhook.CheckSpec leaves it to it), and no finding repeats.
+// to report (review's spec checks leave it to it), and no finding repeats.
 func TestCheckWarnsOncePerProblem(t *testing.T) {
 	_, out, stderr := runCheck(t, "-f", writeFile(t, t.TempDir(), "app.yaml", reportFixture), "-o", "json")
 	var results []checkResult

@@ -11,7 +11,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // FuzzReadDocuments feeds `deployguard check`'s manifest reader arbitrary
@@ -36,7 +36,7 @@ func FuzzReadDocuments(f *testing.F) {
 			assert.Contains(t, err.Error(), "fuzz.yaml: document ", "the error says where")
 			return
 		}
-		pipe := newPipeline(cfg, guardwebhook.RegoPolicies{Engine: eng})
+		pipe := newPipeline(cfg, review.RegoPolicies{Engine: eng})
 		for _, d := range docs {
 			for _, r := range pipe.check(context.Background(), d, "default", user) {
 				assert.Contains(t, []string{"admitted", "denied", "skipped"}, r.Verdict)

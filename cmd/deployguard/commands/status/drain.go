@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 // drainStatus is what `deployguard status --drain NODE` tells: the
@@ -77,7 +77,7 @@ func evictionRefusal(pod *corev1.Pod, budgets []policyv1.PodDisruptionBudget) (n
 	}
 	p := match[0]
 	names = []string{p.Name}
-	b, _ := guardwebhook.BudgetOf(p)
+	b, _ := review.BudgetOf(p)
 	// In the API server's order: an unready pod first, then the status.
 	if !podReady(pod) {
 		if p.Spec.UnhealthyPodEvictionPolicy != nil && *p.Spec.UnhealthyPodEvictionPolicy == policyv1.AlwaysAllow {
@@ -95,10 +95,10 @@ func evictionRefusal(pod *corev1.Pod, budgets []policyv1.PodDisruptionBudget) (n
 	}
 	reason = fmt.Sprintf("PodDisruptionBudget %q (%s) allows no disruption now: %d of %d expected pods healthy, %d must stay",
 		p.Name, b.Rule(), p.Status.CurrentHealthy, p.Status.ExpectedPods, p.Status.DesiredHealthy)
-	if guardwebhook.AllowsNoDisruption(b, p.Status.ExpectedPods) {
+	if review.AllowsNoDisruption(b, p.Status.ExpectedPods) {
 		never = true
 		reason += "; it allows none even with every pod healthy"
-		if n := guardwebhook.ReplicasToDrain(b, p.Status.ExpectedPods); n > 0 {
+		if n := review.ReplicasToDrain(b, p.Status.ExpectedPods); n > 0 {
 			reason += fmt.Sprintf(": set maxUnavailable: 1, or run %d pods or more", n)
 		} else {
 			reason += ": set maxUnavailable: 1"

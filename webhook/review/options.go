@@ -1,9 +1,4 @@
-// Package webhook holds deployguard's admission webhooks for apps/v1 Deployments:
-// the mutating webhook that fills in the cluster's defaults and the guard's
-// finalizers, and the validating webhook that refuses dangerous specs. The
-// decisions are pure functions (defaults.go, checks.go) so that `deployguard check`
-// can run the very same pipeline offline.
-package webhook
+package review
 
 import (
 	"slices"

@@ -1,4 +1,4 @@
-package webhook
+package review
 
 import (
 	"context"
@@ -18,7 +18,7 @@ const RollbackUsername = "deployguard:rollback"
 // with the policies in force, as the validating webhook judges an update of
 // the tenant's: the guard restores a template under its own identity, which
 // no admission policy sees, so it asks them first.
-type RollbackJudge struct{ Reviewer *Deployment }
+type RollbackJudge struct{ Reviewer *Reviewer }
 
 // JudgeRollback returns the policies' refusals of restored (the update of
 // current that the rollback would make), one line each as the API server

@@ -1,28 +1,26 @@
-package webhook
+package review_test
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"testing"
 
-	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
-func minAvail(v intstr.IntOrString) Budget {
-	return Budget{Name: "b", Selector: labels.Everything(), MinAvailable: &v}
+func minAvail(v intstr.IntOrString) review.Budget {
+	return review.Budget{Name: "b", Selector: labels.Everything(), MinAvailable: &v}
 }
 
-func maxUnavail(v intstr.IntOrString) Budget {
-	return Budget{Name: "b", Selector: labels.Everything(), MaxUnavailable: &v}
+func maxUnavail(v intstr.IntOrString) review.Budget {
+	return review.Budget{Name: "b", Selector: labels.Everything(), MaxUnavailable: &v}
 }
 
 // The rounding is the disruption controller's (getExpectedPodCount): both
@@ -30,7 +28,7 @@ func maxUnavail(v intstr.IntOrString) Budget {
 func TestAllowsNoDisruption(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		b        Budget
+		b        review.Budget
 		expected int32
 		want     bool
 		toDrain  int32
@@ -48,14 +46,14 @@ func TestAllowsNoDisruption(t *testing.T) {
 		{"maxUnavailable 1 at 1", maxUnavail(intstr.FromInt32(1)), 1, false, 2},
 		{"maxUnavailable 10% at 1 rounds up to 1", maxUnavail(intstr.FromString("10%")), 1, false, 2},
 		{"no pods, nothing to evict", minAvail(intstr.FromInt32(1)), 0, false, 2},
-		{"neither rule keeps nothing", Budget{Name: "b", Selector: labels.Everything()}, 1, false, 2},
+		{"neither rule keeps nothing", review.Budget{Name: "b", Selector: labels.Everything()}, 1, false, 2},
 		{"a malformed percentage decides nothing", minAvail(intstr.FromString("lots")), 1, false, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := AllowsNoDisruption(tc.b, tc.expected); got != tc.want {
+			if got := review.AllowsNoDisruption(tc.b, tc.expected); got != tc.want {
 				t.Errorf("AllowsNoDisruption(%s, %d) = %v, want %v", tc.b.Rule(), tc.expected, got, tc.want)
 			}
-			if got := ReplicasToDrain(tc.b, tc.expected); got != tc.toDrain {
+			if got := review.ReplicasToDrain(tc.b, tc.expected); got != tc.toDrain {
 				t.Errorf("ReplicasToDrain(%s, %d) = %d, want %d", tc.b.Rule(), tc.expected, got, tc.toDrain)
 			}
 		})
@@ -66,10 +64,10 @@ func TestAllowsNoDisruption(t *testing.T) {
 // controller does.
 func TestJudgeBudgetCountsEveryDeploymentItSelects(t *testing.T) {
 	b := minAvail(intstr.FromInt32(1))
-	if _, blocked := JudgeBudget(b, []BudgetTarget{{"a", 1}, {"b", 1}}); blocked {
+	if _, blocked := review.JudgeBudget(b, []review.BudgetTarget{{"a", 1}, {"b", 1}}); blocked {
 		t.Error("minAvailable 1 over two pods allows one eviction")
 	}
-	v, blocked := JudgeBudget(b, []BudgetTarget{{"web", 1}})
+	v, blocked := review.JudgeBudget(b, []review.BudgetTarget{{"web", 1}})
 	if !blocked {
 		t.Fatal("minAvailable 1 over one pod allows none")
 	}
@@ -78,7 +76,7 @@ func TestJudgeBudgetCountsEveryDeploymentItSelects(t *testing.T) {
 			t.Errorf("message %q lacks %q", msg, want)
 		}
 	}
-	v, _ = JudgeBudget(maxUnavail(intstr.FromInt32(0)), []BudgetTarget{{"b", 2}, {"a", 3}})
+	v, _ = review.JudgeBudget(maxUnavail(intstr.FromInt32(0)), []review.BudgetTarget{{"b", 2}, {"a", 3}})
 	msg := v.BudgetMessage()
 	if !strings.Contains(msg, `Deployments "a" (3), "b" (2)`) || strings.Contains(msg, "raise") {
 		t.Errorf("budget message %q: want both Deployments in order and no replica advice (no count helps maxUnavailable: 0)", msg)
@@ -86,34 +84,16 @@ func TestJudgeBudgetCountsEveryDeploymentItSelects(t *testing.T) {
 }
 
 func pdb(name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
-	return pdbIn("ns", name, sel, minAvailable)
-}
-
-func pdbIn(namespace, name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
-	return &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel, MinAvailable: minAvailable},
-	}
+	return reviewtest.BudgetIn("ns", name, sel, minAvailable)
 }
 
 func deploymentWith(name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
-	return deploymentIn("ns", name, replicas, podLabels)
-}
-
-func deploymentIn(ns, name string, replicas int32, podLabels map[string]string) *appsv1.Deployment {
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: podLabels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels}},
-		},
-	}
+	return reviewtest.DeploymentIn("ns", name, replicas, podLabels)
 }
 
 func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
-	deps := NewOverlapIndex(nil)
-	x := NewBudgetIndex(deps)
+	deps := review.NewOverlapIndex(nil)
+	x := review.NewBudgetIndex(deps)
 	one := intstr.FromInt32(1)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
 	x.Set(pdb("all", &metav1.LabelSelector{}, &one))
@@ -122,7 +102,7 @@ func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
 	deps.Set(deploymentWith("web", 1, map[string]string{"app": "web"}))
 	deps.Set(deploymentWith("api", 2, map[string]string{"app": "api", "tier": "back"}))
 
-	names := func(bs []Budget) string {
+	names := func(bs []review.Budget) string {
 		var out []string
 		for _, b := range bs {
 			out = append(out, b.Name)
@@ -141,7 +121,7 @@ func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
 	if got, _ := x.Selecting("other", labels.Set{"app": "web"}); len(got) != 0 {
 		t.Errorf("another namespace's budgets: %v", got)
 	}
-	all, _ := BudgetOf(pdb("all", &metav1.LabelSelector{}, &one))
+	all, _ := review.BudgetOf(pdb("all", &metav1.LabelSelector{}, &one))
 	sels, _ := x.Targets("ns", all.Selector)
 	if len(sels) != 2 {
 		t.Errorf("an empty selector's Deployments: %d, want 2", len(sels))
@@ -156,21 +136,21 @@ func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
 }
 
 func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
-	deps := NewOverlapIndex(nil)
-	x := NewBudgetIndex(deps)
+	deps := review.NewOverlapIndex(nil)
+	x := review.NewBudgetIndex(deps)
 	one := intstr.FromInt32(1)
 	budget := pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one)
 	x.Set(budget)
-	for _, mode := range []string{"", BudgetsWarn, BudgetsEnforce, BudgetsOff} {
-		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Overlaps: deps, Budgets: x}
-		f := w.checkBudgets(deploymentWith("web", 1, map[string]string{"app": "web"}), nil, false)
+	for _, mode := range []string{"", review.BudgetsWarn, review.BudgetsEnforce, review.BudgetsOff} {
+		w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: mode}, Overlaps: deps, Budgets: x}
+		f := review.CheckBudgets(w.Options, w.Budgets, deploymentWith("web", 1, map[string]string{"app": "web"}), nil, false)
 		switch mode {
-		case BudgetsOff:
+		case review.BudgetsOff:
 			if len(f) != 0 {
 				t.Errorf("off: %v", f)
 			}
 			continue
-		case BudgetsEnforce:
+		case review.BudgetsEnforce:
 			if len(f.Refusals()) != 1 {
 				t.Errorf("enforce: want a refusal, got %v", f)
 			}
@@ -181,7 +161,7 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 				t.Errorf("warning: %s", f.Warnings()[0])
 			}
 		}
-		if f := w.checkBudgets(deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false); len(f) != 0 {
+		if f := review.CheckBudgets(w.Options, w.Budgets, deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false); len(f) != 0 {
 			t.Errorf("%q: two replicas under minAvailable 1 allow a drain: %v", mode, f)
 		}
 		// The budget's own webhook, with web stored at 1 replica.
@@ -201,24 +181,24 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 // budget blocking it already blocked warns, as an overlap that predates an
 // update does; a Deployment at 0 replicas has no pods to evict.
 func TestDrainCheckRefusesOnlyWhatAWriteMakesWorse(t *testing.T) {
-	deps := NewOverlapIndex(nil)
-	x := NewBudgetIndex(deps)
+	deps := review.NewOverlapIndex(nil)
+	x := review.NewBudgetIndex(deps)
 	three := intstr.FromInt32(3)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &three))
-	w := &Deployment{Options: &Options{DisruptionBudgets: BudgetsEnforce}, Overlaps: deps, Budgets: x}
+	w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: review.BudgetsEnforce}, Overlaps: deps, Budgets: x}
 	web := func(n int32) *appsv1.Deployment { return deploymentWith("web", n, map[string]string{"app": "web"}) }
-	if f := w.checkBudgets(web(1), nil, false); len(f.Refusals()) != 1 {
+	if f := review.CheckBudgets(w.Options, w.Budgets, web(1), nil, false); len(f.Refusals()) != 1 {
 		t.Errorf("a new Deployment under minAvailable 3: %v", f)
 	}
-	if f := w.checkBudgets(web(2), web(1), false); len(f.Refusals()) != 0 || len(f.Warnings()) != 1 {
+	if f := review.CheckBudgets(w.Options, w.Budgets, web(2), web(1), false); len(f.Refusals()) != 0 || len(f.Warnings()) != 1 {
 		t.Errorf("scaling 1 to 2 under minAvailable 3 makes nothing worse: want one warning, got %v", f)
 	}
-	if f := w.checkBudgets(web(0), web(1), false); len(f) != 0 {
+	if f := review.CheckBudgets(w.Options, w.Budgets, web(0), web(1), false); len(f) != 0 {
 		t.Errorf("no pods, nothing to evict: %v", f)
 	}
 	one := intstr.FromInt32(1)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
-	if f := w.checkBudgets(web(1), web(2), false); len(f.Refusals()) != 1 {
+	if f := review.CheckBudgets(w.Options, w.Budgets, web(1), web(2), false); len(f.Refusals()) != 1 {
 		t.Errorf("scaling 2 to 1 under minAvailable 1 blocks every drain: %v", f)
 	}
 }
@@ -226,11 +206,11 @@ func TestDrainCheckRefusesOnlyWhatAWriteMakesWorse(t *testing.T) {
 // A pod under two budgets cannot be evicted at all (the Eviction API answers
 // 500): said on the Deployment, and on the second budget.
 func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
-	deps := NewOverlapIndex(nil)
-	x := NewBudgetIndex(deps)
+	deps := review.NewOverlapIndex(nil)
+	x := review.NewBudgetIndex(deps)
 	one := intstr.FromInt32(1)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
-	w := &Deployment{Options: &Options{}, Overlaps: deps, Budgets: x}
+	w := &review.Reviewer{Options: &review.Options{}, Overlaps: deps, Budgets: x}
 	web := deploymentWith("web", 3, map[string]string{"app": "web", "tier": "front"})
 	deps.Set(web)
 	second := pdb("front", &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "front"}}, &one)
@@ -239,28 +219,8 @@ func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
 		t.Errorf("the second budget's review: %v", f)
 	}
 	x.Set(second)
-	f = w.checkBudgets(web, nil, false)
+	f = review.CheckBudgets(w.Options, w.Budgets, web, nil, false)
 	if len(f) != 1 || !strings.Contains(f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)") {
 		t.Errorf("the Deployment's check: %v", f)
-	}
-}
-
-// The budget webhook's failurePolicy Ignore covers a guard that does not
-// answer; one that answers must not refuse either, outside enforce mode,
-// even a request it cannot read.
-func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
-	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-		UID: "u", Operation: admissionv1.Create, Kind: budgetKind.gvk, Namespace: "ns", Name: "b",
-		Object: runtime.RawExtension{Raw: []byte(`{"spec": {"minAvailable": [1]}}`)},
-	}}
-	for mode, allowed := range map[string]bool{BudgetsWarn: true, "": true, BudgetsEnforce: false} {
-		w := &Deployment{Options: &Options{DisruptionBudgets: mode}, Budgets: NewBudgetIndex(NewOverlapIndex(nil))}
-		resp := w.BudgetHandler(nil).Handle(context.Background(), req)
-		if resp.Allowed != allowed {
-			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)
-		}
-		if allowed && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "could not judge this PodDisruptionBudget")) {
-			t.Errorf("mode %q: warnings %v", mode, resp.Warnings)
-		}
 	}
 }

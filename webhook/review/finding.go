@@ -1,4 +1,4 @@
-package webhook
+package review
 
 import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -98,12 +98,6 @@ func (fs Findings) Warnings() []string {
 	}
 	return out
 }
-
-// Origins a caller tells apart.
-const (
-	OriginPolicy     = reasonPolicy
-	OriginQuarantine = reasonQuarantine
-)
 
 // refuse is a Go check's refusal.
 func refuse(e *field.Error, check string) Finding {

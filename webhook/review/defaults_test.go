@@ -1,4 +1,4 @@
-package webhook
+package review_test
 
 import (
 	"testing"
@@ -9,55 +9,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
-// testOptions are the options of a default install: the API server's own
-// defaults, no cleanup steps unless a Deployment asks.
-func testOptions() *Options {
-	return &Options{
-		StableLabelKeys:         []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app"},
-		MaxSurge:                intstr.FromString("25%"),
-		MaxUnavailable:          intstr.FromString("25%"),
-		RevisionHistoryLimit:    10,
-		ProgressDeadlineSeconds: 600,
-		RevisionHistoryBounds:   Range{Min: 1, Max: 100},
-		ProgressDeadlineBounds:  Range{Min: 30, Max: 7200},
-		GuardUsername:           "system:serviceaccount:deployguard-system:deployguard",
-		BreakGlassGroups:        []string{"platform-admins"},
-		Quarantine:              QuarantineEnforce,
-	}
-}
-
 // platformDefaults are defaults a platform team chose over the built-in ones.
-func platformDefaults(o *Options) {
+func platformDefaults(o *review.Options) {
 	o.MaxUnavailable = intstr.FromInt32(0)
 	o.RevisionHistoryLimit, o.ProgressDeadlineSeconds = 20, 300
-}
-
-// stored returns a Deployment as the API server hands it to the mutating
-// webhook: built-in defaults applied.
-func stored(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(3)),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "web"}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": "web", "version": "v1"}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "web", Image: "nginx:1.27.3",
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-				}}},
-			},
-		},
-	}
-	APIServerDefaults(d)
-	for _, m := range mut {
-		m(d)
-	}
-	return d
 }
 
 func TestDefault(t *testing.T) {
@@ -74,7 +36,7 @@ func TestDefault(t *testing.T) {
 		name        string
 		in          *appsv1.Deployment
 		old         *appsv1.Deployment
-		opts        func(*Options)
+		opts        func(*review.Options)
 		privileged  bool
 		wantChanged []string
 		wantErr     string
@@ -82,16 +44,16 @@ func TestDefault(t *testing.T) {
 	}{
 		{
 			name: "a default install changes nothing in a valid Deployment",
-			in:   stored(),
+			in:   reviewtest.Stored(),
 			check: func(t *testing.T, d *appsv1.Deployment) {
-				assert.Equal(t, stored(), d)
+				assert.Equal(t, reviewtest.Stored(), d)
 			},
 		},
 		{
 			name:        "the platform's defaults replace the built-in values",
-			in:          stored(),
+			in:          reviewtest.Stored(),
 			opts:        platformDefaults,
-			wantChanged: []string{defaultedMaxUnavailable, defaultedRevisionHistory, defaultedProgressDeadline},
+			wantChanged: []string{review.DefaultedMaxUnavailable, review.DefaultedRevisionHistory, review.DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromInt32(0), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 				assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxSurge)
@@ -103,11 +65,11 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name: "explicit values other than the built-in defaults are kept",
-			in: stored(func(d *appsv1.Deployment) {
-				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromInt32(1))
-				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr(intstr.FromInt32(2))
-				d.Spec.RevisionHistoryLimit = ptr(int32(5))
-				d.Spec.ProgressDeadlineSeconds = ptr(int32(120))
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(1))
+				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromInt32(2))
+				d.Spec.RevisionHistoryLimit = ptr.To(int32(5))
+				d.Spec.ProgressDeadlineSeconds = ptr.To(int32(120))
 			}),
 			opts: platformDefaults,
 			check: func(t *testing.T, d *appsv1.Deployment) {
@@ -119,39 +81,39 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name: "an explicit revisionHistoryLimit of 0 is kept",
-			in:   stored(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(0)) }),
+			in:   reviewtest.Stored(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(0)) }),
 			opts: platformDefaults,
 			// The strategy and deadline still equal the built-in values.
-			wantChanged: []string{defaultedMaxUnavailable, defaultedProgressDeadline},
+			wantChanged: []string{review.DefaultedMaxUnavailable, review.DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, int32(0), *d.Spec.RevisionHistoryLimit)
 			},
 		},
 		{
 			name: "empty selector is repaired from stable labels only",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Spec.Selector = nil
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "prod", "version": "v2", "pod-template-hash": "x"}
 			}),
-			wantChanged: []string{defaultedSelector},
+			wantChanged: []string{review.DefaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": "prod"}, d.Spec.Selector.MatchLabels)
 			},
 		},
 		{
 			name: "selector with no terms counts as empty",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Spec.Selector = &metav1.LabelSelector{}
 				d.Spec.Template.Labels = map[string]string{"app": "legacy"}
 			}),
-			wantChanged: []string{defaultedSelector},
+			wantChanged: []string{review.DefaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, map[string]string{"app": "legacy"}, d.Spec.Selector.MatchLabels)
 			},
 		},
 		{
 			name: "empty selector with no stable label is refused with the labels to add",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Spec.Selector = nil
 				d.Spec.Template.Labels = map[string]string{"version": "v3"}
 			}),
@@ -160,17 +122,17 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name: "a selector the API server repaired (deployguard-selector) is reported, and its marker removed",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true", "team": "shop"}
 			}),
-			wantChanged: []string{defaultedSelector},
+			wantChanged: []string{review.DefaultedSelector},
 			check: func(t *testing.T, d *appsv1.Deployment) {
-				assert.Equal(t, map[string]string{"team": "shop", vocab.AnnotationDefaulted: defaultedSelector}, d.Annotations)
+				assert.Equal(t, map[string]string{"team": "shop", vocab.AnnotationDefaulted: review.DefaultedSelector}, d.Annotations)
 			},
 		},
 		{
 			name: "a copied mark with a selector that is not the template's repair is left as it came",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
 				d.Spec.Template.Labels["app"] = "web"
 				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true"}
@@ -181,10 +143,10 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name: "an update keeps the marker of a repair while the guard was down",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true"}
 			}),
-			old: stored(func(d *appsv1.Deployment) {
+			old: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Annotations = map[string]string{"deployguard.io/selector-repaired": "true"}
 			}),
 			check: func(t *testing.T, d *appsv1.Deployment) {
@@ -193,7 +155,7 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name: "a selector the API server could not repair is refused with deployguard-refusals' words",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"deployguard.io/empty-selector": "refused"}}
 				d.Spec.Template.Labels = map[string]string{"deployguard.io/empty-selector": "refused", "version": "v3"}
 			}),
@@ -202,80 +164,80 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name: "user's maxSurge 0 keeps a non-zero maxUnavailable",
-			in: stored(func(d *appsv1.Deployment) {
-				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr(intstr.FromInt32(0))
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
+				d.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromInt32(0))
 			}),
 			opts:        platformDefaults,
-			wantChanged: []string{defaultedRevisionHistory, defaultedProgressDeadline},
+			wantChanged: []string{review.DefaultedRevisionHistory, review.DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxUnavailable)
 			},
 		},
 		{
 			name: "Recreate is left alone",
-			in: stored(func(d *appsv1.Deployment) {
+			in: reviewtest.Stored(func(d *appsv1.Deployment) {
 				d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
 			}),
 			opts:        platformDefaults,
-			wantChanged: []string{defaultedRevisionHistory, defaultedProgressDeadline},
+			wantChanged: []string{review.DefaultedRevisionHistory, review.DefaultedProgressDeadline},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Nil(t, d.Spec.Strategy.RollingUpdate)
 			},
 		},
 		{
 			name:        "the cleanup annotation adds its finalizers in canonical order after others",
-			in:          stored(cleanup("drain, record"), withFinalizers("example.com/keep")),
-			wantChanged: []string{defaultedFinalizers},
+			in:          reviewtest.Stored(cleanup("drain, record"), withFinalizers("example.com/keep")),
+			wantChanged: []string{review.DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{"example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain}, d.Finalizers)
 			},
 		},
 		{
 			name:        "the cluster's default steps apply without the annotation",
-			in:          stored(),
-			opts:        func(o *Options) { o.CleanupFinalizers = []string{vocab.FinalizerRecord} },
-			wantChanged: []string{defaultedFinalizers},
+			in:          reviewtest.Stored(),
+			opts:        func(o *review.Options) { o.CleanupFinalizers = []string{vocab.FinalizerRecord} },
+			wantChanged: []string{review.DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{vocab.FinalizerRecord}, d.Finalizers)
 			},
 		},
 		{
 			name:        "none in the annotation wins over the cluster's default",
-			in:          stored(cleanup("none")),
-			opts:        func(o *Options) { o.CleanupFinalizers = vocab.CanonicalFinalizers() },
+			in:          reviewtest.Stored(cleanup("none")),
+			opts:        func(o *review.Options) { o.CleanupFinalizers = vocab.CanonicalFinalizers() },
 			wantChanged: nil,
 		},
 		{
 			name:        "a full update that leaves the finalizers out gets them back",
-			in:          stored(cleanup("record,drain")),
-			old:         stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
-			wantChanged: []string{defaultedFinalizers},
+			in:          reviewtest.Stored(cleanup("record,drain")),
+			old:         reviewtest.Stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
+			wantChanged: []string{review.DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers)
 			},
 		},
 		{
 			name:        "removing the annotation removes the finalizers",
-			in:          stored(withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
-			old:         stored(cleanup("record,drain"), withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
-			wantChanged: []string{defaultedFinalizers},
+			in:          reviewtest.Stored(withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
+			old:         reviewtest.Stored(cleanup("record,drain"), withFinalizers("example.com/keep", vocab.FinalizerRecord, vocab.FinalizerDrain)),
+			wantChanged: []string{review.DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{"example.com/keep"}, d.Finalizers)
 			},
 		},
 		{
 			name:        "an earlier version's finalizers go from a Deployment that does not ask",
-			in:          stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
-			old:         stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
-			wantChanged: []string{defaultedFinalizers},
+			in:          reviewtest.Stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
+			old:         reviewtest.Stored(withFinalizers(vocab.FinalizerDrain, vocab.FinalizerRecord)),
+			wantChanged: []string{review.DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Nil(t, d.Finalizers)
 			},
 		},
 		{
 			name:       "the guard's own and break-glass writes are left as sent",
-			in:         stored(cleanup("record,drain"), withFinalizers(vocab.FinalizerDrain)),
-			old:        stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
+			in:         reviewtest.Stored(cleanup("record,drain"), withFinalizers(vocab.FinalizerDrain)),
+			old:        reviewtest.Stored(cleanup("record,drain"), withFinalizers(vocab.CanonicalFinalizers()...)),
 			privileged: true,
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{vocab.FinalizerDrain}, d.Finalizers)
@@ -283,24 +245,24 @@ func TestDefault(t *testing.T) {
 		},
 		{
 			name:        "while deleting, what the stored object had is put back",
-			in:          stored(cleanup("record,drain"), deleting, withFinalizers("orphan")),
-			old:         stored(cleanup("record,drain"), deleting, withFinalizers(vocab.FinalizerDrain, "orphan")),
-			wantChanged: []string{defaultedFinalizers},
+			in:          reviewtest.Stored(cleanup("record,drain"), deleting, withFinalizers("orphan")),
+			old:         reviewtest.Stored(cleanup("record,drain"), deleting, withFinalizers(vocab.FinalizerDrain, "orphan")),
+			wantChanged: []string{review.DefaultedFinalizers},
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{"orphan", vocab.FinalizerDrain}, d.Finalizers, "the record step had run: its finalizer stays gone")
 			},
 		},
 		{
 			name: "while deleting, nothing new is added",
-			in:   stored(cleanup("record,drain"), deleting),
-			old:  stored(cleanup("record,drain"), deleting),
+			in:   reviewtest.Stored(cleanup("record,drain"), deleting),
+			old:  reviewtest.Stored(cleanup("record,drain"), deleting),
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Empty(t, d.Finalizers)
 			},
 		},
 		{
 			name: "an unknown step leaves the finalizers alone (the validating webhook refuses it)",
-			in:   stored(cleanup("recrod"), withFinalizers(vocab.FinalizerDrain)),
+			in:   reviewtest.Stored(cleanup("recrod"), withFinalizers(vocab.FinalizerDrain)),
 			check: func(t *testing.T, d *appsv1.Deployment) {
 				assert.Equal(t, []string{vocab.FinalizerDrain}, d.Finalizers)
 			},
@@ -308,15 +270,15 @@ func TestDefault(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := testOptions()
+			o := reviewtest.Options()
 			if tt.opts != nil {
 				tt.opts(o)
 			}
-			changed, errs := Default(tt.in, tt.old, o, tt.privileged)
+			changed, errs := review.Default(tt.in, tt.old, o, tt.privileged)
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
-				assert.Equal(t, reasonSelector, refusalReason(errs), "the only refusal Default makes is the selector's")
+				assert.Equal(t, review.OriginSelector, review.RefusedBy(errs), "the only refusal Default makes is the selector's")
 				return
 			}
 			require.Empty(t, errs)
@@ -328,7 +290,7 @@ func TestDefault(t *testing.T) {
 			// Idempotent: the webhook may be invoked again (reinvocationPolicy
 			// IfNeeded) and must then change nothing.
 			again := tt.in.DeepCopy()
-			changed2, errs2 := Default(again, tt.old, o, tt.privileged)
+			changed2, errs2 := review.Default(again, tt.old, o, tt.privileged)
 			require.Empty(t, errs2)
 			assert.Empty(t, changed2, "second run changed fields")
 			assert.Equal(t, tt.in, again)
@@ -340,10 +302,10 @@ func TestAPIServerDefaults(t *testing.T) {
 	d := &appsv1.Deployment{Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 		Containers: []corev1.Container{{Name: "a", Image: "nginx"}, {Name: "b", Image: "registry:5000/x/y:1.0"}, {Name: "c", Image: "x@sha256:abc"}},
 	}}}}
-	APIServerDefaults(d)
+	review.APIServerDefaults(d)
 	assert.Equal(t, int32(1), *d.Spec.Replicas)
 	assert.Equal(t, appsv1.RollingUpdateDeploymentStrategyType, d.Spec.Strategy.Type)
-	assert.Equal(t, builtinMaxSurge, *d.Spec.Strategy.RollingUpdate.MaxSurge)
+	assert.Equal(t, intstr.FromString("25%"), *d.Spec.Strategy.RollingUpdate.MaxSurge)
 	assert.Equal(t, int32(10), *d.Spec.RevisionHistoryLimit)
 	assert.Equal(t, int32(600), *d.Spec.ProgressDeadlineSeconds)
 	assert.Equal(t, corev1.PullAlways, d.Spec.Template.Spec.Containers[0].ImagePullPolicy)

@@ -1,4 +1,4 @@
-package webhook
+package review
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"slices"
 	"strings"
 
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/admission"
@@ -35,12 +38,12 @@ func (o *Options) NativeSettings() native.Settings {
 	}
 }
 
-// nativeChecks evaluates the named policies on req in process and turns what
+// NativeChecks evaluates the named policies on req in process and turns what
 // failed into findings, as the API server would answer: a refusal of
 // deployguard-refusals refuses, a warning warns, and a bound refuses when the
 // bounds are enforced. A policy that cannot be evaluated refuses where its
 // failurePolicy is Fail (the refusals) and is skipped where it is Ignore.
-func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...string) Findings {
+func (o *Options) NativeChecks(ctx context.Context, req Request, policies ...string) Findings {
 	var f Findings
 	for _, g := range o.nativeChecksByPolicy(ctx, req, policies...) {
 		f = append(f, g...)
@@ -48,14 +51,31 @@ func (o *Options) nativeChecks(ctx context.Context, req Request, policies ...str
 	return f
 }
 
-// nativeChecksByPolicy is nativeChecks, the findings of each policy apart
+// nativeFindings evaluates, once, the native policies a chain reads: the
+// refusals when refusals is set, the warnings and bounds when advice is.
+func (o *Options) nativeFindings(ctx context.Context, req Request, refusals, advice bool) NativeFindings {
+	switch {
+	case refusals && advice:
+		// One evaluation for both (the warnings' and bounds' run joins the
+		// refusals' match condition), each policy's findings in their place.
+		by := o.nativeChecksByPolicy(ctx, req, native.Refusals, native.Warnings, native.Bounds)
+		return NativeFindings{Refusals: by[0], Advice: append(by[1], by[2]...)}
+	case refusals:
+		return NativeFindings{Refusals: o.NativeChecks(ctx, req, native.Refusals)}
+	case advice:
+		return NativeFindings{Advice: o.NativeChecks(ctx, req, native.Warnings, native.Bounds)}
+	}
+	return NativeFindings{}
+}
+
+// nativeChecksByPolicy is NativeChecks, the findings of each policy apart
 // (in the order of policies), from one evaluation: a caller that places
 // them apart pays for one.
 func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policies ...string) []Findings {
 	out := make([]Findings, len(policies))
 	rules, err := native.Load()
 	if err != nil {
-		out[0] = Findings{refuse(field.InternalError(field.NewPath("metadata"), err), reasonInternal)}
+		out[0] = Findings{refuse(field.InternalError(field.NewPath("metadata"), err), OriginInternal)}
 		return out
 	}
 	for _, x := range rules.Evaluate(ctx, nativeRequest(req), o.NativeSettings().Params(), policies...) {
@@ -67,7 +87,7 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 		origin := nativeOrigin(x.Field)
 		switch {
 		case x.Error && x.Policy == native.Refusals:
-			*f = append(*f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), reasonInternal))
+			*f = append(*f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), OriginInternal))
 		case x.Error:
 		case x.Policy == native.Refusals || x.Policy == native.Bounds && o.BoundsEnforce:
 			t := field.ErrorTypeInvalid
@@ -82,6 +102,26 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 		}
 	}
 	return out
+}
+
+// FloorProbeRefusal is the line deployguard-refusals refuses a dry-run
+// create of d by the guard itself with, as this guard evaluates it with its
+// own params: what the API server must say to the floor probe (the
+// webhook's FloorProbe) when it enforces the policy as this guard would. ""
+// when the guard would admit d.
+func (o *Options) FloorProbeRefusal(ctx context.Context, d *appsv1.Deployment) string {
+	req := Request{Operation: admissionv1.Create, Object: d, DryRun: true,
+		UserInfo: authenticationv1.UserInfo{Username: o.GuardUsername}}
+	rules, err := native.Load()
+	if err != nil {
+		return ""
+	}
+	for _, f := range rules.Evaluate(ctx, nativeRequest(req), o.NativeSettings().Params(), native.Refusals) {
+		if !f.Error {
+			return f.Line()
+		}
+	}
+	return ""
 }
 
 // nativeRequest is req as the native policies read it.
@@ -104,15 +144,15 @@ func nativeRequest(req Request) native.Request {
 func nativeOrigin(f string) string {
 	switch {
 	case f == "spec.selector":
-		return reasonSelector
+		return OriginSelector
 	case strings.HasPrefix(f, "spec.strategy"):
-		return reasonStrategy
+		return OriginStrategy
 	case f == "spec.revisionHistoryLimit":
-		return reasonRevisionHistory
+		return OriginRevisionHistory
 	case f == "spec.progressDeadlineSeconds":
-		return reasonProgressDeadline
+		return OriginProgressDeadline
 	case strings.Contains(f, vocab.AnnotationProtected):
-		return reasonProtected
+		return OriginProtected
 	}
-	return reasonFinalizers
+	return OriginFinalizers
 }

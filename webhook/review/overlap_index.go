@@ -1,4 +1,4 @@
-package webhook
+package review
 
 import (
 	"context"
@@ -6,45 +6,10 @@ import (
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	toolscache "k8s.io/client-go/tools/cache"
 )
-
-// Selection is what the overlap check knows of another Deployment: its name,
-// its selector and the labels of its pods.
-type Selection struct {
-	Name           string
-	Selector       labels.Selector
-	TemplateLabels labels.Set
-	// Deleting: being deleted; its pods go with it, so it overlaps nothing.
-	Deleting bool
-	// Replicas it asks for, for the disruption budgets that select its pods.
-	Replicas int32
-}
-
-// SelectionOf summarises a Deployment for the overlap check; ok is false when
-// its selector is empty or does not parse (such a Deployment selects nothing
-// the check could compare).
-func SelectionOf(d *appsv1.Deployment) (Selection, bool) {
-	if emptySelector(d.Spec.Selector) {
-		return Selection{}, false
-	}
-	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-	if err != nil {
-		return Selection{}, false
-	}
-	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil, Replicas: replicasOf(d)}, true
-}
-
-// OverlapSource finds the Deployments of d's namespace whose selector or pods
-// may overlap d's: every Deployment that does is among them, and few others
-// are. The webhook's comes from an index kept by the Deployment informer, so
-// the cost of a request does not grow with the namespace.
-type OverlapSource interface {
-	OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
-}
 
 // ErrIndexNotSynced is returned while the index has not seen every
 // Deployment yet: an answer then could miss an overlap.

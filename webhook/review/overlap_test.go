@@ -1,4 +1,4 @@
-package webhook
+package review_test
 
 import (
 	"context"
@@ -12,6 +12,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // selecting is a Deployment with the given selector and pod labels.
@@ -36,10 +39,10 @@ func expr(key string, op metav1.LabelSelectorOperator, values ...string) *metav1
 
 // everyOther is the brute force the index must agree with: every other
 // Deployment of the namespace.
-func everyOther(ds []*appsv1.Deployment) []Selection {
-	var out []Selection
+func everyOther(ds []*appsv1.Deployment) []review.Selection {
+	var out []review.Selection
 	for _, d := range ds {
-		if s, ok := SelectionOf(d); ok {
+		if s, ok := review.SelectionOf(d); ok {
 			out = append(out, s)
 		}
 	}
@@ -63,33 +66,33 @@ func TestOverlapThroughTheIndex(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			x := NewOverlapIndex(nil)
+			x := review.NewOverlapIndex(nil)
 			x.Set(web)
 			got, err := x.OverlapCandidates(context.Background(), tt.d)
 			require.NoError(t, err)
-			f := CheckOverlap(tt.d, got)
+			f := review.CheckOverlap(tt.d, got)
 			if tt.want == "" {
 				assert.Empty(t, f.Refusals())
 				return
 			}
 			require.Len(t, f.Refusals(), 1)
 			assert.Contains(t, f.Refusals()[0].Error(), tt.want)
-			assert.Equal(t, CheckOverlap(tt.d, everyOther([]*appsv1.Deployment{web})), f, "the same as comparing with every Deployment")
+			assert.Equal(t, review.CheckOverlap(tt.d, everyOther([]*appsv1.Deployment{web})), f, "the same as comparing with every Deployment")
 		})
 	}
 
 	t.Run("a Deployment being deleted overlaps nothing", func(t *testing.T) {
-		x := NewOverlapIndex(nil)
+		x := review.NewOverlapIndex(nil)
 		gone := web.DeepCopy()
 		gone.DeletionTimestamp = &metav1.Time{}
 		x.Set(gone)
 		d := selecting("all", matchLabels("app", "web"), map[string]string{"app": "web"})
 		got, err := x.OverlapCandidates(context.Background(), d)
 		require.NoError(t, err)
-		assert.Empty(t, CheckOverlap(d, got).Refusals())
+		assert.Empty(t, review.CheckOverlap(d, got).Refusals())
 	})
 	t.Run("refiled when its pod labels change, forgotten when deleted", func(t *testing.T) {
-		x := NewOverlapIndex(nil)
+		x := review.NewOverlapIndex(nil)
 		x.Set(web)
 		d := selecting("all", matchLabels("app", "web"), map[string]string{"app": "web"})
 		moved := web.DeepCopy()
@@ -97,19 +100,19 @@ func TestOverlapThroughTheIndex(t *testing.T) {
 		moved.Spec.Selector = matchLabels("app", "web-v2")
 		x.Set(moved)
 		got, _ := x.OverlapCandidates(context.Background(), d)
-		assert.Empty(t, CheckOverlap(d, got).Refusals())
+		assert.Empty(t, review.CheckOverlap(d, got).Refusals())
 		x.Set(web)
 		got, _ = x.OverlapCandidates(context.Background(), d)
-		assert.NotEmpty(t, CheckOverlap(d, got).Refusals())
+		assert.NotEmpty(t, review.CheckOverlap(d, got).Refusals())
 		x.Delete("shop", "web")
 		got, _ = x.OverlapCandidates(context.Background(), d)
 		assert.Empty(t, got)
 		assert.Zero(t, x.Len())
 	})
 	t.Run("not synced: no answer rather than a wrong one", func(t *testing.T) {
-		x := NewOverlapIndex(func() bool { return false })
+		x := review.NewOverlapIndex(func() bool { return false })
 		_, err := x.OverlapCandidates(context.Background(), web)
-		assert.ErrorIs(t, err, ErrIndexNotSynced)
+		assert.ErrorIs(t, err, review.ErrIndexNotSynced)
 	})
 }
 
@@ -149,7 +152,7 @@ func TestOverlapIndexAgreesWithBruteForce(t *testing.T) {
 		return s
 	}
 	var all []*appsv1.Deployment
-	x := NewOverlapIndex(nil)
+	x := review.NewOverlapIndex(nil)
 	for i := range 300 {
 		pods := podLabels()
 		d := selecting(fmt.Sprintf("d%03d", i), selector(pods), pods)
@@ -159,10 +162,10 @@ func TestOverlapIndexAgreesWithBruteForce(t *testing.T) {
 	overlaps := 0
 	for _, d := range all {
 		others := slices.DeleteFunc(slices.Clone(all), func(o *appsv1.Deployment) bool { return o == d })
-		want := CheckOverlap(d, everyOther(others))
+		want := review.CheckOverlap(d, everyOther(others))
 		got, err := x.OverlapCandidates(context.Background(), d)
 		require.NoError(t, err)
-		require.Equal(t, want, CheckOverlap(d, got), "Deployment %s selector %v labels %v", d.Name, d.Spec.Selector, d.Spec.Template.Labels)
+		require.Equal(t, want, review.CheckOverlap(d, got), "Deployment %s selector %v labels %v", d.Name, d.Spec.Selector, d.Spec.Template.Labels)
 		overlaps += len(want.Refusals())
 	}
 	assert.Greater(t, overlaps, 100, "the random corpus exercises overlaps")
@@ -173,7 +176,7 @@ func TestOverlapIndexAgreesWithBruteForce(t *testing.T) {
 // with 10,000 Deployments in the namespace.
 func TestOverlapCostIsFlatInTheNamespace(t *testing.T) {
 	allocs := func(n int) float64 {
-		x := NewOverlapIndex(nil)
+		x := review.NewOverlapIndex(nil)
 		for i := range n {
 			name := fmt.Sprintf("app-%05d", i)
 			// The common label sorts first in every selector: it must not
@@ -181,10 +184,10 @@ func TestOverlapCostIsFlatInTheNamespace(t *testing.T) {
 			x.Set(selecting(name, matchLabels("app.kubernetes.io/component", "web", "app.kubernetes.io/name", name),
 				map[string]string{"app.kubernetes.io/component": "web", "app.kubernetes.io/name": name, "team": "checkout"}))
 		}
-		d := guarded()
+		d := reviewtest.Guarded()
 		d.Spec.Template.Labels["app.kubernetes.io/component"] = "web"
 		d.Spec.Template.Labels["team"] = "checkout"
-		o := testOptions()
+		o := reviewtest.Options()
 		return testing.AllocsPerRun(50, func() {
 			f := checkRequest(context.Background(), d, nil, alice, o, x)
 			if len(f.Refusals()) > 0 {

@@ -1,4 +1,4 @@
-package webhook
+package review_test
 
 import (
 	"context"
@@ -12,61 +12,35 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
-
-// guarded is a stored Deployment that asks for the guard's cleanup, after the
-// mutating webhook.
-func guarded(mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
-	d := stored()
-	d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
-	if _, errs := Default(d, nil, testOptions(), false); len(errs) > 0 {
-		panic(errs)
-	}
-	for _, m := range mut {
-		m(d)
-	}
-	return d
-}
-
-type overlapsFunc func(ctx context.Context, d *appsv1.Deployment) ([]Selection, error)
-
-func (f overlapsFunc) OverlapCandidates(ctx context.Context, d *appsv1.Deployment) ([]Selection, error) {
-	return f(ctx, d)
-}
-
-// indexOf is the index the webhook uses, holding ds.
-func indexOf(ds ...*appsv1.Deployment) OverlapSource {
-	x := NewOverlapIndex(nil)
-	for _, d := range ds {
-		x.Set(d)
-	}
-	return x
-}
 
 var (
 	alice = authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
 	guard = authenticationv1.UserInfo{Username: "system:serviceaccount:deployguard-system:deployguard"}
 )
 
-func enforceBounds(o *Options) { o.BoundsEnforce = true }
+func enforceBounds(o *review.Options) { o.BoundsEnforce = true }
 
 func beingDeleted(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{} }
 
 func TestValidate(t *testing.T) {
-	other := guarded(func(d *appsv1.Deployment) {
+	other := reviewtest.Guarded(func(d *appsv1.Deployment) {
 		d.Name = "web-canary"
 		d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary"}
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary"}
 	})
-	failedTemplate := guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "nginx:broken" }).Spec.Template
-	quarantinedOld := guarded(func(d *appsv1.Deployment) {
+	failedTemplate := reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "nginx:broken" }).Spec.Template
+	quarantinedOld := reviewtest.Guarded(func(d *appsv1.Deployment) {
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = "0000," + vocab.TemplateHash(&failedTemplate)
 	})
 
-	marked := guarded(func(d *appsv1.Deployment) {
+	marked := reviewtest.Guarded(func(d *appsv1.Deployment) {
 		d.Spec.Selector.MatchLabels = map[string]string{native.LabelEmptySelector: native.EmptySelectorRefused}
 		d.Spec.Template.Labels[native.LabelEmptySelector] = native.EmptySelectorRefused
 	})
@@ -81,22 +55,22 @@ func TestValidate(t *testing.T) {
 		name         string
 		d, old       *appsv1.Deployment
 		user         authenticationv1.UserInfo
-		lister       OverlapSource
-		opts         func(*Options)
+		lister       review.OverlapSource
+		opts         func(*review.Options)
 		wantErrs     []string // each must appear in one error
-		wantReason   string   // the refusal's reason label; none when wantErrs is empty
+		wantReason   string   // the check the refusal is counted under (RefusedBy); empty when wantErrs is empty
 		wantWarnings []string
 	}{
 		{
 			name: "a guarded Deployment with a probe is admitted silently",
-			d:    guarded(),
+			d:    reviewtest.Guarded(),
 			user: alice,
 		},
 		{
 			name:       "empty selector",
-			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
 			user:       alice,
-			wantReason: reasonSelector,
+			wantReason: review.OriginSelector,
 			wantErrs:   []string{"spec.selector: Required value: an empty selector would select every pod"},
 		},
 		{
@@ -108,87 +82,89 @@ func TestValidate(t *testing.T) {
 		},
 		{
 			name:       "selector that does not select the template",
-			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
 			user:       alice,
-			wantReason: reasonSelector,
+			wantReason: review.OriginSelector,
 			wantErrs:   []string{"spec.template.metadata.labels", "does not select the template's labels"},
 		},
 		{
 			name:       "overlap: our selector selects another Deployment's pods",
-			d:          guarded(),
+			d:          reviewtest.Guarded(),
 			user:       alice,
-			lister:     indexOf(other),
-			wantReason: reasonOverlap,
+			lister:     reviewtest.Index(other),
+			wantReason: review.OriginOverlap,
 			wantErrs:   []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
 		},
 		{
 			name: "overlap: another selector selects our pods",
-			d: guarded(func(d *appsv1.Deployment) {
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				d.Name = "web-2"
 				d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "canary", "v": "2"}
 			}),
 			user:       alice,
-			lister:     indexOf(other),
-			wantReason: reasonOverlap,
+			lister:     reviewtest.Index(other),
+			wantReason: review.OriginOverlap,
 			wantErrs:   []string{`would be selected by Deployment "web-canary"`},
 		},
 		{
 			name: "no overlap with a distinct selector",
-			d: guarded(func(d *appsv1.Deployment) {
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "api"}
 				d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "api"}
 			}),
 			user:   alice,
-			lister: indexOf(other),
+			lister: reviewtest.Index(other),
 		},
 		{
 			name:   "an overlap that predates an update only warns",
-			d:      guarded(func(d *appsv1.Deployment) { d.Spec.Template.Labels["extra"] = "x" }),
-			old:    guarded(),
+			d:      reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template.Labels["extra"] = "x" }),
+			old:    reviewtest.Guarded(),
 			user:   alice,
-			lister: indexOf(other),
+			lister: reviewtest.Index(other),
 			wantWarnings: []string{
 				"overlap with another Deployment",
 			},
 		},
 		{
-			name:       "a failing lister refuses with a retryable reason",
-			d:          guarded(),
-			user:       alice,
-			lister:     overlapsFunc(func(context.Context, *appsv1.Deployment) ([]Selection, error) { return nil, ErrIndexNotSynced }),
-			wantReason: reasonInternal,
+			name: "a failing lister refuses with a retryable reason",
+			d:    reviewtest.Guarded(),
+			user: alice,
+			lister: reviewtest.OverlapsFunc(func(context.Context, *appsv1.Deployment) ([]review.Selection, error) {
+				return nil, review.ErrIndexNotSynced
+			}),
+			wantReason: review.OriginInternal,
 			wantErrs:   []string{"could not look up the namespace's Deployments", "the guard has not yet seen every Deployment"},
 		},
 		{
 			name: "maxUnavailable of every replica is refused",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
 			}),
 			user:       alice,
-			wantReason: reasonStrategy,
+			wantReason: review.OriginStrategy,
 			wantErrs:   []string{"spec.strategy.rollingUpdate.maxUnavailable", "resolves to 3 of 3 replicas"},
 		},
 		{
 			name: "maxUnavailable as a count above replicas is refused",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromInt32(5))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(5))
 			}),
 			user:       alice,
-			wantReason: reasonStrategy,
+			wantReason: review.OriginStrategy,
 			wantErrs:   []string{"resolves to 5 of 3 replicas"},
 		},
 		{
 			name: "maxUnavailable 100% on one replica is allowed",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.Replicas = ptr(int32(1))
-				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.Replicas = ptr.To(int32(1))
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
 			}),
 			user: alice,
 		},
 		{
 			name: "Recreate with several replicas warns",
-			d: guarded(func(d *appsv1.Deployment) {
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
 			}),
 			user:         alice,
@@ -196,95 +172,95 @@ func TestValidate(t *testing.T) {
 		},
 		{
 			name:         "revision history above the bound warns",
-			d:            guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			d:            reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user:         alice,
 			wantWarnings: []string{"spec.revisionHistoryLimit: 500 is outside this cluster's bounds: keep at most 100"},
 		},
 		{
 			name:       "revision history above the bound, bounds enforced",
-			d:          guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonRevisionHistory,
+			wantReason: review.OriginRevisionHistory,
 			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 500 is outside this cluster's bounds: keep at most 100"},
 		},
 		{
 			name:         "revision history of zero warns once, with the reason",
-			d:            guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(0)) }),
+			d:            reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(0)) }),
 			user:         alice,
 			wantWarnings: []string{"spec.revisionHistoryLimit: 0 is outside this cluster's bounds: 0 keeps no old ReplicaSet once a rollout completes, so kubectl rollout undo has nothing to go back to"},
 		},
 		{
 			name:         "progress deadline below the bound warns",
-			d:            guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
+			d:            reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr.To(int32(5)) }),
 			user:         alice,
 			wantWarnings: []string{"spec.progressDeadlineSeconds: 5 is outside this cluster's bounds: set at least 30 seconds"},
 		},
 		{
 			name:         "a long progress deadline warns: it only delays a rollback",
-			d:            guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(36000)) }),
+			d:            reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr.To(int32(36000)) }),
 			user:         alice,
 			wantWarnings: []string{"spec.progressDeadlineSeconds: 36000 is outside this cluster's bounds: set at most 7200 seconds"},
 		},
 		{
 			name:       "progress deadline below the bound, bounds enforced",
-			d:          guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr(int32(5)) }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr.To(int32(5)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonProgressDeadline,
+			wantReason: review.OriginProgressDeadline,
 			wantErrs:   []string{"spec.progressDeadlineSeconds: Invalid value: 5 is outside this cluster's bounds: set at least 30 seconds"},
 		},
 		{
 			name: "progress deadline not above minReadySeconds",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.ProgressDeadlineSeconds = ptr(int32(60))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.ProgressDeadlineSeconds = ptr.To(int32(60))
 				d.Spec.MinReadySeconds = 60
 			}),
 			user:       alice,
-			wantReason: reasonProgressDeadline,
+			wantReason: review.OriginProgressDeadline,
 			wantErrs:   []string{"must be greater than spec.minReadySeconds (60)"},
 		},
 		{
 			name: "a missing readiness probe is the probes policy's to report",
-			d:    guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil }),
+			d:    reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil }),
 			user: alice,
 		},
 		{
 			name: "every problem is reported at once",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.RevisionHistoryLimit = ptr(int32(500))
-				d.Spec.ProgressDeadlineSeconds = ptr(int32(5))
-				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("100%"))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr.To(int32(500))
+				d.Spec.ProgressDeadlineSeconds = ptr.To(int32(5))
+				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
 			}),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonStrategy,
+			wantReason: review.OriginStrategy,
 			wantErrs:   []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
 		},
 		{
 			name: "exempt namespace skips the safety checks",
-			d:    guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			d:    reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user: alice,
-			opts: func(o *Options) { enforceBounds(o); o.ExemptNamespaces = []string{"shop"} },
+			opts: func(o *review.Options) { enforceBounds(o); o.ExemptNamespaces = []string{"shop"} },
 		},
 		{
 			name: "the guard's own writes pass rules added after the Deployment was created",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr.To(int32(500))
 				d.Spec.Template.Spec.Containers[0].Image = "nginx:1.27.2"
 			}),
-			old:  guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			old:  reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user: guard,
 			opts: enforceBounds,
 		},
 		{
 			name: "a metadata-only update of a Deployment the rules now refuse passes",
-			d: guarded(func(d *appsv1.Deployment) {
-				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr.To(int32(500))
 				delete(d.Annotations, vocab.AnnotationProtected)
 			}),
-			old: guarded(func(d *appsv1.Deployment) {
-				d.Spec.RevisionHistoryLimit = ptr(int32(500))
+			old: reviewtest.Guarded(func(d *appsv1.Deployment) {
+				d.Spec.RevisionHistoryLimit = ptr.To(int32(500))
 				d.Annotations[vocab.AnnotationProtected] = "true"
 			}),
 			user: alice,
@@ -292,86 +268,86 @@ func TestValidate(t *testing.T) {
 		},
 		{
 			name:       "a spec change of such a Deployment is checked",
-			d:          guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(400)) }),
-			old:        guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr(int32(500)) }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(400)) }),
+			old:        reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: reasonRevisionHistory,
+			wantReason: review.OriginRevisionHistory,
 			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 400"},
 		},
 		{
 			// The mutating webhook puts them back and the reconciler keeps
 			// them; a client that never knew them is not refused.
 			name: "outside deletion, an update without the guard's finalizers is not refused",
-			d:    guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
-			old:  guarded(),
+			d:    reviewtest.Guarded(func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  reviewtest.Guarded(),
 			user: alice,
 		},
 		{
 			name:       "while deleting, a user may not remove the guard's finalizers",
-			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
-			old:        guarded(beingDeleted),
+			d:          reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
+			old:        reviewtest.Guarded(beingDeleted),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: review.OriginFinalizers,
 			wantErrs:   []string{"metadata.finalizers: Forbidden", "being deleted", vocab.AnnotationSkipCleanup + "=true"},
 		},
 		{
 			name:       "while deleting, a user may not reorder the guard's finalizers",
-			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
-			old:        guarded(beingDeleted),
+			d:          reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
+			old:        reviewtest.Guarded(beingDeleted),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: review.OriginFinalizers,
 			wantErrs:   []string{"metadata.finalizers: Forbidden"},
 		},
 		{
 			name:       "exemption does not lift the finalizer rules",
-			d:          guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
-			old:        guarded(beingDeleted),
+			d:          reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:        reviewtest.Guarded(beingDeleted),
 			user:       alice,
-			opts:       func(o *Options) { o.ExemptNamespaces = []string{"shop"} },
-			wantReason: reasonFinalizers,
+			opts:       func(o *review.Options) { o.ExemptNamespaces = []string{"shop"} },
+			wantReason: review.OriginFinalizers,
 			wantErrs: []string{
 				"metadata.finalizers: Forbidden",
 			},
 		},
 		{
 			name: "the guard removes its finalizers",
-			d:    guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
-			old:  guarded(beingDeleted),
+			d:    reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
+			old:  reviewtest.Guarded(beingDeleted),
 			user: guard,
 		},
 		{
 			name: "a break-glass group removes the finalizers",
-			d:    guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
-			old:  guarded(beingDeleted),
+			d:    reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = nil }),
+			old:  reviewtest.Guarded(beingDeleted),
 			user: authenticationv1.UserInfo{Username: "bob", Groups: []string{"platform-admins"}},
 		},
 		{
 			name:       "an unknown cleanup step is refused with the steps there are",
-			d:          guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
-			old:        guarded(),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
+			old:        reviewtest.Guarded(),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: review.OriginFinalizers,
 			wantErrs:   []string{`metadata.annotations[deployguard.io/cleanup]: Invalid value: unknown cleanup step "backup"`},
 		},
 		{
 			name:       "unknown finalizer in the guard's domain",
-			d:          guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
 			user:       alice,
-			wantReason: reasonFinalizers,
+			wantReason: review.OriginFinalizers,
 			wantErrs:   []string{`metadata.finalizers: Invalid value: "deployguard.io/backup" is not one of deployguard's finalizers`},
 		},
 		{
 			name:       "bringing a quarantined template back is refused with the override",
-			d:          guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
 			old:        quarantinedOld,
 			user:       alice,
-			wantReason: reasonQuarantine,
+			wantReason: review.OriginQuarantine,
 			wantErrs:   []string{"spec.template: Forbidden", "failed its rollout before", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
 		},
 		{
 			name: "while its rollback stands, the refusal says why the template failed",
-			d:    guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			d:    reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
 			old: func() *appsv1.Deployment {
 				o := quarantinedOld.DeepCopy()
 				o.Labels = map[string]string{vocab.LabelRolledBack: "2"}
@@ -379,12 +355,12 @@ func TestValidate(t *testing.T) {
 				return o
 			}(),
 			user:       alice,
-			wantReason: reasonQuarantine,
+			wantReason: review.OriginQuarantine,
 			wantErrs:   []string{"failed its rollout before", "(deployguard: Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff"},
 		},
 		{
 			name: "the override lets the quarantined template back with a warning",
-			d: guarded(func(d *appsv1.Deployment) {
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				d.Spec.Template = *failedTemplate.DeepCopy()
 				d.Annotations[vocab.AnnotationAllowTemplate] = vocab.TemplateHash(&failedTemplate)
 			}),
@@ -394,36 +370,33 @@ func TestValidate(t *testing.T) {
 		},
 		{
 			name:         "quarantine in warn mode",
-			d:            guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
+			d:            reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
 			old:          quarantinedOld,
 			user:         alice,
-			opts:         func(o *Options) { o.Quarantine = QuarantineWarn },
+			opts:         func(o *review.Options) { o.Quarantine = review.QuarantineWarn },
 			wantWarnings: []string{"failed its rollout before"},
 		},
 		{
 			name: "removing the quarantine record in the same update does not help",
-			d: guarded(func(d *appsv1.Deployment) {
+			d: reviewtest.Guarded(func(d *appsv1.Deployment) {
 				d.Spec.Template = *failedTemplate.DeepCopy()
 				delete(d.Annotations, vocab.AnnotationQuarantinedTemplates)
 			}),
 			old:        quarantinedOld,
 			user:       alice,
-			wantReason: reasonQuarantine,
+			wantReason: review.OriginQuarantine,
 			wantErrs:   []string{"spec.template: Forbidden"},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := testOptions()
+			o := reviewtest.Options()
 			if tt.opts != nil {
 				tt.opts(o)
 			}
 			f := checkRequest(context.Background(), tt.d, tt.old, tt.user, o, tt.lister)
 			all := f.Refusals().ToAggregate()
-			if tt.wantReason == "" {
-				tt.wantReason = reasonNone
-			}
-			assert.Equal(t, tt.wantReason, refusalReason(f.Refusals()))
+			assert.Equal(t, tt.wantReason, review.RefusedBy(f.Refusals()))
 			if len(tt.wantErrs) == 0 {
 				assert.NoError(t, all)
 			} else {
@@ -445,11 +418,11 @@ func TestValidate(t *testing.T) {
 
 // checkRequest runs the validating webhook's Go checks on a CREATE (old nil)
 // or an UPDATE.
-func checkRequest(ctx context.Context, d, old *appsv1.Deployment, user authenticationv1.UserInfo, o *Options, overlaps OverlapSource) Findings {
+func checkRequest(ctx context.Context, d, old *appsv1.Deployment, user authenticationv1.UserInfo, o *review.Options, overlaps review.OverlapSource) review.Findings {
 	op := admissionv1.Create
 	if old != nil {
 		op = admissionv1.Update
 	}
-	w := &Deployment{Options: o, Overlaps: overlaps}
-	return w.Review(ctx, Request{Operation: op, Object: d, OldObject: old, UserInfo: user}, Stage{Checks: true, Native: true}).Findings
+	w := &review.Reviewer{Options: o, Overlaps: overlaps}
+	return w.Review(ctx, review.Request{Operation: op, Object: d, OldObject: old, UserInfo: user}, review.Stage{Checks: true, Native: true}).Findings
 }

@@ -1,7 +1,9 @@
-package webhook
+package review
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -27,12 +29,12 @@ var (
 
 // Fields named in the defaulted annotation.
 const (
-	defaultedSelector         = "spec.selector"
-	defaultedMaxSurge         = "spec.strategy.rollingUpdate.maxSurge"
-	defaultedMaxUnavailable   = "spec.strategy.rollingUpdate.maxUnavailable"
-	defaultedRevisionHistory  = "spec.revisionHistoryLimit"
-	defaultedProgressDeadline = "spec.progressDeadlineSeconds"
-	defaultedFinalizers       = "metadata.finalizers"
+	DefaultedSelector         = "spec.selector"
+	DefaultedMaxSurge         = "spec.strategy.rollingUpdate.maxSurge"
+	DefaultedMaxUnavailable   = "spec.strategy.rollingUpdate.maxUnavailable"
+	DefaultedRevisionHistory  = "spec.revisionHistoryLimit"
+	DefaultedProgressDeadline = "spec.progressDeadlineSeconds"
+	DefaultedFinalizers       = "metadata.finalizers"
 )
 
 // Default fills in the cluster's defaults on d and returns the fields it
@@ -53,13 +55,13 @@ func Default(d, old *appsv1.Deployment, o *Options, privileged bool) ([]string, 
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	add(defaultedSelector, ok)
+	add(DefaultedSelector, ok)
 	surge, unavailable := defaultStrategy(d, o)
-	add(defaultedMaxSurge, surge)
-	add(defaultedMaxUnavailable, unavailable)
-	add(defaultedRevisionHistory, defaultRevisionHistoryLimit(d, o))
-	add(defaultedProgressDeadline, defaultProgressDeadline(d, o))
-	add(defaultedFinalizers, defaultFinalizers(d, old, o, privileged))
+	add(DefaultedMaxSurge, surge)
+	add(DefaultedMaxUnavailable, unavailable)
+	add(DefaultedRevisionHistory, defaultRevisionHistoryLimit(d, o))
+	add(DefaultedProgressDeadline, defaultProgressDeadline(d, o))
+	add(DefaultedFinalizers, defaultFinalizers(d, old, o, privileged))
 
 	if len(changed) > 0 {
 		// Only this request's changes: older entries may no longer be true.
@@ -69,6 +71,18 @@ func Default(d, old *appsv1.Deployment, o *Options, privileged bool) ([]string, 
 		d.Annotations[vocab.AnnotationDefaulted] = strings.Join(changed, ",")
 	}
 	return changed, nil
+}
+
+// defaultingWarnings are the warnings about what Default changed that the user
+// should know: where the stored object differs from the manifest in a way
+// that matters to them.
+func defaultingWarnings(d *appsv1.Deployment, changed []string) Findings {
+	if !slices.Contains(changed, DefaultedSelector) {
+		return nil
+	}
+	return Findings{warn(OriginSelector, specPath.Child("selector"), fmt.Sprintf(
+		"the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
+		metav1.FormatLabelSelector(d.Spec.Selector)))}
 }
 
 // emptySelector is what the API server refuses as "empty selector".
@@ -91,7 +105,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 	if emptySelector(d.Spec.Selector) {
 		m, err := repairSelector(d, old, o)
 		if err != nil {
-			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(reasonSelector)}
+			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(OriginSelector)}
 		}
 		*d, repairedHere = *m, true
 		// The routing label is for the API server's copy of this policy:
@@ -100,7 +114,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 		unlabel(d, native.LabelRefusals)
 	}
 	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
-		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(reasonSelector)}
+		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(OriginSelector)}
 	}
 	v, marked := d.Annotations[native.AnnotationSelectorRepaired]
 	if !marked || old != nil && old.Annotations[native.AnnotationSelectorRepaired] == v {
@@ -161,7 +175,7 @@ func refusedSelector(d *appsv1.Deployment) bool {
 func unrepairableSelector(d, old *appsv1.Deployment, o *Options) *field.Error {
 	path := field.NewPath("spec", "selector")
 	msg := "the selector is empty and cannot be repaired"
-	for _, f := range o.nativeChecks(context.Background(), writeOf(d, old), native.Refusals) {
+	for _, f := range o.NativeChecks(context.Background(), writeOf(d, old), native.Refusals) {
 		if f.Field == path.String() {
 			msg = f.Message
 			break

@@ -1,4 +1,4 @@
-package webhook
+package review
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
-
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"

@@ -1,0 +1,4 @@
+package review
+
+// CheckBudgets is checkBudgets, for the tests of package review_test.
+var CheckBudgets = checkBudgets
