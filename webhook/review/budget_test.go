@@ -185,7 +185,7 @@ func TestDrainCheckRefusesOnlyWhatAWriteMakesWorse(t *testing.T) {
 	x := review.NewBudgetIndex(deps)
 	three := intstr.FromInt32(3)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &three))
-	w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: review.BudgetsEnforce}, Overlaps: deps, Budgets: x}
+	w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: review.BudgetsEnforce}, Budgets: x}
 	web := func(n int32) *appsv1.Deployment { return deploymentWith("web", n, map[string]string{"app": "web"}) }
 	if f := review.CheckBudgets(w.Options, w.Budgets, web(1), nil, false); len(f.Refusals()) != 1 {
 		t.Errorf("a new Deployment under minAvailable 3: %v", f)
