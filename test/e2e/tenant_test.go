@@ -297,13 +297,13 @@ loop:
 	for {
 		select {
 		case ev := <-w.ResultChan():
-			if ev.Type != watch.Bookmark {
-				changes = append(changes, fmt.Sprintf("Deployment %s", ev.Type))
+			if d, ok := ev.Object.(*appsv1.Deployment); ok && ev.Type != watch.Bookmark {
+				changes = append(changes, fmt.Sprintf("Deployment %s at %s: %s", ev.Type, d.ResourceVersion, writers(d.ManagedFields)))
 			}
 		case ev := <-rsw.ResultChan():
 			if ev.Type != watch.Bookmark {
 				if o, ok := ev.Object.(metav1.Object); ok {
-					changes = append(changes, fmt.Sprintf("ReplicaSet %s %s", o.GetName(), ev.Type))
+					changes = append(changes, fmt.Sprintf("ReplicaSet %s %s: %s", o.GetName(), ev.Type, writers(o.GetManagedFields())))
 				}
 			}
 		case ev := <-evw.ResultChan():
@@ -468,4 +468,18 @@ func TestTenantDeletingTheKnownGoodReplicaSetChoosesNoOlderTemplate(t *testing.T
 	assert.False(t, got.Spec.Template.Spec.HostNetwork, "revision 1's template was not restored")
 	assert.Equal(t, "app:3-typo", got.Spec.Template.Spec.Containers[0].Image)
 	assert.Zero(t, ledgerOf(got).RolledBackRevision)
+}
+
+// writers names who last wrote what, from managedFields, for a failure
+// message: manager, operation, subresource and time of each entry.
+func writers(mf []metav1.ManagedFieldsEntry) string {
+	var out []string
+	for _, e := range mf {
+		at := ""
+		if e.Time != nil {
+			at = e.Time.UTC().Format(time.RFC3339)
+		}
+		out = append(out, fmt.Sprintf("%s %s %s %s", e.Manager, e.Operation, e.Subresource, at))
+	}
+	return strings.Join(out, "; ")
 }
