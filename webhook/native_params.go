@@ -17,6 +17,7 @@ import (
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // NativePoliciesEnforced reports whether kube-apiserver enforces the guard's
@@ -98,7 +99,7 @@ func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *
 	before := paramsRV()
 	answer := w.Create(ctx, d, client.DryRunAll)
 	return JudgeFloorProbe(answer, want, before, paramsRV(), func(hook string) bool {
-		if hook == EnforceWebhook || hook == CreateWebhook || hook == UpdateWebhook || hook == PreviousUpdateWebhook || hook == ValidateWebhook {
+		if hook == routing.EnforceWebhook || hook == routing.CreateWebhook || hook == routing.UpdateWebhook || hook == routing.PreviousUpdateWebhook || hook == routing.ValidateWebhook {
 			return true
 		}
 		// Names are unique only within a configuration: a name that a

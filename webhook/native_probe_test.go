@@ -16,6 +16,7 @@ import (
 
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // The probe is refused by the refusals for every user but the control
@@ -61,7 +62,7 @@ func TestJudgeFloorProbe(t *testing.T) {
 		return apierrors.NewInternalError(errors.New(`failed calling webhook "` + name + `": failed to call webhook: Post "https://deployguard-webhook.deployguard-system.svc:443/validate-apps-v1-deployment?timeout=3s": context deadline exceeded`))
 	}
 	validating := func(name string) bool {
-		return name == EnforceWebhook || name == CreateWebhook || name == ValidateWebhook || name == "validate.kyverno.svc"
+		return name == routing.EnforceWebhook || name == routing.CreateWebhook || name == routing.ValidateWebhook || name == "validate.kyverno.svc"
 	}
 	for _, tc := range []struct {
 		name    string
@@ -79,10 +80,10 @@ func TestJudgeFloorProbe(t *testing.T) {
 		// first still says it is enforced.
 		{"refused by the policy in other words", policyDenial(native.Refusals, native.Refusals, "metadata.finalizers: a finalizer in deployguard.io/ is not one of deployguard's finalizers"), ProbeEnforced, "other words"},
 		{"admitted", nil, ProbeNotEnforced, "admitted a dry-run create"},
-		{"refused by the guard's enforcing webhook", webhookDenial(EnforceWebhook), ProbeNotEnforced, "validating webhook " + EnforceWebhook + " refused"},
-		{"refused by the guard's advising webhook", webhookDenial(CreateWebhook), ProbeNotEnforced, "after the policy"},
-		{"refused by the guard's advising webhook (previous layout)", webhookDenial(ValidateWebhook), ProbeNotEnforced, "after the policy"},
-		{"the guard's enforcing webhook could not be called", failedCall(EnforceWebhook), ProbeNotEnforced, "was called for"},
+		{"refused by the guard's enforcing webhook", webhookDenial(routing.EnforceWebhook), ProbeNotEnforced, "validating webhook " + routing.EnforceWebhook + " refused"},
+		{"refused by the guard's advising webhook", webhookDenial(routing.CreateWebhook), ProbeNotEnforced, "after the policy"},
+		{"refused by the guard's advising webhook (previous layout)", webhookDenial(routing.ValidateWebhook), ProbeNotEnforced, "after the policy"},
+		{"the guard's enforcing webhook could not be called", failedCall(routing.EnforceWebhook), ProbeNotEnforced, "was called for"},
 		{"refused by another validating webhook", webhookDenial("validate.kyverno.svc"), ProbeNotEnforced, "validate.kyverno.svc"},
 		{"refused by a quota", apierrors.NewForbidden(gr, "x", errors.New("exceeded quota: q, requested: count/deployments.apps=1, used: count/deployments.apps=5, limited: count/deployments.apps=5")),
 			ProbeNotEnforced, "ResourceQuota"},

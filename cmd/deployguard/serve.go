@@ -46,6 +46,7 @@ import (
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // serveFlags are the process-level settings; the guard's policy knobs live in
@@ -212,8 +213,20 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err := setupExceptionExpiry(leader, cfg, exceptions); err != nil {
 		return err
 	}
-	setupRouting(leader, f.validatingName, opts, eng, adm.policiesLoaded)
-	setupMutatingRouting(leader, f.mutatingName, f.namespace, opts, cfg.ChangesEveryDeployment())
+	// The routing of the guard's own webhook configurations, by what it
+	// enforces: one replica writes, anew in each term.
+	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+		rw := uncached(lm)
+		if err := lm.Add(&routing.Validating{Client: rw, Options: routing.ValidatingOptions{
+			Name: f.validatingName, Review: opts, Policies: eng, Loaded: adm.policiesLoaded,
+		}}); err != nil {
+			return err
+		}
+		return lm.Add(&routing.Mutating{Client: rw, Options: routing.MutatingOptions{
+			Name: f.mutatingName, Namespace: f.namespace, Review: opts, ChangesEvery: cfg.ChangesEveryDeployment(),
+			SelectorRepairInstalled: guardwebhook.NativeSelectorRepairInstalled,
+		}})
+	})
 	if cfg.Audit.Enabled {
 		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
 			return err
@@ -542,6 +555,15 @@ func checkMutatingScope(ctx context.Context, mgr ctrl.Manager, name string, cfg 
 			}
 		}
 	}
+}
+
+// uncached reads from the API server and writes through lm: routing never
+// starts a write from a stale copy.
+func uncached(lm ctrl.Manager) routing.ReadWriter {
+	return struct {
+		client.Reader
+		client.Writer
+	}{lm.GetAPIReader(), lm.GetClient()}
 }
 
 // webhookInstalled reports whether the guard's mutating webhook configuration

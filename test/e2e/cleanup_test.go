@@ -33,6 +33,7 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // drainTimeout is cleanup.drainTimeout in the suite's guard config.
@@ -646,7 +647,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	// entry (Ignore) refuses too, until the leader has routed the refusals
 	// to the enforce entry.
 	byPolicy := "ValidatingAdmissionPolicy '" + native.Refusals + "'"
-	byGuard := `admission webhook "` + guardwebhook.EnforceWebhook + `" denied the request`
+	byGuard := `admission webhook "` + routing.EnforceWebhook + `" denied the request`
 	var last error
 	require.Eventually(t, func() bool {
 		last = local.Client.Create(ctx, allDown.DeepCopy(), client.DryRunAll)
