@@ -45,6 +45,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/native/floor"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/routing"
 )
@@ -224,7 +225,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		}
 		return lm.Add(&routing.Mutating{Client: rw, Options: routing.MutatingOptions{
 			Name: f.mutatingName, Namespace: f.namespace, Review: opts, ChangesEvery: cfg.ChangesEveryDeployment(),
-			SelectorRepairInstalled: guardwebhook.NativeSelectorRepairInstalled,
+			SelectorRepairInstalled: floor.SelectorRepairInstalled,
 		}})
 	})
 	if cfg.Audit.Enabled {
@@ -339,8 +340,17 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	}); err != nil {
 		return nil, err
 	}
-	if err := setupNative(ctx, mgr, f.namespace, opts, f.nativeCheckPeriod); err != nil {
+	// The native floor: its params, and who evaluates its refusals.
+	nf, err := floor.Setup(ctx, mgr.GetAPIReader(), mgr.GetClient(), floor.Options{
+		Namespace: f.namespace, Review: opts, Every: f.nativeCheckPeriod, Metrics: metrics.Registry,
+	})
+	if err != nil {
 		return nil, err
+	}
+	if nf != nil {
+		if err := mgr.Add(nf); err != nil {
+			return nil, err
+		}
 	}
 	reviewer := &review.Reviewer{
 		Options:         opts,

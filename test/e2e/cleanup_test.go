@@ -31,8 +31,8 @@ import (
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/native/floor"
 	"github.com/deployguard/deployguard/webhook/routing"
 )
 
@@ -660,7 +660,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 		// with those it reads again: its refusal of the probe names them.
 		params := &corev1.ConfigMap{}
 		require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}, params))
-		err := local.Client.Create(ctx, guardwebhook.FloorProbe(ns), client.DryRunAll)
+		err := local.Client.Create(ctx, floor.ProbeDeployment(ns), client.DryRunAll)
 		require.Error(t, err)
 		if strings.Contains(err.Error(), "(params "+params.ResourceVersion+")") {
 			return // this kube-apiserver reads the params again

@@ -106,8 +106,8 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 
 // FloorProbeRefusal is the line deployguard-refusals refuses a dry-run
 // create of d by the guard itself with, as this guard evaluates it with its
-// own params: what the API server must say to the floor probe (the
-// webhook's FloorProbe) when it enforces the policy as this guard would. ""
+// own params: what the API server must say to the floor probe
+// (floor.ProbeDeployment) when it enforces the policy as this guard would. ""
 // when the guard would admit d.
 func (o *Options) FloorProbeRefusal(ctx context.Context, d *appsv1.Deployment) string {
 	req := Request{Operation: admissionv1.Create, Object: d, DryRun: true,
