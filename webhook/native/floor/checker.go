@@ -63,27 +63,26 @@ func Setup(ctx context.Context, r client.Reader, w client.Client, o Options) (*C
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
 		opts.Native = review.NewNativeEnforcement(false)
-		gauge, err := registeredGauge(o.Metrics, "deployguard_native_policies_enforced",
-			"1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not "+
-				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, "+
-				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.")
-		if err != nil {
-			return nil, err
+		enforced := prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_policies_enforced",
+			Help: "1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
+				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
+				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false."})
+		conclusive := prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_probe_conclusive",
+			Help: "1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver " +
+				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering " +
+				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false."})
+		for _, g := range []prometheus.Gauge{enforced, conclusive} {
+			if err := o.Metrics.Register(g); err != nil {
+				return nil, err
+			}
 		}
 		opts.Native.OnChange(func(on bool) {
 			if on {
-				gauge.Set(1)
+				enforced.Set(1)
 			} else {
-				gauge.Set(0)
+				enforced.Set(0)
 			}
 		})
-		conclusive, err := registeredGauge(o.Metrics, "deployguard_native_probe_conclusive",
-			"1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver "+
-				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering "+
-				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false.")
-		if err != nil {
-			return nil, err
-		}
 		checker = &Checker{r: r, w: w, namespace: o.Namespace, opts: opts, every: o.Every, log: log, conclusive: conclusive}
 		checker.check(ctx, true)
 	}
@@ -282,10 +281,4 @@ func (n *Checker) paramsDeleted(ctx context.Context) bool {
 	}
 	bound, _, err := RefusalsBound(ctx, n.r, n.namespace)
 	return err == nil && bound
-}
-
-// registeredGauge is a gauge registered with reg.
-func registeredGauge(reg prometheus.Registerer, name, help string) (prometheus.Gauge, error) {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
-	return g, reg.Register(g)
 }
