@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // Disruption budget modes: what admission does when a PodDisruptionBudget
@@ -199,9 +201,9 @@ func (v BudgetVerdict) BudgetMessage() string {
 // budgetFinding is a verdict as a finding at path, refusing in enforce mode.
 func budgetFinding(mode string, path *field.Path, message string) Finding {
 	if mode == BudgetsEnforce {
-		return refuse(field.Forbidden(path, message), OriginDisruptionBudget)
+		return refuse(field.Forbidden(path, message), origin.DisruptionBudget)
 	}
-	return warn(OriginDisruptionBudget, path, message)
+	return warn(origin.DisruptionBudget, path, message)
 }
 
 // BlocksNodeDrains: the write brings the Deployment's pods under a
@@ -256,7 +258,7 @@ func (w *Reviewer) ReviewBudget(p, old *policyv1.PodDisruptionBudget, username s
 		// overlap check does, rather than let one through unchecked.
 		if mode == BudgetsEnforce {
 			return Findings{refuse(field.InternalError(budgetPath(b),
-				fmt.Errorf("could not look up the Deployments this budget selects, try again: %w", err)), OriginDisruptionBudget)}
+				fmt.Errorf("could not look up the Deployments this budget selects, try again: %w", err)), origin.DisruptionBudget)}
 		}
 		return nil
 	}
@@ -372,7 +374,7 @@ func checkBudgets(o *Options, budgets BudgetSource, d, old *appsv1.Deployment, s
 			return nil
 		}
 		return Findings{refuse(field.InternalError(path,
-			fmt.Errorf("could not look up the PodDisruptionBudgets that select this Deployment's pods, try again: %w", err)), OriginDisruptionBudget)}
+			fmt.Errorf("could not look up the PodDisruptionBudgets that select this Deployment's pods, try again: %w", err)), origin.DisruptionBudget)}
 	}
 	if len(blocked) == 0 && len(names) < 2 {
 		return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // The API server's built-in defaults for apps/v1 Deployments. They are applied
@@ -80,7 +81,7 @@ func defaultingWarnings(d *appsv1.Deployment, changed []string) Findings {
 	if !slices.Contains(changed, DefaultedSelector) {
 		return nil
 	}
-	return Findings{warn(OriginSelector, specPath.Child("selector"), fmt.Sprintf(
+	return Findings{warn(origin.Selector, specPath.Child("selector"), fmt.Sprintf(
 		"the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
 		metav1.FormatLabelSelector(d.Spec.Selector)))}
 }
@@ -105,7 +106,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 	if emptySelector(d.Spec.Selector) {
 		m, err := repairSelector(d, old, o)
 		if err != nil {
-			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(OriginSelector)}
+			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(origin.Selector)}
 		}
 		*d, repairedHere = *m, true
 		// The routing label is for the API server's copy of this policy:
@@ -114,7 +115,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 		unlabel(d, native.LabelRefusals)
 	}
 	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
-		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(OriginSelector)}
+		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(origin.Selector)}
 	}
 	v, marked := d.Annotations[native.AnnotationSelectorRepaired]
 	if !marked || old != nil && old.Annotations[native.AnnotationSelectorRepaired] == v {

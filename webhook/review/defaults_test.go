@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/origin"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
@@ -278,7 +279,7 @@ func TestDefault(t *testing.T) {
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
-				assert.Equal(t, review.OriginSelector, review.RefusedBy(errs), "the only refusal Default makes is the selector's")
+				assert.Equal(t, origin.Selector, review.RefusedBy(errs), "the only refusal Default makes is the selector's")
 				return
 			}
 			require.Empty(t, errs)

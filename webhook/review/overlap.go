@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // The overlap check: two Deployments whose selectors select each other's
@@ -99,11 +101,11 @@ func CheckOverlap(d *appsv1.Deployment, others []Selection) Findings {
 		case mine.Selector.Matches(o.TemplateLabels):
 			f = append(f, refuse(field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
 				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.TemplateLabels.String())), OriginOverlap))
+				o.Name, o.TemplateLabels.String())), origin.Overlap))
 		case o.Selector.Matches(mine.TemplateLabels):
 			f = append(f, refuse(field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
 				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.Selector.String())), OriginOverlap))
+				o.Name, o.Selector.String())), origin.Overlap))
 		}
 	}
 	return f
@@ -114,7 +116,7 @@ func checkOverlap(ctx context.Context, overlaps OverlapSource, d *appsv1.Deploym
 	others, err := overlaps.OverlapCandidates(ctx, d)
 	if err != nil {
 		f := refuse(field.InternalError(specPath.Child("selector"),
-			fmt.Errorf("could not look up the namespace's Deployments to check for overlapping selectors, try again: %w", err)), OriginOverlap)
+			fmt.Errorf("could not look up the namespace's Deployments to check for overlapping selectors, try again: %w", err)), origin.Overlap)
 		f.Message = "could not look up the namespace's Deployments to check for overlapping selectors: " + err.Error()
 		return Findings{f}
 	}
@@ -138,7 +140,7 @@ func overlapPredates(f Findings) Findings {
 	out := make(Findings, 0, len(f))
 	for _, x := range f {
 		if x.Severity == SeverityError && x.Err.Type != field.ErrorTypeInternal {
-			x = warn(OriginOverlap, specPath.Child("selector"), "this Deployment's pods overlap with another Deployment's; "+x.Err.Detail)
+			x = warn(origin.Overlap, specPath.Child("selector"), "this Deployment's pods overlap with another Deployment's; "+x.Err.Detail)
 		}
 		out = append(out, x)
 	}
