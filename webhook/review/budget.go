@@ -227,7 +227,7 @@ func KeepsNodesUndrainable(_ context.Context, in Input) Findings {
 // drainMayChange: a new Deployment, new replicas or new template labels may
 // bring it under a budget that allows no eviction.
 func drainMayChange(d, old *appsv1.Deployment) bool {
-	return old == nil || replicasOf(d) != replicasOf(old) || overlapMayChange(d, old)
+	return old == nil || replicasOf(d) != replicasOf(old) || OverlapMayChange(old, d)
 }
 
 // ReviewBudget judges a budget written (old nil on CREATE), on a change of

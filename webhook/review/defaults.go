@@ -206,7 +206,7 @@ func defaultStrategy(d *appsv1.Deployment, o *Options) (surge, unavailable bool)
 	if ru.MaxUnavailable == nil || *ru.MaxUnavailable == builtinMaxUnavailable {
 		prev := ru.MaxUnavailable
 		unavailable = set(&ru.MaxUnavailable, o.MaxUnavailable)
-		if unavailable && isZero(*ru.MaxSurge) && isZero(*ru.MaxUnavailable) {
+		if unavailable && NeverProgresses(*ru.MaxSurge, *ru.MaxUnavailable) {
 			// The user chose maxSurge 0; our maxUnavailable 0 would deadlock.
 			ru.MaxUnavailable, unavailable = prev, false
 			if ru.MaxUnavailable == nil {
@@ -225,6 +225,14 @@ func set(p **intstr.IntOrString, v intstr.IntOrString) bool {
 	}
 	*p = &v
 	return true
+}
+
+// NeverProgresses reports whether a rolling update with these maxSurge and
+// maxUnavailable could never make progress: both 0 (or "0%"), which the API
+// server refuses. A string "0", which intstr.Parse never gives but a
+// manifest may hold, counts as 0.
+func NeverProgresses(maxSurge, maxUnavailable intstr.IntOrString) bool {
+	return isZero(maxSurge) && isZero(maxUnavailable)
 }
 
 func isZero(v intstr.IntOrString) bool {

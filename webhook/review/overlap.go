@@ -3,6 +3,7 @@ package review
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -60,7 +61,7 @@ type OverlapSource interface {
 // refusing it would block unrelated changes such as a rollback.
 func StartsAnOverlap(ctx context.Context, in Input) Findings {
 	d, old := in.Request.Object, in.Request.OldObject
-	if in.Overlaps == nil || !overlapMayChange(d, old) {
+	if in.Overlaps == nil || !OverlapMayChange(old, d) {
 		return nil
 	}
 	now := checkOverlap(ctx, in.Overlaps, d)
@@ -147,19 +148,12 @@ func overlapPredates(f Findings) Findings {
 	return out
 }
 
-// overlapMayChange: the selector is immutable, so only a new object or new
-// template labels can create an overlap.
-func overlapMayChange(d, old *appsv1.Deployment) bool {
-	if old == nil {
-		return true
-	}
-	if len(d.Spec.Template.Labels) != len(old.Spec.Template.Labels) {
-		return true
-	}
-	for k, v := range d.Spec.Template.Labels {
-		if old.Spec.Template.Labels[k] != v {
-			return true
-		}
-	}
-	return false
+// OverlapMayChange reports whether a write from old to d may change which
+// Deployments d overlaps: a new Deployment (old nil), new template labels
+// (the selector is immutable), or the start of its deletion (a Deployment
+// being deleted overlaps nothing; only the audit's watch sees that change,
+// admission never does).
+func OverlapMayChange(old, d *appsv1.Deployment) bool {
+	return old == nil || !maps.Equal(old.Spec.Template.Labels, d.Spec.Template.Labels) ||
+		(old.DeletionTimestamp == nil) != (d.DeletionTimestamp == nil)
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 const (
@@ -352,7 +353,7 @@ func (c *Config) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(d.Child("strategy", name), v, err.Error()))
 		}
 	}
-	if s, u := c.Defaults.Strategy.IntOrString(); isZero(s) && isZero(u) {
+	if s, u := c.Defaults.Strategy.IntOrString(); review.NeverProgresses(s, u) {
 		errs = append(errs, field.Invalid(d.Child("strategy", "maxUnavailable"), c.Defaults.Strategy.MaxUnavailable,
 			"maxSurge and maxUnavailable cannot both be 0: a rollout could never make progress"))
 	}
@@ -540,10 +541,6 @@ func checkIntOrPercent(v string) error {
 		return errors.New("a percentage must be a whole number from 0% to 100%")
 	}
 	return nil
-}
-
-func isZero(v intstr.IntOrString) bool {
-	return (v.Type == intstr.Int && v.IntVal == 0) || (v.Type == intstr.String && v.StrVal == "0%")
 }
 
 func oneOf(v string, allowed ...string) bool {
