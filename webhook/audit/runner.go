@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/review"
 )
@@ -322,7 +323,7 @@ func (r *Runner) Start(ctx context.Context) error {
 			}
 			// A scale, by hand or by an HPA, turns the drain result of every
 			// Deployment under the same budgets (nd's own is marked above).
-			if ok1 && (replicas(od) != replicas(nd) || review.OverlapMayChange(od, nd)) {
+			if ok1 && (rollout.Replicas(od) != rollout.Replicas(nd) || review.OverlapMayChange(od, nd)) {
 				r.mark(append(r.underBudgets(od), r.underBudgets(nd)...)...)
 			}
 		},
@@ -437,13 +438,6 @@ func (r *Runner) Start(ctx context.Context) error {
 			r.mark(client.ObjectKey{})
 		}
 	}
-}
-
-func replicas(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
 }
 
 // equalMeta: the metadata a check or policy may read is unchanged (a

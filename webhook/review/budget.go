@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/webhook/origin"
 )
 
@@ -227,7 +228,7 @@ func KeepsNodesUndrainable(_ context.Context, in Input) Findings {
 // drainMayChange: a new Deployment, new replicas or new template labels may
 // bring it under a budget that allows no eviction.
 func drainMayChange(d, old *appsv1.Deployment) bool {
-	return old == nil || replicasOf(d) != replicasOf(old) || OverlapMayChange(old, d)
+	return old == nil || rollout.Replicas(d) != rollout.Replicas(old) || OverlapMayChange(old, d)
 }
 
 // ReviewBudget judges a budget written (old nil on CREATE), on a change of
@@ -348,7 +349,7 @@ func budgetsOver(budgets BudgetSource, d *appsv1.Deployment) (blocked []BudgetVe
 		if err != nil {
 			return nil, nil, err
 		}
-		if v, ok := JudgeBudget(b, targetsOf(sels, d.Name, replicasOf(d))); ok {
+		if v, ok := JudgeBudget(b, targetsOf(sels, d.Name, rollout.Replicas(d))); ok {
 			blocked = append(blocked, v)
 		}
 	}
@@ -364,7 +365,7 @@ func budgetsOver(budgets BudgetSource, d *appsv1.Deployment) (blocked []BudgetVe
 // a failed lookup a finding (enforce mode, the audit); otherwise a check that
 // only warns is skipped.
 func checkBudgets(o *Options, budgets BudgetSource, d, old *appsv1.Deployment, strict bool) Findings {
-	if budgets == nil || o.DisruptionBudgets == BudgetsOff || d.DeletionTimestamp != nil || replicasOf(d) == 0 {
+	if budgets == nil || o.DisruptionBudgets == BudgetsOff || d.DeletionTimestamp != nil || rollout.Replicas(d) == 0 {
 		return nil
 	}
 	path := specPath.Child("replicas")
@@ -381,7 +382,7 @@ func checkBudgets(o *Options, budgets BudgetSource, d, old *appsv1.Deployment, s
 	}
 	var wasBlocked map[string]bool
 	wasShared := false
-	if old != nil && replicasOf(old) > 0 {
+	if old != nil && rollout.Replicas(old) > 0 {
 		if ob, oldNames, err := budgetsOver(budgets, old); err == nil {
 			wasBlocked = map[string]bool{}
 			for _, v := range ob {

@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -241,13 +240,6 @@ func ProgressDeadlineIsTooShort(_ context.Context, in Input) Findings {
 			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)), origin.ProgressDeadline)}
 	}
 	return nil
-}
-
-func replicasOf(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
 }
 
 // BringsBackAQuarantinedTemplate: an update brings back a pod template

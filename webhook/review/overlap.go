@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/webhook/origin"
 )
 
@@ -43,7 +44,7 @@ func SelectionOf(d *appsv1.Deployment) (Selection, bool) {
 	if err != nil {
 		return Selection{}, false
 	}
-	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil, Replicas: replicasOf(d)}, true
+	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil, Replicas: rollout.Replicas(d)}, true
 }
 
 // OverlapSource finds the Deployments of d's namespace whose selector or pods

@@ -329,16 +329,8 @@ func rolloutOf(d *appsv1.Deployment) rolloutStatus {
 		at, rs, _ := strings.Cut(l.FailingSince, " ")
 		r.FailingSince, r.FailingReplicaSet = at, rs
 	}
-	want := int32(1)
-	if d.Spec.Replicas != nil {
-		want = *d.Spec.Replicas
-	}
-	var progressing *appsv1.DeploymentCondition
-	for i := range d.Status.Conditions {
-		if d.Status.Conditions[i].Type == appsv1.DeploymentProgressing {
-			progressing = &d.Status.Conditions[i]
-		}
-	}
+	want := rollout.Replicas(d)
+	progressing := rollout.ProgressingCondition(d)
 	if progressing != nil {
 		r.Message = progressing.Message
 	}
