@@ -200,30 +200,27 @@ func defaultStrategy(d *appsv1.Deployment, o *Options) (surge, unavailable bool)
 		s.RollingUpdate = &appsv1.RollingUpdateDeployment{}
 	}
 	ru := s.RollingUpdate
-	if ru.MaxSurge == nil || *ru.MaxSurge == builtinMaxSurge {
-		surge = set(&ru.MaxSurge, o.MaxSurge)
-	}
-	if ru.MaxUnavailable == nil || *ru.MaxUnavailable == builtinMaxUnavailable {
-		prev := ru.MaxUnavailable
-		unavailable = set(&ru.MaxUnavailable, o.MaxUnavailable)
-		if unavailable && NeverProgresses(*ru.MaxSurge, *ru.MaxUnavailable) {
-			// The user chose maxSurge 0; our maxUnavailable 0 would deadlock.
-			ru.MaxUnavailable, unavailable = prev, false
-			if ru.MaxUnavailable == nil {
-				v := builtinMaxUnavailable
-				ru.MaxUnavailable = &v
-			}
+	surge = replaceBuiltin(&ru.MaxSurge, builtinMaxSurge, o.MaxSurge)
+	prev := ru.MaxUnavailable
+	unavailable = replaceBuiltin(&ru.MaxUnavailable, builtinMaxUnavailable, o.MaxUnavailable)
+	if unavailable && NeverProgresses(*ru.MaxSurge, *ru.MaxUnavailable) {
+		// The user chose maxSurge 0; our maxUnavailable 0 would deadlock.
+		ru.MaxUnavailable, unavailable = prev, false
+		if ru.MaxUnavailable == nil {
+			ru.MaxUnavailable = ptr(builtinMaxUnavailable)
 		}
 	}
 	return surge, unavailable
 }
 
-// set stores v in *p and reports whether that changed anything.
-func set(p **intstr.IntOrString, v intstr.IntOrString) bool {
-	if *p != nil && **p == v {
+// replaceBuiltin sets *p to the cluster's default when it is unset or holds
+// the API server's built-in one (a value equal to it counts as not chosen),
+// and reports whether that changed anything.
+func replaceBuiltin[T comparable](p **T, builtin, cluster T) bool {
+	if *p != nil && (**p != builtin || **p == cluster) {
 		return false
 	}
-	*p = &v
+	*p = &cluster
 	return true
 }
 
@@ -245,23 +242,11 @@ func isZero(v intstr.IntOrString) bool {
 // still has its predecessors to roll back to, and upstream's own conformance
 // suite relies on 0 meaning 0. The validating webhook warns about it.
 func defaultRevisionHistoryLimit(d *appsv1.Deployment, o *Options) bool {
-	cur := d.Spec.RevisionHistoryLimit
-	if cur != nil && (*cur != builtinRevisionHistoryLimit || *cur == o.RevisionHistoryLimit) {
-		return false
-	}
-	v := o.RevisionHistoryLimit
-	d.Spec.RevisionHistoryLimit = &v
-	return true
+	return replaceBuiltin(&d.Spec.RevisionHistoryLimit, builtinRevisionHistoryLimit, o.RevisionHistoryLimit)
 }
 
 func defaultProgressDeadline(d *appsv1.Deployment, o *Options) bool {
-	cur := d.Spec.ProgressDeadlineSeconds
-	if cur != nil && (*cur != builtinProgressDeadlineSeconds || *cur == o.ProgressDeadlineSeconds) {
-		return false
-	}
-	v := o.ProgressDeadlineSeconds
-	d.Spec.ProgressDeadlineSeconds = &v
-	return true
+	return replaceBuiltin(&d.Spec.ProgressDeadlineSeconds, builtinProgressDeadlineSeconds, o.ProgressDeadlineSeconds)
 }
 
 // defaultFinalizers keeps the guard's cleanup finalizers what the Deployment
