@@ -29,6 +29,7 @@ import (
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	"github.com/deployguard/deployguard/webhook/native"
@@ -605,7 +606,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	rolled := get(ctx, t, ns, "rolled")
 	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))
 	assert.NotContains(t, rolled.Labels, vocab.LabelRolledBack)
-	ledger, _ := reconciler.ReadLedger(rolled)
+	ledger, _ := rollout.ReadLedger(rolled)
 	assert.Empty(t, ledger.RolledBackTo, "the ledger names no rollback that stands: %s", describe(rolled))
 	require.NoError(t, update(t, ns, "rolled", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:3" }))
 	rolled = waitAvailable(t, ns, "rolled", time.Minute)
