@@ -23,7 +23,7 @@ func (e *Engine) Active() Set { return Set{e: e, set: e.active.Load()} }
 // request but input.object.spec, input.name and input.namespace (which no
 // update changes), and call no nondeterministic builtin: then an update
 // that leaves the spec as it was gets the findings the spec got, and the
-// webhook need not be asked again (webhook.MayAdvise). What the analysis
+// webhook need not be asked again (routing.MayAdvise). What the analysis
 // cannot bound reads everything.
 func (s Set) ReadsOnlySpec() bool {
 	if s.set.nondeterministic {

@@ -9,20 +9,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
-
-// cachedTemplateHash holds, in the pod template of a cached Deployment or
-// ReplicaSet, the vocab.TemplateHash of the pod spec the cache transform
-// dropped. It lives in the guard's memory only: the guard writes Deployments
-// and ReplicaSets with patches of the fields it changes, never whole cached
-// objects, and reads an object from the API server whenever it needs its
-// template (a rollback, a record). What tells a stripped template from one the
-// API server sent is its containers: the API server never stores a pod
-// template without one, so an annotation of this name sent by the API server
-// (a tenant can write one) is never taken for the hash, and never keeps a pod
-// spec in memory.
-const cachedTemplateHash = vocab.Domain + "/cached-template-hash"
 
 // CacheOptions returns what the manager's cache keeps of the objects the
 // reconciler (and the webhook's overlap index) read: Deployments and
@@ -46,10 +35,10 @@ func StripForCache(obj any) (any, error) {
 	case *appsv1.Deployment:
 		stripMeta(&o.ObjectMeta)
 		delete(o.Annotations, corev1.LastAppliedConfigAnnotation)
-		stripTemplate(&o.ObjectMeta, &o.Spec.Template)
+		rollout.StripTemplate(&o.Spec.Template)
 	case *appsv1.ReplicaSet:
 		stripMeta(&o.ObjectMeta)
-		stripTemplate(&o.ObjectMeta, &o.Spec.Template)
+		rollout.StripTemplate(&o.Spec.Template)
 		// The reconciler reads a cached ReplicaSet's identity, owner, revision,
 		// pod-template-hash and the guard's marks; a drain reads its
 		// ReplicaSets from the API server. The rest is a third of what the
@@ -89,36 +78,4 @@ func keepOnly(m map[string]string, keep func(string) bool) map[string]string {
 		}
 	}
 	return out
-}
-
-// stripTemplate replaces the pod spec and the template's annotations by the
-// template's hash; its labels stay (selectors and the overlap check read them).
-// Idempotent: a stripped template (no containers, see cachedTemplateHash)
-// keeps the hash it has. Nothing in the object decides whether its template is
-// kept.
-func stripTemplate(_ *metav1.ObjectMeta, t *corev1.PodTemplateSpec) {
-	if stripped(t) {
-		return
-	}
-	h := vocab.TemplateHash(t)
-	t.Spec = corev1.PodSpec{}
-	t.Annotations = map[string]string{cachedTemplateHash: h}
-}
-
-// stripped reports whether the cache transform has stripped t: no
-// containers, which the API server never sends, and the hash in their place.
-func stripped(t *corev1.PodTemplateSpec) bool {
-	_, ok := t.Annotations[cachedTemplateHash]
-	return ok && len(t.Spec.Containers) == 0
-}
-
-// templateHash is the identity of an object's pod template, ignoring the
-// pod-template-hash label: the hash the cache left in place of a stripped
-// template, or the hash of the template itself (an object read from the API
-// server).
-func templateHash(_ *metav1.ObjectMeta, t *corev1.PodTemplateSpec) string {
-	if stripped(t) {
-		return t.Annotations[cachedTemplateHash]
-	}
-	return vocab.TemplateHash(t)
 }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -67,10 +68,10 @@ func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
 			t.Run(kind+", forged hash "+f.name, func(t *testing.T) {
 				obj, meta, tmpl := build()
 				if f.onMeta {
-					meta.Annotations[cachedTemplateHash] = forged
+					meta.Annotations[rollout.CachedTemplateHash] = forged
 				}
 				if f.onTmpl {
-					tmpl.Annotations[cachedTemplateHash] = forged
+					tmpl.Annotations[rollout.CachedTemplateHash] = forged
 				}
 				want := vocab.TemplateHash(tmpl)
 
@@ -78,16 +79,16 @@ func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
 				require.NoError(t, err)
 
 				assert.Equal(t, corev1.PodSpec{}, tmpl.Spec, "no pod spec kept")
-				assert.Equal(t, map[string]string{cachedTemplateHash: want}, tmpl.Annotations, "the template's own hash in its place")
-				assert.Equal(t, want, templateHash(meta, tmpl))
-				assert.NotEqual(t, forged, templateHash(meta, tmpl))
+				assert.Equal(t, map[string]string{rollout.CachedTemplateHash: want}, tmpl.Annotations, "the template's own hash in its place")
+				assert.Equal(t, want, rollout.TemplateHash(tmpl))
+				assert.NotEqual(t, forged, rollout.TemplateHash(tmpl))
 
 				// Idempotent: the transform of a cached object changes nothing.
 				once := obj.DeepCopyObject()
 				_, err = StripForCache(obj)
 				require.NoError(t, err)
 				assert.Equal(t, once, obj, "stripped twice is stripped once")
-				assert.Equal(t, want, templateHash(meta, tmpl))
+				assert.Equal(t, want, rollout.TemplateHash(tmpl))
 			})
 		}
 	}

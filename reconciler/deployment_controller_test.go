@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -67,7 +68,7 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 			Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 				data, err := patch.Data(obj)
 				require.NoError(t, err)
-				require.NotContains(t, string(data), cachedTemplateHash, "what the cache holds in place of templates is never written")
+				require.NotContains(t, string(data), rollout.CachedTemplateHash, "what the cache holds in place of templates is never written")
 				var body map[string]any
 				require.NoError(t, json.Unmarshal(data, &body))
 				e.patches = append(e.patches, recordedPatch{kind: kindOf(obj), body: body})
@@ -80,7 +81,7 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 				data, err := patch.Data(obj)
 				require.NoError(t, err)
-				require.NotContains(t, string(data), cachedTemplateHash, "what the cache holds in place of templates is never written")
+				require.NotContains(t, string(data), rollout.CachedTemplateHash, "what the cache holds in place of templates is never written")
 				var body map[string]any
 				require.NoError(t, json.Unmarshal(data, &body))
 				e.statusPatches = append(e.statusPatches, recordedPatch{kind: kindOf(obj) + "/" + sub, body: body})
@@ -93,7 +94,7 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 			},
 			Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 				if tmpl := podTemplateOf(obj); tmpl != nil {
-					require.False(t, stripped(tmpl), "a cached object is never written whole")
+					require.False(t, rollout.Stripped(tmpl), "a cached object is never written whole")
 				}
 				e.writes = append(e.writes, "update "+kindOf(obj)+" "+obj.GetName())
 				return c.Update(ctx, obj, opts...)
@@ -255,7 +256,7 @@ func TestReconcileMarksKnownGoodOnce(t *testing.T) {
 	assert.True(t, IsKnownGood(got, marked), "the newRS is recorded in the Deployment's ledger")
 	l := ledgerOf(t, got)
 	require.NotNil(t, l.Newest())
-	assert.Equal(t, KnownGoodEntry{
+	assert.Equal(t, rollout.KnownGoodEntry{
 		ReplicaSet: "web-h3", UID: marked.UID, Template: vocab.TemplateHash(&marked.Spec.Template),
 		Revision: 3, At: e.clock.Now().UTC().Format(time.RFC3339),
 	}, *l.Newest(), "bound to the ReplicaSet's UID and template, the time the guard saw it complete")
@@ -441,7 +442,7 @@ func TestReconcileHolds(t *testing.T) {
 		},
 		{
 			name: "restored revision fails too",
-			d: deployment(failedAt("web-h3", t0.Add(40*time.Minute)), withLedger(func(l *Ledger) {
+			d: deployment(failedAt("web-h3", t0.Add(40*time.Minute)), withLedger(func(l *rollout.Ledger) {
 				l.RolledBackRevision, l.HandledDeadline = 2, t0.Add(10*time.Minute).Format(time.RFC3339)
 			})),
 			rss: func(d *appsv1.Deployment) []client.Object {
@@ -593,6 +594,6 @@ func TestRollbackRemovesWhatTheFailedTemplateAdded(t *testing.T) {
 	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template)
 	assert.Empty(t, got.Spec.Template.Spec.NodeSelector)
 	assert.Empty(t, got.Spec.Template.Spec.Containers[0].Env)
-	assert.NotContains(t, got.Annotations, cachedTemplateHash, "the cache's hash never reaches the API server")
-	assert.NotContains(t, got.Spec.Template.Annotations, cachedTemplateHash, "the cache's hash never reaches the API server")
+	assert.NotContains(t, got.Annotations, rollout.CachedTemplateHash, "the cache's hash never reaches the API server")
+	assert.NotContains(t, got.Spec.Template.Annotations, rollout.CachedTemplateHash, "the cache's hash never reaches the API server")
 }

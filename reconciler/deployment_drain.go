@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -230,7 +231,7 @@ func drainSkipped(ns namespaceState, reason string) stepOutcome {
 // ReplicaSets, which is what drains in any case.
 func (r *DeploymentReconciler) startDrain(ctx context.Context, d *appsv1.Deployment, timeout time.Duration) error {
 	log := ctrl.LoggerFrom(ctx)
-	replicas := desiredReplicas(d)
+	replicas := rollout.Replicas(d)
 	orig := d.DeepCopy()
 	mark := func(d *appsv1.Deployment) {
 		if d.Annotations == nil {

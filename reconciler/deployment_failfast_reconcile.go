@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -52,18 +53,18 @@ func (r *DeploymentReconciler) failFastFor(d *appsv1.Deployment) (FailFastOption
 // that completed before does not fail for its template) and fail-fast has not
 // decided about it yet.
 func RolloutInProgress(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	if d.Spec.Paused || desiredReplicas(d) == 0 || d.Status.ObservedGeneration != d.Generation || IsComplete(d) {
+	if d.Spec.Paused || rollout.Replicas(d) == 0 || d.Status.ObservedGeneration != d.Generation || IsComplete(d) {
 		return nil
 	}
-	if c := progressingCondition(d); c != nil && c.Reason == vocab.ProgressDeadlineExceeded {
+	if c := rollout.ProgressingCondition(d); c != nil && c.Reason == vocab.ProgressDeadlineExceeded {
 		return nil
 	}
-	newRS := FindNewReplicaSet(d, rss)
-	ledger, _ := ReadLedger(d)
+	newRS := rollout.FindNewReplicaSet(d, rss)
+	ledger, _ := rollout.ReadLedger(d)
 	if newRS == nil || ledger.IsKnownGood(newRS) || newRS.DeletionTimestamp != nil {
 		return nil
 	}
-	rev, err := Revision(newRS)
+	rev, err := rollout.Revision(newRS)
 	if err != nil || rev == 0 || ledger.RolledBackRevision == rev || ledger.FailFastRevision == rev {
 		return nil
 	}
@@ -73,8 +74,8 @@ func RolloutInProgress(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.R
 // failingSince reads the ledger's FailingSince for the ReplicaSet named rs;
 // zero when it is absent, unreadable or about another ReplicaSet.
 func failingSince(d *appsv1.Deployment, rs string) time.Time {
-	l, _ := ReadLedger(d)
-	return l.failingSinceOf(rs)
+	l, _ := rollout.ReadLedger(d)
+	return l.FailingSinceOf(rs)
 }
 
 // reconcileFailFast judges a rollout in progress by its new pods (see
@@ -83,7 +84,7 @@ func failingSince(d *appsv1.Deployment, rs string) time.Time {
 // returns when to look again.
 func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (time.Duration, error) {
 	o, on := r.failFastFor(d)
-	if on && d.Status.ObservedGeneration != d.Generation && !d.Spec.Paused && desiredReplicas(d) > 0 {
+	if on && d.Status.ObservedGeneration != d.Generation && !d.Spec.Paused && rollout.Replicas(d) > 0 {
 		// The Deployment controller has not caught up (a scale, an HPA's or
 		// kubectl's): nothing is known yet, so the window keeps its start. Its
 		// status update brings the Deployment back. Clearing it here would let
@@ -115,7 +116,7 @@ func (r *DeploymentReconciler) reconcileFailFast(ctx context.Context, d *appsv1.
 		return FailFastPollInterval, r.setFailingSince(ctx, d, "")
 	case !v.Failed:
 		if failingSince(d, newRS.Name).IsZero() {
-			if err := r.setFailingSince(ctx, d, FailingSinceValue(v.Since, newRS.Name)); err != nil {
+			if err := r.setFailingSince(ctx, d, rollout.FailingSinceValue(v.Since, newRS.Name)); err != nil {
 				return 0, err
 			}
 			ctrl.LoggerFrom(ctx).Info("New pods show failure evidence; fail-fast window started", "replicaSet", klog.KObj(newRS),
@@ -157,10 +158,10 @@ func (r *DeploymentReconciler) newPods(ctx context.Context, d *appsv1.Deployment
 // setFailingSince records in the ledger when failure evidence was first seen
 // (forgets it when v is empty), only when that changes it.
 func (r *DeploymentReconciler) setFailingSince(ctx context.Context, d *appsv1.Deployment, v string) error {
-	if l, _ := ReadLedger(d); l.FailingSince == v {
+	if l, _ := rollout.ReadLedger(d); l.FailingSince == v {
 		return nil
 	}
-	if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger { l.FailingSince = v; return l }); err != nil {
+	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger { l.FailingSince = v; return l }); err != nil {
 		return fmt.Errorf("recording when failure evidence was first seen: %w", err)
 	}
 	return nil
@@ -190,7 +191,7 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		// Changed since the cache saw it; the watch event brings it back.
 		return nil
 	}
-	failedRevision, _ := Revision(newRS)
+	failedRevision, _ := rollout.Revision(newRS)
 	summary := FailFastSummary(v, now)
 	rollBack := r.Options.AutoRollback && !autoRollbackOptedOut(d)
 
@@ -216,7 +217,7 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		result = resultReported
 	}
 	// The decision first (once, in the ledger), then its words for people.
-	if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger {
+	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
 		l.FailFastRevision, l.FailingSince = failedRevision, ""
 		return l
 	}); err != nil {
@@ -255,7 +256,7 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 // condition the Deployment controller wrote since; d takes the result.
 func (r *DeploymentReconciler) declareFailed(ctx context.Context, d *appsv1.Deployment, newRS *appsv1.ReplicaSet, evidence string, now time.Time) error {
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	setCondition(&d.Status, appsv1.DeploymentCondition{
+	rollout.SetCondition(&d.Status, appsv1.DeploymentCondition{
 		Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded,
 		Message: DeclaredFailureMessage(newRS.Name, evidence),
 	}, now)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -273,7 +274,7 @@ func TestFailFastLeavesAlone(t *testing.T) {
 			}
 			got := e.deployment()
 			assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image)
-			l, _ := ReadLedger(got)
+			l, _ := rollout.ReadLedger(got)
 			assert.Empty(t, l.FailingSince)
 			assert.Empty(t, l.FailFastRevision)
 			assert.Empty(t, e.events())
@@ -283,7 +284,7 @@ func TestFailFastLeavesAlone(t *testing.T) {
 
 // A window that stops holding starts again: one pod came up Ready.
 func TestFailFastWindowResets(t *testing.T) {
-	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0.Add(20*time.Minute), "web-h3") }))
+	d := deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = rollout.FailingSinceValue(t0.Add(20*time.Minute), "web-h3") }))
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, newRSPod(rs3, "a", "CrashLoopBackOff"), newRSPod(rs3, "b", ""))
 	e.reconcileResult()
@@ -293,7 +294,7 @@ func TestFailFastWindowResets(t *testing.T) {
 }
 
 func TestFailFastWithoutKnownGoodReports(t *testing.T) {
-	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0, "web-h3") }))
+	d := deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = rollout.FailingSinceValue(t0, "web-h3") }))
 	rs3 := replicaSet(d, 3, "web:v3")
 	e := newEnv(t, namespace(nil), d, rs3, newRSPod(rs3, "a", "CreateContainerConfigError"))
 
@@ -318,7 +319,7 @@ func TestFailFastWithoutKnownGoodReports(t *testing.T) {
 // window's start is on the Deployment, so the new guard rolls back once, on
 // time.
 func TestFailFastAcrossARestart(t *testing.T) {
-	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0.Add(19*time.Minute), "web-h3") }))
+	d := deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = rollout.FailingSinceValue(t0.Add(19*time.Minute), "web-h3") }))
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, newRSPod(rs3, "a", "RunContainerError"))
 	e.reconcileResult()
@@ -334,7 +335,7 @@ func TestFailFastAcrossARestart(t *testing.T) {
 // often than its window still fails fast, on time.
 func TestFailFastWindowSurvivesAScale(t *testing.T) {
 	since := t0.Add(19*time.Minute + 30*time.Second).Format(time.RFC3339)
-	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = since + " web-h3" }), func(d *appsv1.Deployment) {
+	d := deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = since + " web-h3" }), func(d *appsv1.Deployment) {
 		d.Generation++ // scaled: the controller has not caught up
 		d.Spec.Replicas = ptr.To[int32](5)
 	})

@@ -8,6 +8,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -39,7 +40,7 @@ func AlignFinalizers(d *appsv1.Deployment, clusterDefault []string) ([]string, b
 // Removing is always right.
 func (r *DeploymentReconciler) reconcileFinalizers(ctx context.Context, d *appsv1.Deployment, _ []*appsv1.ReplicaSet) error {
 	next, changed := AlignFinalizers(d, r.Options.CleanupFinalizers)
-	if !changed || !specObserved(d) {
+	if !changed || !rollout.SpecObserved(d) {
 		return nil
 	}
 	if adds := len(vocab.GuardFinalizers(next)) > len(vocab.GuardFinalizers(d.Finalizers)); adds && r.Installed != nil {

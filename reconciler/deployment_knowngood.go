@@ -13,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -23,14 +24,14 @@ import (
 // old replica left (status.replicas counts the pods of all ReplicaSets, so
 // replicas == updatedReplicas means the old ones are gone).
 func IsComplete(d *appsv1.Deployment) bool {
-	cond := progressingCondition(d)
+	cond := rollout.ProgressingCondition(d)
 	if cond == nil || cond.Status != corev1.ConditionTrue || cond.Reason != vocab.NewReplicaSetAvailable {
 		return false
 	}
 	if d.Status.ObservedGeneration != d.Generation {
 		return false
 	}
-	desired := desiredReplicas(d)
+	desired := rollout.Replicas(d)
 	s := d.Status
 	return s.UpdatedReplicas == desired && s.AvailableReplicas == desired && s.Replicas == s.UpdatedReplicas
 }
@@ -40,19 +41,19 @@ func IsComplete(d *appsv1.Deployment) bool {
 // scaled to zero: no pod of the template ever had to become available.
 // Whether the newRS is recorded already is the caller's question (IsKnownGood).
 func ReplicaSetToMark(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	if d.Spec.Paused || desiredReplicas(d) == 0 || !IsComplete(d) {
+	if d.Spec.Paused || rollout.Replicas(d) == 0 || !IsComplete(d) {
 		return nil
 	}
-	return FindNewReplicaSet(d, rss)
+	return rollout.FindNewReplicaSet(d, rss)
 }
 
 // IsKnownGood reports whether the ReplicaSet completed a rollout of the
-// Deployment, as the guard's ledger records it (Ledger.IsKnownGood): the same
+// Deployment, as the guard's ledger records it (rollout.Ledger.IsKnownGood): the same
 // ReplicaSet, with the same template. Nothing on the ReplicaSet counts: its
 // annotations are the tenant's to write, and the Deployment controller copies
 // the Deployment's onto it.
 func IsKnownGood(d *appsv1.Deployment, rs *appsv1.ReplicaSet) bool {
-	l, _ := ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	return l.IsKnownGood(rs)
 }
 
@@ -72,8 +73,8 @@ func KnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.Rep
 // ReplicaSet (a tenant may) choose which older template the guard restores
 // under its own identity.
 func FindKnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (target *appsv1.ReplicaSet, why string) {
-	l, _ := ReadLedger(d)
-	current := templateHash(&d.ObjectMeta, &d.Spec.Template)
+	l, _ := rollout.ReadLedger(d)
+	current := rollout.TemplateHash(&d.Spec.Template)
 	for i := len(l.KnownGood) - 1; i >= 0; i-- {
 		e := l.KnownGood[i]
 		if e.Template == current {
@@ -86,7 +87,7 @@ func FindKnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (target
 			switch {
 			case rs.UID != e.UID:
 				return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) was deleted and created again since it completed", e.ReplicaSet, e.Revision)
-			case templateHash(&rs.ObjectMeta, &rs.Spec.Template) != e.Template:
+			case rollout.TemplateHash(&rs.Spec.Template) != e.Template:
 				return nil, fmt.Sprintf("the template of known-good ReplicaSet %s (revision %d) changed since it completed", e.ReplicaSet, e.Revision)
 			case rs.DeletionTimestamp != nil:
 				return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is being deleted", e.ReplicaSet, e.Revision)
@@ -103,14 +104,14 @@ func FindKnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (target
 // (AdoptLegacy), empty when there were none, so that annotations a tenant
 // writes later are never adopted.
 func (r *DeploymentReconciler) reconcileLedger(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) error {
-	if l, ok := ReadLedger(d); ok {
+	if l, ok := rollout.ReadLedger(d); ok {
 		return r.tellIgnored(ctx, d, rss, l)
 	}
 	adopted, ok := AdoptLegacy(d, rss, r.Options.LegacyCutoff)
 	if !ok {
 		return nil
 	}
-	if _, err := r.updateLedger(ctx, d, func(Ledger) Ledger { return adopted }); err != nil {
+	if _, err := r.updateLedger(ctx, d, func(rollout.Ledger) rollout.Ledger { return adopted }); err != nil {
 		return err
 	}
 	ctrl.LoggerFrom(ctx).Info("Adopted the rollout history an earlier release kept in annotations", "knownGood", len(adopted.KnownGood),
@@ -123,7 +124,7 @@ func (r *DeploymentReconciler) reconcileLedger(ctx context.Context, d *appsv1.De
 // forgery, or copies of an earlier release's marks that upstream carried
 // around), and records in the ledger that it was said. Only where the
 // Deployment has a ledger already: before, they may still be adopted.
-func (r *DeploymentReconciler) tellIgnored(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, l Ledger) error {
+func (r *DeploymentReconciler) tellIgnored(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet, l rollout.Ledger) error {
 	if l.IgnoredTold {
 		return nil
 	}
@@ -131,7 +132,7 @@ func (r *DeploymentReconciler) tellIgnored(ctx context.Context, d *appsv1.Deploy
 	if len(ignored) == 0 {
 		return nil
 	}
-	written, err := r.updateLedger(ctx, d, func(l Ledger) Ledger { l.IgnoredTold = true; return l })
+	written, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger { l.IgnoredTold = true; return l })
 	if err != nil || !written {
 		return err
 	}
@@ -151,7 +152,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 	if newRS == nil {
 		return nil
 	}
-	revision, err := Revision(newRS)
+	revision, err := rollout.Revision(newRS)
 	if err != nil || revision == 0 {
 		// The Deployment controller sets it when it creates or adopts the newRS;
 		// the ReplicaSet's update event brings us back.
@@ -159,16 +160,16 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "revision", revision)
 
-	l, _ := ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	marked := false
 	if n := l.Newest(); n == nil || n.UID != newRS.UID || !l.IsKnownGood(newRS) || n.Revision != revision {
 		live := map[types.UID]bool{}
 		for _, rs := range rss {
 			live[rs.UID] = true
 		}
-		changed, err := r.updateLedger(ctx, d, func(l Ledger) Ledger {
+		changed, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
 			// Entries of ReplicaSets gone (revision history) go too.
-			l.KnownGood = slices.DeleteFunc(slices.Clone(l.KnownGood), func(e KnownGoodEntry) bool { return !live[e.UID] })
+			l.KnownGood = slices.DeleteFunc(slices.Clone(l.KnownGood), func(e rollout.KnownGoodEntry) bool { return !live[e.UID] })
 			return l.WithKnownGood(newRS, revision, r.Clock.Now())
 		})
 		if err != nil {
@@ -181,7 +182,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 		}
 	}
 
-	hash := templateHash(&d.ObjectMeta, &d.Spec.Template)
+	hash := rollout.TemplateHash(&d.Spec.Template)
 	quarantined := vocab.QuarantinedTemplates(d)
 	unquarantined := RemoveQuarantined(quarantined, hash)
 	if len(unquarantined) != len(quarantined) {

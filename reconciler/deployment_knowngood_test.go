@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -105,8 +106,8 @@ func TestIsKnownGood(t *testing.T) {
 				good := vocab.TemplateHash(&replicaSet(d, 2, "web:v2").Spec.Template)
 				return replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) {
 					rs.Spec.Template.Spec.Containers[0].Image = "web:evil"
-					rs.Spec.Template.Annotations[cachedTemplateHash] = good
-					rs.Annotations[cachedTemplateHash] = good
+					rs.Spec.Template.Annotations[rollout.CachedTemplateHash] = good
+					rs.Annotations[rollout.CachedTemplateHash] = good
 				})
 			}},
 	}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -194,14 +195,14 @@ func RestorableDeployment(d *appsv1.Deployment) *appsv1.Deployment {
 // entry, the template that last completed a rollout, with its revision; nil
 // when there is none, or when that ReplicaSet is gone or changed since.
 func NewestKnownGood(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (*appsv1.ReplicaSet, int64) {
-	l, _ := ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	n := l.Newest()
 	if n == nil {
 		return nil, -1
 	}
 	for _, rs := range rss {
 		if l.KnownGoodEntryOf(rs) == n {
-			v, _ := Revision(rs)
+			v, _ := rollout.Revision(rs)
 			return rs, v
 		}
 	}
@@ -239,7 +240,7 @@ func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, namespace strin
 			return nil, fmt.Errorf("encoding the known-good template: %w", err)
 		}
 		cm.Data[RecordKeyKnownGoodTemplate] = string(tmpl)
-		cm.Data[RecordKeyKnownGoodRevision] = formatRevision(revision)
+		cm.Data[RecordKeyKnownGoodRevision] = rollout.FormatRevision(revision)
 	}
 	return cm, nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	appsv1 "k8s.io/api/apps/v1"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -23,7 +24,7 @@ func TestRestorableDeploymentLeavesTheVerdictBehind(t *testing.T) {
 	assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
 	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationRolledBackTo)
 	assert.NotContains(t, got.Annotations, vocab.LegacyAnnotationRolledBackRevision)
-	_, hasLedger := ReadLedger(got)
+	_, hasLedger := rollout.ReadLedger(got)
 	assert.False(t, hasLedger, "the guard's ledger is about the deleted Deployment")
 	assert.Equal(t, "3", d.Labels[vocab.LabelRolledBack], "the recorded Deployment is left as it is")
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -33,7 +34,7 @@ func TestFindNewReplicaSet(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := append([]*appsv1.ReplicaSet(nil), tt.rss...)
-			got := FindNewReplicaSet(d, tt.rss)
+			got := rollout.FindNewReplicaSet(d, tt.rss)
 			assert.Equal(t, tt.want, got)
 			assert.Equal(t, before, tt.rss, "the caller's slice is not reordered")
 		})
@@ -64,8 +65,8 @@ func TestSameTemplate(t *testing.T) {
 		"whole Deployment, cached RS": {d, cached(rs).(*appsv1.ReplicaSet), cached(other).(*appsv1.ReplicaSet)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			assert.True(t, sameTemplate(pair.d, pair.rs), "same template, hash label aside")
-			assert.False(t, sameTemplate(pair.d, pair.rs2), "different image")
+			assert.True(t, rollout.SameTemplate(pair.d, pair.rs), "same template, hash label aside")
+			assert.False(t, rollout.SameTemplate(pair.d, pair.rs2), "different image")
 		})
 	}
 	assert.Equal(t, "h3", rs.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey], "the inputs are not modified")
@@ -92,7 +93,7 @@ func TestRevision(t *testing.T) {
 			if tt.value != nil {
 				rs.Annotations[vocab.RevisionAnnotation] = *tt.value
 			}
-			got, err := Revision(rs)
+			got, err := rollout.Revision(rs)
 			if tt.wantErr {
 				assert.Error(t, err)
 				return

@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -93,7 +94,7 @@ type Decision struct {
 //   - the ledger's rolled-back revision: revisions only grow, so the failed
 //     revision never comes back as a newRS revision.
 func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options) Decision {
-	cond := progressingCondition(d)
+	cond := rollout.ProgressingCondition(d)
 	if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != vocab.ProgressDeadlineExceeded {
 		return Decision{Action: ActionNone, Reason: ReasonRolloutNotFailed}
 	}
@@ -110,20 +111,20 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 		dec.Reason = ReasonGenerationNotObserved
 		return dec
 	}
-	ledger, _ := ReadLedger(d)
-	if handled, ok := ledger.handledDeadlineTime(); ok && cond.LastTransitionTime.Unix() <= handled.Unix() {
+	ledger, _ := rollout.ReadLedger(d)
+	if handled, ok := ledger.HandledDeadlineTime(); ok && cond.LastTransitionTime.Unix() <= handled.Unix() {
 		dec.Reason = ReasonDeadlineAlreadyHandled
 		return dec
 	}
 
-	newRS := FindNewReplicaSet(d, rss)
+	newRS := rollout.FindNewReplicaSet(d, rss)
 	if newRS == nil {
 		// Our ReplicaSet cache is behind; its watch event will bring us back.
 		dec.Reason = ReasonNoNewReplicaSet
 		return dec
 	}
 	dec.NewRS = newRS
-	failedRevision, err := Revision(newRS)
+	failedRevision, err := rollout.Revision(newRS)
 	if err != nil {
 		dec.Reason = ReasonNoNewReplicaSet
 		return dec
@@ -164,7 +165,7 @@ func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options
 			}
 			return dec
 		}
-		targetRevision, _ := Revision(target) // KnownGoodTarget skips unparsable revisions.
+		targetRevision, _ := rollout.Revision(target) // KnownGoodTarget skips unparsable revisions.
 		dec.Action = ActionRollBack
 		dec.Reason = ReasonAutoRollback
 		dec.Target, dec.TargetRevision = target, targetRevision
@@ -307,18 +308,18 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		}
 	}
 	log = log.WithValues("reason", dec.Reason, "failedRevision", dec.FailedRevision, "replicaSet", klog.KObj(dec.NewRS))
-	var pending PendingRollback
+	var pending rollout.PendingRollback
 	if dec.Action == ActionRollBack {
 		// Told before it is done: once the template is restored the
 		// Deployment controller reports the rollout complete within
 		// seconds, and no deploying tool may read that as the failed
 		// revision's success (reconcileVerdict). The same status write
 		// records the rollback as pending, settled once it is made.
-		pending = PendingRollback{
+		pending = rollout.PendingRollback{
 			FailedRevision: dec.FailedRevision, To: dec.Target.Name, Template: vocab.TemplateHash(RollbackTemplate(dec.Target)),
 			Deadline: dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339), FailFast: dec.Evidence != "",
 		}
-		if _, err := r.reportRollbackPending(ctx, d, stalledMessage(d, dec.Message, formatRevision(dec.FailedRevision)), &pending); err != nil {
+		if _, err := r.reportRollbackPending(ctx, d, rollout.StalledMessage(d, dec.Message, rollout.FormatRevision(dec.FailedRevision)), &pending); err != nil {
 			if apierrors.IsConflict(err) {
 				r.Metrics.rollbacks.WithLabelValues(resultConflict).Inc()
 			}
@@ -338,7 +339,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		failedHash = vocab.TemplateHash(&d.Spec.Template)
 		d.Spec.Template = *RollbackTemplate(dec.Target)
 		d.Annotations = RollbackAnnotations(d, dec.Target)
-		setLabel(d, vocab.LabelRolledBack, formatRevision(dec.FailedRevision))
+		setLabel(d, vocab.LabelRolledBack, rollout.FormatRevision(dec.FailedRevision))
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
 			AddQuarantined(vocab.QuarantinedTemplates(d), failedHash, r.Options.QuarantineLimit))
 		AlignQuarantineLabel(d)
@@ -364,9 +365,9 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		}
 	}
 	handled := dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339)
-	if _, err = r.updateLedger(ctx, d, func(l Ledger) Ledger {
+	if _, err = r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
 		if dec.Action == ActionRollBack {
-			return l.settled(pending)
+			return l.Settled(pending)
 		}
 		l.HandledDeadline = handled
 		return l
@@ -441,7 +442,7 @@ func (r *DeploymentReconciler) rollbackLanded(ctx context.Context, want *appsv1.
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), fresh); err != nil {
 		return nil, false
 	}
-	if fresh.Annotations[vocab.AnnotationRollbackStatus] != dec.Message || !sameTemplate(fresh, dec.Target) {
+	if fresh.Annotations[vocab.AnnotationRollbackStatus] != dec.Message || !rollout.SameTemplate(fresh, dec.Target) {
 		return nil, false
 	}
 	return fresh, true
@@ -476,7 +477,7 @@ func (r *DeploymentReconciler) decideOnFresh(ctx context.Context, d *appsv1.Depl
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dec.Target), target); err != nil {
 		return Decision{}, fmt.Errorf("reading the known-good ReplicaSet %s: %w", dec.Target.Name, err)
 	}
-	if target.UID != dec.Target.UID || !IsKnownGood(d, target) || templateHash(&target.ObjectMeta, &target.Spec.Template) != templateHash(&dec.Target.ObjectMeta, &dec.Target.Spec.Template) {
+	if target.UID != dec.Target.UID || !IsKnownGood(d, target) || rollout.TemplateHash(&target.Spec.Template) != rollout.TemplateHash(&dec.Target.Spec.Template) {
 		// Replaced or changed since the cache saw it: decided again on the
 		// watch event that tells of it.
 		return Decision{}, apierrors.NewConflict(appsv1.Resource("replicasets"), target.Name, fmt.Errorf("changed since it was read"))
@@ -561,18 +562,18 @@ func declaredFailure(msg string) (rs, evidence string, ok bool) {
 // not made otherwise (the pending record goes, and the rollback phase decides
 // again).
 func (r *DeploymentReconciler) reconcilePending(ctx context.Context, d *appsv1.Deployment, _ []*appsv1.ReplicaSet) error {
-	l, _ := ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	if l.Pending == nil {
 		return nil
 	}
 	p := *l.Pending
-	made := templateHash(&d.ObjectMeta, &d.Spec.Template) == p.Template
-	if _, err := r.updateLedger(ctx, d, func(l Ledger) Ledger {
+	made := rollout.TemplateHash(&d.Spec.Template) == p.Template
+	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
 		if l.Pending == nil || *l.Pending != p {
 			return l
 		}
 		if made {
-			return l.settled(p)
+			return l.Settled(p)
 		}
 		l.Pending = nil
 		return l

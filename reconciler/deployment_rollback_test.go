@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -40,7 +41,9 @@ func TestShouldRollBack(t *testing.T) {
 		d.Spec.Template = podTemplate("web:v2")
 		d.Generation, d.Status.ObservedGeneration = 4, 4
 		d.Annotations[vocab.RevisionAnnotation] = "4"
-		withLedger(func(l *Ledger) { l.RolledBackRevision, l.RolledBackTo, l.HandledDeadline = 3, "web-h2", deadline })(d)
+		withLedger(func(l *rollout.Ledger) {
+			l.RolledBackRevision, l.RolledBackTo, l.HandledDeadline = 3, "web-h2", deadline
+		})(d)
 	}
 
 	tests := []struct {
@@ -121,12 +124,12 @@ func TestShouldRollBack(t *testing.T) {
 		},
 		{
 			name: "resumed after a deadline recorded while paused: not acted on",
-			d:    deployment(failed, withLedger(func(l *Ledger) { l.HandledDeadline = deadline })), opts: on,
+			d:    deployment(failed, withLedger(func(l *rollout.Ledger) { l.HandledDeadline = deadline })), opts: on,
 			wantAction: ActionNone, wantReason: ReasonDeadlineAlreadyHandled,
 		},
 		{
 			name: "a new deadline after an older one was handled",
-			d:    deployment(failed, withLedger(func(l *Ledger) { l.HandledDeadline = earlier })), opts: on,
+			d:    deployment(failed, withLedger(func(l *rollout.Ledger) { l.HandledDeadline = earlier })), opts: on,
 			wantAction: ActionRollBack, wantReason: ReasonAutoRollback, wantTarget: "web-h2",
 		},
 		{
@@ -144,14 +147,14 @@ func TestShouldRollBack(t *testing.T) {
 		},
 		{
 			name: "stale deadline naming another ReplicaSet (rolled back by hand)",
-			d: deployment(rolledBack, withLedger(func(l *Ledger) {
+			d: deployment(rolledBack, withLedger(func(l *rollout.Ledger) {
 				l.HandledDeadline, l.RolledBackRevision, l.RolledBackTo = "", 0, ""
 			})), rss: restored, opts: on,
 			wantAction: ActionNone, wantReason: ReasonStaleCondition,
 		},
 		{
 			name: "failed revision already rolled back from",
-			d:    deployment(failed, withLedger(func(l *Ledger) { l.RolledBackRevision = 3 })), opts: on,
+			d:    deployment(failed, withLedger(func(l *rollout.Ledger) { l.RolledBackRevision = 3 })), opts: on,
 			wantAction: ActionNone, wantReason: ReasonAlreadyRolledBack,
 		},
 		{
@@ -298,7 +301,7 @@ func TestFailedReplicaSetName(t *testing.T) {
 // recorded from a cached copy with sub-second precision still matches it.
 func TestHandledDeadlineSecondResolution(t *testing.T) {
 	at := t0.Add(20*time.Minute + 400*time.Millisecond)
-	d := deployment(failedAt("web-h3", at), withLedger(func(l *Ledger) { l.HandledDeadline = at.Truncate(time.Second).Format(time.RFC3339) }))
+	d := deployment(failedAt("web-h3", at), withLedger(func(l *rollout.Ledger) { l.HandledDeadline = at.Truncate(time.Second).Format(time.RFC3339) }))
 	rs1, rs2, rs3 := history(d)
 	got := ShouldRollBack(d, []*appsv1.ReplicaSet{rs1, rs2, rs3}, DefaultOptions())
 	assert.Equal(t, ReasonDeadlineAlreadyHandled, got.Reason)

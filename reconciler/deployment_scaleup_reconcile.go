@@ -12,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -33,14 +34,14 @@ func scaleUpStalled(s *appsv1.DeploymentStatus) *appsv1.DeploymentCondition {
 // (NewReplicaSetAvailable, which a scale does not change), and no old
 // ReplicaSet keeps replicas. Its newRS is returned.
 func scaling(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	if d.Spec.Paused || !specObserved(d) {
+	if d.Spec.Paused || !rollout.SpecObserved(d) {
 		return nil
 	}
-	c := progressingCondition(d)
+	c := rollout.ProgressingCondition(d)
 	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != vocab.NewReplicaSetAvailable {
 		return nil
 	}
-	newRS := FindNewReplicaSet(d, rss)
+	newRS := rollout.FindNewReplicaSet(d, rss)
 	if newRS == nil {
 		return nil
 	}
@@ -60,13 +61,13 @@ func scaling(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet 
 // again.
 func (r *DeploymentReconciler) reconcileScaleUp(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (time.Duration, error) {
 	cur := scaleUpStalled(&d.Status)
-	if guardStalled(&d.Status) != nil {
+	if rollout.GuardStalled(&d.Status) != nil {
 		return 0, nil // a rollback's verdict holds the Stalled condition
 	}
 	newRS := scaling(d, rss)
-	desired, available := desiredReplicas(d), d.Status.AvailableReplicas
+	desired, available := rollout.Replicas(d), d.Status.AvailableReplicas
 	if newRS == nil || desired == 0 || available >= desired {
-		if cur != nil && specObserved(d) {
+		if cur != nil && rollout.SpecObserved(d) {
 			why := fmt.Sprintf("%d/%d replicas available", available, desired)
 			if newRS == nil {
 				why = "a new rollout, paused or not yet observed"
@@ -101,7 +102,7 @@ func (r *DeploymentReconciler) reconcileScaleUp(ctx context.Context, d *appsv1.D
 	}
 	msg := ScaleUpMessage(desired, available, v, in.Deadline, now)
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	setCondition(&d.Status, appsv1.DeploymentCondition{
+	rollout.SetCondition(&d.Status, appsv1.DeploymentCondition{
 		Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonScaleUpStalled, Message: msg,
 	}, now)
 	if err := r.Client.Status().Patch(ctx, d, patch); err != nil {

@@ -12,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -92,15 +93,15 @@ func deferredPrefix(dec Decision) string {
 // Deployment still shows. Fail-fast then keeps the record of when the
 // evidence was first seen, where the window starts.
 func deferralStands(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
-	cond := progressingCondition(d)
+	cond := rollout.ProgressingCondition(d)
 	if cond == nil || cond.Reason != vocab.ProgressDeadlineExceeded {
 		return false
 	}
-	newRS := FindNewReplicaSet(d, rss)
+	newRS := rollout.FindNewReplicaSet(d, rss)
 	if newRS == nil {
 		return false
 	}
-	rev, err := Revision(newRS)
+	rev, err := rollout.Revision(newRS)
 	if err != nil {
 		return false
 	}
@@ -146,9 +147,9 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 // (so that a restart keeps the window's start) and the decision in words,
 // with one Event. Later passes find both recorded and write nothing.
 func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Deployment, dec Decision, h TransientHold) error {
-	since := FailingSinceValue(h.Since, dec.NewRS.Name)
+	since := rollout.FailingSinceValue(h.Since, dec.NewRS.Name)
 	msg := h.DeferMessage(dec)
-	if l, _ := ReadLedger(d); l.FailingSince == since && strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec)) {
+	if l, _ := rollout.ReadLedger(d); l.FailingSince == since && strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec)) {
 		// Deferred already (its causes may have changed since, or cleared:
 		// the window and its end are the same).
 		return nil

@@ -1,12 +1,11 @@
 package reconciler
 
-// Rollout helpers, in upstream's words (k8s.io/kubernetes
-// pkg/controller/deployment/util/deployment_util.go): what the phases share
-// about a Deployment, its ReplicaSets and its annotations.
+// What the phases share about a Deployment, its ReplicaSets and its
+// annotations, beyond what package rollout reads from them (the newRS,
+// revisions, conditions and the ledger, in upstream's words).
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,81 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
-
-// FindNewReplicaSet returns the Deployment's newRS: the ReplicaSet whose template
-// equals the Deployment's, ignoring the hash label (upstream's EqualIgnoreHash,
-// by template hash: see sameTemplate). When several do (possible
-// after cluster upgrades, kubernetes#40415) the oldest wins, as upstream. It
-// returns nil when the Deployment controller has not created it yet. rss is not
-// reordered.
-func FindNewReplicaSet(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	sorted := slices.Clone(rss)
-	slices.SortStableFunc(sorted, compareByCreationTimestamp)
-	for _, rs := range sorted {
-		if sameTemplate(d, rs) {
-			return rs
-		}
-	}
-	return nil
-}
-
-// compareByCreationTimestamp orders ReplicaSets oldest first, then by name, as
-// upstream's controller.ReplicaSetsByCreationTimestamp.
-func compareByCreationTimestamp(a, b *appsv1.ReplicaSet) int {
-	if a.CreationTimestamp.Equal(&b.CreationTimestamp) {
-		return strings.Compare(a.Name, b.Name)
-	}
-	if a.CreationTimestamp.Before(&b.CreationTimestamp) {
-		return -1
-	}
-	return 1
-}
-
-// Revision returns the object's revision annotation. A missing annotation is
-// revision 0, as upstream.
-func Revision(obj metav1.Object) (int64, error) {
-	v, ok := obj.GetAnnotations()[vocab.RevisionAnnotation]
-	if !ok {
-		return 0, nil
-	}
-	return strconv.ParseInt(v, 10, 64)
-}
-
-// sameTemplate is upstream's EqualIgnoreHash for a Deployment and one of its
-// ReplicaSets, cached or not.
-func sameTemplate(d *appsv1.Deployment, rs *appsv1.ReplicaSet) bool {
-	return templateHash(&d.ObjectMeta, &d.Spec.Template) == templateHash(&rs.ObjectMeta, &rs.Spec.Template)
-}
-
-// progressingCondition returns the Deployment's Progressing condition, or nil.
-func progressingCondition(d *appsv1.Deployment) *appsv1.DeploymentCondition {
-	for i := range d.Status.Conditions {
-		if d.Status.Conditions[i].Type == appsv1.DeploymentProgressing {
-			return &d.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-// desiredReplicas is spec.replicas, defaulted to 1 as the API server does.
-func desiredReplicas(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
-}
-
-// specObserved reports whether the Deployment controller has seen the
-// Deployment's spec. Until it has, it may be creating the newRS, and it
-// records that (Progressing, reason NewReplicaSetCreated) in one status
-// update; any write to the Deployment in between makes that update
-// conflict, the next sync finds the ReplicaSet there already and never
-// records it, and the new rollout then never times out (DeploymentTimedOut
-// reads the old NewReplicaSetAvailable). Writes that can wait, wait: the
-// controller's own status update brings the Deployment back.
-func specObserved(d *appsv1.Deployment) bool { return d.Status.ObservedGeneration == d.Generation }
 
 // newReplicaSetRecorded reports whether the Deployment controller has
 // recorded the newRS of the Deployment's spec in its Progressing condition
@@ -99,11 +26,11 @@ func specObserved(d *appsv1.Deployment) bool { return d.Status.ObservedGeneratio
 // in an update of its own: from then on a write of ours loses it nothing.
 // The write that records the observed generation follows within
 // milliseconds, and copies every condition: the guard's verdict webhook
-// ends the rollback verdict in that write (VerdictDue), and the reconciler's
+// ends the rollback verdict in that write (rollout.VerdictDue), and the reconciler's
 // own end is the fallback for when the webhook could not.
 func newReplicaSetRecorded(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
-	newRS := FindNewReplicaSet(d, rss)
-	c := progressingCondition(d)
+	newRS := rollout.FindNewReplicaSet(d, rss)
+	c := rollout.ProgressingCondition(d)
 	return newRS != nil && c != nil && c.Status == corev1.ConditionTrue && c.Reason != vocab.NewReplicaSetAvailable &&
 		strings.Contains(c.Message, strconv.Quote(newRS.Name))
 }
@@ -114,25 +41,6 @@ func setLabel(d *appsv1.Deployment, k, v string) {
 		d.Labels = map[string]string{}
 	}
 	d.Labels[k] = v
-}
-
-// setCondition sets the condition of c.Type, as upstream's
-// SetDeploymentCondition does: lastUpdateTime is now, and lastTransitionTime
-// moves only when the status changes.
-func setCondition(s *appsv1.DeploymentStatus, c appsv1.DeploymentCondition, now time.Time) {
-	c.LastUpdateTime = metav1.NewTime(now)
-	c.LastTransitionTime = c.LastUpdateTime
-	for i := range s.Conditions {
-		if s.Conditions[i].Type != c.Type {
-			continue
-		}
-		if s.Conditions[i].Status == c.Status {
-			c.LastTransitionTime = s.Conditions[i].LastTransitionTime
-		}
-		s.Conditions[i] = c
-		return
-	}
-	s.Conditions = append(s.Conditions, c)
 }
 
 // removeCondition removes the condition of type t.
@@ -168,23 +76,11 @@ func setOrDelete(m map[string]string, k, v string) {
 	m[k] = v
 }
 
-// formatRevision renders a revision as the annotation does.
-func formatRevision(v int64) string {
-	return strconv.FormatInt(v, 10)
-}
-
-// parseTime reads a time the guard wrote in an annotation (RFC 3339). An
-// unreadable one is no time at all: callers then decide as if it were absent.
-func parseTime(v string) (time.Time, bool) {
-	t, err := time.Parse(time.RFC3339, v)
-	return t, err == nil
-}
-
 // timeAnnotation reads the time in annotation key of m.
 func timeAnnotation(m map[string]string, key string) (time.Time, bool) {
 	v, ok := m[key]
 	if !ok {
 		return time.Time{}, false
 	}
-	return parseTime(v)
+	return rollout.ParseTime(v)
 }

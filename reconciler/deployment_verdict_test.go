@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -23,14 +24,14 @@ import (
 // annotation.
 func rolledBack(d *appsv1.Deployment) {
 	d.Spec.Template = podTemplate("web:v2")
-	withLedger(func(l *Ledger) {
+	withLedger(func(l *rollout.Ledger) {
 		l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate = 3, "web-h2", vocab.TemplateHash(&d.Spec.Template)
 	})(d)
 	d.Annotations[vocab.AnnotationRollbackStatus] = "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2)."
 }
 
 func TestDecideVerdict(t *testing.T) {
-	adopted := withLedger(func(l *Ledger) { l.RolledBackToTemplate = "" })
+	adopted := withLedger(func(l *rollout.Ledger) { l.RolledBackToTemplate = "" })
 	tests := []struct {
 		name        string
 		d           *appsv1.Deployment
@@ -44,12 +45,12 @@ func TestDecideVerdict(t *testing.T) {
 		{name: "an earlier rollback accepted, not this one", d: deployment(rolledBack, annotate(vocab.AnnotationAcceptRollback, "1")), wantStalled: true},
 		{name: "a new template applied", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v4") }), wantClear: true},
 		{name: "the failed template applied again (quarantine let it through)", d: deployment(rolledBack, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v3") }), wantClear: true},
-		{name: "the restored ReplicaSet is gone, its template still running", d: deployment(rolledBack, withLedger(func(l *Ledger) { l.RolledBackTo = "web-gone" })), wantStalled: true},
+		{name: "the restored ReplicaSet is gone, its template still running", d: deployment(rolledBack, withLedger(func(l *rollout.Ledger) { l.RolledBackTo = "web-gone" })), wantStalled: true},
 		// A rollback adopted from an earlier release names only the
 		// ReplicaSet it restored: the verdict reads it.
 		{name: "adopted, running the restored ReplicaSet's template", d: deployment(rolledBack, adopted), wantStalled: true},
 		{name: "adopted, a new template applied", d: deployment(rolledBack, adopted, func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v4") }), wantClear: true},
-		{name: "adopted, the restored ReplicaSet is gone", d: deployment(rolledBack, adopted, withLedger(func(l *Ledger) { l.RolledBackTo = "web-gone" })), wantClear: true},
+		{name: "adopted, the restored ReplicaSet is gone", d: deployment(rolledBack, adopted, withLedger(func(l *rollout.Ledger) { l.RolledBackTo = "web-gone" })), wantClear: true},
 		{name: "a rollback told only by annotations (forged, or an earlier release's copied on)", d: deployment(func(d *appsv1.Deployment) {
 			d.Spec.Template = podTemplate("web:v2")
 		}, annotate(vocab.LegacyAnnotationRolledBackRevision, "3", vocab.LegacyAnnotationRolledBackTo, "web-h2"))},
@@ -57,7 +58,7 @@ func TestDecideVerdict(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rs1, rs2, rs3 := history(tt.d)
-			got := DecideVerdict(tt.d, []*appsv1.ReplicaSet{rs1, rs2, rs3})
+			got := rollout.DecideVerdict(tt.d, []*appsv1.ReplicaSet{rs1, rs2, rs3})
 			assert.Equal(t, tt.wantStalled, got.Stalled)
 			assert.Equal(t, tt.wantClear, got.Clear)
 			if tt.wantStalled {
@@ -73,16 +74,18 @@ func TestDecideVerdict(t *testing.T) {
 func (e *env) stalled() *appsv1.DeploymentCondition {
 	e.t.Helper()
 	d := e.deployment()
-	return guardStalled(&d.Status)
+	return rollout.GuardStalled(&d.Status)
 }
 
-func progressing(d *appsv1.Deployment) *appsv1.DeploymentCondition { return progressingCondition(d) }
+func progressing(d *appsv1.Deployment) *appsv1.DeploymentCondition {
+	return rollout.ProgressingCondition(d)
+}
 
 // Fail-fast declares the revision failed in upstream's words before it rolls
 // back, so that a client watching the rollout sees the failure first; after
 // the rollback the Deployment keeps reading as failed.
 func TestFailFastDeclaresThenRollsBackThenReports(t *testing.T) {
-	d := deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0.Add(19*time.Minute), "web-h3") }))
+	d := deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = rollout.FailingSinceValue(t0.Add(19*time.Minute), "web-h3") }))
 	rs1, rs2, rs3 := history(d)
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3,
 		newRSPod(rs3, "web-h3-a", "ImagePullBackOff"), newRSPod(rs3, "web-h3-b", "ImagePullBackOff"))
@@ -116,7 +119,7 @@ func TestFailFastDeclaresThenRollsBackThenReports(t *testing.T) {
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
 	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ImagePullBackOff for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
 
-	st := guardStalled(&got.Status)
+	st := rollout.GuardStalled(&got.Status)
 	require.NotNil(t, st, "the Deployment reads as failed after the rollback")
 	assert.Equal(t, corev1.ConditionTrue, st.Status)
 	assert.Equal(t, vocab.ReasonAutoRollback, st.Reason)
@@ -149,7 +152,7 @@ func TestDeclaredFailureRolledBackAfterARestart(t *testing.T) {
 	evs := e.events()
 	assert.Equal(t, []string{vocab.ReasonAutoRollback}, eventReasons(evs))
 	assert.Contains(t, evs[0], "Rolled back from revision 3 (ReplicaSet web-h3): 2/2 new pods ErrImagePull for 1m0s (container web, image web:v3), to known-good revision 2 (ReplicaSet web-h2).")
-	require.NotNil(t, guardStalled(&got.Status))
+	require.NotNil(t, rollout.GuardStalled(&got.Status))
 
 	e.reconcileResult()
 	assert.Empty(t, e.events(), "once")
@@ -257,7 +260,7 @@ func TestAStandingVerdictGetsItsLabel(t *testing.T) {
 // no longer names the restored ReplicaSet (the guard stopped after it forgot
 // the rollback, before it removed the condition and label).
 func TestTheLabelGoesWithTheVerdict(t *testing.T) {
-	d := deployment(rolledBack, withLedger(func(l *Ledger) { l.RolledBackTo = "" }), func(d *appsv1.Deployment) {
+	d := deployment(rolledBack, withLedger(func(l *rollout.Ledger) { l.RolledBackTo = "" }), func(d *appsv1.Deployment) {
 		d.Labels = map[string]string{vocab.LabelRolledBack: "3"}
 		d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{
 			Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback})
@@ -282,7 +285,7 @@ func TestOptingOutReleasesTheVerdict(t *testing.T) {
 	e := newEnv(t, namespace(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}), d, plain, rs1, rs2, rs3)
 	require.NoError(t, e.reconcile())
 	got := e.deployment()
-	assert.Nil(t, guardStalled(&got.Status))
+	assert.Nil(t, rollout.GuardStalled(&got.Status))
 	assert.NotContains(t, got.Labels, vocab.LabelRolledBack)
 	assert.Empty(t, ledgerOf(t, got).RolledBackTo)
 
@@ -300,12 +303,12 @@ func TestNoVerdictWithoutARollback(t *testing.T) {
 		d    *appsv1.Deployment
 		rss  func(d *appsv1.Deployment) []client.Object
 	}{
-		{name: "fail-fast, no known-good revision", d: deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0, "web-h3") })),
+		{name: "fail-fast, no known-good revision", d: deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = rollout.FailingSinceValue(t0, "web-h3") })),
 			rss: func(d *appsv1.Deployment) []client.Object {
 				rs3 := replicaSet(d, 3, "web:v3")
 				return []client.Object{rs3, newRSPod(rs3, "a", "ImagePullBackOff")}
 			}},
-		{name: "fail-fast, automatic rollback off", d: deployment(inProgress, withLedger(func(l *Ledger) { l.FailingSince = FailingSinceValue(t0, "web-h3") }), annotate(vocab.AnnotationAutoRollback, "false")),
+		{name: "fail-fast, automatic rollback off", d: deployment(inProgress, withLedger(func(l *rollout.Ledger) { l.FailingSince = rollout.FailingSinceValue(t0, "web-h3") }), annotate(vocab.AnnotationAutoRollback, "false")),
 			rss: func(d *appsv1.Deployment) []client.Object {
 				rs1, rs2, rs3 := history(d)
 				return []client.Object{rs1, rs2, rs3, newRSPod(rs3, "a", "ImagePullBackOff")}
@@ -328,7 +331,7 @@ func TestNoVerdictWithoutARollback(t *testing.T) {
 			e.clock.Step(time.Minute)
 			e.reconcileResult()
 			d := e.deployment()
-			assert.Nil(t, guardStalled(&d.Status), "no verdict")
+			assert.Nil(t, rollout.GuardStalled(&d.Status), "no verdict")
 			var types []appsv1.DeploymentConditionType
 			for _, c := range d.Status.Conditions {
 				types = append(types, c.Type)
@@ -349,7 +352,7 @@ func TestVerdictDue(t *testing.T) {
 	}
 	newGeneration := func(d *appsv1.Deployment) { d.Generation = 4 }
 	observed := func(d *appsv1.Deployment) { d.Status.ObservedGeneration = d.Generation }
-	adopted := withLedger(func(l *Ledger) { l.RolledBackToTemplate = "" })
+	adopted := withLedger(func(l *rollout.Ledger) { l.RolledBackToTemplate = "" })
 	tests := []struct {
 		name              string
 		old, d            *appsv1.Deployment
@@ -381,11 +384,11 @@ func TestVerdictDue(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			selfContained, due := VerdictDue(tt.old, tt.d)
+			selfContained, due := rollout.VerdictDue(tt.old, tt.d)
 			assert.Equal(t, tt.wantDue, due)
 			assert.Equal(t, tt.wantSelfContained, selfContained)
 			if due {
-				i := StalledIndex(&tt.d.Status)
+				i := rollout.StalledIndex(&tt.d.Status)
 				require.GreaterOrEqual(t, i, 0)
 				assert.Equal(t, appsv1.DeploymentConditionType(vocab.ConditionStalled), tt.d.Status.Conditions[i].Type)
 				assert.Equal(t, vocab.ReasonAutoRollback, tt.d.Status.Conditions[i].Reason)

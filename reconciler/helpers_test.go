@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -98,31 +99,31 @@ func replicaSet(d *appsv1.Deployment, revision int64, image string, mods ...func
 // the newest. Each entry takes the ReplicaSet's revision, UID and template as
 // they are now.
 func withKnownGood(d *appsv1.Deployment, rss ...*appsv1.ReplicaSet) {
-	l, _ := ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	for _, rs := range rss {
-		rev, err := Revision(rs)
+		rev, err := rollout.Revision(rs)
 		if err != nil {
 			panic(fmt.Sprintf("ReplicaSet %s: %v", rs.Name, err))
 		}
 		l = l.WithKnownGood(rs, rev, t0)
 	}
-	SetLedger(&d.Status, l, t0)
+	rollout.SetLedger(&d.Status, l, t0)
 }
 
 // withLedger is a Deployment modifier that changes its ledger (an empty one
 // when it has none) as the guard would have written it.
-func withLedger(change func(*Ledger)) func(*appsv1.Deployment) {
+func withLedger(change func(*rollout.Ledger)) func(*appsv1.Deployment) {
 	return func(d *appsv1.Deployment) {
-		l, _ := ReadLedger(d)
+		l, _ := rollout.ReadLedger(d)
 		change(&l)
-		SetLedger(&d.Status, l, t0)
+		rollout.SetLedger(&d.Status, l, t0)
 	}
 }
 
 // ledgerOf returns d's ledger, which must be there.
-func ledgerOf(t *testing.T, d *appsv1.Deployment) Ledger {
+func ledgerOf(t *testing.T, d *appsv1.Deployment) rollout.Ledger {
 	t.Helper()
-	l, ok := ReadLedger(d)
+	l, ok := rollout.ReadLedger(d)
 	require.True(t, ok, "the Deployment has a ledger")
 	return l
 }
@@ -202,7 +203,7 @@ func history(d *appsv1.Deployment) (rs1, rs2, rs3 *appsv1.ReplicaSet) {
 
 // knownGoodNames lists the ReplicaSets of the ledger's known-good entries,
 // oldest first.
-func knownGoodNames(l Ledger) []string {
+func knownGoodNames(l rollout.Ledger) []string {
 	var out []string
 	for _, e := range l.KnownGood {
 		out = append(out, e.ReplicaSet)

@@ -9,6 +9,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/rollout"
 )
 
 // LedgerSinceConfigMap, in the guard's namespace (the platform team's, which
@@ -38,7 +40,7 @@ func LedgerSince(ctx context.Context, c client.Client, namespace string, now tim
 	if err != nil {
 		return time.Time{}, fmt.Errorf("reading when the guard's ledger began (ConfigMap %s/%s): %w", namespace, LedgerSinceConfigMap, err)
 	}
-	t, ok := parseTime(cm.Data[ledgerSinceKey])
+	t, ok := rollout.ParseTime(cm.Data[ledgerSinceKey])
 	if !ok {
 		return time.Time{}, fmt.Errorf("ConfigMap %s/%s: %q is not an RFC 3339 time", namespace, LedgerSinceConfigMap, cm.Data[ledgerSinceKey])
 	}

@@ -2,7 +2,6 @@ package reconciler
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -13,64 +12,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
-
-// The ledger survives its JSON form; one that does not parse reads as present
-// and empty, so that nothing older is adopted in its place.
-func TestReadLedger(t *testing.T) {
-	d := deployment()
-	_, ok := ReadLedger(d)
-	assert.False(t, ok, "a Deployment the guard never wrote has no ledger")
-
-	rs2 := replicaSet(d, 2, "web:v2")
-	want := Ledger{}.WithKnownGood(rs2, 2, t0)
-	want.RolledBackRevision, want.RolledBackTo, want.FailFastRevision = 3, "web-h2", 3
-	want.HandledDeadline, want.FailingSince = t0.Format(time.RFC3339), FailingSinceValue(t0, "web-h3")
-	require.True(t, SetLedger(&d.Status, want, t0))
-	assert.False(t, SetLedger(&d.Status, want, t0.Add(time.Minute)), "the same ledger again changes nothing")
-	got, ok := ReadLedger(d)
-	require.True(t, ok)
-	assert.Equal(t, want, got)
-
-	for i := range d.Status.Conditions {
-		d.Status.Conditions[i].Message = "{not json"
-	}
-	got, ok = ReadLedger(d)
-	assert.True(t, ok, "unreadable, but there")
-	assert.Equal(t, Ledger{}, got)
-}
-
-// WithKnownGood keeps one entry per ReplicaSet, the newest last, and no more
-// than upstream's default revision history.
-func TestWithKnownGood(t *testing.T) {
-	d := deployment()
-	var rss []*appsv1.ReplicaSet
-	l := Ledger{}
-	for rev := int64(1); rev <= maxKnownGood+2; rev++ {
-		rs := replicaSet(d, rev, fmt.Sprintf("web:v%d", rev))
-		rss = append(rss, rs)
-		l = l.WithKnownGood(rs, rev, t0)
-	}
-	require.Len(t, l.KnownGood, maxKnownGood, "bounded")
-	assert.Equal(t, "web-h3", l.KnownGood[0].ReplicaSet, "the oldest dropped")
-	assert.Equal(t, "web-h12", l.Newest().ReplicaSet)
-	assert.False(t, l.IsKnownGood(rss[0]))
-
-	// Revision 5 comes back (kubectl rollout undo) and completes again.
-	again := l.WithKnownGood(rss[4], 13, t0.Add(time.Hour))
-	assert.Len(t, again.KnownGood, maxKnownGood)
-	assert.Equal(t, KnownGoodEntry{ReplicaSet: "web-h5", UID: rss[4].UID, Template: vocab.TemplateHash(&rss[4].Spec.Template),
-		Revision: 13, At: t0.Add(time.Hour).Format(time.RFC3339)}, *again.Newest())
-	n := 0
-	for _, e := range again.KnownGood {
-		if e.ReplicaSet == "web-h5" {
-			n++
-		}
-	}
-	assert.Equal(t, 1, n, "one entry per ReplicaSet")
-	assert.Equal(t, "web-h12", l.Newest().ReplicaSet, "the ledger it was made from is unchanged")
-}
 
 // Rule 1: a known-good mark in annotations, forged on the failing ReplicaSet
 // or copied there from the Deployment, makes nothing known-good: the guard
@@ -121,7 +65,7 @@ func TestForgedKnownGoodMarksChangeNothing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			d := deployment(failed)
 			rss := tt.rss(d)
-			newRS := FindNewReplicaSet(d, rss)
+			newRS := rollout.FindNewReplicaSet(d, rss)
 			require.NotNil(t, newRS)
 			assert.False(t, IsKnownGood(d, newRS), "the failing newRS is not known-good")
 
@@ -182,8 +126,8 @@ func TestOnlyTheNewestKnownGoodIsRestored(t *testing.T) {
 		{name: "its template edited, the cache's hash annotation forged", newest: func(rs *appsv1.ReplicaSet) *appsv1.ReplicaSet {
 			good := vocab.TemplateHash(&rs.Spec.Template)
 			rs.Spec.Template.Spec.Containers[0].Image = "evil:latest"
-			rs.Spec.Template.Annotations[cachedTemplateHash] = good
-			rs.Annotations[cachedTemplateHash] = good
+			rs.Spec.Template.Annotations[rollout.CachedTemplateHash] = good
+			rs.Annotations[rollout.CachedTemplateHash] = good
 			return rs
 		}, wantWhy: "the template of known-good ReplicaSet web-h2 (revision 2) changed since it completed"},
 	}
@@ -271,8 +215,8 @@ func TestForgedDecisionAnnotationsChangeNothing(t *testing.T) {
 			assert.Equal(t, RolloutProgressing, st.Phase, st.Message)
 
 			// No rollback stands.
-			assert.False(t, HasVerdict(d))
-			v := DecideVerdict(d, rss)
+			assert.False(t, rollout.HasVerdict(d))
+			v := rollout.DecideVerdict(d, rss)
 			assert.False(t, v.Stalled)
 			assert.False(t, v.Clear)
 		})
@@ -308,8 +252,8 @@ func TestAdoptLegacy(t *testing.T) {
 	cutoff := t0.Add(time.Hour)
 	before := metav1.NewTime(t0.Add(-time.Hour))
 	deadline := t0.Add(20 * time.Minute).Format(time.RFC3339)
-	entry := func(rs *appsv1.ReplicaSet, rev int64) KnownGoodEntry {
-		return KnownGoodEntry{ReplicaSet: rs.Name, UID: rs.UID, Template: vocab.TemplateHash(&rs.Spec.Template), Revision: rev, At: t0.Format(time.RFC3339)}
+	entry := func(rs *appsv1.ReplicaSet, rev int64) rollout.KnownGoodEntry {
+		return rollout.KnownGoodEntry{ReplicaSet: rs.Name, UID: rs.UID, Template: vocab.TemplateHash(&rs.Spec.Template), Revision: rev, At: t0.Format(time.RFC3339)}
 	}
 	decisions := annotate(
 		vocab.LegacyAnnotationRolledBackRevision, "3",
@@ -325,7 +269,7 @@ func TestAdoptLegacy(t *testing.T) {
 		mods    []func(*appsv1.Deployment)
 		rss     func(d *appsv1.Deployment) []*appsv1.ReplicaSet
 		wantOK  bool
-		want    func(rss []*appsv1.ReplicaSet) Ledger
+		want    func(rss []*appsv1.ReplicaSet) rollout.Ledger
 	}{
 		{name: "no cutoff: nothing", created: before, mods: []func(*appsv1.Deployment){decisions},
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
@@ -343,14 +287,14 @@ func TestAdoptLegacy(t *testing.T) {
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
 				return []*appsv1.ReplicaSet{replicaSet(d, 1, "web:v1")}
 			},
-			want: func([]*appsv1.ReplicaSet) Ledger { return Ledger{} }},
+			want: func([]*appsv1.ReplicaSet) rollout.Ledger { return rollout.Ledger{} }},
 		{name: "created before: marks by revision, oldest first, and the decisions", created: before, cutoff: cutoff, wantOK: true,
 			mods: []func(*appsv1.Deployment){decisions},
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
 				return []*appsv1.ReplicaSet{replicaSet(d, 2, "web:v2", legacyKnownGood), replicaSet(d, 1, "web:v1", legacyKnownGood), replicaSet(d, 3, "web:v3")}
 			},
-			want: func(rss []*appsv1.ReplicaSet) Ledger {
-				return Ledger{KnownGood: []KnownGoodEntry{entry(rss[1], 1), entry(rss[0], 2)},
+			want: func(rss []*appsv1.ReplicaSet) rollout.Ledger {
+				return rollout.Ledger{KnownGood: []rollout.KnownGoodEntry{entry(rss[1], 1), entry(rss[0], 2)},
 					RolledBackRevision: 3, RolledBackTo: "web-h2", FailFastRevision: 3, HandledDeadline: deadline, FailingSince: "2026-03-01T12:10:00Z web-h3"}
 			}},
 		{name: "a mark copied from another ReplicaSet is no mark", created: before, cutoff: cutoff, wantOK: true,
@@ -360,14 +304,18 @@ func TestAdoptLegacy(t *testing.T) {
 					rs.Annotations[vocab.LegacyAnnotationKnownGoodHash] = "h1"
 				})}
 			},
-			want: func(rss []*appsv1.ReplicaSet) Ledger { return Ledger{KnownGood: []KnownGoodEntry{entry(rss[0], 1)}} }},
+			want: func(rss []*appsv1.ReplicaSet) rollout.Ledger {
+				return rollout.Ledger{KnownGood: []rollout.KnownGoodEntry{entry(rss[0], 1)}}
+			}},
 		{name: "a mark on a ReplicaSet created after the cutoff is no mark", created: before, cutoff: cutoff, wantOK: true,
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
 				return []*appsv1.ReplicaSet{replicaSet(d, 1, "web:v1", legacyKnownGood), replicaSet(d, 2, "web:v2", legacyKnownGood, func(rs *appsv1.ReplicaSet) {
 					rs.CreationTimestamp = metav1.NewTime(cutoff.Add(time.Second))
 				})}
 			},
-			want: func(rss []*appsv1.ReplicaSet) Ledger { return Ledger{KnownGood: []KnownGoodEntry{entry(rss[0], 1)}} }},
+			want: func(rss []*appsv1.ReplicaSet) rollout.Ledger {
+				return rollout.Ledger{KnownGood: []rollout.KnownGoodEntry{entry(rss[0], 1)}}
+			}},
 		{name: "a mark that is not a time, or without its hash, is no mark", created: before, cutoff: cutoff, wantOK: true,
 			rss: func(d *appsv1.Deployment) []*appsv1.ReplicaSet {
 				return []*appsv1.ReplicaSet{
@@ -375,7 +323,7 @@ func TestAdoptLegacy(t *testing.T) {
 					replicaSet(d, 2, "web:v2", legacyKnownGood, func(rs *appsv1.ReplicaSet) { delete(rs.Annotations, vocab.LegacyAnnotationKnownGoodHash) }),
 				}
 			},
-			want: func([]*appsv1.ReplicaSet) Ledger { return Ledger{} }},
+			want: func([]*appsv1.ReplicaSet) rollout.Ledger { return rollout.Ledger{} }},
 		{name: "decisions that do not read are not adopted", created: before, cutoff: cutoff, wantOK: true,
 			mods: []func(*appsv1.Deployment){annotate(
 				vocab.LegacyAnnotationRolledBackRevision, "three",
@@ -383,7 +331,7 @@ func TestAdoptLegacy(t *testing.T) {
 				vocab.LegacyAnnotationFailingSince, "web-h3",
 			)},
 			rss:  func(*appsv1.Deployment) []*appsv1.ReplicaSet { return nil },
-			want: func([]*appsv1.ReplicaSet) Ledger { return Ledger{} }},
+			want: func([]*appsv1.ReplicaSet) rollout.Ledger { return rollout.Ledger{} }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -393,7 +341,7 @@ func TestAdoptLegacy(t *testing.T) {
 			got, ok := AdoptLegacy(d, rss, tt.cutoff)
 			assert.Equal(t, tt.wantOK, ok)
 			if !tt.wantOK {
-				assert.Equal(t, Ledger{}, got)
+				assert.Equal(t, rollout.Ledger{}, got)
 				return
 			}
 			assert.Equal(t, tt.want(rss), got)
@@ -421,7 +369,7 @@ func TestLedgerAdoptedOnce(t *testing.T) {
 			d := deployment(failed, annotate(vocab.LegacyAnnotationRolledBackRevision, "3", vocab.LegacyAnnotationHandledDeadline, t0.Add(20*time.Minute).Format(time.RFC3339)))
 			d.CreationTimestamp = metav1.NewTime(tt.created)
 			if tt.ledger {
-				SetLedger(&d.Status, Ledger{}, t0)
+				rollout.SetLedger(&d.Status, rollout.Ledger{}, t0)
 				d.Status.Conditions[len(d.Status.Conditions)-1].Message = "{"
 			}
 			rs1 := replicaSet(d, 1, "web:v1", legacyKnownGood)
@@ -432,7 +380,7 @@ func TestLedgerAdoptedOnce(t *testing.T) {
 
 			require.NoError(t, e.reconcile())
 			got := e.deployment()
-			l, _ := ReadLedger(got)
+			l, _ := rollout.ReadLedger(got)
 			assert.Equal(t, tt.want, knownGoodNames(l))
 			assert.Equal(t, "web:v3", got.Spec.Template.Spec.Containers[0].Image)
 			if tt.want != nil {
@@ -449,9 +397,9 @@ func TestLedgerAdoptedOnce(t *testing.T) {
 			got.Annotations[vocab.LegacyAnnotationFailFastRevision] = "9"
 			got.Annotations[vocab.LegacyAnnotationRolledBackRevision] = "9"
 			require.NoError(t, e.client.Update(context.Background(), got))
-			before, _ := ReadLedger(e.deployment())
+			before, _ := rollout.ReadLedger(e.deployment())
 			require.NoError(t, e.reconcile())
-			after, _ := ReadLedger(e.deployment())
+			after, _ := rollout.ReadLedger(e.deployment())
 			assert.True(t, after.IgnoredTold, "the annotations ignored, with a word")
 			after.IgnoredTold = before.IgnoredTold
 			assert.Equal(t, before, after, "never adopted again")
@@ -556,7 +504,7 @@ func TestRestoredKnownGoodRecordedAtItsNewRevision(t *testing.T) {
 		d.Annotations[vocab.RevisionAnnotation] = "4"
 	})
 	rs1, rs2, rs3 := history(d)
-	withLedger(func(l *Ledger) { l.RolledBackRevision, l.RolledBackTo = 3, "web-h2" })(d)
+	withLedger(func(l *rollout.Ledger) { l.RolledBackRevision, l.RolledBackTo = 3, "web-h2" })(d)
 	rs2.Annotations[vocab.RevisionAnnotation] = "4"
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
 
@@ -577,7 +525,7 @@ func TestRestoredKnownGoodRecordedAtItsNewRevision(t *testing.T) {
 // again, rolling back once.
 func TestPendingRollbackSettledAfterARestart(t *testing.T) {
 	restored := vocab.TemplateHash(&deployment(func(d *appsv1.Deployment) { d.Spec.Template = podTemplate("web:v2") }).Spec.Template)
-	pending := PendingRollback{FailedRevision: 3, To: "web-h2", Template: restored, Deadline: t0.Add(20 * time.Minute).Format(time.RFC3339)}
+	pending := rollout.PendingRollback{FailedRevision: 3, To: "web-h2", Template: restored, Deadline: t0.Add(20 * time.Minute).Format(time.RFC3339)}
 	tests := []struct {
 		name string
 		// made: the rollback's write landed before the guard stopped.
@@ -590,14 +538,14 @@ func TestPendingRollbackSettledAfterARestart(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			d := deployment(failed, func(d *appsv1.Deployment) {
 				d.Status.Conditions = append(d.Status.Conditions, appsv1.DeploymentCondition{Type: vocab.ConditionStalled, Status: "True",
-					Reason: vocab.ReasonAutoRollback, Message: stalledMessage(d, "", "3")})
+					Reason: vocab.ReasonAutoRollback, Message: rollout.StalledMessage(d, "", "3")})
 				if tt.made {
 					d.Spec.Template = podTemplate("web:v2")
 					d.Generation = 4 // not observed yet
 				}
 			})
 			rs1, rs2, rs3 := history(d)
-			withLedger(func(l *Ledger) { l.Pending = &pending })(d)
+			withLedger(func(l *rollout.Ledger) { l.Pending = &pending })(d)
 			e := newEnv(t, namespace(nil), d, rs1, rs2, rs3)
 
 			require.NoError(t, e.reconcile())
@@ -610,7 +558,7 @@ func TestPendingRollbackSettledAfterARestart(t *testing.T) {
 			assert.Equal(t, restored, l.RolledBackToTemplate)
 			assert.Equal(t, pending.Deadline, l.HandledDeadline)
 			assert.Equal(t, "web:v2", got.Spec.Template.Spec.Containers[0].Image)
-			require.NotNil(t, guardStalled(&got.Status), "the rollback reads as failed")
+			require.NotNil(t, rollout.GuardStalled(&got.Status), "the rollback reads as failed")
 			if tt.made {
 				assert.Empty(t, e.events(), "not rolled back twice")
 				assert.Zero(t, e.rollbacks(resultRolledBack))

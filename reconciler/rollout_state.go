@@ -5,6 +5,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -37,7 +38,7 @@ type RolloutState struct {
 // ReadRollout reads the state of the Deployment's latest rollout. rss are
 // the ReplicaSets it controls, read from the API server. The guard's verdict
 // comes first, because after a rollback upstream's conditions read as a
-// success: a rollback that stands (DecideVerdict) is Failed, and so is a
+// success: a rollback that stands (rollout.DecideVerdict) is Failed, and so is a
 // revision fail-fast found failing and could not roll back. Then upstream's
 // ProgressDeadlineExceeded is Failed, and the rest is kubectl's rollout
 // status: spec observed, every replica updated, no old one left, the updated
@@ -45,34 +46,34 @@ type RolloutState struct {
 // waits.
 func ReadRollout(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) RolloutState {
 	st := RolloutState{Phase: RolloutProgressing}
-	st.Revision, _ = Revision(d)
+	st.Revision, _ = rollout.Revision(d)
 	if d.Generation > d.Status.ObservedGeneration {
 		st.Message = "Waiting for deployment spec update to be observed..."
 		return st
 	}
-	if v := DecideVerdict(d, rss); v.Stalled {
+	if v := rollout.DecideVerdict(d, rss); v.Stalled {
 		st.Phase, st.Reason, st.Message = RolloutFailed, vocab.ReasonAutoRollback, v.Message
 		st.FailedRevision = rolledBackRevision(d)
 		return st
 	}
-	ledger, _ := ReadLedger(d)
-	if newRS := FindNewReplicaSet(d, rss); newRS != nil && !ledger.IsKnownGood(newRS) {
-		if rev, err := Revision(newRS); err == nil && rev != 0 && ledger.FailFastRevision == rev {
+	ledger, _ := rollout.ReadLedger(d)
+	if newRS := rollout.FindNewReplicaSet(d, rss); newRS != nil && !ledger.IsKnownGood(newRS) {
+		if rev, err := rollout.Revision(newRS); err == nil && rev != 0 && ledger.FailFastRevision == rev {
 			// Found failing and left as it is (no known-good revision, or
 			// automatic rollback off): the decision's message says which.
-			st.Phase, st.Reason, st.FailedRevision = RolloutFailed, vocab.ReasonRolloutFailing, formatRevision(rev)
+			st.Phase, st.Reason, st.FailedRevision = RolloutFailed, vocab.ReasonRolloutFailing, rollout.FormatRevision(rev)
 			st.Message = d.Annotations[vocab.AnnotationRollbackStatus]
 			return st
 		}
 	}
-	if c := progressingCondition(d); c != nil && c.Reason == vocab.ProgressDeadlineExceeded {
+	if c := rollout.ProgressingCondition(d); c != nil && c.Reason == vocab.ProgressDeadlineExceeded {
 		st.Phase, st.Reason, st.Message = RolloutFailed, vocab.ProgressDeadlineExceeded, fmt.Sprintf("deployment %q exceeded its progress deadline: %s", d.Name, c.Message)
 		if decision := d.Annotations[vocab.AnnotationRollbackStatus]; decision != "" && ledger.HandledDeadline != "" {
 			st.Message += " deployguard: " + decision
 		}
 		return st
 	}
-	want := desiredReplicas(d)
+	want := rollout.Replicas(d)
 	s := d.Status
 	switch {
 	case s.UpdatedReplicas < want:

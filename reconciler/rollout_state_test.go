@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -29,7 +30,7 @@ func TestReadRollout(t *testing.T) {
 	}
 	const leftMessage = "Revision 3 (ReplicaSet web-h3) is failing: 1/1 new pods ErrImagePull for 1m0s; no known-good revision to roll back to, so it is left as it is."
 	failingLeft := func(d *appsv1.Deployment) {
-		withLedger(func(l *Ledger) { l.FailFastRevision = 3 })(d)
+		withLedger(func(l *rollout.Ledger) { l.FailFastRevision = 3 })(d)
 		annotate(vocab.AnnotationRollbackStatus, leftMessage)(d)
 	}
 	// The same in annotations only: what a tenant (or an earlier release's

@@ -32,6 +32,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/native/floor"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
@@ -358,7 +359,7 @@ func TestMutatingKeepsTheLabelsOfARefusedCreate(t *testing.T) {
 			d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}}
 		},
-		"the floor probe's finalizer": func(d *appsv1.Deployment) { d.Finalizers = []string{FloorProbeFinalizer} },
+		"the floor probe's finalizer": func(d *appsv1.Deployment) { d.Finalizers = []string{floor.ProbeFinalizer} },
 		"an unknown cleanup step":     func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "backup" },
 	} {
 		t.Run(name, func(t *testing.T) {

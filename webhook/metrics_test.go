@@ -21,6 +21,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/origin"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
@@ -34,20 +35,20 @@ func TestRefusalReason(t *testing.T) {
 	}{
 		{name: "nothing refused", errs: nil, want: reasonNone},
 		{name: "a check's error counts as its check",
-			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(review.OriginOverlap)}, want: review.OriginOverlap},
+			errs: field.ErrorList{field.Invalid(selector, "app=web", "overlaps").WithOrigin(origin.Overlap)}, want: origin.Overlap},
 		{name: "the first check that refused counts, not the path",
 			errs: field.ErrorList{
-				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(review.OriginStrategy),
-				field.Invalid(selector, "app=web", "overlaps").WithOrigin(review.OriginOverlap),
-			}, want: review.OriginStrategy},
+				field.Invalid(field.NewPath("spec", "strategy", "rollingUpdate", "maxUnavailable"), "100%", "all down").WithOrigin(origin.Strategy),
+				field.Invalid(selector, "app=web", "overlaps").WithOrigin(origin.Overlap),
+			}, want: origin.Strategy},
 		{name: "a policy denial at a field a Go check also reports is the policy's",
-			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(review.OriginPolicy)}, want: review.OriginPolicy},
+			errs: field.ErrorList{field.Forbidden(selector, "[policy p] no").WithOrigin(origin.Policy)}, want: origin.Policy},
 		{name: "an internal error is the guard's, whichever check met it",
-			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(review.OriginOverlap)}, want: review.OriginInternal},
+			errs: field.ErrorList{field.InternalError(selector, errors.New("index not synced")).WithOrigin(origin.Overlap)}, want: origin.Internal},
 		{name: "an error that names no check is not given a label outside the set",
-			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: review.OriginInternal},
+			errs: field.ErrorList{field.Forbidden(selector, "who said this?")}, want: origin.Internal},
 		{name: "a free-text origin is not a label",
-			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: review.OriginInternal},
+			errs: field.ErrorList{field.Forbidden(selector, "no").WithOrigin("require-probes")}, want: origin.Internal},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,29 +105,29 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 		{name: "a selector that cannot be repaired", body: reviewBody(t, admissionv1.Create, reviewtest.Stored(func(d *appsv1.Deployment) {
 			d.Spec.Selector = nil
 			d.Spec.Template.Labels = map[string]string{"version": "v1"}
-		}), nil), op: "CREATE", wantResult: "denied", wantWhy: review.OriginSelector},
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: origin.Selector},
 		{name: "an object that does not decode", body: bytes.Replace(reviewBody(t, admissionv1.Update, reviewtest.Stored(), reviewtest.Stored()), []byte(`"replicas":3`), []byte(`"replicas":"three"`), 1),
 			op: "UPDATE", wantResult: "error", wantWhy: reasonMalformed},
 
 		{validating: true, name: "not a Deployment", body: wrongKind,
 			op: "CREATE", wantResult: "error", wantWhy: reasonMalformed},
 		{validating: true, name: "an overlap", body: reviewBody(t, admissionv1.Create, reviewtest.Guarded(), nil),
-			op: "CREATE", wantResult: "denied", wantWhy: review.OriginOverlap},
+			op: "CREATE", wantResult: "denied", wantWhy: origin.Overlap},
 		{validating: true, name: "every replica down and an overlap: the first check", body: reviewBody(t, admissionv1.Create, reviewtest.Guarded(func(d *appsv1.Deployment) {
 			d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
-		}), nil), op: "CREATE", wantResult: "denied", wantWhy: review.OriginStrategy},
+		}), nil), op: "CREATE", wantResult: "denied", wantWhy: origin.Strategy},
 		{validating: true, name: "the overlap index not synced", body: reviewBody(t, admissionv1.Create, reviewtest.Guarded(named("unlisted")), nil),
-			op: "CREATE", wantResult: "denied", wantWhy: review.OriginInternal},
+			op: "CREATE", wantResult: "denied", wantWhy: origin.Internal},
 		{validating: true, name: "a metadata change", body: reviewBody(t, admissionv1.Update, reviewtest.Guarded(), reviewtest.Guarded()),
 			op: "UPDATE", wantResult: "allowed", wantWhy: reasonNone},
 		{validating: true, name: "a policy", body: reviewBody(t, admissionv1.Update, denyAnnotated, reviewtest.Guarded()),
-			op: "UPDATE", wantResult: "denied", wantWhy: review.OriginPolicy},
+			op: "UPDATE", wantResult: "denied", wantWhy: origin.Policy},
 		{validating: true, name: "the guard's finalizers removed while deleting",
 			body: reviewBody(t, admissionv1.Update, reviewtest.Guarded(deleting, func(d *appsv1.Deployment) { d.Finalizers = nil }), reviewtest.Guarded(deleting)),
-			op:   "UPDATE", wantResult: "denied", wantWhy: review.OriginFinalizers},
+			op:   "UPDATE", wantResult: "denied", wantWhy: origin.Finalizers},
 		{validating: true, name: "a protected Deployment deleted",
 			body: reviewBody(t, admissionv1.Delete, nil, reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationProtected] = "true" })),
-			op:   "DELETE", wantResult: "denied", wantWhy: review.OriginProtected},
+			op:   "DELETE", wantResult: "denied", wantWhy: origin.Protected},
 		{validating: true, name: "a DELETE without oldObject", body: reviewBody(t, admissionv1.Delete, nil, nil),
 			op: "DELETE", wantResult: "error", wantWhy: reasonMalformed},
 	}

@@ -19,31 +19,6 @@ import (
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
-// criticalPolicy refuses, in mode, the deletion of a Deployment labelled
-// tier: critical, as policy/README.md tells authors to write it: against
-// oldObject.
-func criticalPolicy(name, mode string) policy.Source {
-	return policy.Source{Name: name + ".rego", Module: `# METADATA
-# custom:
-#   mode: ` + mode + `
-package deployguard.` + name + `
-
-deny contains "a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical" if {
-	input.operation == "DELETE"
-	input.oldObject.metadata.labels.tier == "critical"
-}
-`}
-}
-
-// ownerPolicy refuses a Deployment without an owner label, in the way most
-// policies are written: about input.object alone, which a DELETE has not.
-var ownerPolicy = policy.Source{Name: "owner.rego", Module: `package deployguard.owner
-
-deny contains {"msg": "add an owner label", "field": "metadata.labels.owner"} if {
-	not input.object.metadata.labels.owner
-}
-`}
-
 // enginePolicies loads sources into a policy engine the way serve does.
 func enginePolicies(t *testing.T, sources ...policy.Source) review.Policies {
 	t.Helper()
@@ -73,13 +48,13 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 		messages []string // in the refusal, each
 		warnings []string // exactly
 	}{
-		{name: "an enforced policy refuses the deletion", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "an enforced policy refuses the deletion", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(critical), messages: []string{refusal}},
-		{name: "a warn-mode policy warns", policies: []policy.Source{criticalPolicy("critical", "warn")},
+		{name: "a warn-mode policy warns", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "warn")},
 			old: reviewtest.Guarded(critical), allowed: true, warnings: []string{warning}},
-		{name: "an audit-mode policy is only recorded", policies: []policy.Source{criticalPolicy("critical", "audit")},
+		{name: "an audit-mode policy is only recorded", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "audit")},
 			old: reviewtest.Guarded(critical), allowed: true},
-		{name: "nothing objects: the deletion passes", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "nothing objects: the deletion passes", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(), allowed: true},
 		{name: "no policy but the built-ins, all of whose rules the Deployment breaks",
 			old: reviewtest.Guarded(func(d *appsv1.Deployment) {
@@ -87,20 +62,20 @@ func TestPoliciesJudgeDeletes(t *testing.T) {
 				c.Image, c.ReadinessProbe = "nginx", nil
 				d.Spec.Template.Spec.HostNetwork = true
 			}), allowed: true},
-		{name: "a policy about the object alone does not refuse every deletion", policies: []policy.Source{ownerPolicy},
+		{name: "a policy about the object alone does not refuse every deletion", policies: []policy.Source{reviewtest.OwnerPolicy},
 			old: reviewtest.Guarded(), allowed: true},
-		{name: "the deletion protection and the policy, each refusing", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "the deletion protection and the policy, each refusing", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old:      reviewtest.Guarded(critical, protected),
 			messages: []string{"is protected from deletion", "metadata: Forbidden: [policy critical] a tier: critical Deployment may not be deleted"}},
-		{name: "the deletion protection alone", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "the deletion protection alone", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(protected), messages: []string{"is protected from deletion"}},
-		{name: "an exempt user", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "an exempt user", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(critical), user: "ops-bot", mut: func(w *review.Reviewer) { w.Options.ExemptUsernames = []string{"ops-bot"} }, allowed: true},
-		{name: "an exempt namespace", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "an exempt namespace", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(critical), mut: func(w *review.Reviewer) { w.Options.ExemptNamespaces = []string{"shop"} }, allowed: true},
-		{name: "the guard itself", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "the guard itself", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(critical), user: reviewtest.Options().GuardUsername, allowed: true},
-		{name: "a PolicyException of the policy turns the refusal into a warning", policies: []policy.Source{criticalPolicy("critical", "enforce")},
+		{name: "a PolicyException of the policy turns the refusal into a warning", policies: []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			old: reviewtest.Guarded(critical), mut: func(w *review.Reviewer) {
 				x := exception.NewIndex("deployguard-system")
 				x.Set(&exception.PolicyException{

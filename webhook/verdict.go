@@ -11,7 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -21,8 +21,8 @@ const VerdictPath = "/mutate-apps-v1-deployment-status"
 
 // verdict serves the mutating webhook of Deployment status writes. It ends
 // the guard's rollback verdict (the Stalled condition) inside the write that
-// records a new spec as observed, when that spec ends it (reconciler's
-// DecideVerdict, the reconciler's own decision), so that no client ever
+// records a new spec as observed, when that spec ends it (rollout.DecideVerdict,
+// the reconciler's own decision), so that no client ever
 // reads the new generation as observed with the old verdict on it. The
 // reconciler ends it too, after the Deployment controller has recorded the
 // newRS; this write is the one the controller makes right after, and a
@@ -31,7 +31,7 @@ const VerdictPath = "/mutate-apps-v1-deployment-status"
 //
 // The API server sends it only the status writes of Deployments labelled
 // vocab.LabelRolledBack (the entry's objectSelector, which costs it no
-// conversion), and of those only the writes VerdictDue names (the entry's
+// conversion), and of those only the writes rollout.VerdictDue names (the entry's
 // matchCondition): a few per rollback. It decides from the request alone
 // (the ledger in the status names the restored template), and calls nothing:
 // whoever reaches the webhook port, no request makes the guard read from the
@@ -56,7 +56,7 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 	// copy of the spec, generation or identity the writer sent.
 	d := *r.OldObject
 	d.Status, d.Annotations = r.Object.Status, r.Object.Annotations
-	selfContained, due := reconciler.VerdictDue(r.OldObject, &d)
+	selfContained, due := rollout.VerdictDue(r.OldObject, &d)
 	if !due {
 		return admission.Allowed(""), reasonNone
 	}
@@ -68,7 +68,7 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 		return admission.Allowed(""), reasonNone
 	}
 	var rss []*appsv1.ReplicaSet
-	decided := reconciler.DecideVerdict(&d, rss)
+	decided := rollout.DecideVerdict(&d, rss)
 	if decided.Stalled {
 		return admission.Allowed(""), reasonNone
 	}
@@ -78,5 +78,5 @@ func (v verdict) handle(ctx context.Context, req admission.Request) (admission.R
 	}
 	// The index is into the very list the API server patches: the
 	// request's object, decoded from the same bytes.
-	return admission.Patched("", jsonpatch.NewOperation("remove", fmt.Sprintf("/status/conditions/%d", reconciler.StalledIndex(&d.Status)), nil)), reasonNone
+	return admission.Patched("", jsonpatch.NewOperation("remove", fmt.Sprintf("/status/conditions/%d", rollout.StalledIndex(&d.Status)), nil)), reasonNone
 }

@@ -16,19 +16,19 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // TestVerdictHandler: the status webhook's answers, decided by the
-// reconciler's DecideVerdict (its own table tests the decision). The API
+// reconciler's rollout.DecideVerdict (its own table tests the decision). The API
 // server's side, and a real status write, are in the integration tier
 // (TestAFixIsNeverObservedUnderTheOldVerdict).
 func TestVerdictHandler(t *testing.T) {
 	restoredTemplate := vocab.TemplateHash(&reviewtest.Stored().Spec.Template)
-	recorded := reconciler.Ledger{RolledBackTo: "web-restored", RolledBackToTemplate: restoredTemplate, RolledBackRevision: 4}
+	recorded := rollout.Ledger{RolledBackTo: "web-restored", RolledBackToTemplate: restoredTemplate, RolledBackRevision: 4}
 	// rolledBack is the Deployment at generation 5 after the rollback (with
 	// image, when set, applied), its status observed up to observed.
 	rolledBack := func(image string, observed int64) *appsv1.Deployment {
@@ -40,15 +40,15 @@ func TestVerdictHandler(t *testing.T) {
 				{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback},
 				{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue},
 			}
-			reconciler.SetLedger(&d.Status, recorded, time.Unix(0, 0))
+			rollout.SetLedger(&d.Status, recorded, time.Unix(0, 0))
 		})
 		if image != "" {
 			d.Spec.Template.Spec.Containers[0].Image = image
 		}
 		return d
 	}
-	withLedger := func(d *appsv1.Deployment, l reconciler.Ledger) *appsv1.Deployment {
-		reconciler.SetLedger(&d.Status, l, time.Unix(0, 0))
+	withLedger := func(d *appsv1.Deployment, l rollout.Ledger) *appsv1.Deployment {
+		rollout.SetLedger(&d.Status, l, time.Unix(0, 0))
 		return d
 	}
 	with := func(d *appsv1.Deployment, mut func(*appsv1.Deployment)) *appsv1.Deployment { mut(d); return d }
@@ -65,13 +65,13 @@ func TestVerdictHandler(t *testing.T) {
 		{name: "the restored template observed, the rollback accepted", old: rolledBack("", 4),
 			d: with(rolledBack("", 5), func(d *appsv1.Deployment) { d.Annotations = map[string]string{vocab.AnnotationAcceptRollback: "4"} }), wantRemoved: true},
 		{name: "a verdict without its rollback recorded", old: rolledBack("", 4),
-			d: withLedger(rolledBack("", 5), reconciler.Ledger{RolledBackRevision: 4}), wantRemoved: true},
+			d: withLedger(rolledBack("", 5), rollout.Ledger{RolledBackRevision: 4}), wantRemoved: true},
 		{name: "a rollback named only by annotations a tenant can write", old: rolledBack("", 4),
-			d: with(withLedger(rolledBack("", 5), reconciler.Ledger{}), func(d *appsv1.Deployment) {
+			d: with(withLedger(rolledBack("", 5), rollout.Ledger{}), func(d *appsv1.Deployment) {
 				d.Annotations = map[string]string{vocab.LegacyAnnotationRolledBackTo: "web-restored", vocab.LegacyAnnotationRolledBackRevision: "4"}
 			}), wantRemoved: true},
 		{name: "a rollback adopted from an earlier release is left to the reconciler", old: rolledBack("web:fixed", 4),
-			d: withLedger(rolledBack("web:fixed", 5), reconciler.Ledger{RolledBackTo: "web-restored", RolledBackRevision: 4})},
+			d: withLedger(rolledBack("web:fixed", 5), rollout.Ledger{RolledBackTo: "web-restored", RolledBackRevision: 4})},
 		{name: "a write of another template than the stored one", old: rolledBack("", 4), d: rolledBack("web:fixed", 5)},
 		{name: "a write of another template, without identity", old: rolledBack("", 4),
 			d: with(rolledBack("web:fixed", 5), func(d *appsv1.Deployment) { d.UID, d.ResourceVersion = "", "" })},

@@ -8,6 +8,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/cmd/deployguard/health"
+	"github.com/deployguard/deployguard/cmd/deployguard/leader"
 	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/audit"
@@ -20,7 +22,7 @@ import (
 // admission path. Its metrics outlive the terms. budgets is the webhook's
 // budget index, with its overlap index: the audit looks candidates up there,
 // and marks those of a changed Deployment or budget for a new audit.
-func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Config, opts *review.Options, eng *policy.Engine, budgets *review.BudgetIndex, exceptions *exception.Index, ignored []string) error {
+func setupAudit(mgr ctrl.Manager, pr *health.Probes, terms *leader.Terms, cfg config.Config, opts *review.Options, eng *policy.Engine, budgets *review.BudgetIndex, exceptions *exception.Index, ignored []string) error {
 	am, err := audit.NewMetrics(metrics.Registry)
 	if err != nil {
 		return err
@@ -33,7 +35,7 @@ func setupAudit(mgr ctrl.Manager, pr *probes, leader *leaderTerms, cfg config.Co
 	if exceptions != nil {
 		ev.Exceptions = exceptions
 	}
-	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+	terms.Setup = append(terms.Setup, func(_ context.Context, lm ctrl.Manager) error {
 		r := &audit.Runner{
 			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,
 			Options: audit.Options{

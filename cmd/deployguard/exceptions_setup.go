@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/cmd/deployguard/leader"
 	"github.com/deployguard/deployguard/policy"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
@@ -24,7 +25,7 @@ func setupExceptions(ctx context.Context, mgr ctrl.Manager, cfg config.Config, g
 
 // setupExceptionExpiry counts the exceptions by state on every replica and,
 // on the leader, puts an Event on each as it nears its expiry and at it.
-func setupExceptionExpiry(leader *leaderTerms, cfg config.Config, idx *exception.Index) error {
+func setupExceptionExpiry(terms *leader.Terms, cfg config.Config, idx *exception.Index) error {
 	if idx == nil {
 		return nil
 	}
@@ -32,7 +33,7 @@ func setupExceptionExpiry(leader *leaderTerms, cfg config.Config, idx *exception
 	if err := metrics.Registry.Register(&exception.Collector{Index: idx, Warning: warning}); err != nil {
 		return fmt.Errorf("registering the exception metrics: %w", err)
 	}
-	leader.setup = append(leader.setup, func(_ context.Context, lm ctrl.Manager) error {
+	terms.Setup = append(terms.Setup, func(_ context.Context, lm ctrl.Manager) error {
 		return lm.Add(&exception.Notifier{Index: idx, Warning: warning,
 			Recorder: lm.GetEventRecorder("deployguard"), Log: ctrl.Log.WithName("exceptions")})
 	})

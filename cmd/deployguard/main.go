@@ -15,10 +15,12 @@ import (
 	"strings"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/audit"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/check"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/restore"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/rollout"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/status"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/test"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/uninstall"
 )
 
@@ -59,7 +61,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "check":
 		return check.Run(args[1:], stdin, stdout, stderr)
 	case "test":
-		return testPolicies(args[1:], stdout, stderr)
+		return test.Run(args[1:], stdout, stderr)
 	case "restore":
 		return restore.Run(args[1:], stdout, stderr)
 	case "status":
@@ -67,7 +69,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "rollout":
 		return rollout.Run(args[1:], stdout, stderr)
 	case "audit":
-		return auditCmd(args[1:], stdout, stderr)
+		return audit.Run(args[1:], stdout, stderr)
 	case "uninstall":
 		return uninstall.Run(args[1:], stdout, stderr)
 	case "version", "--version":

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-func TestClusterCommandsUsage(t *testing.T) {
+func TestCommandsUsage(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
@@ -19,6 +19,9 @@ func TestClusterCommandsUsage(t *testing.T) {
 		{name: "restore help", args: []string{"restore", "-h"}, code: 0, want: "Usage: deployguard restore"},
 		{name: "uninstall with an argument", args: []string{"uninstall", "now"}, code: 2, want: "unexpected arguments"},
 		{name: "uninstall help", args: []string{"uninstall", "-h"}, code: 0, want: "-dry-run"},
+		{name: "audit with an argument", args: []string{"audit", "now"}, code: 2, want: "takes no arguments"},
+		{name: "audit help", args: []string{"audit", "-h"}, code: 0, want: "Usage: deployguard audit"},
+		{name: "test without a directory", args: []string{"test"}, code: 2, want: "usage: deployguard test"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/cmd/deployguard/health"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -19,7 +20,7 @@ const annotationPolicyError = vocab.Domain + "/policy-error"
 // setupPolicies loads the policies and keeps them in step with the labelled
 // ConfigMaps of the guard's namespace (hot reload, no restart). loaded
 // reports whether the ConfigMaps' policies are in the set yet.
-func setupPolicies(ctx context.Context, mgr ctrl.Manager, pr *probes, reg prometheus.Registerer, cfg config.Config, dir, namespace string) (eng *policy.Engine, loaded func() bool, err error) {
+func setupPolicies(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, reg prometheus.Registerer, cfg config.Config, dir, namespace string) (eng *policy.Engine, loaded func() bool, err error) {
 	eng, base, err := cli.NewPolicyEngine(ctx, cfg, dir)
 	if err != nil {
 		return nil, nil, err

@@ -40,12 +40,16 @@ import (
 	"github.com/deployguard/deployguard/certs"
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
+	"github.com/deployguard/deployguard/cmd/deployguard/health"
+	"github.com/deployguard/deployguard/cmd/deployguard/leader"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
+	"github.com/deployguard/deployguard/webhook/native/floor"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // serveFlags are the process-level settings; the guard's policy knobs live in
@@ -198,35 +202,49 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err != nil {
 		return err
 	}
-	pr := &probes{}
+	pr := &health.Probes{}
 	opts := cfg.WebhookOptions(fmt.Sprintf("system:serviceaccount:%s:%s", f.namespace, f.serviceAccount))
 	adm, err := setupWebhooks(ctx, mgr, pr, f, cfg, opts, stop)
 	if err != nil {
 		return err
 	}
-	leader, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, review.RollbackJudge{Reviewer: adm.reviewer})
+	terms, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, review.RollbackJudge{Reviewer: adm.reviewer})
 	if err != nil {
 		return err
 	}
 	eng, budgets, exceptions := adm.engine, adm.budgets, adm.exceptions
-	if err := setupExceptionExpiry(leader, cfg, exceptions); err != nil {
+	if err := setupExceptionExpiry(terms, cfg, exceptions); err != nil {
 		return err
 	}
-	setupRouting(leader, f.validatingName, opts, eng, adm.policiesLoaded)
-	setupMutatingRouting(leader, f.mutatingName, f.namespace, opts, cfg.ChangesEveryDeployment())
+	// The routing of the guard's own webhook configurations, by what it
+	// enforces: one replica writes, anew in each term.
+	terms.Setup = append(terms.Setup, func(_ context.Context, lm ctrl.Manager) error {
+		rw := uncached(lm)
+		if err := lm.Add(&routing.Validating{Client: rw, Options: routing.ValidatingOptions{
+			Name: f.validatingName, Review: opts, Policies: eng, Loaded: adm.policiesLoaded,
+		}}); err != nil {
+			return err
+		}
+		return lm.Add(&routing.Mutating{Client: rw, Options: routing.MutatingOptions{
+			Name: f.mutatingName, Namespace: f.namespace, Review: opts, ChangesEvery: cfg.ChangesEveryDeployment(),
+			SelectorRepairInstalled: floor.SelectorRepairInstalled,
+		}})
+	})
 	if cfg.Audit.Enabled {
-		if err := setupAudit(mgr, pr, leader, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
+		if err := setupAudit(mgr, pr, terms, cfg, opts, eng, budgets, exceptions, ignored); err != nil {
 			return err
 		}
 	}
-	if err := mgr.Add(leader); err != nil {
+	if err := mgr.Add(terms); err != nil {
 		return err
 	}
 	if err := setupCerts(ctx, mgr, pr, f, restCfg, scheme); err != nil {
 		return err
 	}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		checkMutatingScope(ctx, mgr, f.mutatingName, cfg)
+		if cfg.ChangesEveryDeployment() && mgr.GetCache().WaitForCacheSync(ctx) {
+			routing.CheckMutatingScope(ctx, mgr.GetClient(), f.mutatingName, ctrl.Log.WithName("setup"))
+		}
 		return nil
 	})); err != nil {
 		return err
@@ -269,10 +287,10 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 			Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
 		}),
 		Metrics: metricsserver.Options{BindAddress: f.metricsAddr},
-		// Probes are served by probes, which says why a check fails.
+		// Probes are served by health.Probes, which says why a check fails.
 		HealthProbeBindAddress: "0",
 		PprofBindAddress:       f.pprofAddr,
-		// Leader election is per term, in leaderTerms: losing the lease must
+		// Leader election is per term, in leader.Terms: losing the lease must
 		// not stop the webhooks.
 		LeaderElection: false,
 		Cache:          cacheOptions(f.namespace, exceptions),
@@ -298,7 +316,7 @@ type admissionParts struct {
 // overlap and budget indexes (the budget index holds the overlap one) and
 // their readiness, and both webhooks, registered through the
 // graceful stop's connection closing.
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, cfg config.Config, opts *review.Options, stop *gracefulStop) (*admissionParts, error) {
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *serveFlags, cfg config.Config, opts *review.Options, stop *gracefulStop) (*admissionParts, error) {
 	wm, err := guardwebhook.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("registering admission metrics: %w", err)
@@ -326,8 +344,17 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 	}); err != nil {
 		return nil, err
 	}
-	if err := setupNative(ctx, mgr, f.namespace, opts, f.nativeCheckPeriod); err != nil {
+	// The native floor: its params, and who evaluates its refusals.
+	nf, err := floor.Setup(ctx, mgr.GetAPIReader(), mgr.GetClient(), floor.Options{
+		Namespace: f.namespace, Review: opts, Every: f.nativeCheckPeriod, Metrics: metrics.Registry,
+	})
+	if err != nil {
 		return nil, err
+	}
+	if nf != nil {
+		if err := mgr.Add(nf); err != nil {
+			return nil, err
+		}
 	}
 	reviewer := &review.Reviewer{
 		Options:         opts,
@@ -360,7 +387,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFl
 // setupReconcilers wires the rollout reconciler into the leader's terms: it
 // runs only on the replica that holds the lease, over the process's cache. It
 // returns the terms and the namespaces the reconciler ignores.
-func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg config.Config, restCfg *rest.Config, scheme *runtime.Scheme, judge reconciler.RollbackJudge) (*leaderTerms, []string, error) {
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg config.Config, restCfg *rest.Config, scheme *runtime.Scheme, judge reconciler.RollbackJudge) (*leader.Terms, []string, error) {
 	rm, err := reconciler.NewMetrics(metrics.Registry)
 	if err != nil {
 		return nil, nil, fmt.Errorf("registering reconciler metrics: %w", err)
@@ -380,11 +407,11 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 	if err := reconciler.IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return nil, nil, err
 	}
-	leader := &leaderTerms{
-		restCfg: restCfg, scheme: scheme, cache: mgr.GetCache(),
-		elect: f.leaderElect, id: f.leaderElection, namespace: f.namespace, pause: time.Second,
+	terms := &leader.Terms{
+		RestConfig: restCfg, Scheme: scheme, Cache: mgr.GetCache(),
+		Elect: f.leaderElect, ID: f.leaderElection, Namespace: f.namespace, Pause: time.Second,
 	}
-	leader.setup = append(leader.setup, func(ctx context.Context, lm ctrl.Manager) error {
+	terms.Setup = append(terms.Setup, func(ctx context.Context, lm ctrl.Manager) error {
 		ropts := ropts
 		// Uncached: one read (and a create the first time) per term.
 		direct, err := client.New(restCfg, client.Options{Scheme: scheme})
@@ -410,12 +437,12 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 		}
 		return nil
 	})
-	return leader, ropts.IgnoredNamespaces, nil
+	return terms, ropts.IgnoredNamespaces, nil
 }
 
 // setupProbes adds the liveness and readiness checks every part shares and
-// serves them (probes says which check fails, and why).
-func setupProbes(mgr ctrl.Manager, pr *probes, f *serveFlags, stop *gracefulStop) error {
+// serves them (health.Probes says which check fails, and why).
+func setupProbes(mgr ctrl.Manager, pr *health.Probes, f *serveFlags, stop *gracefulStop) error {
 	if err := pr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -428,7 +455,7 @@ func setupProbes(mgr ctrl.Manager, pr *probes, f *serveFlags, stop *gracefulStop
 	if f.probeAddr == "" || f.probeAddr == "0" {
 		return nil
 	}
-	srv, err := pr.server(f.probeAddr)
+	srv, err := pr.Server(f.probeAddr)
 	if err != nil {
 		return err
 	}
@@ -438,7 +465,7 @@ func setupProbes(mgr ctrl.Manager, pr *probes, f *serveFlags, stop *gracefulStop
 // setupCerts wires where the serving certificate comes from (--cert-mode), the
 // readiness check that it is the one the API server trusts for the guard's
 // webhooks, and its expiry metric and warning.
-func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *probes, f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) error {
+func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme) error {
 	// The Secret and cert-manager's Certificate are read directly, never
 	// cached; so are the webhook configurations the self-managed mode writes.
 	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
@@ -513,35 +540,13 @@ func cacheOptions(namespace, exceptions string) cache.Options {
 	return cache.Options{ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 
-// mutateEverythingCondition is the matchCondition of config/webhook that
-// spares the mutating webhook the Deployments the default configuration
-// never changes.
-const mutateEverythingCondition = "guard-may-change-it"
-
-// checkMutatingScope says, once at start, when the configuration changes
-// Deployments that the installed mutating webhook configuration does not send
-// to the guard: its defaults (or cleanup steps) would then not be applied on
-// the way in. The reconciler still brings every Deployment's cleanup
-// finalizers in line; the platform defaults have no such safety net.
-func checkMutatingScope(ctx context.Context, mgr ctrl.Manager, name string, cfg config.Config) {
-	if !cfg.ChangesEveryDeployment() || !mgr.GetCache().WaitForCacheSync(ctx) {
-		return
-	}
-	log := ctrl.Log.WithName("setup")
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	if err := mgr.GetClient().Get(ctx, client.ObjectKey{Name: name}, mwc); err != nil {
-		log.Info("Could not read the mutating webhook configuration to check which Deployments it sends", "name", name, "error", err.Error())
-		return
-	}
-	for _, wh := range mwc.Webhooks {
-		for _, mc := range wh.MatchConditions {
-			if mc.Name == mutateEverythingCondition {
-				log.Error(nil, "The configuration sets defaults or cleanup steps for every Deployment, but the mutating webhook configuration only sends the guard Deployments the default configuration changes: remove its matchCondition "+mutateEverythingCondition+" (config/webhook, or the Helm value) so that they are applied",
-					"mutatingWebhookConfiguration", name, "webhook", wh.Name, "reason", "MutatingScopeTooNarrow")
-				return
-			}
-		}
-	}
+// uncached reads from the API server and writes through lm: routing never
+// starts a write from a stale copy.
+func uncached(lm ctrl.Manager) routing.ReadWriter {
+	return struct {
+		client.Reader
+		client.Writer
+	}{lm.GetAPIReader(), lm.GetClient()}
 }
 
 // webhookInstalled reports whether the guard's mutating webhook configuration

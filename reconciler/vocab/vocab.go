@@ -205,7 +205,7 @@ const (
 )
 
 // ConditionLedger is the type of the Deployment status condition in which the
-// reconciler keeps every fact it acts on (reconciler.Ledger, as JSON in the
+// reconciler keeps every fact it acts on (rollout.Ledger, as JSON in the
 // message). Tenants cannot write a Deployment's status, upstream copies no
 // condition anywhere, and the Deployment controller keeps condition types it
 // does not own.

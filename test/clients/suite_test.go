@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -241,7 +241,7 @@ func waitKnownGood(t *testing.T, ns, name string) {
 	t.Helper()
 	waitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
-		l, _ := reconciler.ReadLedger(d)
+		l, _ := rollout.ReadLedger(d)
 		n := l.Newest()
 		return n != nil && strconv.FormatInt(n.Revision, 10) == d.Annotations[vocab.RevisionAnnotation], describe(d), nil
 	})

@@ -29,10 +29,12 @@ import (
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/native/floor"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // drainTimeout is cleanup.drainTimeout in the suite's guard config.
@@ -604,7 +606,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	rolled := get(ctx, t, ns, "rolled")
 	assert.Nil(t, condition(rolled, vocab.ConditionStalled), describe(rolled))
 	assert.NotContains(t, rolled.Labels, vocab.LabelRolledBack)
-	ledger, _ := reconciler.ReadLedger(rolled)
+	ledger, _ := rollout.ReadLedger(rolled)
 	assert.Empty(t, ledger.RolledBackTo, "the ledger names no rollback that stands: %s", describe(rolled))
 	require.NoError(t, update(t, ns, "rolled", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:3" }))
 	rolled = waitAvailable(t, ns, "rolled", time.Minute)
@@ -646,7 +648,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	// entry (Ignore) refuses too, until the leader has routed the refusals
 	// to the enforce entry.
 	byPolicy := "ValidatingAdmissionPolicy '" + native.Refusals + "'"
-	byGuard := `admission webhook "` + guardwebhook.EnforceWebhook + `" denied the request`
+	byGuard := `admission webhook "` + routing.EnforceWebhook + `" denied the request`
 	var last error
 	require.Eventually(t, func() bool {
 		last = local.Client.Create(ctx, allDown.DeepCopy(), client.DryRunAll)
@@ -659,7 +661,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 		// with those it reads again: its refusal of the probe names them.
 		params := &corev1.ConfigMap{}
 		require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}, params))
-		err := local.Client.Create(ctx, guardwebhook.FloorProbe(ns), client.DryRunAll)
+		err := local.Client.Create(ctx, floor.ProbeDeployment(ns), client.DryRunAll)
 		require.Error(t, err)
 		if strings.Contains(err.Error(), "(params "+params.ResourceVersion+")") {
 			return // this kube-apiserver reads the params again

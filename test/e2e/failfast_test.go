@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -108,7 +108,7 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 			t.Logf("%s: rolled back and Available again %s after the change", tt.name, time.Since(changed).Round(100*time.Millisecond))
 			assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
 			assert.Empty(t, d.Spec.Template.Spec.Containers[0].EnvFrom)
-			l, _ := reconciler.ReadLedger(d)
+			l, _ := rollout.ReadLedger(d)
 			assert.Equal(t, int64(2), l.FailFastRevision, "fail-fast decided about revision 2")
 			msg := guardEvent(t, ns, "web", vocab.ReasonAutoRollback)
 			assert.Contains(t, msg, "Rolled back from revision 2")
@@ -151,7 +151,7 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 			// Fail-fast sees the evidence (its window starts) …
 			waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "blip")
-				l, _ := reconciler.ReadLedger(d)
+				l, _ := rollout.ReadLedger(d)
 				return l.FailingSince != "", describe(d), nil
 			})
 			if tc.deadline < 90 {
@@ -166,7 +166,7 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 			t.Logf("the blip cleared and the rollout completed %s after the change", time.Since(changed).Round(time.Second))
 			assert.Greater(t, time.Since(changed), 90*time.Second, "the pods were failing for 90 s")
 			assert.Equal(t, "app:2", d.Spec.Template.Spec.Containers[0].Image, "completed on the new revision")
-			l, _ := reconciler.ReadLedger(d)
+			l, _ := rollout.ReadLedger(d)
 			assert.Zero(t, l.RolledBackRevision, "not rolled back")
 			assert.Zero(t, l.FailFastRevision, "fail-fast decided nothing")
 			assert.NotContains(t, d.Labels, vocab.LabelRolledBack)
@@ -307,7 +307,7 @@ func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
 	require.NoError(t, update(t, ns, "killed", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
 	waitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "killed")
-		l, _ := reconciler.ReadLedger(d)
+		l, _ := rollout.ReadLedger(d)
 		return l.FailingSince != "", describe(d), nil
 	})
 	require.NoError(t, local.RestartGuard(context.Background()), "killed between the evidence and the write")

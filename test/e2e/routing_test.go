@@ -12,8 +12,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem: with the
@@ -27,7 +27,7 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	// The default install's routing: the native refusals enforced by the
 	// API server, the built-in policies only.
 	def := &review.Options{NativeInAPIServer: true, Quarantine: review.QuarantineEnforce}
-	narrow := guardwebhook.MayAdvise(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{}))
+	narrow := routing.MayAdvise(routing.EnforcedOf(def, routing.LoadedPolicies{}))
 	waitFor(t, time.Minute, "the validating webhook never routed as for a default install", func(ctx context.Context) (bool, string, error) {
 		got := advised(ctx, t)
 		return got == narrow, got, nil
@@ -92,11 +92,11 @@ func advised(ctx context.Context, t *testing.T) string {
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	require.NoError(t, local.Client.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
 	for _, w := range vwc.Webhooks {
-		if w.Name != guardwebhook.UpdateWebhook {
+		if w.Name != routing.UpdateWebhook {
 			continue
 		}
 		for _, c := range w.MatchConditions {
-			if c.Name == guardwebhook.MayAdviseCondition {
+			if c.Name == routing.MayAdviseCondition {
 				return c.Expression
 			}
 		}

@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -199,7 +199,7 @@ func describe(d *appsv1.Deployment) string {
 // knownGoodRevision is the revision of the newest known-good ReplicaSet in
 // the guard's ledger on d (its status), 0 when there is none.
 func knownGoodRevision(d *appsv1.Deployment) int64 {
-	l, _ := reconciler.ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	if n := l.Newest(); n != nil {
 		return n.Revision
 	}
@@ -209,7 +209,7 @@ func knownGoodRevision(d *appsv1.Deployment) int64 {
 // rolledBackRevision is the failed revision the guard's ledger on d says it
 // rolled back from, 0 when it rolled back none.
 func rolledBackRevision(d *appsv1.Deployment) int64 {
-	l, _ := reconciler.ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	return l.RolledBackRevision
 }
 

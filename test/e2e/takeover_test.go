@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -81,7 +82,7 @@ func TestTakeoverFromAnEarlierReleaseKeepsItsHistory(t *testing.T) {
 	require.NoError(t, local.Client.Update(ctx, nsObj))
 
 	d := waitLedger(t, ns, "old", "the earlier release's known-good revision was not rolled back to", time.Duration(deadline+60)*time.Second,
-		func(l reconciler.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 2 })
+		func(l rollout.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 2 })
 	assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
 	l := ledgerOf(d)
 	require.NotEmpty(t, l.KnownGood)

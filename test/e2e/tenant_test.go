@@ -27,7 +27,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -93,13 +93,13 @@ func (tn *tenant) kubectl(ctx context.Context, t *testing.T, args ...string) str
 	return string(out)
 }
 
-func ledgerOf(d *appsv1.Deployment) reconciler.Ledger {
-	l, _ := reconciler.ReadLedger(d)
+func ledgerOf(d *appsv1.Deployment) rollout.Ledger {
+	l, _ := rollout.ReadLedger(d)
 	return l
 }
 
 // waitLedger waits until the Deployment's ledger satisfies cond.
-func waitLedger(t *testing.T, ns, name, msg string, timeout time.Duration, cond func(reconciler.Ledger, *appsv1.Deployment) bool) *appsv1.Deployment {
+func waitLedger(t *testing.T, ns, name, msg string, timeout time.Duration, cond func(rollout.Ledger, *appsv1.Deployment) bool) *appsv1.Deployment {
 	t.Helper()
 	var d *appsv1.Deployment
 	waitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
@@ -109,8 +109,8 @@ func waitLedger(t *testing.T, ns, name, msg string, timeout time.Duration, cond 
 	return d
 }
 
-func knownGoodAt(revision int64) func(reconciler.Ledger, *appsv1.Deployment) bool {
-	return func(l reconciler.Ledger, d *appsv1.Deployment) bool {
+func knownGoodAt(revision int64) func(rollout.Ledger, *appsv1.Deployment) bool {
+	return func(l rollout.Ledger, d *appsv1.Deployment) bool {
 		n := l.Newest()
 		return n != nil && n.Revision == revision && completed(d)
 	}
@@ -186,7 +186,7 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 	}), "a tenant may annotate ReplicaSets")
 
 	got := waitLedger(t, tn.ns, "web", "the forged annotations stopped the rollback of revision 2", time.Duration(deadline+60)*time.Second,
-		func(l reconciler.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 2 })
+		func(l rollout.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 2 })
 	assert.Equal(t, "app:1", got.Spec.Template.Spec.Containers[0].Image, "rolled back to the revision that completed")
 	assert.Equal(t, "2", got.Labels[vocab.LabelRolledBack])
 	l := ledgerOf(got)
@@ -259,19 +259,19 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	waitLedger(t, tn.ns, "undo", "revision 4 was not recorded known-good", time.Minute, knownGoodAt(4))
 	tn.update(t, "undo", breakImage("app:5-typo"))
 	waitLedger(t, tn.ns, "undo", "revision 5 was not rolled back", time.Duration(deadline+60)*time.Second,
-		func(l reconciler.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 5 && completed(d) })
+		func(l rollout.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 5 && completed(d) })
 	tn.update(t, "undo", func(d *appsv1.Deployment) {
 		d.Spec.Template = deployment(tn.ns, "undo", "app:7").Spec.Template
 	})
-	final := waitLedger(t, tn.ns, "undo", "the fixed revision was not recorded known-good", time.Minute, func(l reconciler.Ledger, d *appsv1.Deployment) bool {
-		rev, _ := reconciler.Revision(d)
+	final := waitLedger(t, tn.ns, "undo", "the fixed revision was not recorded known-good", time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		rev, _ := rollout.Revision(d)
 		n := l.Newest()
 		return n != nil && n.Revision == rev && rev >= 7 && completed(d)
 	})
 
 	// The fix's Event is told after its ledger write; the quiet minute
 	// starts once it is there.
-	finalRevision, _ := reconciler.Revision(final)
+	finalRevision, _ := rollout.Revision(final)
 	waitFor(t, time.Minute, "no Event for the fixed revision", func(ctx context.Context) (bool, string, error) {
 		notes := guardEvents(ctx, t, tn.ns, "undo", vocab.ReasonKnownGood)
 		return slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, fmt.Sprintf("Revision %d ", finalRevision)) }), fmt.Sprint(notes), nil

@@ -25,9 +25,9 @@ import (
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // downConfig exempts one namespace, so that the routing's exemptions are
@@ -130,13 +130,13 @@ func TestGuardDown(t *testing.T) {
 	require.NoError(t, admin.Create(ctx, held))
 	// The leader leaves the default operations and conditions as installed.
 	def := &review.Options{NativeInAPIServer: true, Quarantine: review.QuarantineEnforce, ExemptNamespaces: []string{"legacy"}, GuardUsername: guardUser}
-	assert.Equal(t, guardwebhook.MustDecide(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition))
+	assert.Equal(t, routing.MustDecide(routing.EnforcedOf(def, routing.LoadedPolicies{})), condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition))
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
 	// The leader adds the selector the manifests leave out: the enforce
 	// entry then takes the Deployments labelled quarantined alone.
 	waitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
 		got := enforceSelector(ctx, t, admin)
-		return assert.ObjectsAreEqual(guardwebhook.EnforceObjectSelector(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), got), fmt.Sprint(got), nil
+		return assert.ObjectsAreEqual(routing.EnforceObjectSelector(routing.EnforcedOf(def, routing.LoadedPolicies{})), got), fmt.Sprint(got), nil
 	})
 	// The reconciler labels a quarantined Deployment (a rollback writes
 	// the label with the list): the enforce entry selects on it.
@@ -205,13 +205,13 @@ func TestGuardDown(t *testing.T) {
 	// policy may refuse to the enforce entry. The built-in resources judges
 	// no deletion (policy/README.md, "Deletions"): DELETE is not routed.
 	start(lb.slots[2], enforcingConfig)
-	enforcing := guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
+	enforcing := routing.EnforcedOf(def, routing.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
 	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
-		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(enforcing) &&
-			condition(ctx, t, admin, guardwebhook.UpdateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdvise(enforcing) &&
-			condition(ctx, t, admin, guardwebhook.CreateWebhook, guardwebhook.MayAdviseCondition) == guardwebhook.MayAdviseCreate(enforcing) &&
-			slices.Equal(enforceOperations(ctx, t, admin), guardwebhook.EnforceOperations(enforcing)) &&
+		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
+		return got == routing.MustDecide(enforcing) &&
+			condition(ctx, t, admin, routing.UpdateWebhook, routing.MayAdviseCondition) == routing.MayAdvise(enforcing) &&
+			condition(ctx, t, admin, routing.CreateWebhook, routing.MayAdviseCondition) == routing.MayAdviseCreate(enforcing) &&
+			slices.Equal(enforceOperations(ctx, t, admin), routing.EnforceOperations(enforcing)) &&
 			enforceSelector(ctx, t, admin) == nil, got, nil
 	})
 	killAll()
@@ -283,14 +283,14 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	lost := *def
 	lost.Native = review.NewNativeEnforcement(false)
 	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
-		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(guardwebhook.EnforcedOf(&lost, guardwebhook.LoadedPolicies{})), got, nil
+		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
+		return got == routing.MustDecide(routing.EnforcedOf(&lost, routing.LoadedPolicies{})), got, nil
 	})
 
 	require.NoError(t, restore())
 	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
-		got := condition(ctx, t, admin, guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
-		return got == guardwebhook.MustDecide(guardwebhook.EnforcedOf(def, guardwebhook.LoadedPolicies{})), got, nil
+		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
+		return got == routing.MustDecide(routing.EnforcedOf(def, routing.LoadedPolicies{})), got, nil
 	})
 	waitFor(t, time.Minute, "the API server refuses again", refused(true))
 
@@ -337,7 +337,7 @@ func enforceOperations(ctx context.Context, t *testing.T, c client.Client) []adm
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
 	for _, w := range vwc.Webhooks {
-		if w.Name == guardwebhook.EnforceWebhook && len(w.Rules) > 0 {
+		if w.Name == routing.EnforceWebhook && len(w.Rules) > 0 {
 			return w.Rules[0].Operations
 		}
 	}
@@ -351,7 +351,7 @@ func enforceSelector(ctx context.Context, t *testing.T, c client.Client) *metav1
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
 	for _, w := range vwc.Webhooks {
-		if s := w.ObjectSelector; w.Name == guardwebhook.EnforceWebhook && s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
+		if s := w.ObjectSelector; w.Name == routing.EnforceWebhook && s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0) {
 			return s
 		}
 	}

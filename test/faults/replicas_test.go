@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -468,8 +468,8 @@ func update(ctx context.Context, c client.Client, ns, name string, mutate func(*
 
 // ledgerOn is the guard's ledger on the Deployment's status (empty when it
 // has none).
-func ledgerOn(d *appsv1.Deployment) reconciler.Ledger {
-	l, _ := reconciler.ReadLedger(d)
+func ledgerOn(d *appsv1.Deployment) rollout.Ledger {
+	l, _ := rollout.ReadLedger(d)
 	return l
 }
 

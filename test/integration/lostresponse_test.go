@@ -25,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
@@ -150,11 +151,11 @@ func rolloutHistory(ctx context.Context, t *testing.T, ns, name string) *appsv1.
 				Message: fmt.Sprintf("ReplicaSet %q has timed out progressing.", name+"-rev2"), LastUpdateTime: now, LastTransitionTime: now,
 			}},
 		}
-		reconciler.SetLedger(&d.Status, reconciler.Ledger{}.WithKnownGood(good, 1, now.Time), now.Time)
+		rollout.SetLedger(&d.Status, rollout.Ledger{}.WithKnownGood(good, 1, now.Time), now.Time)
 	})
-	l, ok := reconciler.ReadLedger(d)
+	l, ok := rollout.ReadLedger(d)
 	require.True(t, ok, "the ledger is stored")
-	require.Equal(t, []reconciler.KnownGoodEntry{{ReplicaSet: good.Name, UID: good.UID, Template: vocab.TemplateHash(&good.Spec.Template),
+	require.Equal(t, []rollout.KnownGoodEntry{{ReplicaSet: good.Name, UID: good.UID, Template: vocab.TemplateHash(&good.Spec.Template),
 		Revision: 1, At: now.UTC().Format(time.RFC3339)}}, l.KnownGood, "revision 1 known-good, as the guard records it")
 	return d
 }
@@ -206,7 +207,7 @@ func TestLostResponseOfARollbackIsNotRolledBackTwice(t *testing.T) {
 		if k8s.Get(ctx, client.ObjectKeyFromObject(d), cur) != nil {
 			return false
 		}
-		l, _ := reconciler.ReadLedger(cur)
+		l, _ := rollout.ReadLedger(cur)
 		return l.RolledBackRevision == 2 && l.RolledBackTo == "web-rev1"
 	}, 10*time.Second, 20*time.Millisecond, "the rollback is recorded in the ledger, though its write's response was lost")
 

@@ -20,8 +20,8 @@ import (
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/native/floor"
 )
 
 // The floor probe reads what kube-apiserver does, not what its objects say.
@@ -33,13 +33,13 @@ import (
 func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 	ctx := context.Background()
 	o := guardConfig().WebhookOptions(guardUser)
-	v, why := guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
-	require.Equal(t, guardwebhook.ProbeEnforced, v, why)
+	v, why := floor.Probe(ctx, k8s, k8s, o)
+	require.Equal(t, floor.ProbeEnforced, v, why)
 	// The refusal names the params the API server read: the ConfigMap as
 	// it is now.
 	params := &corev1.ConfigMap{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}, params))
-	err := k8s.Create(ctx, guardwebhook.FloorProbe("default"), client.DryRunAll)
+	err := k8s.Create(ctx, floor.ProbeDeployment("default"), client.DryRunAll)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `"deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params `+params.ResourceVersion+`)`)
 
@@ -67,20 +67,20 @@ func TestFloorProbeReadsWhatTheAPIServerDoes(t *testing.T) {
 	}}
 	require.NoError(t, k8s.Update(ctx, b))
 
-	ok, objWhy, err := guardwebhook.NativePoliciesEnforced(ctx, k8s, harness.GuardNamespace, o)
+	ok, objWhy, err := floor.PoliciesEnforced(ctx, k8s, harness.GuardNamespace, o)
 	require.NoError(t, err)
 	require.True(t, ok, "the objects still say enforced: %s", objWhy)
 	// The API server takes a moment to act on the binding it was given.
 	require.Eventually(t, func() bool {
-		v, why = guardwebhook.NativeFloorProbe(ctx, k8s, k8s, o)
-		return v == guardwebhook.ProbeNotEnforced
+		v, why = floor.Probe(ctx, k8s, k8s, o)
+		return v == floor.ProbeNotEnforced
 	}, waitShort, tick, "the probe finds the refusals not enforced: %v %s", v, why)
 	t.Log(why)
 	assert.Contains(t, why, native.Refusals)
-	assert.Contains(t, why, guardwebhook.FloorProbeFinalizer)
+	assert.Contains(t, why, floor.ProbeFinalizer)
 	// What the probe sent was a dry run: nothing was stored.
 	var stored appsv1.DeploymentList
-	require.NoError(t, k8s.List(ctx, &stored, client.MatchingLabels(guardwebhook.FloorProbe("default").Labels)))
+	require.NoError(t, k8s.List(ctx, &stored, client.MatchingLabels(floor.ProbeDeployment("default").Labels)))
 	assert.Empty(t, stored.Items)
 }
 
@@ -115,13 +115,13 @@ func TestFloorProbeSeesParamsTheAPIServerNoLongerReads(t *testing.T) {
 	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: native.Selector}, mb))
 	bindings := []client.Object{vb, cb, mb}
 	key := client.ObjectKey{Namespace: harness.GuardNamespace, Name: nativeconfig.ParamsName}
-	var v guardwebhook.ProbeVerdict
+	var v floor.ProbeVerdict
 	var why, stale string
 	tries := 0
 	// Each try leaves the bindings deleted until the next, a second later.
 	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		if stale != "" {
-			if v, why = guardwebhook.NativeFloorProbe(ctx, c, c, o); v == guardwebhook.ProbeNotEnforced && why == stale {
+			if v, why = floor.Probe(ctx, c, c, o); v == floor.ProbeNotEnforced && why == stale {
 				return true, nil
 			}
 			stale = ""
@@ -146,10 +146,10 @@ func TestFloorProbeSeesParamsTheAPIServerNoLongerReads(t *testing.T) {
 		}
 		// Until the API server has the binding again, the probe is admitted.
 		_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
-			v, why = guardwebhook.NativeFloorProbe(ctx, c, c, o)
+			v, why = floor.Probe(ctx, c, c, o)
 			return !strings.Contains(why, "admitted"), nil
 		})
-		if v == guardwebhook.ProbeNotEnforced && strings.Contains(why, "resourceVersion") {
+		if v == floor.ProbeNotEnforced && strings.Contains(why, "resourceVersion") {
 			stale = why
 			return false, nil
 		}

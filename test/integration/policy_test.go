@@ -18,7 +18,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 const teamPolicy = `package deployguard.team
@@ -184,9 +184,9 @@ func TestEnforcedPolicyRefusesDeletingACriticalDeployment(t *testing.T) {
 			return k8s.Update(context.Background(), cur)
 		})
 	})
-	e := guardwebhook.EnforcedOf(guardConfig().WebhookOptions(guardUser), guardwebhook.LoadedPoliciesOf(engine.Active()))
+	e := routing.EnforcedOf(guardConfig().WebhookOptions(guardUser), routing.LoadedPoliciesOf(engine.Active()))
 	require.True(t, e.PoliciesOnDelete, "the enforced deletion rule routes DELETE to the guard")
-	_, err := guardwebhook.Route(ctx, k8s, "deployguard-validating", e)
+	_, err := routing.Route(ctx, k8s, "deployguard-validating", e)
 	require.NoError(t, err)
 	require.Contains(t, enforceOperations(ctx, t), admissionregistrationv1.Delete)
 
@@ -230,10 +230,10 @@ func enforceOperations(ctx context.Context, t *testing.T) []admissionregistratio
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, vwc))
 	for _, w := range vwc.Webhooks {
-		if w.Name == guardwebhook.EnforceWebhook {
+		if w.Name == routing.EnforceWebhook {
 			return w.Rules[0].Operations
 		}
 	}
-	t.Fatalf("no %s entry", guardwebhook.EnforceWebhook)
+	t.Fatalf("no %s entry", routing.EnforceWebhook)
 	return nil
 }

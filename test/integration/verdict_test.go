@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -95,7 +96,7 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 			}
 			require.Len(t, stored.Status.Conditions, map[bool]int{true: 2, false: 3}[tt.wantClear], "the other conditions are kept")
 			assert.Equal(t, appsv1.DeploymentProgressing, stored.Status.Conditions[0].Type)
-			l, kept := reconciler.ReadLedger(stored)
+			l, kept := rollout.ReadLedger(stored)
 			assert.True(t, kept, "the guard's ledger is kept")
 			assert.Equal(t, int64(2), l.RolledBackRevision, "the ledger still says which revision was rolled back")
 			assert.Equal(t, stored.Generation, stored.Status.ObservedGeneration)
@@ -146,14 +147,14 @@ func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string, ad
 			{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback,
 				Message: "Rolled back from revision 2.", LastUpdateTime: now, LastTransitionTime: now},
 		}
-		ledger := reconciler.Ledger{RolledBackRevision: 2, RolledBackTo: rs.Name}.WithKnownGood(rs, 1, now.Time)
+		ledger := rollout.Ledger{RolledBackRevision: 2, RolledBackTo: rs.Name}.WithKnownGood(rs, 1, now.Time)
 		if !adopted {
 			ledger.RolledBackToTemplate = vocab.TemplateHash(reconciler.RollbackTemplate(rs))
 		}
-		reconciler.SetLedger(&d.Status, ledger, now.Time)
+		rollout.SetLedger(&d.Status, ledger, now.Time)
 	})
 	require.NotNil(t, guardStalledOn(d), "the guard's own report is left as it is")
-	l, _ := reconciler.ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	require.Equal(t, rs.Name, l.RolledBackTo, "the rollback is recorded")
 	require.True(t, l.IsKnownGood(rs), "the restored ReplicaSet is known-good: %+v", l.KnownGood)
 	return d

@@ -19,6 +19,7 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/origin"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
@@ -42,7 +43,7 @@ const (
 const AuditUsername = "deployguard:audit"
 
 // RuleOverlap is the rule of the overlap check, under PolicySpec.
-const RuleOverlap = review.OriginOverlap
+const RuleOverlap = origin.Overlap
 
 // Resource names the Deployment a result is about.
 type Resource struct {
@@ -161,7 +162,7 @@ func checkResults(rev review.Result, res Resource) []Result {
 	}
 	said := map[string]bool{}
 	for _, f := range rev.Findings {
-		if f.Origin == review.OriginPolicy {
+		if f.Origin == origin.Policy {
 			continue
 		}
 		said[f.Origin] = true
@@ -173,7 +174,7 @@ func checkResults(rev review.Result, res Resource) []Result {
 		case f.Severity == review.SeverityError:
 			r.Result = ResultFail
 		}
-		if f.Origin == review.OriginQuarantine {
+		if f.Origin == origin.Quarantine {
 			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
 		}
 		if f.Exception != nil {
@@ -184,12 +185,12 @@ func checkResults(rev review.Result, res Resource) []Result {
 	}
 	quarantine := false
 	for _, c := range rev.Checked {
-		quarantine = quarantine || c == review.OriginQuarantine
+		quarantine = quarantine || c == origin.Quarantine
 		if said[c] {
 			continue
 		}
 		r := Result{Policy: PolicySpec, Rule: c, Result: ResultPass, Resource: res}
-		if c == review.OriginQuarantine {
+		if c == origin.Quarantine {
 			r.Policy, r.Rule = PolicyQuarantine, RuleQuarantinedTemplate
 		}
 		out = append(out, r)
@@ -213,7 +214,7 @@ func policyResults(policies []policy.PolicyInfo, rev review.Result, res Resource
 	var unreadable *review.Finding
 	for i, f := range rev.Findings {
 		switch {
-		case f.Origin != review.OriginPolicy:
+		case f.Origin != origin.Policy:
 		case f.Policy == "":
 			unreadable = &rev.Findings[i]
 		default:

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/review"
 )
@@ -195,13 +196,6 @@ func (r *Runner) overlapping(ctx context.Context, d *appsv1.Deployment) []client
 	return keys
 }
 
-// overlapMayChange: the update may have turned d's overlaps (the selector is
-// immutable; a Deployment being deleted overlaps nothing).
-func overlapMayChange(old, d *appsv1.Deployment) bool {
-	return !maps.Equal(old.Spec.Template.Labels, d.Spec.Template.Labels) ||
-		(old.DeletionTimestamp == nil) != (d.DeletionTimestamp == nil)
-}
-
 // underBudgets returns the Deployments that share a disruption budget with
 // d: their drain result counts d's replicas.
 func (r *Runner) underBudgets(d *appsv1.Deployment) []client.ObjectKey {
@@ -322,14 +316,14 @@ func (r *Runner) Start(ctx context.Context) error {
 				touch(nd, nd)
 			// Status-only updates change nothing the checks read.
 			case od.Generation == nd.Generation && equalMeta(od, nd):
-			case overlapMayChange(od, nd):
+			case review.OverlapMayChange(od, nd):
 				touch(nd, od, nd)
 			default:
 				touch(nd)
 			}
 			// A scale, by hand or by an HPA, turns the drain result of every
 			// Deployment under the same budgets (nd's own is marked above).
-			if ok1 && (replicas(od) != replicas(nd) || overlapMayChange(od, nd)) {
+			if ok1 && (rollout.Replicas(od) != rollout.Replicas(nd) || review.OverlapMayChange(od, nd)) {
 				r.mark(append(r.underBudgets(od), r.underBudgets(nd)...)...)
 			}
 		},
@@ -444,13 +438,6 @@ func (r *Runner) Start(ctx context.Context) error {
 			r.mark(client.ObjectKey{})
 		}
 	}
-}
-
-func replicas(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
 }
 
 // equalMeta: the metadata a check or policy may read is unchanged (a

@@ -65,26 +65,3 @@ func TestOverlapping(t *testing.T) {
 	assert.Empty(t, r.overlapping(ctx, web), "nothing before the index has synced")
 	assert.Empty(t, (&Runner{Evaluator: &Evaluator{}}).overlapping(ctx, web), "nothing without an index")
 }
-
-// TestOverlapMayChange: only new pod labels or a deletion can turn an
-// overlap (the selector is immutable).
-func TestOverlapMayChange(t *testing.T) {
-	tests := []struct {
-		name string
-		mut  func(*appsv1.Deployment)
-		want bool
-	}{
-		{"new image", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "web:2.0" }, false},
-		{"new replicas", func(d *appsv1.Deployment) { d.Spec.Replicas = nil }, false},
-		{"new pod label", func(d *appsv1.Deployment) { d.Spec.Template.Labels["track"] = "stable" }, true},
-		{"being deleted", func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{} }, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			old := sound()
-			d := old.DeepCopy()
-			tt.mut(d)
-			assert.Equal(t, tt.want, overlapMayChange(old, d))
-		})
-	}
-}

@@ -8,21 +8,23 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // Checks are the spec checks an exception may name: bounds a platform team
 // sets, which break no rollout, and the drain check (a singleton that is
 // meant to be drained by hand).
-var Checks = []string{"revision-history", "progress-deadline", "disruption-budget"}
+var Checks = []string{origin.RevisionHistory, origin.ProgressDeadline, origin.DisruptionBudget}
 
 // Invariants are the checks no exception covers, and why.
 var Invariants = map[string]string{
-	"selector":   "an empty or mismatched selector cannot be run",
-	"strategy":   "a rollout that takes every replica down is an outage",
-	"overlap":    "two Deployments selecting the same pods fight over them",
-	"quarantine": "it has its own override, the annotation deployguard.io/allow-template",
-	"finalizers": "the guard's cleanup must run",
-	"protected":  "lift the protection with kubectl annotate instead",
+	origin.Selector:   "an empty or mismatched selector cannot be run",
+	origin.Strategy:   "a rollout that takes every replica down is an outage",
+	origin.Overlap:    "two Deployments selecting the same pods fight over them",
+	origin.Quarantine: "it has its own override, the annotation deployguard.io/allow-template",
+	origin.Finalizers: "the guard's cleanup must run",
+	origin.Protected:  "lift the protection with kubectl annotate instead",
 }
 
 // Limits are what the guard's configuration allows of an exception.

@@ -13,6 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/reconciler/rollout"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // Disruption budget modes: what admission does when a PodDisruptionBudget
@@ -199,9 +202,9 @@ func (v BudgetVerdict) BudgetMessage() string {
 // budgetFinding is a verdict as a finding at path, refusing in enforce mode.
 func budgetFinding(mode string, path *field.Path, message string) Finding {
 	if mode == BudgetsEnforce {
-		return refuse(field.Forbidden(path, message), OriginDisruptionBudget)
+		return refuse(field.Forbidden(path, message), origin.DisruptionBudget)
 	}
-	return warn(OriginDisruptionBudget, path, message)
+	return warn(origin.DisruptionBudget, path, message)
 }
 
 // BlocksNodeDrains: the write brings the Deployment's pods under a
@@ -225,7 +228,7 @@ func KeepsNodesUndrainable(_ context.Context, in Input) Findings {
 // drainMayChange: a new Deployment, new replicas or new template labels may
 // bring it under a budget that allows no eviction.
 func drainMayChange(d, old *appsv1.Deployment) bool {
-	return old == nil || replicasOf(d) != replicasOf(old) || overlapMayChange(d, old)
+	return old == nil || rollout.Replicas(d) != rollout.Replicas(old) || OverlapMayChange(old, d)
 }
 
 // ReviewBudget judges a budget written (old nil on CREATE), on a change of
@@ -256,7 +259,7 @@ func (w *Reviewer) ReviewBudget(p, old *policyv1.PodDisruptionBudget, username s
 		// overlap check does, rather than let one through unchecked.
 		if mode == BudgetsEnforce {
 			return Findings{refuse(field.InternalError(budgetPath(b),
-				fmt.Errorf("could not look up the Deployments this budget selects, try again: %w", err)), OriginDisruptionBudget)}
+				fmt.Errorf("could not look up the Deployments this budget selects, try again: %w", err)), origin.DisruptionBudget)}
 		}
 		return nil
 	}
@@ -346,7 +349,7 @@ func budgetsOver(budgets BudgetSource, d *appsv1.Deployment) (blocked []BudgetVe
 		if err != nil {
 			return nil, nil, err
 		}
-		if v, ok := JudgeBudget(b, targetsOf(sels, d.Name, replicasOf(d))); ok {
+		if v, ok := JudgeBudget(b, targetsOf(sels, d.Name, rollout.Replicas(d))); ok {
 			blocked = append(blocked, v)
 		}
 	}
@@ -362,7 +365,7 @@ func budgetsOver(budgets BudgetSource, d *appsv1.Deployment) (blocked []BudgetVe
 // a failed lookup a finding (enforce mode, the audit); otherwise a check that
 // only warns is skipped.
 func checkBudgets(o *Options, budgets BudgetSource, d, old *appsv1.Deployment, strict bool) Findings {
-	if budgets == nil || o.DisruptionBudgets == BudgetsOff || d.DeletionTimestamp != nil || replicasOf(d) == 0 {
+	if budgets == nil || o.DisruptionBudgets == BudgetsOff || d.DeletionTimestamp != nil || rollout.Replicas(d) == 0 {
 		return nil
 	}
 	path := specPath.Child("replicas")
@@ -372,14 +375,14 @@ func checkBudgets(o *Options, budgets BudgetSource, d, old *appsv1.Deployment, s
 			return nil
 		}
 		return Findings{refuse(field.InternalError(path,
-			fmt.Errorf("could not look up the PodDisruptionBudgets that select this Deployment's pods, try again: %w", err)), OriginDisruptionBudget)}
+			fmt.Errorf("could not look up the PodDisruptionBudgets that select this Deployment's pods, try again: %w", err)), origin.DisruptionBudget)}
 	}
 	if len(blocked) == 0 && len(names) < 2 {
 		return nil
 	}
 	var wasBlocked map[string]bool
 	wasShared := false
-	if old != nil && replicasOf(old) > 0 {
+	if old != nil && rollout.Replicas(old) > 0 {
 		if ob, oldNames, err := budgetsOver(budgets, old); err == nil {
 			wasBlocked = map[string]bool{}
 			for _, v := range ob {

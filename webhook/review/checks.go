@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // The Go checks of a review are named steps of a chain, in the manner of
@@ -25,44 +25,12 @@ import (
 // the guard's state (the quarantine, the overlaps, the disruption budgets)
 // are the Checks here.
 
-// The checks' names. Every finding a check makes, and the field error of
-// every refusal, carries its check's name as Origin; the names are also the
-// reason label of deployguard_admission_requests_total (webhook/README.md,
-// "Metrics and logs", lists them), the rules of the audit's results and the
-// checks a PolicyException names.
-const (
-	OriginSelector         = "selector"          // spec.selector: empty, unparsable, not selecting the template, not repairable
-	OriginOverlap          = "overlap"           // spec.selector: selects another Deployment's pods, or is selected by its selector
-	OriginStrategy         = "strategy"          // spec.strategy: every replica down at once
-	OriginRevisionHistory  = "revision-history"  // spec.revisionHistoryLimit outside enforced bounds
-	OriginProgressDeadline = "progress-deadline" // spec.progressDeadlineSeconds not above minReadySeconds, or outside enforced bounds
-	OriginFinalizers       = "finalizers"        // metadata.finalizers and the cleanup annotation that chooses them
-	OriginQuarantine       = "quarantine"        // spec.template: a quarantined pod template brought back
-	OriginProtected        = "protected"         // DELETE of a Deployment annotated protected
-	OriginPolicy           = "policy"            // an enforced Rego policy; which one is the policy engine's metrics'
-	// spec.replicas of a Deployment, or a PodDisruptionBudget's rule: the
-	// budget allows no eviction of the pods (enforce mode only refuses).
-	OriginDisruptionBudget = "disruption-budget"
-
-	// OriginInternal is no check: the guard could not decide, so it
-	// refused for its own sake (the Deployments to compare selectors with
-	// could not be looked up, an index not yet synced; the policies could
-	// not read the request).
-	OriginInternal = "internal"
-)
-
-// checkNames are the checks a refusal may be counted under.
-var checkNames = []string{
-	OriginSelector, OriginOverlap, OriginStrategy, OriginRevisionHistory, OriginProgressDeadline,
-	OriginFinalizers, OriginQuarantine, OriginProtected, OriginPolicy, OriginDisruptionBudget,
-}
-
 // RefusedBy is the check a refusal made of errs is counted under: the
 // check of the first, that is of the first check that refused in the order
 // the checks run (a request refused by a Go check and a policy counts once,
 // as the Go check). A field error says which check made it in its Origin;
 // an internal error is the guard's own failure whichever check met it
-// (OriginInternal), and an error that names no known check is counted as
+// (origin.Internal), and an error that names no known check is counted as
 // internal too, rather than given a name outside the fixed set. "" when
 // errs is empty.
 func RefusedBy(errs field.ErrorList) string {
@@ -70,8 +38,8 @@ func RefusedBy(errs field.ErrorList) string {
 		return ""
 	}
 	e := errs[0]
-	if e.Type == field.ErrorTypeInternal || !slices.Contains(checkNames, e.Origin) {
-		return OriginInternal
+	if e.Type == field.ErrorTypeInternal || !slices.Contains(origin.Checks(), e.Origin) {
+		return origin.Internal
 	}
 	return e.Origin
 }
@@ -152,7 +120,7 @@ var storedRules = Chain{
 
 // specChecks are the checks of the spec: specRules' selector and progress
 // deadline, and the native policies'.
-var specChecks = []string{OriginSelector, OriginStrategy, OriginRevisionHistory, OriginProgressDeadline}
+var specChecks = []string{origin.Selector, origin.Strategy, origin.RevisionHistory, origin.ProgressDeadline}
 
 // check runs the checks on a CREATE (old nil) or an UPDATE, or, at the
 // Stored stage, on what is stored.
@@ -161,17 +129,17 @@ func (w *Reviewer) check(ctx context.Context, req Request, stage Stage, exempt b
 	in := Input{Request: req, Options: o, Overlaps: w.Overlaps, Budgets: w.Budgets}
 	if stage.Stored {
 		if o.Quarantine != QuarantineOff {
-			r.Checked = append(r.Checked, OriginQuarantine)
+			r.Checked = append(r.Checked, origin.Quarantine)
 		}
 		if exempt {
 			return RunsAQuarantinedTemplate(ctx, in)
 		}
 		r.Checked = append(r.Checked, specChecks...)
 		if w.Overlaps != nil {
-			r.Checked = append(r.Checked, OriginOverlap)
+			r.Checked = append(r.Checked, origin.Overlap)
 		}
 		if w.Budgets != nil && o.DisruptionBudgets != BudgetsOff {
-			r.Checked = append(r.Checked, OriginDisruptionBudget)
+			r.Checked = append(r.Checked, origin.DisruptionBudget)
 		}
 		// What is stored is judged as if it were created now.
 		stored := Request{Operation: admissionv1.Create, Object: req.Object, UserInfo: req.UserInfo}
@@ -219,7 +187,7 @@ func NativeAdviceApplies(_ context.Context, in Input) Findings {
 func NativeSpecRulesApply(_ context.Context, in Input) Findings {
 	var out Findings
 	for _, f := range slices.Concat(in.Native.Refusals, in.Native.Advice) {
-		if f.Origin != OriginFinalizers && f.Origin != OriginProtected {
+		if f.Origin != origin.Finalizers && f.Origin != origin.Protected {
 			out = append(out, f)
 		}
 	}
@@ -237,24 +205,24 @@ func SelectorIsInvalid(_ context.Context, in Input) Findings {
 	if emptySelector(d.Spec.Selector) {
 		return Findings{refuse(field.Required(p,
 			"an empty selector would select every pod in the namespace: set spec.selector.matchLabels to the template's stable labels, for example app.kubernetes.io/name"),
-			OriginSelector)}
+			origin.Selector)}
 	}
 	if refusedSelector(d) {
 		// Created while deployguard-selector was bound without
 		// deployguard-refusals (a create with it is refused before this):
 		// the audit says so, and so does every update.
-		return Findings{warn(OriginSelector, p, "the selector is "+native.LabelEmptySelector+"="+native.EmptySelectorRefused+
+		return Findings{warn(origin.Selector, p, "the selector is "+native.LabelEmptySelector+"="+native.EmptySelectorRefused+
 			", the mark of an empty selector that could not be repaired: this Deployment was created while the native refusals were not enforced, "+
 			"and every such Deployment of the namespace selects the same pods. A selector cannot be changed: recreate it with spec.selector.matchLabels set to labels its template carries")}
 	}
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil {
-		return Findings{refuse(field.Invalid(p, d.Spec.Selector, err.Error()), OriginSelector)}
+		return Findings{refuse(field.Invalid(p, d.Spec.Selector, err.Error()), origin.Selector)}
 	}
 	if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
 		return Findings{refuse(field.Invalid(specPath.Child("template", "metadata", "labels"), d.Spec.Template.Labels,
 			fmt.Sprintf("the selector %q does not select the template's labels: add the selector's labels to spec.template.metadata.labels", sel.String())),
-			OriginSelector)}
+			origin.Selector)}
 	}
 	return nil
 }
@@ -269,16 +237,9 @@ func ProgressDeadlineIsTooShort(_ context.Context, in Input) Findings {
 	}
 	if v := *d.Spec.ProgressDeadlineSeconds; v <= d.Spec.MinReadySeconds {
 		return Findings{refuse(field.Invalid(p, v, fmt.Sprintf(
-			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)), OriginProgressDeadline)}
+			"must be greater than spec.minReadySeconds (%d), or no rollout could ever complete in time", d.Spec.MinReadySeconds)), origin.ProgressDeadline)}
 	}
 	return nil
-}
-
-func replicasOf(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
 }
 
 // BringsBackAQuarantinedTemplate: an update brings back a pod template
@@ -300,7 +261,7 @@ func BringsBackAQuarantinedTemplate(_ context.Context, in Input) Findings {
 		return nil
 	}
 	if d.Annotations[vocab.AnnotationAllowTemplate] == hash {
-		return Findings{warn(OriginQuarantine, specPath.Child("template"), fmt.Sprintf(
+		return Findings{warn(origin.Quarantine, specPath.Child("template"), fmt.Sprintf(
 			"bringing back quarantined pod template %s deliberately (annotation %s)", hash, vocab.AnnotationAllowTemplate))}
 	}
 	msg := quarantined(hash, "bring this exact template back")
@@ -336,7 +297,7 @@ func quarantined(hash, deliberately string) string {
 
 func quarantineFinding(msg, mode string) Findings {
 	if mode == QuarantineWarn {
-		return Findings{warn(OriginQuarantine, specPath.Child("template"), msg)}
+		return Findings{warn(origin.Quarantine, specPath.Child("template"), msg)}
 	}
-	return Findings{refuse(field.Forbidden(specPath.Child("template"), msg), OriginQuarantine)}
+	return Findings{refuse(field.Forbidden(specPath.Child("template"), msg), origin.Quarantine)}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/origin"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
@@ -70,7 +71,7 @@ func TestValidate(t *testing.T) {
 			name:       "empty selector",
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Selector = nil }),
 			user:       alice,
-			wantReason: review.OriginSelector,
+			wantReason: origin.Selector,
 			wantErrs:   []string{"spec.selector: Required value: an empty selector would select every pod"},
 		},
 		{
@@ -84,7 +85,7 @@ func TestValidate(t *testing.T) {
 			name:       "selector that does not select the template",
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Selector.MatchLabels = map[string]string{"app": "other"} }),
 			user:       alice,
-			wantReason: review.OriginSelector,
+			wantReason: origin.Selector,
 			wantErrs:   []string{"spec.template.metadata.labels", "does not select the template's labels"},
 		},
 		{
@@ -92,7 +93,7 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(),
 			user:       alice,
 			lister:     reviewtest.Index(other),
-			wantReason: review.OriginOverlap,
+			wantReason: origin.Overlap,
 			wantErrs:   []string{`spec.selector`, `also selects the pods of Deployment "web-canary"`},
 		},
 		{
@@ -104,7 +105,7 @@ func TestValidate(t *testing.T) {
 			}),
 			user:       alice,
 			lister:     reviewtest.Index(other),
-			wantReason: review.OriginOverlap,
+			wantReason: origin.Overlap,
 			wantErrs:   []string{`would be selected by Deployment "web-canary"`},
 		},
 		{
@@ -133,7 +134,7 @@ func TestValidate(t *testing.T) {
 			lister: reviewtest.OverlapsFunc(func(context.Context, *appsv1.Deployment) ([]review.Selection, error) {
 				return nil, review.ErrIndexNotSynced
 			}),
-			wantReason: review.OriginInternal,
+			wantReason: origin.Internal,
 			wantErrs:   []string{"could not look up the namespace's Deployments", "the guard has not yet seen every Deployment"},
 		},
 		{
@@ -142,7 +143,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
 			}),
 			user:       alice,
-			wantReason: review.OriginStrategy,
+			wantReason: origin.Strategy,
 			wantErrs:   []string{"spec.strategy.rollingUpdate.maxUnavailable", "resolves to 3 of 3 replicas"},
 		},
 		{
@@ -151,7 +152,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(5))
 			}),
 			user:       alice,
-			wantReason: review.OriginStrategy,
+			wantReason: origin.Strategy,
 			wantErrs:   []string{"resolves to 5 of 3 replicas"},
 		},
 		{
@@ -181,7 +182,7 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: review.OriginRevisionHistory,
+			wantReason: origin.RevisionHistory,
 			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 500 is outside this cluster's bounds: keep at most 100"},
 		},
 		{
@@ -207,7 +208,7 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.ProgressDeadlineSeconds = ptr.To(int32(5)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: review.OriginProgressDeadline,
+			wantReason: origin.ProgressDeadline,
 			wantErrs:   []string{"spec.progressDeadlineSeconds: Invalid value: 5 is outside this cluster's bounds: set at least 30 seconds"},
 		},
 		{
@@ -217,7 +218,7 @@ func TestValidate(t *testing.T) {
 				d.Spec.MinReadySeconds = 60
 			}),
 			user:       alice,
-			wantReason: review.OriginProgressDeadline,
+			wantReason: origin.ProgressDeadline,
 			wantErrs:   []string{"must be greater than spec.minReadySeconds (60)"},
 		},
 		{
@@ -234,7 +235,7 @@ func TestValidate(t *testing.T) {
 			}),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: review.OriginStrategy,
+			wantReason: origin.Strategy,
 			wantErrs:   []string{"spec.revisionHistoryLimit", "spec.progressDeadlineSeconds", "spec.strategy.rollingUpdate.maxUnavailable"},
 		},
 		{
@@ -272,7 +273,7 @@ func TestValidate(t *testing.T) {
 			old:        reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.RevisionHistoryLimit = ptr.To(int32(500)) }),
 			user:       alice,
 			opts:       enforceBounds,
-			wantReason: review.OriginRevisionHistory,
+			wantReason: origin.RevisionHistory,
 			wantErrs:   []string{"spec.revisionHistoryLimit: Invalid value: 400"},
 		},
 		{
@@ -288,7 +289,7 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain} }),
 			old:        reviewtest.Guarded(beingDeleted),
 			user:       alice,
-			wantReason: review.OriginFinalizers,
+			wantReason: origin.Finalizers,
 			wantErrs:   []string{"metadata.finalizers: Forbidden", "being deleted", vocab.AnnotationSkipCleanup + "=true"},
 		},
 		{
@@ -296,7 +297,7 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(beingDeleted, func(d *appsv1.Deployment) { d.Finalizers = []string{vocab.FinalizerDrain, vocab.FinalizerRecord} }),
 			old:        reviewtest.Guarded(beingDeleted),
 			user:       alice,
-			wantReason: review.OriginFinalizers,
+			wantReason: origin.Finalizers,
 			wantErrs:   []string{"metadata.finalizers: Forbidden"},
 		},
 		{
@@ -305,7 +306,7 @@ func TestValidate(t *testing.T) {
 			old:        reviewtest.Guarded(beingDeleted),
 			user:       alice,
 			opts:       func(o *review.Options) { o.ExemptNamespaces = []string{"shop"} },
-			wantReason: review.OriginFinalizers,
+			wantReason: origin.Finalizers,
 			wantErrs: []string{
 				"metadata.finalizers: Forbidden",
 			},
@@ -327,14 +328,14 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations[vocab.AnnotationCleanup] = "record,backup" }),
 			old:        reviewtest.Guarded(),
 			user:       alice,
-			wantReason: review.OriginFinalizers,
+			wantReason: origin.Finalizers,
 			wantErrs:   []string{`metadata.annotations[deployguard.io/cleanup]: Invalid value: unknown cleanup step "backup"`},
 		},
 		{
 			name:       "unknown finalizer in the guard's domain",
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Finalizers = append(d.Finalizers, "deployguard.io/backup") }),
 			user:       alice,
-			wantReason: review.OriginFinalizers,
+			wantReason: origin.Finalizers,
 			wantErrs:   []string{`metadata.finalizers: Invalid value: "deployguard.io/backup" is not one of deployguard's finalizers`},
 		},
 		{
@@ -342,7 +343,7 @@ func TestValidate(t *testing.T) {
 			d:          reviewtest.Guarded(func(d *appsv1.Deployment) { d.Spec.Template = *failedTemplate.DeepCopy() }),
 			old:        quarantinedOld,
 			user:       alice,
-			wantReason: review.OriginQuarantine,
+			wantReason: origin.Quarantine,
 			wantErrs:   []string{"spec.template: Forbidden", "failed its rollout before", vocab.AnnotationAllowTemplate + "=" + vocab.TemplateHash(&failedTemplate)},
 		},
 		{
@@ -355,7 +356,7 @@ func TestValidate(t *testing.T) {
 				return o
 			}(),
 			user:       alice,
-			wantReason: review.OriginQuarantine,
+			wantReason: origin.Quarantine,
 			wantErrs:   []string{"failed its rollout before", "(deployguard: Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff"},
 		},
 		{
@@ -384,7 +385,7 @@ func TestValidate(t *testing.T) {
 			}),
 			old:        quarantinedOld,
 			user:       alice,
-			wantReason: review.OriginQuarantine,
+			wantReason: origin.Quarantine,
 			wantErrs:   []string{"spec.template: Forbidden"},
 		},
 	}

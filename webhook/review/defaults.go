@@ -15,6 +15,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // The API server's built-in defaults for apps/v1 Deployments. They are applied
@@ -80,7 +81,7 @@ func defaultingWarnings(d *appsv1.Deployment, changed []string) Findings {
 	if !slices.Contains(changed, DefaultedSelector) {
 		return nil
 	}
-	return Findings{warn(OriginSelector, specPath.Child("selector"), fmt.Sprintf(
+	return Findings{warn(origin.Selector, specPath.Child("selector"), fmt.Sprintf(
 		"the selector was empty; deployguard set it to %s from the template's stable labels: write it into the manifest to keep it",
 		metav1.FormatLabelSelector(d.Spec.Selector)))}
 }
@@ -105,7 +106,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 	if emptySelector(d.Spec.Selector) {
 		m, err := repairSelector(d, old, o)
 		if err != nil {
-			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(OriginSelector)}
+			return false, field.ErrorList{field.Required(path, "the selector is empty, and could not be repaired: "+err.Error()).WithOrigin(origin.Selector)}
 		}
 		*d, repairedHere = *m, true
 		// The routing label is for the API server's copy of this policy:
@@ -114,7 +115,7 @@ func defaultSelector(d, old *appsv1.Deployment, o *Options) (bool, field.ErrorLi
 		unlabel(d, native.LabelRefusals)
 	}
 	if refusedSelector(d) && (old == nil || !refusedSelector(old)) {
-		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(OriginSelector)}
+		return false, field.ErrorList{unrepairableSelector(d, old, o).WithOrigin(origin.Selector)}
 	}
 	v, marked := d.Annotations[native.AnnotationSelectorRepaired]
 	if !marked || old != nil && old.Annotations[native.AnnotationSelectorRepaired] == v {
@@ -199,31 +200,36 @@ func defaultStrategy(d *appsv1.Deployment, o *Options) (surge, unavailable bool)
 		s.RollingUpdate = &appsv1.RollingUpdateDeployment{}
 	}
 	ru := s.RollingUpdate
-	if ru.MaxSurge == nil || *ru.MaxSurge == builtinMaxSurge {
-		surge = set(&ru.MaxSurge, o.MaxSurge)
-	}
-	if ru.MaxUnavailable == nil || *ru.MaxUnavailable == builtinMaxUnavailable {
-		prev := ru.MaxUnavailable
-		unavailable = set(&ru.MaxUnavailable, o.MaxUnavailable)
-		if unavailable && isZero(*ru.MaxSurge) && isZero(*ru.MaxUnavailable) {
-			// The user chose maxSurge 0; our maxUnavailable 0 would deadlock.
-			ru.MaxUnavailable, unavailable = prev, false
-			if ru.MaxUnavailable == nil {
-				v := builtinMaxUnavailable
-				ru.MaxUnavailable = &v
-			}
+	surge = replaceBuiltin(&ru.MaxSurge, builtinMaxSurge, o.MaxSurge)
+	prev := ru.MaxUnavailable
+	unavailable = replaceBuiltin(&ru.MaxUnavailable, builtinMaxUnavailable, o.MaxUnavailable)
+	if unavailable && NeverProgresses(*ru.MaxSurge, *ru.MaxUnavailable) {
+		// The user chose maxSurge 0; our maxUnavailable 0 would deadlock.
+		ru.MaxUnavailable, unavailable = prev, false
+		if ru.MaxUnavailable == nil {
+			ru.MaxUnavailable = ptr(builtinMaxUnavailable)
 		}
 	}
 	return surge, unavailable
 }
 
-// set stores v in *p and reports whether that changed anything.
-func set(p **intstr.IntOrString, v intstr.IntOrString) bool {
-	if *p != nil && **p == v {
+// replaceBuiltin sets *p to the cluster's default when it is unset or holds
+// the API server's built-in one (a value equal to it counts as not chosen),
+// and reports whether that changed anything.
+func replaceBuiltin[T comparable](p **T, builtin, cluster T) bool {
+	if *p != nil && (**p != builtin || **p == cluster) {
 		return false
 	}
-	*p = &v
+	*p = &cluster
 	return true
+}
+
+// NeverProgresses reports whether a rolling update with these maxSurge and
+// maxUnavailable could never make progress: both 0 (or "0%"), which the API
+// server refuses. A string "0", which intstr.Parse never gives but a
+// manifest may hold, counts as 0.
+func NeverProgresses(maxSurge, maxUnavailable intstr.IntOrString) bool {
+	return isZero(maxSurge) && isZero(maxUnavailable)
 }
 
 func isZero(v intstr.IntOrString) bool {
@@ -236,23 +242,11 @@ func isZero(v intstr.IntOrString) bool {
 // still has its predecessors to roll back to, and upstream's own conformance
 // suite relies on 0 meaning 0. The validating webhook warns about it.
 func defaultRevisionHistoryLimit(d *appsv1.Deployment, o *Options) bool {
-	cur := d.Spec.RevisionHistoryLimit
-	if cur != nil && (*cur != builtinRevisionHistoryLimit || *cur == o.RevisionHistoryLimit) {
-		return false
-	}
-	v := o.RevisionHistoryLimit
-	d.Spec.RevisionHistoryLimit = &v
-	return true
+	return replaceBuiltin(&d.Spec.RevisionHistoryLimit, builtinRevisionHistoryLimit, o.RevisionHistoryLimit)
 }
 
 func defaultProgressDeadline(d *appsv1.Deployment, o *Options) bool {
-	cur := d.Spec.ProgressDeadlineSeconds
-	if cur != nil && (*cur != builtinProgressDeadlineSeconds || *cur == o.ProgressDeadlineSeconds) {
-		return false
-	}
-	v := o.ProgressDeadlineSeconds
-	d.Spec.ProgressDeadlineSeconds = &v
-	return true
+	return replaceBuiltin(&d.Spec.ProgressDeadlineSeconds, builtinProgressDeadlineSeconds, o.ProgressDeadlineSeconds)
 }
 
 // defaultFinalizers keeps the guard's cleanup finalizers what the Deployment

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/origin"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
@@ -278,7 +279,7 @@ func TestDefault(t *testing.T) {
 			if tt.wantErr != "" {
 				require.NotEmpty(t, errs)
 				assert.Contains(t, errs.ToAggregate().Error(), tt.wantErr)
-				assert.Equal(t, review.OriginSelector, review.RefusedBy(errs), "the only refusal Default makes is the selector's")
+				assert.Equal(t, origin.Selector, review.RefusedBy(errs), "the only refusal Default makes is the selector's")
 				return
 			}
 			require.Empty(t, errs)
@@ -311,4 +312,25 @@ func TestAPIServerDefaults(t *testing.T) {
 	assert.Equal(t, corev1.PullAlways, d.Spec.Template.Spec.Containers[0].ImagePullPolicy)
 	assert.Equal(t, corev1.PullIfNotPresent, d.Spec.Template.Spec.Containers[1].ImagePullPolicy)
 	assert.Equal(t, corev1.PullIfNotPresent, d.Spec.Template.Spec.Containers[2].ImagePullPolicy)
+}
+
+// TestNeverProgresses: the one rule of a rolling update that cannot move,
+// for the webhook's defaults and the config file's alike.
+func TestNeverProgresses(t *testing.T) {
+	tests := []struct {
+		name               string
+		surge, unavailable intstr.IntOrString
+		want               bool
+	}{
+		{"0 and 0", intstr.FromInt32(0), intstr.FromInt32(0), true},
+		{"0 and 0%", intstr.FromInt32(0), intstr.FromString("0%"), true},
+		{"a string 0, as a manifest may hold it", intstr.FromString("0"), intstr.FromString("0%"), true},
+		{"a surge of 1", intstr.FromInt32(1), intstr.FromInt32(0), false},
+		{"25% unavailable", intstr.FromString("0%"), intstr.FromString("25%"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, review.NeverProgresses(tt.surge, tt.unavailable))
+		})
+	}
 }

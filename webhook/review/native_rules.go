@@ -17,6 +17,7 @@ import (
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // The guard's rules that need only the object are ValidatingAdmissionPolicies
@@ -75,7 +76,7 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 	out := make([]Findings, len(policies))
 	rules, err := native.Load()
 	if err != nil {
-		out[0] = Findings{refuse(field.InternalError(field.NewPath("metadata"), err), OriginInternal)}
+		out[0] = Findings{refuse(field.InternalError(field.NewPath("metadata"), err), origin.Internal)}
 		return out
 	}
 	for _, x := range rules.Evaluate(ctx, nativeRequest(req), o.NativeSettings().Params(), policies...) {
@@ -84,21 +85,21 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 			i = 0
 		}
 		f := &out[i]
-		origin := nativeOrigin(x.Field)
+		check := nativeOrigin(x.Field)
 		switch {
 		case x.Error && x.Policy == native.Refusals:
-			*f = append(*f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), OriginInternal))
+			*f = append(*f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), origin.Internal))
 		case x.Error:
 		case x.Policy == native.Refusals || x.Policy == native.Bounds && o.BoundsEnforce:
 			t := field.ErrorTypeInvalid
 			if x.Reason == metav1.StatusReasonForbidden {
 				t = field.ErrorTypeForbidden
 			}
-			r := refuse(&field.Error{Type: t, Field: x.Field, BadValue: field.OmitValueType{}, Detail: x.Message}, origin)
+			r := refuse(&field.Error{Type: t, Field: x.Field, BadValue: field.OmitValueType{}, Detail: x.Message}, check)
 			r.Message, r.Native = x.Message, true
 			*f = append(*f, r)
 		default:
-			*f = append(*f, Finding{Origin: origin, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message, Native: true})
+			*f = append(*f, Finding{Origin: check, Mode: policy.ModeWarn, Severity: SeverityWarning, Field: x.Field, Message: x.Message, Native: true})
 		}
 	}
 	return out
@@ -106,8 +107,8 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 
 // FloorProbeRefusal is the line deployguard-refusals refuses a dry-run
 // create of d by the guard itself with, as this guard evaluates it with its
-// own params: what the API server must say to the floor probe (the
-// webhook's FloorProbe) when it enforces the policy as this guard would. ""
+// own params: what the API server must say to the floor probe
+// (floor.ProbeDeployment) when it enforces the policy as this guard would. ""
 // when the guard would admit d.
 func (o *Options) FloorProbeRefusal(ctx context.Context, d *appsv1.Deployment) string {
 	req := Request{Operation: admissionv1.Create, Object: d, DryRun: true,
@@ -144,15 +145,15 @@ func nativeRequest(req Request) native.Request {
 func nativeOrigin(f string) string {
 	switch {
 	case f == "spec.selector":
-		return OriginSelector
+		return origin.Selector
 	case strings.HasPrefix(f, "spec.strategy"):
-		return OriginStrategy
+		return origin.Strategy
 	case f == "spec.revisionHistoryLimit":
-		return OriginRevisionHistory
+		return origin.RevisionHistory
 	case f == "spec.progressDeadlineSeconds":
-		return OriginProgressDeadline
+		return origin.ProgressDeadline
 	case strings.Contains(f, vocab.AnnotationProtected):
-		return OriginProtected
+		return origin.Protected
 	}
-	return OriginFinalizers
+	return origin.Finalizers
 }

@@ -52,7 +52,7 @@ type Options struct {
 	NativeInAPIServer bool
 	Native            *NativeEnforcement
 	// NativeProbeNamespace is where the floor probe is dry-run created
-	// (NativeFloorProbe); "" is "default".
+	// (floor.Probe); "" is "default".
 	NativeProbeNamespace string
 
 	// Quarantine is one of QuarantineEnforce, QuarantineWarn, QuarantineOff.

@@ -3,6 +3,7 @@ package review
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -10,6 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/deployguard/deployguard/reconciler/rollout"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // The overlap check: two Deployments whose selectors select each other's
@@ -40,7 +44,7 @@ func SelectionOf(d *appsv1.Deployment) (Selection, bool) {
 	if err != nil {
 		return Selection{}, false
 	}
-	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil, Replicas: replicasOf(d)}, true
+	return Selection{Name: d.Name, Selector: sel, TemplateLabels: labels.Set(d.Spec.Template.Labels), Deleting: d.DeletionTimestamp != nil, Replicas: rollout.Replicas(d)}, true
 }
 
 // OverlapSource finds the Deployments of d's namespace whose selector or pods
@@ -58,7 +62,7 @@ type OverlapSource interface {
 // refusing it would block unrelated changes such as a rollback.
 func StartsAnOverlap(ctx context.Context, in Input) Findings {
 	d, old := in.Request.Object, in.Request.OldObject
-	if in.Overlaps == nil || !overlapMayChange(d, old) {
+	if in.Overlaps == nil || !OverlapMayChange(old, d) {
 		return nil
 	}
 	now := checkOverlap(ctx, in.Overlaps, d)
@@ -99,11 +103,11 @@ func CheckOverlap(d *appsv1.Deployment, others []Selection) Findings {
 		case mine.Selector.Matches(o.TemplateLabels):
 			f = append(f, refuse(field.Invalid(p, mine.Selector.String(), fmt.Sprintf(
 				"this selector also selects the pods of Deployment %q (labels %s): add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.TemplateLabels.String())), OriginOverlap))
+				o.Name, o.TemplateLabels.String())), origin.Overlap))
 		case o.Selector.Matches(mine.TemplateLabels):
 			f = append(f, refuse(field.Invalid(specPath.Child("template", "metadata", "labels"), mine.TemplateLabels.String(), fmt.Sprintf(
 				"these pods would be selected by Deployment %q (selector %s) too: add a label that tells the two apart, such as app.kubernetes.io/instance, to the template and the selector",
-				o.Name, o.Selector.String())), OriginOverlap))
+				o.Name, o.Selector.String())), origin.Overlap))
 		}
 	}
 	return f
@@ -114,7 +118,7 @@ func checkOverlap(ctx context.Context, overlaps OverlapSource, d *appsv1.Deploym
 	others, err := overlaps.OverlapCandidates(ctx, d)
 	if err != nil {
 		f := refuse(field.InternalError(specPath.Child("selector"),
-			fmt.Errorf("could not look up the namespace's Deployments to check for overlapping selectors, try again: %w", err)), OriginOverlap)
+			fmt.Errorf("could not look up the namespace's Deployments to check for overlapping selectors, try again: %w", err)), origin.Overlap)
 		f.Message = "could not look up the namespace's Deployments to check for overlapping selectors: " + err.Error()
 		return Findings{f}
 	}
@@ -138,26 +142,19 @@ func overlapPredates(f Findings) Findings {
 	out := make(Findings, 0, len(f))
 	for _, x := range f {
 		if x.Severity == SeverityError && x.Err.Type != field.ErrorTypeInternal {
-			x = warn(OriginOverlap, specPath.Child("selector"), "this Deployment's pods overlap with another Deployment's; "+x.Err.Detail)
+			x = warn(origin.Overlap, specPath.Child("selector"), "this Deployment's pods overlap with another Deployment's; "+x.Err.Detail)
 		}
 		out = append(out, x)
 	}
 	return out
 }
 
-// overlapMayChange: the selector is immutable, so only a new object or new
-// template labels can create an overlap.
-func overlapMayChange(d, old *appsv1.Deployment) bool {
-	if old == nil {
-		return true
-	}
-	if len(d.Spec.Template.Labels) != len(old.Spec.Template.Labels) {
-		return true
-	}
-	for k, v := range d.Spec.Template.Labels {
-		if old.Spec.Template.Labels[k] != v {
-			return true
-		}
-	}
-	return false
+// OverlapMayChange reports whether a write from old to d may change which
+// Deployments d overlaps: a new Deployment (old nil), new template labels
+// (the selector is immutable), or the start of its deletion (a Deployment
+// being deleted overlaps nothing; only the audit's watch sees that change,
+// admission never does).
+func OverlapMayChange(old, d *appsv1.Deployment) bool {
+	return old == nil || !maps.Equal(old.Spec.Template.Labels, d.Spec.Template.Labels) ||
+		(old.DeletionTimestamp == nil) != (d.DeletionTimestamp == nil)
 }

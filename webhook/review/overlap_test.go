@@ -203,3 +203,33 @@ func TestOverlapCostIsFlatInTheNamespace(t *testing.T) {
 func corev1PodTemplate(podLabels map[string]string) corev1.PodTemplateSpec {
 	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels}}
 }
+
+// TestOverlapMayChange: only a new Deployment, new pod labels or a deletion
+// can turn an overlap (the selector is immutable).
+func TestOverlapMayChange(t *testing.T) {
+	tests := []struct {
+		name string
+		mut  func(*appsv1.Deployment)
+		want bool
+	}{
+		{"new image", func(d *appsv1.Deployment) {
+			d.Spec.Template.Spec.Containers = []corev1.Container{{Name: "web", Image: "web:2.0"}}
+		}, false},
+		{"new replicas", func(d *appsv1.Deployment) { d.Spec.Replicas = nil }, false},
+		{"new pod label", func(d *appsv1.Deployment) { d.Spec.Template.Labels["track"] = "stable" }, true},
+		{"a pod label swapped for an empty one", func(d *appsv1.Deployment) {
+			delete(d.Spec.Template.Labels, "tier")
+			d.Spec.Template.Labels["track"] = ""
+		}, true},
+		{"being deleted", func(d *appsv1.Deployment) { d.DeletionTimestamp = &metav1.Time{} }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := reviewtest.DeploymentIn("shop", "web", 2, map[string]string{"app": "web", "tier": "front"})
+			d := old.DeepCopy()
+			tt.mut(d)
+			assert.Equal(t, tt.want, review.OverlapMayChange(old, d))
+		})
+	}
+	assert.True(t, review.OverlapMayChange(nil, reviewtest.DeploymentIn("shop", "web", 2, map[string]string{"app": "web"})), "a new Deployment")
+}

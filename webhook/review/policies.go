@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // Policies evaluates the Rego policies on one request.
@@ -74,7 +75,7 @@ func (w *Reviewer) evaluatePolicies(ctx context.Context, p Policies, req Request
 	dec, err := p.Evaluate(ctx, in)
 	if err != nil {
 		e := field.InternalError(field.NewPath("metadata"), fmt.Errorf("the policies could not read this Deployment: %w", err))
-		return Findings{{Origin: OriginPolicy, Rule: "evaluation", Severity: SeverityError, Field: e.Field, Message: e.ErrorBody(), Err: e.WithOrigin(OriginPolicy)}}, ""
+		return Findings{{Origin: origin.Policy, Rule: "evaluation", Severity: SeverityError, Field: e.Field, Message: e.ErrorBody(), Err: e.WithOrigin(origin.Policy)}}, ""
 	}
 	if dec.Exempt {
 		return nil, dec.ExemptReason
@@ -91,7 +92,7 @@ func (w *Reviewer) evaluatePolicies(ctx context.Context, p Policies, req Request
 			path = "spec"
 		}
 		e := (&field.Error{Type: field.ErrorTypeForbidden, Field: path, BadValue: "",
-			Detail: fmt.Sprintf("[policy %s] %s", x.Policy, x.Message)}).WithOrigin(OriginPolicy)
+			Detail: fmt.Sprintf("[policy %s] %s", x.Policy, x.Message)}).WithOrigin(origin.Policy)
 		f = append(f, policyFinding(x, SeverityError, e))
 	}
 	for _, x := range dec.Warnings {
@@ -108,5 +109,5 @@ func policyFinding(x policy.Finding, s Severity, e *field.Error) Finding {
 	if x.EvalFailed {
 		rule = "evaluation"
 	}
-	return Finding{Origin: OriginPolicy, Policy: x.Policy, Rule: rule, Mode: x.Mode, Severity: s, Field: x.Field, Message: x.Message, Err: e}
+	return Finding{Origin: origin.Policy, Policy: x.Policy, Rule: rule, Mode: x.Mode, Severity: s, Field: x.Field, Message: x.Message, Err: e}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/origin"
 )
 
 // Reviewer reviews writes of apps/v1 Deployments: the one review (Review)
@@ -181,7 +182,7 @@ func (w *Reviewer) except(d *appsv1.Deployment, fs Findings) {
 	looked := false
 	for i := range fs {
 		f := &fs[i]
-		if f.Origin == OriginPolicy && f.Policy == "" || f.Origin != OriginPolicy && !slices.Contains(exception.Checks, f.Origin) {
+		if f.Origin == origin.Policy && f.Policy == "" || f.Origin != origin.Policy && !slices.Contains(exception.Checks, f.Origin) {
 			continue
 		}
 		if !looked {

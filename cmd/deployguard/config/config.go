@@ -18,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/internal/yamlpath"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/webhook/review"
 )
 
 const (
@@ -300,7 +302,7 @@ func Parse(b []byte) (Config, error) {
 	if errs := c.Validate(); len(errs) > 0 {
 		lines := make([]string, 0, len(errs))
 		for _, e := range errs {
-			if l := lineOf(&root, e.Field); l > 0 {
+			if l, _ := yamlpath.Line(&root, yamlpath.Split(e.Field)); l > 0 {
 				lines = append(lines, fmt.Sprintf("line %d: %s", l, e.Error()))
 			} else {
 				lines = append(lines, e.Error())
@@ -352,7 +354,7 @@ func (c *Config) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(d.Child("strategy", name), v, err.Error()))
 		}
 	}
-	if s, u := c.Defaults.Strategy.IntOrString(); isZero(s) && isZero(u) {
+	if s, u := c.Defaults.Strategy.IntOrString(); review.NeverProgresses(s, u) {
 		errs = append(errs, field.Invalid(d.Child("strategy", "maxUnavailable"), c.Defaults.Strategy.MaxUnavailable,
 			"maxSurge and maxUnavailable cannot both be 0: a rollout could never make progress"))
 	}
@@ -542,10 +544,6 @@ func checkIntOrPercent(v string) error {
 	return nil
 }
 
-func isZero(v intstr.IntOrString) bool {
-	return (v.Type == intstr.Int && v.IntVal == 0) || (v.Type == intstr.String && v.StrVal == "0%")
-}
-
 func oneOf(v string, allowed ...string) bool {
 	for _, a := range allowed {
 		if v == a {
@@ -553,70 +551,4 @@ func oneOf(v string, allowed ...string) bool {
 		}
 	}
 	return false
-}
-
-// lineOf finds the line of the YAML node at a field path such as
-// "bounds.revisionHistoryLimit.min" or "selector.stableLabelKeys[1]"; 0 when
-// the path is not in the document (the value came from the defaults).
-func lineOf(root *yaml.Node, path string) int {
-	n := root
-	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
-		n = n.Content[0]
-	}
-	line := 0
-	for _, part := range splitPath(path) {
-		next := child(n, part)
-		if next == nil {
-			return line
-		}
-		n = next
-		line = n.Line
-	}
-	return line
-}
-
-func splitPath(p string) []string {
-	var parts []string
-	for _, seg := range strings.Split(p, ".") {
-		for seg != "" {
-			i := strings.IndexByte(seg, '[')
-			if i < 0 {
-				parts = append(parts, seg)
-				break
-			}
-			if i > 0 {
-				parts = append(parts, seg[:i])
-			}
-			j := strings.IndexByte(seg, ']')
-			if j < i {
-				break
-			}
-			parts = append(parts, seg[i:j+1])
-			seg = seg[j+1:]
-		}
-	}
-	return parts
-}
-
-func child(n *yaml.Node, part string) *yaml.Node {
-	if strings.HasPrefix(part, "[") {
-		key := strings.Trim(part, "[]")
-		if n.Kind == yaml.SequenceNode {
-			var i int
-			if _, err := fmt.Sscanf(key, "%d", &i); err == nil && i >= 0 && i < len(n.Content) {
-				return n.Content[i]
-			}
-			return nil
-		}
-		part = key
-	}
-	if n.Kind != yaml.MappingNode {
-		return nil
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == part {
-			return n.Content[i+1]
-		}
-	}
-	return nil
 }

@@ -11,8 +11,8 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/test/harness"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // TestShippedRoutingIsTheDefaults: the webhook configuration as shipped
@@ -29,7 +29,7 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 	eng, err := policy.New(policy.Options{})
 	require.NoError(t, err)
 	require.NoError(t, eng.Load(context.Background(), policy.Builtins()))
-	e := guardwebhook.EnforcedOf(opts, guardwebhook.LoadedPolicies{BeyondSpec: !eng.Active().ReadsOnlySpec()})
+	e := routing.EnforcedOf(opts, routing.LoadedPolicies{BeyondSpec: !eng.Active().ReadsOnlySpec()})
 	entries := map[string]admissionregistrationv1.ValidatingWebhook{}
 	for _, w := range vwc.Webhooks {
 		entries[w.Name] = w
@@ -42,34 +42,34 @@ func TestShippedRoutingIsTheDefaults(t *testing.T) {
 		}
 		return "", false
 	}
-	require.Contains(t, entries, guardwebhook.EnforceWebhook)
-	require.Contains(t, entries, guardwebhook.CreateWebhook)
-	require.Contains(t, entries, guardwebhook.UpdateWebhook)
-	assert.NotContains(t, entries, guardwebhook.ValidateWebhook, "an earlier guard leaves this layout alone only without it")
+	require.Contains(t, entries, routing.EnforceWebhook)
+	require.Contains(t, entries, routing.CreateWebhook)
+	require.Contains(t, entries, routing.UpdateWebhook)
+	assert.NotContains(t, entries, routing.ValidateWebhook, "an earlier guard leaves this layout alone only without it")
 
-	for _, r := range entries[guardwebhook.EnforceWebhook].Rules {
-		assert.Equal(t, guardwebhook.EnforceOperations(e), r.Operations, "the enforce entry's operations")
+	for _, r := range entries[routing.EnforceWebhook].Rules {
+		assert.Equal(t, routing.EnforceOperations(e), r.Operations, "the enforce entry's operations")
 	}
 	// The leader adds the selector: a re-apply of the manifests then leaves
 	// the entry judging every Deployment, never none.
-	assert.NotNil(t, guardwebhook.EnforceObjectSelector(e))
-	if sel := entries[guardwebhook.EnforceWebhook].ObjectSelector; assert.NotNil(t, sel, "written out, so that an earlier release's apply removes the leader's") {
+	assert.NotNil(t, routing.EnforceObjectSelector(e))
+	if sel := entries[routing.EnforceWebhook].ObjectSelector; assert.NotNil(t, sel, "written out, so that an earlier release's apply removes the leader's") {
 		assert.Equal(t, metav1.LabelSelector{}, *sel, "every object as shipped")
 	}
-	got, ok := condition(guardwebhook.EnforceWebhook, guardwebhook.MustDecideCondition)
+	got, ok := condition(routing.EnforceWebhook, routing.MustDecideCondition)
 	assert.True(t, ok)
-	assert.Equal(t, guardwebhook.MustDecide(e), got)
-	got, ok = condition(guardwebhook.UpdateWebhook, guardwebhook.MayAdviseCondition)
+	assert.Equal(t, routing.MustDecide(e), got)
+	got, ok = condition(routing.UpdateWebhook, routing.MayAdviseCondition)
 	assert.True(t, ok)
-	assert.Equal(t, guardwebhook.MayAdvise(e), got)
+	assert.Equal(t, routing.MayAdvise(e), got)
 	// An ordinary create costs the API server no CEL evaluation for the
 	// validating webhook.
-	assert.Empty(t, guardwebhook.MayAdviseCreate(e))
-	assert.Empty(t, entries[guardwebhook.CreateWebhook].MatchConditions, "the create entry has no matchConditions")
-	for _, r := range entries[guardwebhook.CreateWebhook].Rules {
+	assert.Empty(t, routing.MayAdviseCreate(e))
+	assert.Empty(t, entries[routing.CreateWebhook].MatchConditions, "the create entry has no matchConditions")
+	for _, r := range entries[routing.CreateWebhook].Rules {
 		assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, r.Operations)
 	}
-	for _, r := range entries[guardwebhook.UpdateWebhook].Rules {
+	for _, r := range entries[routing.UpdateWebhook].Rules {
 		assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, r.Operations)
 	}
 }
@@ -85,16 +85,16 @@ func TestShippedMutatingRoutingIsTheDefaults(t *testing.T) {
 	for _, w := range mwc.Webhooks {
 		entries[w.Name] = w
 	}
-	require.Contains(t, entries, guardwebhook.DefaultWebhook)
-	require.Contains(t, entries, guardwebhook.DefaultCreateWebhook)
-	labelled := guardwebhook.CreatesLabelled(true, true, Default().ChangesEveryDeployment())
-	for _, r := range entries[guardwebhook.DefaultWebhook].Rules {
-		assert.Equal(t, guardwebhook.DefaultOperations(labelled), r.Operations)
+	require.Contains(t, entries, routing.DefaultWebhook)
+	require.Contains(t, entries, routing.DefaultCreateWebhook)
+	labelled := routing.CreatesLabelled(true, true, Default().ChangesEveryDeployment())
+	for _, r := range entries[routing.DefaultWebhook].Rules {
+		assert.Equal(t, routing.DefaultOperations(labelled), r.Operations)
 	}
-	create := entries[guardwebhook.DefaultCreateWebhook]
+	create := entries[routing.DefaultCreateWebhook]
 	assert.Empty(t, create.MatchConditions)
 	require.NotNil(t, create.ObjectSelector)
 	assert.Equal(t, []metav1.LabelSelectorRequirement{{Key: native.LabelDefaulting, Operator: metav1.LabelSelectorOpExists}}, create.ObjectSelector.MatchExpressions)
-	assert.Equal(t, entries[guardwebhook.DefaultWebhook].ClientConfig, create.ClientConfig, "the same handler")
-	assert.Equal(t, entries[guardwebhook.DefaultWebhook].NamespaceSelector, create.NamespaceSelector, "the same namespaces")
+	assert.Equal(t, entries[routing.DefaultWebhook].ClientConfig, create.ClientConfig, "the same handler")
+	assert.Equal(t, entries[routing.DefaultWebhook].NamespaceSelector, create.NamespaceSelector, "the same namespaces")
 }

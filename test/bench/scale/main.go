@@ -33,7 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/bench/load"
 	"github.com/deployguard/deployguard/test/harness"
@@ -478,7 +478,7 @@ func (b *bench) waitKnownGood(ctx context.Context, revision string) error {
 			if err := b.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: fmt.Sprintf("live-%03d", i)}, d); err != nil {
 				return false, err
 			}
-			l, _ := reconciler.ReadLedger(d)
+			l, _ := rollout.ReadLedger(d)
 			if n := l.Newest(); n == nil || strconv.FormatInt(n.Revision, 10) != revision {
 				return false, nil
 			}

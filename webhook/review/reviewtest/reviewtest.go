@@ -118,3 +118,28 @@ func BudgetIn(namespace, name string, sel *metav1.LabelSelector, minAvailable *i
 		Spec:       policyv1.PodDisruptionBudgetSpec{Selector: sel, MinAvailable: minAvailable},
 	}
 }
+
+// CriticalPolicy refuses, in mode, the deletion of a Deployment labelled
+// tier: critical, as policy/README.md tells authors to write it: against
+// oldObject.
+func CriticalPolicy(name, mode string) policy.Source {
+	return policy.Source{Name: name + ".rego", Module: `# METADATA
+# custom:
+#   mode: ` + mode + `
+package deployguard.` + name + `
+
+deny contains "a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical" if {
+	input.operation == "DELETE"
+	input.oldObject.metadata.labels.tier == "critical"
+}
+`}
+}
+
+// OwnerPolicy refuses a Deployment without an owner label, in the way most
+// policies are written: about input.object alone, which a DELETE has not.
+var OwnerPolicy = policy.Source{Name: "owner.rego", Module: `package deployguard.owner
+
+deny contains {"msg": "add an owner label", "field": "metadata.labels.owner"} if {
+	not input.object.metadata.labels.owner
+}
+`}

@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"strings"
 
 	yamlv3 "go.yaml.in/yaml/v3"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/internal/yamlpath"
 )
 
 // fieldLine resolves a field path of the object in doc (as field.Path prints
@@ -27,7 +28,7 @@ func findField(doc document, path string) (string, int) {
 	if path != "" && len(doc.patches) > 0 {
 		// A strategic-merge patch lists elements by their merge key, not
 		// at the rendered index: look them up by name.
-		segs := namedSegments(doc.json, splitFieldPath(path))
+		segs := namedSegments(doc.json, yamlpath.Split(path))
 		for i := len(doc.patches) - 1; i >= 0; i-- {
 			if line, exact := resolveSegments(doc.patches[i], segs); exact {
 				return doc.patches[i].file, line
@@ -78,80 +79,20 @@ func resolveSegments(doc document, segs []string) (int, bool) {
 	if err := yamlv3.Unmarshal(doc.raw, &root); err != nil || len(root.Content) == 0 {
 		return doc.line, false
 	}
-	n := root.Content[0]
-	line := n.Line
-	for _, s := range segs {
-		next, keyLine := child(n, s)
-		if next == nil {
-			return doc.line + line - 1, false
-		}
-		n, line = next, keyLine
+	line, exact := yamlpath.Line(&root, segs)
+	if line == 0 {
+		// None of it is spelled out: the object's own line.
+		line = root.Content[0].Line
 	}
-	return doc.line + line - 1, true
+	return doc.line + line - 1, exact
 }
 
 // resolveField returns the line of path in doc, and whether the path was
 // found whole (not only an ancestor of it).
 func resolveField(doc document, path string) (int, bool) {
-	segs := splitFieldPath(doc.path)
+	segs := yamlpath.Split(doc.path)
 	if path != "" && path != "<document>" {
-		segs = append(segs, splitFieldPath(path)...)
+		segs = append(segs, yamlpath.Split(path)...)
 	}
 	return resolveSegments(doc, segs)
-}
-
-// child returns the node at one path segment below n, and the line that names
-// it (the key's line for a mapping entry).
-func child(n *yamlv3.Node, seg string) (*yamlv3.Node, int) {
-	for n.Kind == yamlv3.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	switch n.Kind {
-	case yamlv3.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == seg {
-				return n.Content[i+1], n.Content[i].Line
-			}
-		}
-	case yamlv3.SequenceNode:
-		if name, ok := strings.CutPrefix(seg, "name="); ok {
-			for _, e := range n.Content {
-				if v, _ := child(e, "name"); v != nil && v.Value == name {
-					return e, e.Line
-				}
-			}
-			return nil, 0
-		}
-		if i, err := strconv.Atoi(seg); err == nil && i >= 0 && i < len(n.Content) {
-			return n.Content[i], n.Content[i].Line
-		}
-	}
-	return nil, 0
-}
-
-// splitFieldPath splits a field path into its segments: names between dots,
-// and indexes or keys in brackets (a key may itself hold dots and slashes).
-func splitFieldPath(p string) []string {
-	var out []string
-	for len(p) > 0 {
-		switch p[0] {
-		case '.':
-			p = p[1:]
-		case '[':
-			end := strings.IndexByte(p, ']')
-			if end < 0 {
-				return append(out, p[1:])
-			}
-			out = append(out, p[1:end])
-			p = p[end+1:]
-		default:
-			end := strings.IndexAny(p, ".[")
-			if end < 0 {
-				return append(out, p)
-			}
-			out = append(out, p[:end])
-			p = p[end:]
-		}
-	}
-	return out
 }

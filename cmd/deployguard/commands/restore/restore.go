@@ -15,6 +15,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -124,7 +125,7 @@ func restoreDeployment(ctx context.Context, c client.Client, o options, out, war
 		template = "the known-good template of revision " + cm.Data[reconciler.RecordKeyKnownGoodRevision]
 	}
 	fmt.Fprintf(out, "deployment.apps/%s restored in namespace %s from record %s/%s (%d replicas, %s).\n",
-		o.name, o.namespace, cm.Namespace, cm.Name, replicasOf(d), template)
+		o.name, o.namespace, cm.Namespace, cm.Name, rollout.Replicas(d), template)
 	if v := cm.Annotations[vocab.AnnotationRecordExpires]; v != "" {
 		fmt.Fprintf(out, "The record is kept until %s.\n", v)
 	}
@@ -199,11 +200,4 @@ func refuseOverwrite(d *appsv1.Deployment) error {
 		return fmt.Errorf("deployment %s/%s is still being deleted (finalizers %v); restore it once it is gone", d.Namespace, d.Name, d.Finalizers)
 	}
 	return fmt.Errorf("deployment %s/%s exists; restore never overwrites a Deployment: delete it first if the record is what you want back", d.Namespace, d.Name)
-}
-
-func replicasOf(d *appsv1.Deployment) int32 {
-	if d.Spec.Replicas == nil {
-		return 1
-	}
-	return *d.Spec.Replicas
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
 	"github.com/deployguard/deployguard/reconciler"
+	guardrollout "github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -56,13 +57,13 @@ func TestWaitForRollout(t *testing.T) {
 	const rollbackStatus = "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 15s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a)."
 	rolledBack := d.DeepCopy()
 	rolledBack.Annotations = map[string]string{vocab.AnnotationRollbackStatus: rollbackStatus}
-	l, _ := reconciler.ReadLedger(rolledBack)
+	l, _ := guardrollout.ReadLedger(rolledBack)
 	l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate = 2, "web-a", vocab.TemplateHash(reconciler.RollbackTemplate(&good))
-	reconciler.SetLedger(&rolledBack.Status, l, fixtures.Now)
+	guardrollout.SetLedger(&rolledBack.Status, l, fixtures.Now)
 	// A rollback adopted from an earlier release names only the ReplicaSet.
 	adopted := rolledBack.DeepCopy()
 	l.RolledBackToTemplate = ""
-	reconciler.SetLedger(&adopted.Status, l, fixtures.Now)
+	guardrollout.SetLedger(&adopted.Status, l, fixtures.Now)
 
 	// The same rollback told only by annotations: what a tenant can write
 	// (or an earlier release left, which the guard adopts once, itself).

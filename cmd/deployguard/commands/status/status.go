@@ -24,6 +24,7 @@ import (
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -180,8 +181,8 @@ func buildStatus(in statusInput) deploymentStatus {
 		Quarantined:       []quarantinedStatus{},
 		Events:            []guardEvent{},
 	}
-	st.Revision, _ = reconciler.Revision(d)
-	ledger, _ := reconciler.ReadLedger(d)
+	st.Revision, _ = rollout.Revision(d)
+	ledger, _ := rollout.ReadLedger(d)
 
 	events := guardEventsOf(d, in.Events)
 	failures := failuresByReplicaSet(events, st.LastDecision)
@@ -194,7 +195,7 @@ func buildStatus(in statusInput) deploymentStatus {
 		if !metav1.IsControlledBy(rs, d) {
 			continue
 		}
-		rev, _ := reconciler.Revision(rs)
+		rev, _ := rollout.Revision(rs)
 		hash := vocab.TemplateHash(&rs.Spec.Template)
 		r := revisionStatus{
 			Revision:          rev,
@@ -233,7 +234,7 @@ func buildStatus(in statusInput) deploymentStatus {
 			rss = append(rss, &in.ReplicaSets[i])
 		}
 	}
-	if v := reconciler.DecideVerdict(d, rss); v.Stalled {
+	if v := rollout.DecideVerdict(d, rss); v.Stalled {
 		failed := strconv.FormatInt(ledger.RolledBackRevision, 10)
 		st.Verdict = &verdictStatus{FailedRevision: failed, Message: v.Message,
 			Accept: fmt.Sprintf("kubectl annotate deployment -n %s %s %s=%s", d.Namespace, d.Name, vocab.AnnotationAcceptRollback, failed)}
@@ -324,20 +325,12 @@ func rolloutOf(d *appsv1.Deployment) rolloutStatus {
 		Ready:     d.Status.ReadyReplicas,
 		Available: d.Status.AvailableReplicas,
 	}
-	if l, _ := reconciler.ReadLedger(d); l.FailingSince != "" {
+	if l, _ := rollout.ReadLedger(d); l.FailingSince != "" {
 		at, rs, _ := strings.Cut(l.FailingSince, " ")
 		r.FailingSince, r.FailingReplicaSet = at, rs
 	}
-	want := int32(1)
-	if d.Spec.Replicas != nil {
-		want = *d.Spec.Replicas
-	}
-	var progressing *appsv1.DeploymentCondition
-	for i := range d.Status.Conditions {
-		if d.Status.Conditions[i].Type == appsv1.DeploymentProgressing {
-			progressing = &d.Status.Conditions[i]
-		}
-	}
+	want := rollout.Replicas(d)
+	progressing := rollout.ProgressingCondition(d)
 	if progressing != nil {
 		r.Message = progressing.Message
 	}
@@ -663,7 +656,7 @@ func fetchStatus(ctx context.Context, c client.Client, guardNamespace, ns, name 
 // knownGoodRevision is the revision of the ledger's newest known-good entry,
 // "" when there is none.
 func knownGoodRevision(d *appsv1.Deployment) string {
-	l, _ := reconciler.ReadLedger(d)
+	l, _ := rollout.ReadLedger(d)
 	if n := l.Newest(); n != nil {
 		return strconv.FormatInt(n.Revision, 10)
 	}

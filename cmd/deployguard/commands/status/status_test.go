@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -35,10 +35,10 @@ func withAnnotation(rs appsv1.ReplicaSet, k, v string) appsv1.ReplicaSet {
 }
 
 // withLedger changes d's ledger as the guard would have written it.
-func withLedger(d *appsv1.Deployment, change func(*reconciler.Ledger)) {
-	l, _ := reconciler.ReadLedger(d)
+func withLedger(d *appsv1.Deployment, change func(*rollout.Ledger)) {
+	l, _ := rollout.ReadLedger(d)
 	change(&l)
-	reconciler.SetLedger(&d.Status, l, statusNow)
+	rollout.SetLedger(&d.Status, l, statusNow)
 }
 
 func statusEvent(d *appsv1.Deployment, at time.Time, typ, reason, note string) eventsv1.Event {
@@ -72,7 +72,7 @@ func TestBuildStatus(t *testing.T) {
 					vocab.AnnotationQuarantinedTemplates: h,
 					vocab.AnnotationRollbackStatus:       "Rolled back from revision 2 (ReplicaSet web-b): 2/2 new pods ImagePullBackOff for 30s (container app, image web:2), to known-good revision 1 (ReplicaSet web-a).",
 				}
-				withLedger(d, func(l *reconciler.Ledger) { l.RolledBackRevision, l.RolledBackTo, l.FailFastRevision = 2, "web-a", 2 })
+				withLedger(d, func(l *rollout.Ledger) { l.RolledBackRevision, l.RolledBackTo, l.FailFastRevision = 2, "web-a", 2 })
 				other := fixtures.Deployment("x:1", nil)
 				other.Name, other.UID = "other", "other-uid"
 				return statusInput{
@@ -151,7 +151,7 @@ func TestBuildStatus(t *testing.T) {
 			input: func() statusInput {
 				d := fixtures.Deployment("web:2", map[string]string{vocab.RevisionAnnotation: "2"})
 				d.Status = appsv1.DeploymentStatus{ObservedGeneration: 4, Replicas: 3, UpdatedReplicas: 1, ReadyReplicas: 2, AvailableReplicas: 2}
-				withLedger(d, func(l *reconciler.Ledger) { l.FailingSince = "2026-11-23T06:59:00Z web-b" })
+				withLedger(d, func(l *rollout.Ledger) { l.FailingSince = "2026-11-23T06:59:00Z web-b" })
 				return statusInput{Deployment: d}
 			},
 			check: func(t *testing.T, st deploymentStatus, text string) {

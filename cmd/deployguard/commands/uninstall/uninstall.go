@@ -19,6 +19,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/native"
 )
@@ -185,7 +186,7 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 			// With the guard gone nothing would end a verdict, and the
 			// Deployment controller copies its condition into every status
 			// it writes: every later deploy would read as failed.
-			if reconciler.HasVerdict(d) && d.DeletionTimestamp == nil {
+			if rollout.HasVerdict(d) && d.DeletionTimestamp == nil {
 				if o.dryRun {
 					verdicts++
 					fmt.Fprintf(out, "would end the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
@@ -195,7 +196,7 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 					verdicts++
 					fmt.Fprintf(out, "ended the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
 				}
-			} else if _, ok := reconciler.ReadLedger(d); ok && d.DeletionTimestamp == nil {
+			} else if _, ok := rollout.ReadLedger(d); ok && d.DeletionTimestamp == nil {
 				// What the guard kept about the rollouts: nothing of the
 				// guard is left behind.
 				if o.dryRun {
@@ -264,7 +265,7 @@ func removeLedger(ctx context.Context, c client.Client, key client.ObjectKey) (b
 			return client.IgnoreNotFound(err)
 		}
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if !reconciler.RemoveLedger(&d.Status) {
+		if !rollout.RemoveLedger(&d.Status) {
 			return nil
 		}
 		if err := c.Status().Patch(ctx, d, patch); err != nil {
@@ -331,7 +332,7 @@ func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) (boo
 		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		// The verdict and the guard's ledger go together: nothing is left
 		// that the guard wrote.
-		if stalled, ledger := reconciler.RemoveStalled(&d.Status), reconciler.RemoveLedger(&d.Status); stalled || ledger {
+		if stalled, ledger := rollout.RemoveStalled(&d.Status), rollout.RemoveLedger(&d.Status); stalled || ledger {
 			if err := c.Status().Patch(ctx, d, patch); err != nil {
 				return client.IgnoreNotFound(err)
 			}

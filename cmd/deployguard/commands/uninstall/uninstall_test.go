@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
-	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -184,9 +184,9 @@ func TestUninstallRetriesOnConflict(t *testing.T) {
 func TestUninstallEndsRollbackVerdicts(t *testing.T) {
 	stalled := appsv1.DeploymentCondition{Type: vocab.ConditionStalled, Status: corev1.ConditionTrue, Reason: vocab.ReasonAutoRollback}
 	rolledBackLedger := func(d *appsv1.Deployment) {
-		l, _ := reconciler.ReadLedger(d)
+		l, _ := rollout.ReadLedger(d)
 		l.RolledBackRevision, l.RolledBackTo = 3, d.Name+"-h2"
-		reconciler.SetLedger(&d.Status, l, fixtures.Now)
+		rollout.SetLedger(&d.Status, l, fixtures.Now)
 	}
 	tests := []struct {
 		name    string
@@ -237,7 +237,7 @@ func TestUninstallEndsRollbackVerdicts(t *testing.T) {
 			got := &appsv1.Deployment{}
 			require.NoError(t, c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "rolled-back"}, got))
 			assert.Equal(t, map[string]string{"app": "web"}, got.Labels)
-			_, hasLedger := reconciler.ReadLedger(got)
+			_, hasLedger := rollout.ReadLedger(got)
 			assert.False(t, hasLedger, "nothing the guard wrote is left")
 			require.Len(t, got.Status.Conditions, 1, "the Deployment no longer reads as failed")
 			assert.Equal(t, appsv1.DeploymentProgressing, got.Status.Conditions[0].Type)
@@ -250,7 +250,7 @@ func TestUninstallEndsRollbackVerdicts(t *testing.T) {
 func TestUninstallRemovesEveryLedger(t *testing.T) {
 	d := withFinalizers("web", false)
 	d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue}}
-	reconciler.SetLedger(&d.Status, reconciler.Ledger{KnownGood: []reconciler.KnownGoodEntry{{ReplicaSet: "web-1", UID: "uid-1", Template: "h", Revision: 1}}}, fixtures.Now)
+	rollout.SetLedger(&d.Status, rollout.Ledger{KnownGood: []rollout.KnownGoodEntry{{ReplicaSet: "web-1", UID: "uid-1", Template: "h", Revision: 1}}}, fixtures.Now)
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(d).WithStatusSubresource(&appsv1.Deployment{}).Build()
@@ -260,14 +260,14 @@ func TestUninstallRemovesEveryLedger(t *testing.T) {
 	assert.Contains(t, out.String(), "would remove the guard's ledger from deployment shop/web\n")
 	got := &appsv1.Deployment{}
 	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(d), got))
-	_, has := reconciler.ReadLedger(got)
+	_, has := rollout.ReadLedger(got)
 	require.True(t, has, "a dry run changes nothing")
 
 	out.Reset()
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{}, &out))
 	assert.Contains(t, out.String(), "Removed the guard's ledger (status condition deployguard.io/Ledger) from 1 Deployments.")
 	require.NoError(t, c.Get(context.Background(), client.ObjectKeyFromObject(d), got))
-	_, has = reconciler.ReadLedger(got)
+	_, has = rollout.ReadLedger(got)
 	assert.False(t, has)
 	assert.Equal(t, []appsv1.DeploymentCondition{{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue}}, got.Status.Conditions, "upstream's conditions stay")
 }

@@ -1,4 +1,4 @@
-package webhook
+package routing
 
 import (
 	"context"
@@ -336,11 +336,11 @@ func TestLoadedPoliciesOf(t *testing.T) {
 		{"the built-ins, in warn", nil, nil, LoadedPolicies{EnforceSkipsDelete: true}},
 		{"a built-in enforced: it judges no deletion", map[string]policy.Mode{"resources": policy.ModeEnforce}, nil,
 			LoadedPolicies{Enforce: true, EnforceSkipsDelete: true}},
-		{"an enforced deletion rule", nil, []policy.Source{criticalPolicy("critical", "enforce")},
+		{"an enforced deletion rule", nil, []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")},
 			LoadedPolicies{Enforce: true, BeyondSpec: true}},
 		{"a deletion rule in warn, a built-in enforced", map[string]policy.Mode{"resources": policy.ModeEnforce},
-			[]policy.Source{criticalPolicy("critical", "warn")}, LoadedPolicies{Enforce: true, EnforceSkipsDelete: true, BeyondSpec: true}},
-		{"an enforced rule about the object's labels alone", nil, []policy.Source{ownerPolicy},
+			[]policy.Source{reviewtest.CriticalPolicy("critical", "warn")}, LoadedPolicies{Enforce: true, EnforceSkipsDelete: true, BeyondSpec: true}},
+		{"an enforced rule about the object's labels alone", nil, []policy.Source{reviewtest.OwnerPolicy},
 			LoadedPolicies{Enforce: true, EnforceSkipsDelete: true, BeyondSpec: true}},
 	}
 	for _, tt := range tests {

@@ -1,4 +1,4 @@
-package main
+package health
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 func TestProbesSayWhy(t *testing.T) {
 	var certErr error
 	note := ""
-	pr := &probes{}
+	pr := &Probes{}
 	require.NoError(t, pr.AddHealthzCheck("ping", func(*http.Request) error { return nil }))
 	require.NoError(t, pr.AddReadyzCheck("webhook", func(*http.Request) error { return nil }))
 	require.NoError(t, pr.AddReadyzCheck("serving-certificate", func(*http.Request) error { return certErr }))

@@ -1,4 +1,4 @@
-package webhook
+package floor
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // The probe is refused by the refusals for every user but the control
@@ -23,7 +24,7 @@ import (
 // for its finalizer.
 func TestFloorProbeRefusal(t *testing.T) {
 	ctx := context.Background()
-	d := FloorProbe("shop")
+	d := ProbeDeployment("shop")
 	for _, o := range []*review.Options{
 		{GuardUsername: "system:serviceaccount:deployguard-system:deployguard"},
 		{GuardUsername: "system:serviceaccount:deployguard-system:deployguard", ExemptNamespaces: []string{"shop"}, BreakGlassGroups: []string{"system:serviceaccounts"}},
@@ -31,14 +32,14 @@ func TestFloorProbeRefusal(t *testing.T) {
 	} {
 		got := o.FloorProbeRefusal(ctx, d)
 		// In process the params have no resourceVersion.
-		assert.Equal(t, `metadata.finalizers: "`+FloorProbeFinalizer+`" is reserved for deployguard's probe of this policy (params )`, got)
+		assert.Equal(t, `metadata.finalizers: "`+ProbeFinalizer+`" is reserved for deployguard's probe of this policy (params )`, got)
 	}
 	without := d.DeepCopy()
 	without.Finalizers = nil
 	assert.Empty(t, (&review.Options{}).FloorProbeRefusal(ctx, without), "nothing else about the probe is refused")
 	other := d.DeepCopy()
 	other.Finalizers = append(other.Finalizers, "deployguard.io/nope")
-	assert.Equal(t, `metadata.finalizers: "`+FloorProbeFinalizer+`", "deployguard.io/nope" are not deployguard's finalizers: supported values: "deployguard.io/record", "deployguard.io/drain"`,
+	assert.Equal(t, `metadata.finalizers: "`+ProbeFinalizer+`", "deployguard.io/nope" are not deployguard's finalizers: supported values: "deployguard.io/record", "deployguard.io/drain"`,
 		(&review.Options{}).FloorProbeRefusal(ctx, other), "with another finalizer, the usual words")
 }
 
@@ -61,7 +62,7 @@ func TestJudgeFloorProbe(t *testing.T) {
 		return apierrors.NewInternalError(errors.New(`failed calling webhook "` + name + `": failed to call webhook: Post "https://deployguard-webhook.deployguard-system.svc:443/validate-apps-v1-deployment?timeout=3s": context deadline exceeded`))
 	}
 	validating := func(name string) bool {
-		return name == EnforceWebhook || name == CreateWebhook || name == ValidateWebhook || name == "validate.kyverno.svc"
+		return name == routing.EnforceWebhook || name == routing.CreateWebhook || name == routing.ValidateWebhook || name == "validate.kyverno.svc"
 	}
 	for _, tc := range []struct {
 		name    string
@@ -79,10 +80,10 @@ func TestJudgeFloorProbe(t *testing.T) {
 		// first still says it is enforced.
 		{"refused by the policy in other words", policyDenial(native.Refusals, native.Refusals, "metadata.finalizers: a finalizer in deployguard.io/ is not one of deployguard's finalizers"), ProbeEnforced, "other words"},
 		{"admitted", nil, ProbeNotEnforced, "admitted a dry-run create"},
-		{"refused by the guard's enforcing webhook", webhookDenial(EnforceWebhook), ProbeNotEnforced, "validating webhook " + EnforceWebhook + " refused"},
-		{"refused by the guard's advising webhook", webhookDenial(CreateWebhook), ProbeNotEnforced, "after the policy"},
-		{"refused by the guard's advising webhook (previous layout)", webhookDenial(ValidateWebhook), ProbeNotEnforced, "after the policy"},
-		{"the guard's enforcing webhook could not be called", failedCall(EnforceWebhook), ProbeNotEnforced, "was called for"},
+		{"refused by the guard's enforcing webhook", webhookDenial(routing.EnforceWebhook), ProbeNotEnforced, "validating webhook " + routing.EnforceWebhook + " refused"},
+		{"refused by the guard's advising webhook", webhookDenial(routing.CreateWebhook), ProbeNotEnforced, "after the policy"},
+		{"refused by the guard's advising webhook (previous layout)", webhookDenial(routing.ValidateWebhook), ProbeNotEnforced, "after the policy"},
+		{"the guard's enforcing webhook could not be called", failedCall(routing.EnforceWebhook), ProbeNotEnforced, "was called for"},
 		{"refused by another validating webhook", webhookDenial("validate.kyverno.svc"), ProbeNotEnforced, "validate.kyverno.svc"},
 		{"refused by a quota", apierrors.NewForbidden(gr, "x", errors.New("exceeded quota: q, requested: count/deployments.apps=1, used: count/deployments.apps=5, limited: count/deployments.apps=5")),
 			ProbeNotEnforced, "ResourceQuota"},
@@ -97,7 +98,7 @@ func TestJudgeFloorProbe(t *testing.T) {
 		{"no answer", context.DeadlineExceeded, ProbeUnknown, "failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, why := JudgeFloorProbe(tc.err, want, "42", "42", validating)
+			v, why := JudgeProbe(tc.err, want, "42", "42", validating)
 			assert.Equal(t, tc.verdict, v, why)
 			assert.Contains(t, why, tc.why)
 		})
@@ -111,14 +112,14 @@ func TestJudgeFloorProbeWithoutParamsVersion(t *testing.T) {
 		`metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params 17)`
 	err := apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "", errors.New(line))
 	want := `metadata.finalizers: "deployguard.io/floor-probe" is reserved for deployguard's probe of this policy (params )`
-	v, why := JudgeFloorProbe(err, want, "", "", nil)
+	v, why := JudgeProbe(err, want, "", "", nil)
 	assert.Equal(t, ProbeEnforced, v, why)
 	assert.Empty(t, why)
 	// Written during the probe: it tells nothing.
-	v, why = JudgeFloorProbe(err, want, "17", "18", nil)
+	v, why = JudgeProbe(err, want, "17", "18", nil)
 	assert.Equal(t, ProbeUnknown, v, why)
 	// The ConfigMap the policy read is the one after the probe.
-	v, why = JudgeFloorProbe(err, want, "16", "17", nil)
+	v, why = JudgeProbe(err, want, "16", "17", nil)
 	assert.Equal(t, ProbeEnforced, v, why)
 }
 
@@ -138,7 +139,7 @@ func TestFloorEnforced(t *testing.T) {
 		{ProbeEnforced, ProbeNotEnforced, true, ProbeEnforced},
 		{ProbeNotEnforced, ProbeEnforced, false, ProbeNotEnforced},
 	} {
-		enforced, last := FloorEnforced(tc.v, tc.last)
+		enforced, last := Enforced(tc.v, tc.last)
 		assert.Equal(t, tc.enforced, enforced, "%v after %v", tc.v, tc.last)
 		assert.Equal(t, tc.lastConclusive, last, "%v after %v", tc.v, tc.last)
 	}

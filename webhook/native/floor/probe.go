@@ -1,18 +1,23 @@
-package webhook
+package floor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
 	"github.com/deployguard/deployguard/webhook/native"
+	"github.com/deployguard/deployguard/webhook/review"
+	"github.com/deployguard/deployguard/webhook/routing"
 )
 
 // The floor probe. The objects that make up the native refusals (the
@@ -25,24 +30,124 @@ import (
 // dry-run create of a Deployment that deployguard-refusals refuses for
 // every user, whatever its params say.
 
-// FloorProbeFinalizer is what the probe asks for: a finalizer in the guard's
+// Probe asks kube-apiserver itself whether it enforces
+// deployguard-refusals: a dry-run create (through w) of ProbeDeployment in
+// o.NativeProbeNamespace, which must be a namespace the refusals' binding
+// applies to, whose answer JudgeProbe reads. Everything else is read
+// through r, uncached: it also runs before the guard's caches start.
+// PoliciesEnforced reads the objects; this reads the behaviour, which
+// can differ, as said above.
+func Probe(ctx context.Context, r client.Reader, w client.Client, o *review.Options) (ProbeVerdict, string) {
+	// The binding that takes the probe, a create: the one for creates where
+	// the refusals' own does not. deployguard-selector labels the probe
+	// (its finalizer is in the guard's domain) as every create the policy
+	// refuses, so the label stands for them; any other label does not.
+	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := r.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
+		return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.Refusals + ": " + err.Error()
+	}
+	if !bindsOperation(b, admissionregistrationv1.Create) {
+		b = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		if err := r.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, b); err != nil {
+			return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + ": " + err.Error()
+		}
+	}
+	var nsSelector *metav1.LabelSelector
+	if mr := b.Spec.MatchResources; mr != nil {
+		if _, other := createsSelected(b); other || b.Name == native.Refusals && mr.ObjectSelector != nil &&
+			(len(mr.ObjectSelector.MatchLabels) > 0 || len(mr.ObjectSelector.MatchExpressions) > 0) {
+			return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + b.Name + " selects Deployments by their labels: no probe can stand for them"
+		}
+		nsSelector = mr.NamespaceSelector
+	}
+	name := o.NativeProbeNamespace
+	if name == "" {
+		name = metav1.NamespaceDefault
+	}
+	ns := &metav1.PartialObjectMetadata{}
+	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		return ProbeUnknown, "reading namespace " + name + " (nativePolicies.probeNamespace): " + err.Error()
+	}
+	switch applies, err := BindingApplies(nsSelector, ns); {
+	case err != nil:
+		return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + b.Name + "'s namespaceSelector: " + err.Error()
+	case !applies:
+		return ProbeUnknown, "namespace " + name + " (nativePolicies.probeNamespace) is being deleted, or is not one ValidatingAdmissionPolicyBinding " +
+			b.Name + " applies to: set nativePolicies.probeNamespace to one it does"
+	}
+	d := ProbeDeployment(name)
+	want := o.FloorProbeRefusal(ctx, d)
+	if want == "" {
+		return ProbeUnknown, "this guard would admit the probe itself"
+	}
+	// The params' resourceVersion, read before and after the probe, to
+	// compare with the one the policy read.
+	paramsRV := func() string {
+		params := &metav1.PartialObjectMetadata{}
+		params.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+		if r.Get(ctx, client.ObjectKey{Namespace: paramsNamespace(b), Name: nativeconfig.ParamsName}, params) != nil {
+			return ""
+		}
+		return params.ResourceVersion
+	}
+	before := paramsRV()
+	answer := w.Create(ctx, d, client.DryRunAll)
+	return JudgeProbe(answer, want, before, paramsRV(), func(hook string) bool {
+		if hook == routing.EnforceWebhook || hook == routing.CreateWebhook || hook == routing.UpdateWebhook || hook == routing.PreviousUpdateWebhook || hook == routing.ValidateWebhook {
+			return true
+		}
+		// Names are unique only within a configuration: a name that a
+		// mutating webhook has too could have refused before the policy.
+		var mutating admissionregistrationv1.MutatingWebhookConfigurationList
+		var validating admissionregistrationv1.ValidatingWebhookConfigurationList
+		if r.List(ctx, &mutating) != nil || r.List(ctx, &validating) != nil {
+			return false
+		}
+		for _, c := range mutating.Items {
+			for _, wh := range c.Webhooks {
+				if wh.Name == hook {
+					return false
+				}
+			}
+		}
+		for _, c := range validating.Items {
+			for _, wh := range c.Webhooks {
+				if wh.Name == hook {
+					return true
+				}
+			}
+		}
+		return false
+	})
+}
+
+// paramsNamespace is where b reads its params ConfigMap.
+func paramsNamespace(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) string {
+	if b.Spec.ParamRef != nil {
+		return b.Spec.ParamRef.Namespace
+	}
+	return ""
+}
+
+// ProbeFinalizer is what the probe asks for: a finalizer in the guard's
 // domain that is none of its own, which deployguard-refusals refuses for
 // every user but the control plane's controllers.
-const FloorProbeFinalizer = "deployguard.io/floor-probe"
+const ProbeFinalizer = "deployguard.io/floor-probe"
 
-// floorProbeName is the probe's generated name's prefix and its label.
-const floorProbeName = "deployguard-floor-probe"
+// probeName is the probe's generated name's prefix and its label.
+const probeName = "deployguard-floor-probe"
 
-// FloorProbe is the Deployment the probe creates, in a dry run only, in
+// ProbeDeployment is the Deployment the probe creates, in a dry run only, in
 // namespace. It is valid for the API server's own validation, so that
 // only admission can refuse it.
-func FloorProbe(namespace string) *appsv1.Deployment {
-	l := map[string]string{"app.kubernetes.io/name": floorProbeName}
+func ProbeDeployment(namespace string) *appsv1.Deployment {
+	l := map[string]string{"app.kubernetes.io/name": probeName}
 	zero := int32(0)
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: floorProbeName + "-", Namespace: namespace, Labels: l,
-			Finalizers: []string{FloorProbeFinalizer},
+			GenerateName: probeName + "-", Namespace: namespace, Labels: l,
+			Finalizers: []string{ProbeFinalizer},
 		},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &zero,
@@ -70,15 +175,15 @@ const (
 	ProbeNotEnforced
 )
 
-// FloorProbeConfirmations is how many probes in a row must find the
+// ProbeConfirmations is how many probes in a row must find the
 // refusals enforced before a replica that found them not enforced, or
 // found their objects missing or changed, leaves them to the API server
 // again: one refusal right after a change may be a moment's. (The probes
 // share the replica's connection, so they reach the kube-apiserver it
 // talks to, not each of several.)
-const FloorProbeConfirmations = 3
+const ProbeConfirmations = 3
 
-// JudgeFloorProbe reads the API server's answer to the probe's dry-run
+// JudgeProbe reads the API server's answer to the probe's dry-run
 // create (err; nil when admitted). The admission chain stops at its first
 // refusal, and runs mutating webhooks, then ValidatingAdmissionPolicies,
 // then validating webhooks, then ResourceQuota: a refusal by the policy
@@ -93,10 +198,10 @@ const FloorProbeConfirmations = 3
 // read before and after the probe: a kube-apiserver that stopped reading
 // the params keeps evaluating an older one. Params written during the
 // probe tell nothing.
-func JudgeFloorProbe(err error, want, before, after string, validating func(name string) bool) (ProbeVerdict, string) {
+func JudgeProbe(err error, want, before, after string, validating func(name string) bool) (ProbeVerdict, string) {
 	if err == nil {
 		return ProbeNotEnforced, fmt.Sprintf("kube-apiserver admitted a dry-run create that %s refuses (a Deployment with the finalizer %s)",
-			native.Refusals, FloorProbeFinalizer)
+			native.Refusals, ProbeFinalizer)
 	}
 	var s apierrors.APIStatus
 	if !errors.As(err, &s) {
@@ -132,11 +237,11 @@ func JudgeFloorProbe(err error, want, before, after string, validating func(name
 			what = "was called for"
 		}
 		return ProbeNotEnforced, fmt.Sprintf("the validating webhook %s %s a dry-run create that %s refuses (a Deployment with the finalizer %s): "+
-			"kube-apiserver calls validating webhooks only after the policy admitted the request", name, what, native.Refusals, FloorProbeFinalizer)
+			"kube-apiserver calls validating webhooks only after the policy admitted the request", name, what, native.Refusals, ProbeFinalizer)
 	}
 	if strings.Contains(st.Message, "exceeded quota: ") {
 		return ProbeNotEnforced, fmt.Sprintf("a ResourceQuota refused a dry-run create that %s refuses (a Deployment with the finalizer %s): "+
-			"kube-apiserver checks quotas only after the policy admitted the request", native.Refusals, FloorProbeFinalizer)
+			"kube-apiserver checks quotas only after the policy admitted the request", native.Refusals, ProbeFinalizer)
 	}
 	return ProbeUnknown, "the dry-run create was answered before " + native.Refusals + " could be seen: " + st.Message
 }
@@ -183,12 +288,12 @@ func webhookOf(msg string) (name string, failed, ok bool) {
 	return "", false, false
 }
 
-// FloorEnforced is one check's finding from its probe's verdict v and the
+// Enforced is one check's finding from its probe's verdict v and the
 // last conclusive verdict: a probe that cannot tell keeps the last
 // conclusive one (a blip of the API server, or of the guard's own webhook,
 // must not hand the refusals back to an API server that does not enforce
 // them), and with none yet the objects' finding, enforced, stands.
-func FloorEnforced(v, lastConclusive ProbeVerdict) (enforced bool, conclusive ProbeVerdict) {
+func Enforced(v, lastConclusive ProbeVerdict) (enforced bool, conclusive ProbeVerdict) {
 	if v == ProbeUnknown {
 		v = lastConclusive
 	}

@@ -1,4 +1,6 @@
-package main
+// Package audit is `deployguard audit`: what the guard's background audit
+// found in the cluster, and the PolicyExceptions with what they cover.
+package audit
 
 import (
 	"context"
@@ -13,13 +15,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
-	"github.com/deployguard/deployguard/webhook/audit"
+	guardaudit "github.com/deployguard/deployguard/webhook/audit"
 	"github.com/deployguard/deployguard/webhook/exception"
 )
 
-// auditCmd is `deployguard audit [-n NS] [-o text|json]`: what the audit's
+// Run is `deployguard audit [-n NS] [-o text|json]`: what the audit's
 // reports say, grouped by policy then namespace.
-func auditCmd(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("deployguard audit", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -38,7 +40,7 @@ Flags:
 	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	namespace := fs.String("n", "", "only this namespace's report; every namespace when empty")
 	output := fs.String("o", "text", "output format: text or json")
-	format := fs.String("format", audit.FormatPolicyReport, "the report kind the guard writes (its config's audit.reportFormat)")
+	format := fs.String("format", guardaudit.FormatPolicyReport, "the report kind the guard writes (its config's audit.reportFormat)")
 	exceptionsNS := fs.String("exceptions-namespace", "deployguard-system", "where the guard honours PolicyExceptions (its config's exceptions.namespace)")
 	expiryWarning := fs.Duration("expiry-warning", 7*24*time.Hour, "an exception this close to its expiry is listed as expiring (the config's exceptions.expiryWarning)")
 	if err := fs.Parse(args); err != nil {
@@ -47,9 +49,9 @@ Flags:
 		}
 		return 2
 	}
-	gvk, err := audit.GVK(*format)
+	gvk, err := guardaudit.GVK(*format)
 	if fs.NArg() > 0 || (*output != "text" && *output != "json") || err != nil {
-		fmt.Fprintln(stderr, "deployguard audit: takes no arguments, -o text or -o json, and -format", audit.FormatPolicyReport, "or", audit.FormatOpenReports)
+		fmt.Fprintln(stderr, "deployguard audit: takes no arguments, -o text or -o json, and -format", guardaudit.FormatPolicyReport, "or", guardaudit.FormatOpenReports)
 		fs.Usage()
 		return 2
 	}
@@ -70,13 +72,13 @@ Flags:
 		fmt.Fprintf(stderr, "deployguard audit: listing %s reports: %v\n", gvk.Kind, err)
 		return 1
 	}
-	var reports []audit.Stored
+	var reports []guardaudit.Stored
 	for i := range list.Items {
-		if list.Items[i].GetName() == audit.ReportName {
-			reports = append(reports, audit.Parse(&list.Items[i]))
+		if list.Items[i].GetName() == guardaudit.ReportName {
+			reports = append(reports, guardaudit.Parse(&list.Items[i]))
 		}
 	}
-	o := auditOutput{Overview: audit.OverviewOf(reports)}
+	o := auditOutput{Overview: guardaudit.OverviewOf(reports)}
 	covered, served, err := exceptionCoverage(ctx, c, *exceptionsNS, *namespace, *expiryWarning)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
@@ -103,6 +105,6 @@ Flags:
 // auditOutput is the reports' overview and, where the API is served, the
 // PolicyExceptions with what they cover.
 type auditOutput struct {
-	audit.Overview
+	guardaudit.Overview
 	Exceptions *[]exception.Covered `json:"exceptions,omitempty"`
 }

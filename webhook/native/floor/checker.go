@@ -1,4 +1,12 @@
-package main
+// Package floor keeps the native floor in place and finds out whether it
+// holds: it writes the params ConfigMap the guard's native policies read
+// from the config file (ApplyParams), tells from the installed objects
+// (PoliciesEnforced, SelectorRepairInstalled) and from the API server's own
+// answer to a probe (Probe) whether kube-apiserver enforces the refusals as
+// this guard would, and records that in the review's options, so that the
+// webhook evaluates the refusals itself whenever the API server does not
+// (Checker, on every replica).
+package floor
 
 import (
 	"context"
@@ -12,65 +20,73 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
-	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
-// setupNative writes the native policies' params from the config file and
+// Options are the floor's settings.
+type Options struct {
+	// Namespace is the guard's own, where the params ConfigMap is.
+	Namespace string
+	// Review is what the guard enforces: the params are written from it,
+	// and Setup sets its Native when the config says the API server has the
+	// native policies (NativeInAPIServer).
+	Review *review.Options
+	// Every is how often a replica checks again (--native-check-period).
+	Every time.Duration
+	// Metrics registers the Checker's gauges.
+	Metrics prometheus.Registerer
+}
+
+// Setup writes the native policies' params from the config file and
 // decides who evaluates the refusals: the API server when it enforces them
 // as this guard would, otherwise the webhook too, so that they are never
-// left unchecked. A policy file that does not compile stops the guard here,
-// not at its first admission.
-func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *review.Options, every time.Duration) error {
+// left unchecked. It returns the Checker that keeps deciding, nil when the
+// config says the policies are not installed. A policy file that does not
+// compile stops the guard here, not at its first admission. r reads
+// uncached (the caches have not started); w writes.
+func Setup(ctx context.Context, r client.Reader, w client.Client, o Options) (*Checker, error) {
 	if _, err := native.Load(); err != nil {
-		return fmt.Errorf("the native policies: %w", err)
+		return nil, fmt.Errorf("the native policies: %w", err)
 	}
-	log := ctrl.Log.WithName("native")
+	log := ctrl.LoggerFrom(ctx).WithName("native")
+	opts := o.Review
 	// Written even when the config says they are not installed: an install
 	// that has them anyway must not refuse with another file's params.
-	if err := guardwebhook.ApplyNativeParams(ctx, mgr.GetClient(), namespace, opts); err != nil {
+	if err := ApplyParams(ctx, w, o.Namespace, opts); err != nil {
 		log.Error(err, "the native policies' params could not be written")
 	}
+	var checker *Checker
 	if !opts.NativeInAPIServer {
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
 		opts.Native = review.NewNativeEnforcement(false)
-		gauge, err := registeredGauge("deployguard_native_policies_enforced",
-			"1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not "+
-				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, "+
-				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.")
-		if err != nil {
-			return err
+		enforced := prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_policies_enforced",
+			Help: "1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
+				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
+				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false."})
+		conclusive := prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_probe_conclusive",
+			Help: "1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver " +
+				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering " +
+				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false."})
+		for _, g := range []prometheus.Gauge{enforced, conclusive} {
+			if err := o.Metrics.Register(g); err != nil {
+				return nil, err
+			}
 		}
 		opts.Native.OnChange(func(on bool) {
 			if on {
-				gauge.Set(1)
+				enforced.Set(1)
 			} else {
-				gauge.Set(0)
+				enforced.Set(0)
 			}
 		})
-		conclusive, err := registeredGauge("deployguard_native_probe_conclusive",
-			"1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver "+
-				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering "+
-				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false.")
-		if err != nil {
-			return err
-		}
-		nc := &nativeChecker{r: mgr.GetAPIReader(), w: mgr.GetClient(), namespace: namespace, opts: opts, log: log, conclusive: conclusive}
-		nc.check(ctx, true)
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			nc.keepChecking(ctx, every)
-			return nil
-		})); err != nil {
-			return err
-		}
+		checker = &Checker{r: r, w: w, namespace: o.Namespace, opts: opts, every: o.Every, log: log, conclusive: conclusive}
+		checker.check(ctx, true)
 	}
-	switch ok, why, err := guardwebhook.NativeSelectorRepairInstalled(ctx, mgr.GetAPIReader(), namespace); {
+	switch ok, why, err := SelectorRepairInstalled(ctx, r, o.Namespace); {
 	case err != nil:
 		log.Error(err, "cannot tell whether the API server repairs empty selectors")
 	case !ok && opts.NativeEnforced():
@@ -86,21 +102,25 @@ func setupNative(ctx context.Context, mgr ctrl.Manager, namespace string, opts *
 			" (and then restart kube-apiserver: kubernetes/kubernetes#130887)",
 			"reason", "SelectorRepairWithoutRefusals")
 	}
-	return nil
+	return checker, nil
 }
 
-// nativeChecker finds out whether the API server enforces the native
-// refusals as this guard would, and records it in opts.Native.
-type nativeChecker struct {
+// Checker finds out, every period, whether the API server enforces the
+// native refusals as this guard would, and records it in the review's
+// options. It runs on every replica (the process's manager elects no
+// leader): each replica's webhook decides for itself whether it evaluates
+// the refusals.
+type Checker struct {
 	r         client.Reader
 	w         client.Client
 	namespace string
 	opts      *review.Options
+	every     time.Duration
 	log       logr.Logger
 	erring    bool // the last check could not tell
 	// lastProbe is the last conclusive verdict of the floor probe, and
 	// probeMute says an inconclusive one was logged since.
-	lastProbe  guardwebhook.ProbeVerdict
+	lastProbe  ProbeVerdict
 	probeMute  bool
 	conclusive prometheus.Gauge // whether the last probe could tell
 }
@@ -114,18 +134,18 @@ const probeTimeout = 20 * time.Second
 // ago (at the guard's start, or after they were deleted) a moment later.
 const probeSettle = 3 * time.Second
 
-// keepChecking re-checks every period (four GETs and a dry-run create)
-// while the guard runs, so that a policy or binding deleted or edited after
-// the start, or one the API server stopped enforcing, makes the
-// webhook evaluate the refusals itself (and the leader route them to the
+// Start re-checks every period (four GETs and a dry-run create) while the
+// guard runs, so that a policy or binding deleted or edited after the
+// start, or one the API server stopped enforcing, makes the webhook
+// evaluate the refusals itself (and the leader route them to the
 // failing-closed entry), and an install completed after the start lets the
 // API server have them again.
-func (n *nativeChecker) keepChecking(ctx context.Context, every time.Duration) {
+func (n *Checker) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(every):
+			return nil
+		case <-time.After(n.every):
 		}
 		n.check(ctx, false)
 	}
@@ -135,15 +155,15 @@ func (n *nativeChecker) keepChecking(ctx context.Context, every time.Duration) {
 // A check that cannot tell keeps the last finding (at start: the webhook
 // evaluates the refusals, which is only slower): a blip of the API server
 // must not route every write to the failing-closed entry.
-func (n *nativeChecker) check(ctx context.Context, startup bool) {
-	ok, why, err := guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
+func (n *Checker) check(ctx context.Context, startup bool) {
+	ok, why, err := PoliciesEnforced(ctx, n.r, n.namespace, n.opts)
 	rewritten := false
 	if err == nil && !ok && !startup && n.paramsDeleted(ctx) {
-		if werr := guardwebhook.ApplyNativeParams(ctx, n.w, n.namespace, n.opts); werr != nil {
+		if werr := ApplyParams(ctx, n.w, n.namespace, n.opts); werr != nil {
 			n.log.Error(werr, "the native policies' params were deleted and could not be written again")
 		} else {
 			n.log.Info("the native policies' params were deleted: written again from the config file", "reason", "NativeParamsRewritten")
-			ok, why, err = guardwebhook.NativePoliciesEnforced(ctx, n.r, n.namespace, n.opts)
+			ok, why, err = PoliciesEnforced(ctx, n.r, n.namespace, n.opts)
 			rewritten = true
 		}
 	}
@@ -151,14 +171,14 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 	case err == nil && ok && rewritten:
 		// kube-apiserver reads the new params a moment later, and its
 		// policy allows everything meanwhile: the next check probes.
-		ok, _ = guardwebhook.FloorEnforced(guardwebhook.ProbeUnknown, n.lastProbe)
+		ok, _ = Enforced(ProbeUnknown, n.lastProbe)
 	case err == nil && ok:
 		ok, why = n.probe(ctx, startup)
 	case err == nil:
 		// Objects missing or changed: when they are back (the very change
 		// that trips kubernetes/kubernetes#130887), the API server must
 		// prove it enforces them before it has the refusals again.
-		n.lastProbe = guardwebhook.ProbeNotEnforced
+		n.lastProbe = ProbeNotEnforced
 	}
 	if ctx.Err() != nil {
 		return
@@ -192,44 +212,44 @@ func (n *nativeChecker) check(ctx context.Context, startup bool) {
 }
 
 // probe asks the API server itself, once the objects say it enforces the
-// refusals: they can all be in place while it does not (see
-// guardwebhook.FloorProbe). A probe that finds them not enforced where the
-// last did not is tried again for probeSettle, for the API server reads a
-// policy's params a moment after they are written. Having found them not
-// enforced, it needs FloorProbeConfirmations probes in a row to find them
-// enforced again. A probe that cannot tell (RBAC without create in the
-// probe namespace, another webhook refusing first) keeps the last
-// conclusive verdict, or the objects' finding when there is none, says so
-// once, and sets the conclusive gauge to 0.
-func (n *nativeChecker) probe(parent context.Context, startup bool) (bool, string) {
+// refusals: they can all be in place while it does not (see Probe). A
+// probe that finds them not enforced where the last did not is tried again
+// for probeSettle, for the API server reads a policy's params a moment
+// after they are written. Having found them not enforced, it needs
+// ProbeConfirmations probes in a row to find them enforced again. A probe
+// that cannot tell (RBAC without create in the probe namespace, another
+// webhook refusing first) keeps the last conclusive verdict, or the
+// objects' finding when there is none, says so once, and sets the
+// conclusive gauge to 0.
+func (n *Checker) probe(parent context.Context, startup bool) (bool, string) {
 	ctx, cancel := context.WithTimeout(parent, probeTimeout)
 	defer cancel()
 	tries := 1
-	if n.lastProbe == guardwebhook.ProbeNotEnforced {
-		tries = guardwebhook.FloorProbeConfirmations
+	if n.lastProbe == ProbeNotEnforced {
+		tries = ProbeConfirmations
 	}
-	v, why := guardwebhook.ProbeUnknown, ""
+	v, why := ProbeUnknown, ""
 	for range tries {
-		if v, why = guardwebhook.NativeFloorProbe(ctx, n.r, n.w, n.opts); v != guardwebhook.ProbeEnforced {
+		if v, why = Probe(ctx, n.r, n.w, n.opts); v != ProbeEnforced {
 			break
 		}
 	}
-	if v == guardwebhook.ProbeNotEnforced && n.lastProbe != guardwebhook.ProbeNotEnforced {
+	if v == ProbeNotEnforced && n.lastProbe != ProbeNotEnforced {
 		_ = wait.PollUntilContextTimeout(ctx, probeSettle/10, probeSettle, false, func(ctx context.Context) (bool, error) {
-			if again, _ := guardwebhook.NativeFloorProbe(ctx, n.r, n.w, n.opts); again == guardwebhook.ProbeEnforced {
+			if again, _ := Probe(ctx, n.r, n.w, n.opts); again == ProbeEnforced {
 				v = again
 			}
-			return v == guardwebhook.ProbeEnforced, nil
+			return v == ProbeEnforced, nil
 		})
 	}
 	if n.conclusive != nil {
-		n.conclusive.Set(map[bool]float64{true: 1, false: 0}[v != guardwebhook.ProbeUnknown])
+		n.conclusive.Set(map[bool]float64{true: 1, false: 0}[v != ProbeUnknown])
 	}
-	enforced, conclusive := guardwebhook.FloorEnforced(v, n.lastProbe)
+	enforced, conclusive := Enforced(v, n.lastProbe)
 	switch {
-	case v != guardwebhook.ProbeUnknown:
+	case v != ProbeUnknown:
 		n.probeMute = false
-		if v == guardwebhook.ProbeEnforced && why != "" {
+		if v == ProbeEnforced && why != "" {
 			n.log.V(1).Info("the API server enforces the native refusals", "note", why)
 		}
 	case !n.probeMute && parent.Err() == nil:
@@ -254,17 +274,11 @@ func (n *nativeChecker) probe(parent context.Context, startup bool) (bool, strin
 // only differ: during a rolling change of the config, replicas of the old and
 // the new config would take turns, and the replicas whose config they do not
 // match evaluate the refusals themselves meanwhile.
-func (n *nativeChecker) paramsDeleted(ctx context.Context) bool {
+func (n *Checker) paramsDeleted(ctx context.Context) bool {
 	err := n.r.Get(ctx, client.ObjectKey{Namespace: n.namespace, Name: nativeconfig.ParamsName}, &corev1.ConfigMap{})
 	if !apierrors.IsNotFound(err) {
 		return false
 	}
-	bound, _, err := guardwebhook.NativeRefusalsBound(ctx, n.r, n.namespace)
+	bound, _, err := RefusalsBound(ctx, n.r, n.namespace)
 	return err == nil && bound
-}
-
-// registeredGauge is a gauge registered with the manager's metrics.
-func registeredGauge(name, help string) (prometheus.Gauge, error) {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
-	return g, metrics.Registry.Register(g)
 }

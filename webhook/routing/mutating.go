@@ -1,10 +1,11 @@
-package webhook
+package routing
 
 import (
 	"context"
 	"fmt"
 	"slices"
 
+	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -82,4 +83,31 @@ func RouteMutating(ctx context.Context, c ReadWriter, name string, labelled bool
 		return false, fmt.Errorf("routing MutatingWebhookConfiguration %s: %w", name, err)
 	}
 	return true, nil
+}
+
+// mayChangeCondition is the matchCondition of config/webhook that spares
+// DefaultWebhook the Deployments the default configuration never changes.
+const mayChangeCondition = "guard-may-change-it"
+
+// CheckMutatingScope says, through log, when the installed mutating webhook
+// configuration name does not send the guard every Deployment: to be called
+// once at start when the configuration changes every Deployment, whose
+// defaults (or cleanup steps) would then not be applied on the way in. The
+// reconciler still brings every Deployment's cleanup finalizers in line;
+// the platform defaults have no such safety net.
+func CheckMutatingScope(ctx context.Context, r client.Reader, name string, log logr.Logger) {
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, mwc); err != nil {
+		log.Info("Could not read the mutating webhook configuration to check which Deployments it sends", "name", name, "error", err.Error())
+		return
+	}
+	for _, wh := range mwc.Webhooks {
+		for _, mc := range wh.MatchConditions {
+			if mc.Name == mayChangeCondition {
+				log.Error(nil, "The configuration sets defaults or cleanup steps for every Deployment, but the mutating webhook configuration only sends the guard Deployments the default configuration changes: remove its matchCondition "+mayChangeCondition+" (config/webhook, or the Helm value) so that they are applied",
+					"mutatingWebhookConfiguration", name, "webhook", wh.Name, "reason", "MutatingScopeTooNarrow")
+				return
+			}
+		}
+	}
 }

@@ -1,4 +1,6 @@
-package main
+// Package health serves the guard's /healthz and /readyz, saying which
+// check fails and why.
+package health
 
 import (
 	"fmt"
@@ -12,12 +14,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
-// probes serves /healthz and /readyz in place of controller-runtime's probe
+// Probes serves /healthz and /readyz in place of controller-runtime's probe
 // server, which withholds every reason: here a failing check says why, and
 // ?verbose also shows notes, conditions worth knowing that do not make the
 // guard unready (the audit's report CRD missing). The kubelet and a load
 // balancer read only the status code.
-type probes struct {
+type Probes struct {
 	healthz, readyz []namedCheck
 	notes           []namedNote
 }
@@ -35,25 +37,25 @@ type namedNote struct {
 
 // AddHealthzCheck and AddReadyzCheck have the manager's signatures, so that
 // setup code registers checks the same way on either.
-func (p *probes) AddHealthzCheck(name string, c healthz.Checker) error {
+func (p *Probes) AddHealthzCheck(name string, c healthz.Checker) error {
 	p.healthz = append(p.healthz, namedCheck{name, c})
 	return nil
 }
 
-func (p *probes) AddReadyzCheck(name string, c healthz.Checker) error {
+func (p *Probes) AddReadyzCheck(name string, c healthz.Checker) error {
 	p.readyz = append(p.readyz, namedCheck{name, c})
 	return nil
 }
 
 // AddReadyzNote shows note's text in /readyz?verbose, under name.
-func (p *probes) AddReadyzNote(name string, note func() string) {
+func (p *Probes) AddReadyzNote(name string, note func() string) {
 	p.notes = append(p.notes, namedNote{name, note})
 }
 
-// server is the probe server for addr, as a manager runnable: it starts with
+// Server is the probe server for addr, as a manager runnable: it starts with
 // the webhooks and stops after them, like the manager's own. The address is
 // bound now, so that a port in use fails the start, not a probe later.
-func (p *probes) server(addr string) (*manager.Server, error) {
+func (p *Probes) Server(addr string) (*manager.Server, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listening for health probes on %s: %w", addr, err)
@@ -65,7 +67,7 @@ func (p *probes) server(addr string) (*manager.Server, error) {
 	}, nil
 }
 
-func (p *probes) handler() http.Handler {
+func (p *Probes) handler() http.Handler {
 	mux := http.NewServeMux()
 	for path, h := range map[string]http.Handler{
 		"/healthz": checksHandler{name: "healthz", checks: p.healthz},

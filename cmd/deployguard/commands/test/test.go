@@ -1,4 +1,5 @@
-package main
+// Package test is `deployguard test`: the Rego tests of a policy repository.
+package test
 
 import (
 	"context"
@@ -11,10 +12,10 @@ import (
 	"github.com/deployguard/deployguard/policy"
 )
 
-// testPolicies is `deployguard test DIR…`: the Rego tests of a policy
+// Run is `deployguard test DIR…`: the Rego tests of a policy
 // repository, run with the guard's own OPA and restrictions, so that CI needs
 // nothing but the deployguard binary.
-func testPolicies(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("deployguard test", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "list every test, not only failures")

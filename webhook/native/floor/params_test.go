@@ -1,4 +1,4 @@
-package webhook
+package floor
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func installed(t *testing.T, o *review.Options) (*admissionregistrationv1.Valida
 	for i := range p.Spec.MatchConditions {
 		p.Spec.MatchConditions[i].Expression = strings.ReplaceAll(p.Spec.MatchConditions[i].Expression, "\n", "\n\n")
 	}
-	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "native", "bindings.yaml"))
 	require.NoError(t, err)
 	vb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	for _, doc := range strings.Split(string(b), "\n---\n") {
@@ -63,7 +63,7 @@ func installedForCreates(t *testing.T) (*admissionregistrationv1.ValidatingAdmis
 	t.Helper()
 	rules, err := native.Load()
 	require.NoError(t, err)
-	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "native", "bindings.yaml"))
 	require.NoError(t, err)
 	var cb *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	var mb *admissionregistrationv1.MutatingAdmissionPolicyBinding
@@ -166,7 +166,7 @@ func TestNativePoliciesEnforced(t *testing.T) {
 			cb, mp, mb := installedForCreates(t)
 			objs = append(objs, cb, mp, mb)
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
-			ok, why, err := NativePoliciesEnforced(context.Background(), c, "deployguard-system", o)
+			ok, why, err := PoliciesEnforced(context.Background(), c, "deployguard-system", o)
 			require.NoError(t, err)
 			assert.Equal(t, tc.why == "", ok, why)
 			assert.Contains(t, why, tc.why)
@@ -231,7 +231,7 @@ func TestNativeRefusalsJudgeTheCreates(t *testing.T) {
 				}
 			}
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(all...).Build()
-			ok, why, err := NativePoliciesEnforced(context.Background(), c, "deployguard-system", o)
+			ok, why, err := PoliciesEnforced(context.Background(), c, "deployguard-system", o)
 			require.NoError(t, err)
 			assert.Equal(t, tc.why == "", ok, why)
 			assert.Contains(t, why, tc.why)
@@ -245,7 +245,7 @@ func TestNativeSelectorRepairInstalled(t *testing.T) {
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
 	rules, err := native.Load()
 	require.NoError(t, err)
-	b, err := os.ReadFile(filepath.Join("..", "config", "native", "bindings.yaml"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "native", "bindings.yaml"))
 	require.NoError(t, err)
 	docs := strings.Split(string(b), "\n---\n")
 	installed := func() (*admissionregistrationv1.MutatingAdmissionPolicy, *admissionregistrationv1.MutatingAdmissionPolicyBinding) {
@@ -281,7 +281,7 @@ func TestNativeSelectorRepairInstalled(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objs(installed())...).Build()
-			ok, why, err := NativeSelectorRepairInstalled(context.Background(), c, "deployguard-system")
+			ok, why, err := SelectorRepairInstalled(context.Background(), c, "deployguard-system")
 			require.NoError(t, err)
 			assert.Equal(t, tc.why == "", ok, why)
 			assert.Contains(t, why, tc.why)
@@ -293,7 +293,7 @@ func TestNativeSelectorRepairInstalled(t *testing.T) {
 				return &meta.NoKindMatchError{GroupKind: schema.GroupKind{Group: "admissionregistration.k8s.io", Kind: "MutatingAdmissionPolicy"}, SearchedVersions: []string{"v1"}}
 			},
 		}).Build()
-		ok, why, err := NativeSelectorRepairInstalled(context.Background(), c, "deployguard-system")
+		ok, why, err := SelectorRepairInstalled(context.Background(), c, "deployguard-system")
 		require.NoError(t, err, "not installed, not an error: the mutating webhook then takes the creates")
 		assert.False(t, ok)
 		assert.Contains(t, why, "the API server does not serve its kind")

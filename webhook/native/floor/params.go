@@ -1,4 +1,4 @@
-package webhook
+package floor
 
 import (
 	"context"
@@ -19,125 +19,25 @@ import (
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
-// NativePoliciesEnforced reports whether kube-apiserver enforces the guard's
+// PoliciesEnforced reports whether kube-apiserver enforces the guard's
 // refusals policy as this guard would evaluate it: the policy is there with
 // the same expressions as the guard's, its binding denies and reads the
-// params ConfigMap in namespace (NativeRefusalsBound), and that ConfigMap
-// holds what o says (nativeParamsCurrent). When any of it is not so (not
+// params ConfigMap in namespace (RefusalsBound), and that ConfigMap
+// holds what o says (paramsCurrent). When any of it is not so (not
 // installed, an older policy left after an upgrade, params of another
 // namespace or not written), why says what, and the webhook must evaluate
 // the refusals itself, or nothing would.
-func NativePoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o *review.Options) (ok bool, why string, err error) {
-	if ok, why, err := NativeRefusalsBound(ctx, c, namespace); !ok || err != nil {
+func PoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o *review.Options) (ok bool, why string, err error) {
+	if ok, why, err := RefusalsBound(ctx, c, namespace); !ok || err != nil {
 		return ok, why, err
 	}
-	return nativeParamsCurrent(ctx, c, namespace, o)
+	return paramsCurrent(ctx, c, namespace, o)
 }
 
-// NativeFloorProbe asks kube-apiserver itself whether it enforces
-// deployguard-refusals: a dry-run create (through w) of FloorProbe in
-// o.NativeProbeNamespace, which must be a namespace the refusals' binding
-// applies to, whose answer JudgeFloorProbe reads. Everything else is read
-// through r, uncached: it also runs before the guard's caches start.
-// NativePoliciesEnforced reads the objects; this reads the behaviour, which
-// can differ (see FloorProbe).
-func NativeFloorProbe(ctx context.Context, r client.Reader, w client.Client, o *review.Options) (ProbeVerdict, string) {
-	// The binding that takes the probe, a create: the one for creates where
-	// the refusals' own does not. deployguard-selector labels the probe
-	// (its finalizer is in the guard's domain) as every create the policy
-	// refuses, so the label stands for them; any other label does not.
-	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	if err := r.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
-		return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.Refusals + ": " + err.Error()
-	}
-	if !bindsOperation(b, admissionregistrationv1.Create) {
-		b = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-		if err := r.Get(ctx, client.ObjectKey{Name: native.RefusalsCreateBinding}, b); err != nil {
-			return ProbeUnknown, "reading ValidatingAdmissionPolicyBinding " + native.RefusalsCreateBinding + ": " + err.Error()
-		}
-	}
-	var nsSelector *metav1.LabelSelector
-	if mr := b.Spec.MatchResources; mr != nil {
-		if _, other := createsSelected(b); other || b.Name == native.Refusals && mr.ObjectSelector != nil &&
-			(len(mr.ObjectSelector.MatchLabels) > 0 || len(mr.ObjectSelector.MatchExpressions) > 0) {
-			return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + b.Name + " selects Deployments by their labels: no probe can stand for them"
-		}
-		nsSelector = mr.NamespaceSelector
-	}
-	name := o.NativeProbeNamespace
-	if name == "" {
-		name = metav1.NamespaceDefault
-	}
-	ns := &metav1.PartialObjectMetadata{}
-	ns.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
-	if err := r.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
-		return ProbeUnknown, "reading namespace " + name + " (nativePolicies.probeNamespace): " + err.Error()
-	}
-	switch applies, err := BindingApplies(nsSelector, ns); {
-	case err != nil:
-		return ProbeUnknown, "ValidatingAdmissionPolicyBinding " + b.Name + "'s namespaceSelector: " + err.Error()
-	case !applies:
-		return ProbeUnknown, "namespace " + name + " (nativePolicies.probeNamespace) is being deleted, or is not one ValidatingAdmissionPolicyBinding " +
-			b.Name + " applies to: set nativePolicies.probeNamespace to one it does"
-	}
-	d := FloorProbe(name)
-	want := o.FloorProbeRefusal(ctx, d)
-	if want == "" {
-		return ProbeUnknown, "this guard would admit the probe itself"
-	}
-	// The params' resourceVersion, read before and after the probe, to
-	// compare with the one the policy read.
-	paramsRV := func() string {
-		params := &metav1.PartialObjectMetadata{}
-		params.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-		if r.Get(ctx, client.ObjectKey{Namespace: paramsNamespace(b), Name: nativeconfig.ParamsName}, params) != nil {
-			return ""
-		}
-		return params.ResourceVersion
-	}
-	before := paramsRV()
-	answer := w.Create(ctx, d, client.DryRunAll)
-	return JudgeFloorProbe(answer, want, before, paramsRV(), func(hook string) bool {
-		if hook == EnforceWebhook || hook == CreateWebhook || hook == UpdateWebhook || hook == PreviousUpdateWebhook || hook == ValidateWebhook {
-			return true
-		}
-		// Names are unique only within a configuration: a name that a
-		// mutating webhook has too could have refused before the policy.
-		var mutating admissionregistrationv1.MutatingWebhookConfigurationList
-		var validating admissionregistrationv1.ValidatingWebhookConfigurationList
-		if r.List(ctx, &mutating) != nil || r.List(ctx, &validating) != nil {
-			return false
-		}
-		for _, c := range mutating.Items {
-			for _, wh := range c.Webhooks {
-				if wh.Name == hook {
-					return false
-				}
-			}
-		}
-		for _, c := range validating.Items {
-			for _, wh := range c.Webhooks {
-				if wh.Name == hook {
-					return true
-				}
-			}
-		}
-		return false
-	})
-}
-
-// paramsNamespace is where b reads its params ConfigMap.
-func paramsNamespace(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) string {
-	if b.Spec.ParamRef != nil {
-		return b.Spec.ParamRef.Namespace
-	}
-	return ""
-}
-
-// NativeRefusalsBound reports whether deployguard-refusals is installed with
+// RefusalsBound reports whether deployguard-refusals is installed with
 // this release's expressions and bound to deny with the params ConfigMap in
 // namespace.
-func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
+func RefusalsBound(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
 	rules, err := native.Load()
 	if err != nil {
 		return false, "", err
@@ -193,7 +93,7 @@ func NativeRefusalsBound(ctx context.Context, c client.Reader, namespace string)
 	if !labelled {
 		return true, "", nil
 	}
-	if ok, why, err := NativeSelectorRepairInstalled(ctx, c, namespace); !ok || err != nil {
+	if ok, why, err := SelectorRepairInstalled(ctx, c, namespace); !ok || err != nil {
 		return ok, native.Refusals + " judges only the creates " + native.Selector + " labels, and " + why, err
 	}
 	mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
@@ -261,9 +161,9 @@ func createsSelected(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	return false, true
 }
 
-// nativeParamsCurrent reports whether the params ConfigMap in namespace
+// paramsCurrent reports whether the params ConfigMap in namespace
 // holds what o says.
-func nativeParamsCurrent(ctx context.Context, c client.Reader, namespace string, o *review.Options) (ok bool, why string, err error) {
+func paramsCurrent(ctx context.Context, c client.Reader, namespace string, o *review.Options) (ok bool, why string, err error) {
 	cm := &corev1.ConfigMap{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: nativeconfig.ParamsName}, cm); err != nil {
 		return notFound(err, "ConfigMap "+namespace+"/"+nativeconfig.ParamsName+" is not there")
@@ -276,12 +176,12 @@ func nativeParamsCurrent(ctx context.Context, c client.Reader, namespace string,
 	return true, "", nil
 }
 
-// NativeSelectorRepairInstalled reports whether kube-apiserver repairs an
+// SelectorRepairInstalled reports whether kube-apiserver repairs an
 // empty selector as this guard would: deployguard-selector is there with
 // this release's expressions, and its binding reads the params ConfigMap in
 // namespace. When it is not so, why says what: the guard's webhook still
 // repairs selectors, but only while it is up.
-func NativeSelectorRepairInstalled(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
+func SelectorRepairInstalled(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
 	rules, err := native.Load()
 	if err != nil {
 		return false, "", err
@@ -415,9 +315,9 @@ func notFound(err error, why string) (bool, string, error) {
 	return false, "", err
 }
 
-// ApplyNativeParams writes the policies' params ConfigMap in namespace from
+// ApplyParams writes the policies' params ConfigMap in namespace from
 // o, so that the config file stays the one place a platform team sets them.
-func ApplyNativeParams(ctx context.Context, c client.Client, namespace string, o *review.Options) error {
+func ApplyParams(ctx context.Context, c client.Client, namespace string, o *review.Options) error {
 	cm := o.NativeSettings().ConfigMap(namespace)
 	//nolint:staticcheck // a typed object applied whole; the guard owns every field it sets
 	if err := c.Patch(ctx, cm, client.Apply, client.FieldOwner("deployguard"), client.ForceOwnership); err != nil {

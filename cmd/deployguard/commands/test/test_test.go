@@ -1,4 +1,4 @@
-package main
+package test
 
 import (
 	"bytes"
@@ -49,7 +49,7 @@ test_wrong_expectation if count(deny) == 0 with input as {"object": {"metadata":
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(append([]string{"test"}, tt.args...), nil, &stdout, &stderr)
+			code := Run(tt.args, &stdout, &stderr)
 			assert.Equal(t, tt.wantCode, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 			assert.Contains(t, stdout.String(), tt.wantOut)
 			assert.Contains(t, stderr.String(), tt.wantErr)

@@ -1,4 +1,6 @@
-package main
+// Package leader runs the work only one replica may do in leadership terms
+// that end without ending the process.
+package leader
 
 import (
 	"context"
@@ -14,33 +16,34 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
-// leaderTerms runs the work only one replica may do (the rollout reconciler
+// Terms runs the work only one replica may do (the rollout reconciler
 // and what it adds) in a manager of its own for each leadership term, over the
 // process's cache. controller-runtime's manager ends the process when it
 // cannot renew its lease (10 s of API server trouble by default); here that
 // ends only the term: the webhooks, which never depended on the lease, keep
 // serving, and the replica campaigns again at once.
-type leaderTerms struct {
-	restCfg *rest.Config
-	scheme  *runtime.Scheme
-	// cache is the process's cache, started by the main manager.
-	cache cache.Cache
-	// elect, id and namespace: the Lease, as --leader-elect and
+type Terms struct {
+	RestConfig *rest.Config
+	Scheme     *runtime.Scheme
+	// Cache is the process's cache, started by the main manager.
+	Cache cache.Cache
+	// Elect, ID and Namespace: the Lease, as --leader-elect and
 	// --leader-election-id set it.
-	elect     bool
-	id        string
-	namespace string
-	// setup adds a term's work to its manager.
-	setup []func(ctx context.Context, mgr ctrl.Manager) error
-	// pause is the wait before campaigning again after a term ends on an error.
-	pause time.Duration
+	Elect     bool
+	ID        string
+	Namespace string
+	// Setup adds a term's work to its manager.
+	Setup []func(ctx context.Context, mgr ctrl.Manager) error
+	// Pause is the wait before campaigning again after a term ends on an error.
+	Pause time.Duration
 }
 
 // NeedLeaderElection: the terms campaign themselves; the main manager starts
 // them on every replica.
-func (l *leaderTerms) NeedLeaderElection() bool { return false }
+func (l *Terms) NeedLeaderElection() bool { return false }
 
-func (l *leaderTerms) Start(ctx context.Context) error {
+// Start campaigns and runs one term after another until ctx ends.
+func (l *Terms) Start(ctx context.Context) error {
 	log := ctrl.Log.WithName("leader")
 	for term := 1; ; term++ {
 		err := l.run(ctx)
@@ -51,25 +54,25 @@ func (l *leaderTerms) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(l.pause):
+		case <-time.After(l.Pause):
 		}
 	}
 }
 
 // run is one term: campaign, then run the work until the lease is lost or ctx
 // ends.
-func (l *leaderTerms) run(ctx context.Context) error {
-	mgr, err := ctrl.NewManager(l.restCfg, ctrl.Options{
-		Scheme: l.scheme,
+func (l *Terms) run(ctx context.Context) error {
+	mgr, err := ctrl.NewManager(l.RestConfig, ctrl.Options{
+		Scheme: l.Scheme,
 		NewCache: func(*rest.Config, cache.Options) (cache.Cache, error) {
-			return sharedCache{l.cache}, nil
+			return sharedCache{l.Cache}, nil
 		},
 		// The main manager serves metrics, probes and webhooks.
 		Metrics:                       metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:        "0",
-		LeaderElection:                l.elect,
-		LeaderElectionID:              l.id,
-		LeaderElectionNamespace:       l.namespace,
+		LeaderElection:                l.Elect,
+		LeaderElectionID:              l.ID,
+		LeaderElectionNamespace:       l.Namespace,
 		LeaderElectionReleaseOnCancel: true,
 		// Each term registers the same controllers again, in one process.
 		Controller: ctrlconfig.Controller{SkipNameValidation: ptr.To(true)},
@@ -77,7 +80,7 @@ func (l *leaderTerms) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating the leader's manager: %w", err)
 	}
-	for _, s := range l.setup {
+	for _, s := range l.Setup {
 		if err := s(ctx, mgr); err != nil {
 			return err
 		}

@@ -1,4 +1,9 @@
-package webhook
+// Package routing keeps the guard's own webhook configurations routed by
+// what it enforces: which entry of the validating webhook takes which
+// request (MustDecide, MayAdvise, Route), which creates the mutating
+// webhook's default entry takes (RouteMutating), and the leader's loops that
+// write them (Validating, Mutating).
+package routing
 
 import (
 	"slices"

@@ -1,0 +1,93 @@
+package rollout
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// deployment is Deployment shop/web; replicaSet one of its ReplicaSets, of
+// a revision and an image, with the pod-template-hash label the Deployment
+// controller gives it.
+func deployment() *appsv1.Deployment {
+	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "uid-web"}}
+}
+
+func replicaSet(d *appsv1.Deployment, revision int64, image string) *appsv1.ReplicaSet {
+	hash := fmt.Sprintf("h%d", revision)
+	return &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: d.Name + "-" + hash, UID: types.UID("uid-rs-" + hash),
+			Annotations: map[string]string{vocab.RevisionAnnotation: fmt.Sprint(revision)}},
+		Spec: appsv1.ReplicaSetSpec{Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web", appsv1.DefaultDeploymentUniqueLabelKey: hash}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: image}}},
+		}},
+	}
+}
+
+// The ledger survives its JSON form; one that does not parse reads as present
+// and empty, so that nothing older is adopted in its place.
+func TestReadLedger(t *testing.T) {
+	d := deployment()
+	_, ok := ReadLedger(d)
+	assert.False(t, ok, "a Deployment the guard never wrote has no ledger")
+
+	rs2 := replicaSet(d, 2, "web:v2")
+	want := Ledger{}.WithKnownGood(rs2, 2, t0)
+	want.RolledBackRevision, want.RolledBackTo, want.FailFastRevision = 3, "web-h2", 3
+	want.HandledDeadline, want.FailingSince = t0.Format(time.RFC3339), FailingSinceValue(t0, "web-h3")
+	require.True(t, SetLedger(&d.Status, want, t0))
+	assert.False(t, SetLedger(&d.Status, want, t0.Add(time.Minute)), "the same ledger again changes nothing")
+	got, ok := ReadLedger(d)
+	require.True(t, ok)
+	assert.Equal(t, want, got)
+
+	for i := range d.Status.Conditions {
+		d.Status.Conditions[i].Message = "{not json"
+	}
+	got, ok = ReadLedger(d)
+	assert.True(t, ok, "unreadable, but there")
+	assert.Equal(t, Ledger{}, got)
+}
+
+// WithKnownGood keeps one entry per ReplicaSet, the newest last, and no more
+// than upstream's default revision history.
+func TestWithKnownGood(t *testing.T) {
+	d := deployment()
+	var rss []*appsv1.ReplicaSet
+	l := Ledger{}
+	for rev := int64(1); rev <= maxKnownGood+2; rev++ {
+		rs := replicaSet(d, rev, fmt.Sprintf("web:v%d", rev))
+		rss = append(rss, rs)
+		l = l.WithKnownGood(rs, rev, t0)
+	}
+	require.Len(t, l.KnownGood, maxKnownGood, "bounded")
+	assert.Equal(t, "web-h3", l.KnownGood[0].ReplicaSet, "the oldest dropped")
+	assert.Equal(t, "web-h12", l.Newest().ReplicaSet)
+	assert.False(t, l.IsKnownGood(rss[0]))
+
+	// Revision 5 comes back (kubectl rollout undo) and completes again.
+	again := l.WithKnownGood(rss[4], 13, t0.Add(time.Hour))
+	assert.Len(t, again.KnownGood, maxKnownGood)
+	assert.Equal(t, KnownGoodEntry{ReplicaSet: "web-h5", UID: rss[4].UID, Template: vocab.TemplateHash(&rss[4].Spec.Template),
+		Revision: 13, At: t0.Add(time.Hour).Format(time.RFC3339)}, *again.Newest())
+	n := 0
+	for _, e := range again.KnownGood {
+		if e.ReplicaSet == "web-h5" {
+			n++
+		}
+	}
+	assert.Equal(t, 1, n, "one entry per ReplicaSet")
+	assert.Equal(t, "web-h12", l.Newest().ReplicaSet, "the ledger it was made from is unchanged")
+}
