@@ -276,6 +276,12 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 		notes := guardEvents(ctx, t, tn.ns, "undo", vocab.ReasonKnownGood)
 		return slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, fmt.Sprintf("Revision %d ", finalRevision)) }), fmt.Sprint(notes), nil
 	})
+	// And the rollback's verdict has ended (the fix is a new template): its
+	// label, its condition and the ledger's record of it are gone.
+	waitLedger(t, tn.ns, "undo", "the rollback's verdict did not end", time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		_, labelled := d.Labels[vocab.LabelRolledBack]
+		return !labelled && l.RolledBackTo == "" && rollout.StalledIndex(&d.Status) < 0
+	})
 	var now eventsv1.EventList
 	require.NoError(t, local.Client.List(ctx, &now, client.InNamespace(tn.ns)))
 	from := &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: now.ResourceVersion}}
