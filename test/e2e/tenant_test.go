@@ -152,25 +152,26 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 		vocab.LegacyAnnotationRolledBackTo:       "web-x",
 		vocab.LegacyAnnotationKnownGood:          "2000-01-01T00:00:00Z",
 		vocab.Domain + "/cached-template-hash":   "forged",
-		// What else the guard reads of a Deployment, each a word for
-		// people or a speed bump on the tenant's own Deployment that stops
-		// no rollback (reconciler/README.md, "The ledger").
-		vocab.AnnotationRollbackStatus:       "forged",
-		vocab.AnnotationQuarantinedTemplates: "0000000000000000",
-		vocab.AnnotationDrainStarted:         "2000-01-01T00:00:00Z",
-		vocab.AnnotationDrainReplicas:        "99",
+		// A word for people only (reconciler/README.md, "The ledger"). The
+		// other speed bumps a tenant may set on its own Deployment (the
+		// quarantine list and labels, the drain's annotations) are
+		// documented there and tested in the reconciler's unit tests.
+		vocab.AnnotationRollbackStatus: "forged",
 	}
 	tn.update(t, "web", func(d *appsv1.Deployment) {
 		for k, v := range forged {
 			metav1.SetMetaDataAnnotation(&d.ObjectMeta, k, v)
 		}
-		metav1.SetMetaDataLabel(&d.ObjectMeta, vocab.LabelRolledBack, "2")
-		metav1.SetMetaDataLabel(&d.ObjectMeta, vocab.LabelQuarantined, vocab.LabelQuarantinedValue)
-		breakTemplate(&d.Spec.Template, "app:2-typo")
+		// An image that does not exist: fail-fast's evidence (the
+		// forged fail-fast-revision once stopped it silently), and the
+		// deadline's too.
+		d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag-forged"
 	})
-	// The failing ReplicaSet as the Deployment controller created it, marked
-	// known-good by the tenant with its own pod-template-hash: what an
-	// earlier release took for the guard's mark.
+	// The mark as an earlier release wrote it, naming the failing
+	// ReplicaSet's own pod-template-hash: written on the Deployment, which
+	// the Deployment controller copies onto that ReplicaSet (the issue's
+	// attack; a mark written on the ReplicaSet itself is in the reconciler's
+	// unit tests).
 	var failing appsv1.ReplicaSet
 	waitFor(t, time.Minute, "no ReplicaSet of revision 2", func(ctx context.Context) (bool, string, error) {
 		var list appsv1.ReplicaSetList
@@ -185,15 +186,9 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 		}
 		return false, fmt.Sprint(len(list.Items), " ReplicaSets"), nil
 	})
-	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		rs := &appsv1.ReplicaSet{}
-		if err := tn.c.Get(ctx, client.ObjectKeyFromObject(&failing), rs); err != nil {
-			return err
-		}
-		metav1.SetMetaDataAnnotation(&rs.ObjectMeta, vocab.LegacyAnnotationKnownGood, "2000-01-01T00:00:00Z")
-		metav1.SetMetaDataAnnotation(&rs.ObjectMeta, vocab.LegacyAnnotationKnownGoodHash, rs.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
-		return tn.c.Update(ctx, rs)
-	}), "a tenant may annotate ReplicaSets")
+	tn.update(t, "web", func(d *appsv1.Deployment) {
+		metav1.SetMetaDataAnnotation(&d.ObjectMeta, vocab.LegacyAnnotationKnownGoodHash, failing.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
+	})
 
 	got := waitLedger(t, tn.ns, "web", "the forged annotations stopped the rollback of revision 2", time.Duration(deadline+60)*time.Second,
 		func(l rollout.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 2 })
