@@ -138,7 +138,8 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 	for i := range pods {
 		states = append(states, PodStateOf(&pods[i], now, o))
 	}
-	held := strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec))
+	l, _ := rollout.ReadLedger(d)
+	held := l.DeferredFor == dec.NewRS.Name
 	// As fail-fast's: never shorter than the Deployment's own window.
 	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, max(o.TransientWindow, o.Window), held), nil
 }
@@ -149,14 +150,17 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Deployment, dec Decision, h TransientHold) error {
 	since := rollout.FailingSinceValue(h.Since, dec.NewRS.Name)
 	msg := h.DeferMessage(dec)
-	if l, _ := rollout.ReadLedger(d); l.FailingSince == since && strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(dec)) {
+	if l, _ := rollout.ReadLedger(d); l.FailingSince == since && l.DeferredFor == dec.NewRS.Name {
 		// Deferred already (its causes may have changed since, or cleared:
 		// the window and its end are the same).
 		return nil
 	}
 	// The window's start in the ledger (a restart keeps it), the decision
 	// in words for people.
-	if err := r.setFailingSince(ctx, d, since); err != nil {
+	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
+		l.FailingSince, l.DeferredFor = since, dec.NewRS.Name
+		return l
+	}); err != nil {
 		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)
 	}
 	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})

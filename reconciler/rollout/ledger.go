@@ -69,6 +69,10 @@ type Ledger struct {
 	// FailingSince is "<RFC 3339> <ReplicaSet>": when failure evidence was
 	// first seen on that ReplicaSet's new pods.
 	FailingSince string `json:"failingSince,omitempty"`
+	// DeferredFor names the newRS whose rollback on its deadline is held for
+	// a transient failure (the transient hold): the hold reads it, never the
+	// rollback-status annotation, which only says it in words.
+	DeferredFor string `json:"deferredFor,omitempty"`
 	// Pending is a rollback decided and about to be written: recorded before
 	// the template is restored, settled after (the reconciler's reconcilePending), so that a
 	// guard stopped between the two finds out whether it happened.
@@ -93,7 +97,7 @@ type PendingRollback struct {
 func (l Ledger) Settled(p PendingRollback) Ledger {
 	l.Pending = nil
 	l.HandledDeadline = p.Deadline
-	l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate, l.FailingSince = p.FailedRevision, p.To, p.Template, ""
+	l.RolledBackRevision, l.RolledBackTo, l.RolledBackToTemplate, l.FailingSince, l.DeferredFor = p.FailedRevision, p.To, p.Template, "", ""
 	if p.FailFast {
 		l.FailFastRevision = p.FailedRevision
 	}
