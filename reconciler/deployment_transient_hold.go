@@ -88,8 +88,18 @@ func deferredPrefix(dec Decision) string {
 	return fmt.Sprintf("Revision %d (ReplicaSet %s) exceeded its progress deadline%s, but its new pods fail only transiently", dec.FailedRevision, dec.NewRS.Name, at)
 }
 
+// deferralKey is what the ledger keeps of a deferral (Ledger.DeferredFor):
+// the newRS and the deadline it was held at.
+func deferralKey(rs *appsv1.ReplicaSet, deadline *appsv1.DeploymentCondition) string {
+	at := ""
+	if deadline != nil {
+		at = deadline.LastTransitionTime.UTC().Format(time.RFC3339)
+	}
+	return rs.Name + " " + at
+}
+
 // deferralStands reports whether the deadline's path holds a rollback of
-// d's newRS now: its rollback-status is a deferral at the deadline the
+// d's newRS now: the ledger records a deferral at the deadline the
 // Deployment still shows. Fail-fast then keeps the record of when the
 // evidence was first seen, where the window starts.
 func deferralStands(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
@@ -101,11 +111,8 @@ func deferralStands(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
 	if newRS == nil {
 		return false
 	}
-	rev, err := rollout.Revision(newRS)
-	if err != nil {
-		return false
-	}
-	return strings.HasPrefix(d.Annotations[vocab.AnnotationRollbackStatus], deferredPrefix(Decision{FailedRevision: rev, NewRS: newRS, Deadline: cond}))
+	l, _ := rollout.ReadLedger(d)
+	return l.DeferredFor == deferralKey(newRS, cond)
 }
 
 // RollbackSuffix is what a rollback after a whole transient window adds to
@@ -139,7 +146,7 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 		states = append(states, PodStateOf(&pods[i], now, o))
 	}
 	l, _ := rollout.ReadLedger(d)
-	held := l.DeferredFor == dec.NewRS.Name
+	held := l.DeferredFor == deferralKey(dec.NewRS, dec.Deadline)
 	// As fail-fast's: never shorter than the Deployment's own window.
 	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, max(o.TransientWindow, o.Window), held), nil
 }
@@ -150,7 +157,7 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Deployment, dec Decision, h TransientHold) error {
 	since := rollout.FailingSinceValue(h.Since, dec.NewRS.Name)
 	msg := h.DeferMessage(dec)
-	if l, _ := rollout.ReadLedger(d); l.FailingSince == since && l.DeferredFor == dec.NewRS.Name {
+	if l, _ := rollout.ReadLedger(d); l.FailingSince == since && l.DeferredFor == deferralKey(dec.NewRS, dec.Deadline) {
 		// Deferred already (its causes may have changed since, or cleared:
 		// the window and its end are the same).
 		return nil
@@ -158,7 +165,7 @@ func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Depl
 	// The window's start in the ledger (a restart keeps it), the decision
 	// in words for people.
 	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
-		l.FailingSince, l.DeferredFor = since, dec.NewRS.Name
+		l.FailingSince, l.DeferredFor = since, deferralKey(dec.NewRS, dec.Deadline)
 		return l
 	}); err != nil {
 		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)

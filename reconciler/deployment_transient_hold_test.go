@@ -6,7 +6,11 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deployguard/deployguard/reconciler/rollout"
+	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 func TestDecideTransientHold(t *testing.T) {
@@ -69,8 +73,50 @@ func TestDeferralIsAboutOneDeadline(t *testing.T) {
 	at := func(s int) *appsv1.DeploymentCondition {
 		return &appsv1.DeploymentCondition{LastTransitionTime: metav1.NewTime(time.Date(2026, 11, 24, 10, 0, s, 0, time.UTC))}
 	}
+	if deferralKey(rs, at(0)) == deferralKey(rs, at(1)) {
+		t.Errorf("a later deadline matches the first's deferral %q", deferralKey(rs, at(0)))
+	}
 	first := deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(0)})
 	if strings.HasPrefix(first, deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(1)})) {
-		t.Errorf("a later deadline matches the first's deferral %q", first)
+		t.Errorf("a later deadline's words match the first's deferral %q", first)
+	}
+}
+
+// Whether a rollback is held is read from the ledger only: the words in
+// rollback-status, which the edit role can write, hold nothing.
+func TestDeferralIsReadFromTheLedgerOnly(t *testing.T) {
+	tmpl := corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "web:2"}}},
+	}
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-5d8f", Annotations: map[string]string{"deployment.kubernetes.io/revision": "2"}},
+		Spec:       appsv1.ReplicaSetSpec{Template: tmpl},
+	}
+	deadline := appsv1.DeploymentCondition{
+		Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: vocab.ProgressDeadlineExceeded,
+		LastTransitionTime: metav1.NewTime(time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)),
+	}
+	deployment := func() *appsv1.Deployment {
+		return &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Annotations: map[string]string{}},
+			Spec:       appsv1.DeploymentSpec{Template: tmpl},
+			Status:     appsv1.DeploymentStatus{Conditions: []appsv1.DeploymentCondition{deadline}},
+		}
+	}
+	rss := []*appsv1.ReplicaSet{rs}
+
+	forged := deployment()
+	forged.Annotations[vocab.AnnotationRollbackStatus] = deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: &deadline}) + ": forged"
+	if deferralStands(forged, rss) {
+		t.Errorf("a deferral written in rollback-status alone holds the rollback")
+	}
+
+	recorded := deployment()
+	if !rollout.SetLedger(&recorded.Status, rollout.Ledger{DeferredFor: deferralKey(rs, &deadline)}, time.Now()) {
+		t.Fatal("setting the ledger")
+	}
+	if !deferralStands(recorded, rss) {
+		t.Errorf("the deferral the ledger records does not hold the rollback")
 	}
 }

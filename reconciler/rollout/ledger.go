@@ -69,9 +69,11 @@ type Ledger struct {
 	// FailingSince is "<RFC 3339> <ReplicaSet>": when failure evidence was
 	// first seen on that ReplicaSet's new pods.
 	FailingSince string `json:"failingSince,omitempty"`
-	// DeferredFor names the newRS whose rollback on its deadline is held for
-	// a transient failure (the transient hold): the hold reads it, never the
-	// rollback-status annotation, which only says it in words.
+	// DeferredFor is "<ReplicaSet> <deadline's RFC 3339>": the newRS whose
+	// rollback at that deadline is held for a transient failure (the
+	// transient hold). The hold reads it, never the rollback-status
+	// annotation, which only says it in words; a later deadline of the same
+	// revision is never taken for one already held.
 	DeferredFor string `json:"deferredFor,omitempty"`
 	// Pending is a rollback decided and about to be written: recorded before
 	// the template is restored, settled after (the reconciler's reconcilePending), so that a

@@ -188,6 +188,11 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 	})
 	tn.update(t, "web", func(d *appsv1.Deployment) {
 		metav1.SetMetaDataAnnotation(&d.ObjectMeta, vocab.LegacyAnnotationKnownGoodHash, failing.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
+		// The words of a held rollback, which once held it: the hold is
+		// read from the ledger only (the exact deadline's words are in the
+		// reconciler's unit tests).
+		metav1.SetMetaDataAnnotation(&d.ObjectMeta, vocab.AnnotationRollbackStatus, fmt.Sprintf(
+			"Revision 2 (ReplicaSet %s) exceeded its progress deadline, but its new pods fail only transiently", failing.Name))
 	})
 
 	got := waitLedger(t, tn.ns, "web", "the forged annotations stopped the rollback of revision 2", time.Duration(deadline+60)*time.Second,
