@@ -23,9 +23,10 @@ all: build
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-build: ## build bin/deployguard, and bin/kubectl-deployguard (the kubectl plugin: a symlink to it)
+build: ## build bin/deployguard, and bin/kubectl-deployguard and bin/kubectl_complete-deployguard (the kubectl plugin and its completion: symlinks to it)
 	go build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/deployguard
 	ln -sf $(notdir $(BIN)) $(dir $(BIN))kubectl-deployguard
+	ln -sf $(notdir $(BIN)) $(dir $(BIN))kubectl_complete-deployguard
 
 tools: $(TOOLS_DIR)/.complete ## build the local control plane from the Go module proxy (cached)
 

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/audit"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/check"
@@ -30,75 +32,72 @@ var version = "dev"
 func main() {
 	cli.Version = version
 	args := os.Args[1:]
-	// kubectl runs its plugin with the words after "deployguard", so the
-	// commands are the same; only the help names the plugin.
-	if kubectlPlugin(os.Args[0]) && (len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
-		var b strings.Builder
-		usage(&b)
-		fmt.Fprint(os.Stdout, strings.ReplaceAll(b.String(), "  deployguard ", "  kubectl deployguard "))
-		os.Exit(0)
+	if completer(os.Args[0]) {
+		// kubectl completes `kubectl deployguard …` by running
+		// kubectl_complete-deployguard with the words typed so far.
+		args = append([]string{cobra.ShellCompRequestCmd}, args...)
 	}
 	os.Exit(run(args, os.Stdin, os.Stdout, os.Stderr))
 }
 
 // kubectlPlugin reports whether the binary runs as the kubectl plugin
 // kubectl-deployguard (a copy or a symlink of that name on the PATH), so that
-// `kubectl deployguard status …` works.
+// `kubectl deployguard status …` works and its help says so.
 func kubectlPlugin(argv0 string) bool {
-	base := filepath.Base(argv0)
-	return strings.TrimSuffix(base, ".exe") == "kubectl-deployguard"
+	return strings.TrimSuffix(filepath.Base(argv0), ".exe") == "kubectl-deployguard"
 }
 
-// run dispatches a subcommand and returns the process exit code.
+// completer reports whether the binary runs as kubectl_complete-deployguard,
+// the name kubectl looks for to complete a plugin's command line.
+func completer(argv0 string) bool {
+	return strings.TrimSuffix(filepath.Base(argv0), ".exe") == "kubectl_complete-deployguard"
+}
+
+// run runs one command line and returns the process exit code.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		usage(stderr)
-		return 2
-	}
-	switch args[0] {
-	case "serve":
-		return serve(args[1:], stderr)
-	case "check":
-		return check.Run(args[1:], stdin, stdout, stderr)
-	case "test":
-		return test.Run(args[1:], stdout, stderr)
-	case "restore":
-		return restore.Run(args[1:], stdout, stderr)
-	case "status":
-		return status.Run(args[1:], stdout, stderr)
-	case "rollout":
-		return rollout.Run(args[1:], stdout, stderr)
-	case "audit":
-		return audit.Run(args[1:], stdout, stderr)
-	case "uninstall":
-		return uninstall.Run(args[1:], stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintf(stdout, "deployguard %s\n", version)
-		return 0
-	case "help", "-h", "--help":
-		usage(stdout)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "deployguard: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return 2
-	}
+	return cli.ExitCode(newRootCommand(cli.Streams{In: stdin, Out: stdout, ErrOut: stderr}, kubectlPlugin(os.Args[0]) || completer(os.Args[0])), args, stderr)
 }
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, `deployguard: a deployment safety guard for Kubernetes
+// newRootCommand is deployguard and its verbs; as a kubectl plugin its help
+// and completion name it `kubectl deployguard`.
+func newRootCommand(s cli.Streams, plugin bool) *cobra.Command {
+	root := cli.NewCommand(s, &cobra.Command{
+		Use:   "deployguard",
+		Short: "a deployment safety guard for Kubernetes",
+		Long: `deployguard: a deployment safety guard for Kubernetes.
 
-Usage:
-  deployguard serve [flags]      run the admission webhooks and the rollout reconciler
-  deployguard check -f PATH      run the admission pipeline on manifests, offline (CI)
-  deployguard test DIR…         run the Rego tests of policies, with the guard's own OPA (CI)
-  deployguard status NS/NAME     revisions, known-good and failed ones, quarantine, rollout and cleanup of a Deployment
-  deployguard rollout status deploy/NAME   wait for a rollout like kubectl, and fail when the guard rolled it back (CI/CD)
-  deployguard audit [-n NS]      what the background audit found in existing Deployments, by policy then namespace
-  deployguard restore NS/NAME    recreate a deleted Deployment from the guard's record of it
-  deployguard uninstall          remove the webhooks, then the guard's finalizers from every Deployment
-  deployguard version            print the build
-
-Run "deployguard COMMAND -h" for a command's flags.
-`)
+It defaults and checks every apps/v1 Deployment at admission, with the
+platform team's Rego policies, follows each rollout to its end, rolls back
+automatically when one fails, and cleans up in order when a Deployment is
+deleted. Named kubectl-deployguard on the PATH, it is the kubectl plugin
+"kubectl deployguard"; with kubectl_complete-deployguard beside it, kubectl
+completes its verbs and flags.`,
+		Version: version,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprint(s.ErrOut, cmd.UsageString())
+			return cli.Exit(cli.ExitUsage)
+		},
+	})
+	root.SetVersionTemplate("deployguard {{.Version}}\n")
+	if plugin {
+		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl deployguard"}
+	}
+	root.AddCommand(
+		newServeCommand(s),
+		check.NewCommand(s),
+		test.NewCommand(s),
+		status.NewCommand(s),
+		rollout.NewCommand(s),
+		audit.NewCommand(s),
+		restore.NewCommand(s),
+		uninstall.NewCommand(s),
+		cli.NewCommand(s, &cobra.Command{
+			Use:   "version",
+			Short: "print the build",
+			Args:  cobra.NoArgs,
+			Run:   func(*cobra.Command, []string) { fmt.Fprintf(s.Out, "deployguard %s\n", version) },
+		}),
+	)
+	return root
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -90,10 +90,36 @@ type serveFlags struct {
 	shutdownDelay  time.Duration
 }
 
-func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options, error) {
-	f := &serveFlags{}
+// newServeCommand is `deployguard serve`. Its flags are Go flags, as
+// controller-runtime's logging options (zap) bind them, given to cobra
+// through pflag.
+func newServeCommand(s cli.Streams) *cobra.Command {
 	fs := flag.NewFlagSet("deployguard serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	f, zo := bindServeFlags(fs)
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "serve [flags]",
+		Short: "run the admission webhooks and the rollout reconciler",
+		Long: `Runs the guard in a cluster: the mutating and validating admission webhooks
+for apps/v1 Deployments, with the platform team's Rego policies, and the
+rollout reconciler (known-good revisions, fail-fast, automatic rollback at
+the progress deadline, finalizer-ordered cleanup). The chart and
+config/default run it; the flags below are what they set.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.complete(args); err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard serve: %v\n", err)
+				return cli.Exit(cli.ExitUsage)
+			}
+			return cli.Exit(serve(f, zo, s.ErrOut))
+		},
+	})
+	cmd.Flags().AddGoFlagSet(fs)
+	cli.CompleteWords(cmd, "cert-mode", "files", "self-managed")
+	return cmd
+}
+
+// bindServeFlags defines serve's flags on fs.
+func bindServeFlags(fs *flag.FlagSet) (*serveFlags, *zap.Options) {
+	f := &serveFlags{}
 	fs.StringVar(&f.configFile, "config", "", "path of the guard's config file (GuardConfig YAML); defaults apply when empty")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
 	fs.StringVar(&f.namespace, "namespace", envOr("POD_NAMESPACE", "deployguard-system"), "the guard's own namespace (policy ConfigMaps, certificate Secret, leader election)")
@@ -124,37 +150,31 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, *zap.Options
 	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long /readyz fails while the webhooks still serve, before in-flight requests are drained and the process exits: time for the Service's endpoints to drop the replica")
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	return f, zo
+}
+
+// complete checks the flags together, once parsed.
+func (f *serveFlags) complete(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(args, " "))
 	}
 	if f.certMode != "files" && f.certMode != "self-managed" {
-		return nil, nil, fmt.Errorf("--cert-mode must be files or self-managed, not %q", f.certMode)
+		return fmt.Errorf("--cert-mode must be files or self-managed, not %q", f.certMode)
 	}
 	if f.nativeCheckPeriod <= 0 {
-		return nil, nil, fmt.Errorf("--native-check-period must be positive, not %s", f.nativeCheckPeriod)
+		return fmt.Errorf("--native-check-period must be positive, not %s", f.nativeCheckPeriod)
 	}
 	for _, x := range cli.SplitList(f.ipAddresses) {
 		ip := net.ParseIP(x)
 		if ip == nil {
-			return nil, nil, fmt.Errorf("--cert-ip-addresses: %q is not an IP address", x)
+			return fmt.Errorf("--cert-ip-addresses: %q is not an IP address", x)
 		}
 		f.ips = append(f.ips, ip)
 	}
-	return f, zo, nil
+	return nil
 }
 
-func serve(args []string, stderr io.Writer) int {
-	f, zo, err := parseServeFlags(args, stderr)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "deployguard serve: %v\n", err)
-		return 2
-	}
+func serve(f *serveFlags, zo *zap.Options, stderr io.Writer) int {
 	// The config file is read before anything touches the cluster: a bad file
 	// must stop the process at once, with the field and the line.
 	cfg, err := config.Load(f.configFile)

@@ -6,16 +6,10 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/deployguard/deployguard/webhook/exception"
-
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -40,52 +34,18 @@ var Version = "dev"
 // Timeout bounds the cluster subcommands (restore, uninstall).
 const Timeout = 5 * time.Minute
 
-// ParseInterspersed parses flags placed before or after the positional
-// arguments (`restore shop/web --kubeconfig k`, as with kubectl), and returns
-// the positional ones.
-func ParseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return positional, nil
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
-// SplitNamespacedName parses the one NAMESPACE/NAME argument.
-func SplitNamespacedName(args []string) (string, string, bool) {
-	if len(args) != 1 {
-		return "", "", false
-	}
-	ns, name, ok := strings.Cut(args[0], "/")
-	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return "", "", false
-	}
-	return ns, name, true
-}
-
-// NewClient is a client for the cluster subcommands, from kubeconfig (or the
-// in-cluster configuration or $KUBECONFIG when empty).
+// NewClient is a client from kubeconfig (or the in-cluster configuration or
+// $KUBECONFIG when empty), for serve and check, which are not kubectl-style
+// cluster commands (Cluster is).
 func NewClient(kubeconfig string) (client.Client, error) {
 	cfg, err := RestConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(exception.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("creating a client: %w", err)
-	}
-	return c, nil
+	return newClient(cfg)
 }
 
+// RestConfig is NewClient's configuration.
 func RestConfig(kubeconfig string) (*rest.Config, error) {
 	var (
 		c   *rest.Config
@@ -104,6 +64,7 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 	return c, nil
 }
 
+// SplitList splits a comma-separated flag value.
 func SplitList(s string) []string {
 	var out []string
 	for _, x := range strings.Split(s, ",") {
@@ -112,33 +73,6 @@ func SplitList(s string) []string {
 		}
 	}
 	return out
-}
-
-// NewNamespacedClient is a client and a namespace as kubectl finds them: the
-// namespace given, else the kubeconfig context's, else "default".
-func NewNamespacedClient(kubeconfig, kubeContext, namespace string) (client.Client, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext})
-	cfg, err := cc.ClientConfig()
-	if err != nil {
-		return nil, "", fmt.Errorf("loading the cluster configuration: %w", err)
-	}
-	cfg.UserAgent = "deployguard/" + Version
-	cfg.Timeout = 30 * time.Second
-	if namespace == "" {
-		if namespace, _, err = cc.Namespace(); err != nil {
-			return nil, "", fmt.Errorf("reading the namespace of the kubeconfig context: %w", err)
-		}
-	}
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(exception.AddToScheme(scheme))
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, "", fmt.Errorf("creating a client: %w", err)
-	}
-	return c, namespace, nil
 }
 
 // NewPolicyEngine builds the engine from the config file and loads the

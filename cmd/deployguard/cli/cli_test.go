@@ -1,55 +1,123 @@
 package cli
 
 import (
-	"flag"
+	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func TestSplitNamespacedName(t *testing.T) {
+// A kubeconfig whose current context names namespace "ctx-ns".
+const kubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:6443"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: main
+  context: {cluster: c, user: u, namespace: ctx-ns}
+- name: other
+  context: {cluster: c, user: u}
+current-context: main
+`
+
+// command is a command with kubectl's cluster flags that records what it
+// was given.
+func command(t *testing.T, args ...string) (ns, name string, err error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(kubeconfig), 0o600))
+	var cluster *Cluster
+	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, &cobra.Command{
+		Use: "status",
+		RunE: func(_ *cobra.Command, args []string) error {
+			ns, name, err = NamespacedName(args, cluster)
+			return nil
+		},
+	})
+	cluster = AddClusterFlags(cmd)
+	assert.Equal(t, ExitOK, ExitCode(cmd, append(args, "--kubeconfig", path), &bytes.Buffer{}))
+	return ns, name, err
+}
+
+func TestNamespacedNameAsKubectl(t *testing.T) {
 	tests := []struct {
 		args     []string
 		ns, name string
-		ok       bool
+		err      string
 	}{
-		{args: []string{"shop/web"}, ns: "shop", name: "web", ok: true},
-		{args: []string{"web"}},
-		{args: []string{"shop/"}},
-		{args: []string{"/web"}},
-		{args: []string{"a/b/c"}},
-		{args: []string{"shop/web", "extra"}},
-		{args: nil},
+		{args: []string{"shop/web"}, ns: "shop", name: "web"},
+		{args: []string{"web"}, ns: "ctx-ns", name: "web"},
+		{args: []string{"web", "-n", "shop"}, ns: "shop", name: "web"},
+		{args: []string{"-n", "shop", "web"}, ns: "shop", name: "web"},
+		{args: []string{"--namespace=shop", "web"}, ns: "shop", name: "web"},
+		{args: []string{"web", "--context", "other"}, ns: "default", name: "web"},
+		{args: []string{"shop/"}, err: "is not NAMESPACE/NAME"},
+		{args: []string{"/web"}, err: "is not NAMESPACE/NAME"},
+		{args: []string{"a/b/c"}, err: "is not NAMESPACE/NAME"},
+		{args: []string{"shop/web", "extra"}, err: "give exactly one Deployment"},
+		{args: nil, err: "give exactly one Deployment"},
 	}
 	for _, tt := range tests {
-		ns, name, ok := SplitNamespacedName(tt.args)
-		assert.Equal(t, tt.ok, ok, "%v", tt.args)
+		ns, name, err := command(t, tt.args...)
+		if tt.err != "" {
+			assert.ErrorContains(t, err, tt.err, "%v", tt.args)
+			continue
+		}
+		require.NoError(t, err, "%v", tt.args)
 		assert.Equal(t, tt.ns, ns, "%v", tt.args)
 		assert.Equal(t, tt.name, name, "%v", tt.args)
 	}
 }
 
-func TestParseInterspersed(t *testing.T) {
-	tests := []struct {
-		args       []string
-		positional []string
-		kubeconfig string
-		knownGood  bool
-	}{
-		{args: []string{"shop/web"}, positional: []string{"shop/web"}},
-		{args: []string{"--kubeconfig", "k", "shop/web"}, positional: []string{"shop/web"}, kubeconfig: "k"},
-		{args: []string{"shop/web", "--kubeconfig", "k", "--known-good"}, positional: []string{"shop/web"}, kubeconfig: "k", knownGood: true},
-		{args: []string{"a", "-known-good", "b"}, positional: []string{"a", "b"}, knownGood: true},
+// kubectl's flags reach the client: impersonation and the context's server.
+func TestClusterFlagsReachTheClient(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(kubeconfig), 0o600))
+	var cluster *Cluster
+	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, &cobra.Command{
+		Use: "audit",
+		RunE: func(*cobra.Command, []string) error {
+			cfg, err := cluster.RestConfig()
+			require.NoError(t, err)
+			assert.Equal(t, "https://127.0.0.1:6443", cfg.Host)
+			assert.Equal(t, "system:serviceaccount:shop:ci", cfg.Impersonate.UserName)
+			assert.Equal(t, []string{"deployers"}, cfg.Impersonate.Groups)
+			assert.Equal(t, "deployguard/"+Version, cfg.UserAgent)
+			return nil
+		},
+	})
+	cluster = AddClusterFlags(cmd)
+	assert.Equal(t, ExitOK, ExitCode(cmd, []string{"--kubeconfig", path, "--as", "system:serviceaccount:shop:ci", "--as-group", "deployers"}, &bytes.Buffer{}))
+}
+
+func TestLongFlagsKeepGoFlagSpellings(t *testing.T) {
+	assert.Equal(t,
+		[]string{"--kubeconfig", "k", "--dry-run", "-n", "shop", "-o", "json", "--known-good=true", "shop/web", "--", "-kubeconfig"},
+		LongFlags([]string{"-kubeconfig", "k", "-dry-run", "-n", "shop", "-o", "json", "-known-good=true", "shop/web", "--", "-kubeconfig"}))
+}
+
+func TestExitCodes(t *testing.T) {
+	run := func(args ...string) (int, string) {
+		var stderr bytes.Buffer
+		cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &stderr}, &cobra.Command{
+			Use:  "restore",
+			Args: cobra.ArbitraryArgs,
+			RunE: func(*cobra.Command, []string) error { return Exit(ExitFailed) },
+		})
+		return ExitCode(cmd, args, &stderr), stderr.String()
 	}
-	for _, tt := range tests {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		kubeconfig := fs.String("kubeconfig", "", "")
-		knownGood := fs.Bool("known-good", false, "")
-		got, err := ParseInterspersed(fs, tt.args)
-		require.NoError(t, err)
-		assert.Equal(t, tt.positional, got, "%v", tt.args)
-		assert.Equal(t, tt.kubeconfig, *kubeconfig, "%v", tt.args)
-		assert.Equal(t, tt.knownGood, *knownGood, "%v", tt.args)
-	}
+	code, _ := run("shop/web")
+	assert.Equal(t, ExitFailed, code)
+	code, msg := run("--no-such-flag")
+	assert.Equal(t, ExitUsage, code)
+	assert.Contains(t, msg, "unknown flag: --no-such-flag")
+	assert.Contains(t, msg, "restore --help")
 }

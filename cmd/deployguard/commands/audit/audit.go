@@ -4,14 +4,12 @@ package audit
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
@@ -19,43 +17,55 @@ import (
 	"github.com/deployguard/deployguard/webhook/exception"
 )
 
-// Run is `deployguard audit [-n NS] [-o text|json]`: what the audit's
-// reports say, grouped by policy then namespace.
-func Run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("deployguard audit", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: deployguard audit [flags]
-
-Prints what the guard's audit reports say about the Deployments already in
+// NewCommand is `deployguard audit [-n NS] [-o text|json]`: what the
+// audit's reports say, grouped by policy then namespace.
+func NewCommand(s cli.Streams) *cobra.Command {
+	var (
+		output, format, exceptionsNS string
+		expiryWarning                time.Duration
+		cluster                      *cli.Cluster
+	)
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "audit [flags]",
+		Short: "what the background audit found in existing Deployments, by policy then namespace",
+		Long: `Prints what the guard's audit reports say about the Deployments already in
 the cluster, by policy then namespace: which would be refused if the policy
 were enforced, which warn, which could not be evaluated. Then the
 PolicyExceptions: which are active, when each expires, who owns it, and the
 Deployments it covers now.
 
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
-	namespace := fs.String("n", "", "only this namespace's report; every namespace when empty")
-	output := fs.String("o", "text", "output format: text or json")
-	format := fs.String("format", guardaudit.FormatPolicyReport, "the report kind the guard writes (its config's audit.reportFormat)")
-	exceptionsNS := fs.String("exceptions-namespace", "deployguard-system", "where the guard honours PolicyExceptions (its config's exceptions.namespace)")
-	expiryWarning := fs.Duration("expiry-warning", 7*24*time.Hour, "an exception this close to its expiry is listed as expiring (the config's exceptions.expiryWarning)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	gvk, err := guardaudit.GVK(*format)
-	if fs.NArg() > 0 || (*output != "text" && *output != "json") || err != nil {
-		fmt.Fprintln(stderr, "deployguard audit: takes no arguments, -o text or -o json, and -format", guardaudit.FormatPolicyReport, "or", guardaudit.FormatOpenReports)
-		fs.Usage()
-		return 2
-	}
-	c, err := cli.NewClient(*kubeconfig)
+Every namespace's report, unless -n names one.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return cli.Usage(cmd, "takes no arguments")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			gvk, err := guardaudit.GVK(format)
+			if (output != "text" && output != "json") || err != nil {
+				return cli.Usage(cmd, fmt.Sprintf("-o is text or json, and --format %s or %s", guardaudit.FormatPolicyReport, guardaudit.FormatOpenReports))
+			}
+			namespace := ""
+			if ns, given, err := cluster.Namespace(); err == nil && given {
+				namespace = ns
+			}
+			return cli.Exit(run(cluster, gvk, namespace, output, exceptionsNS, expiryWarning, s))
+		},
+	})
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	cmd.Flags().StringVar(&format, "format", guardaudit.FormatPolicyReport, "the report kind the guard writes (its config's audit.reportFormat)")
+	cmd.Flags().StringVar(&exceptionsNS, "exceptions-namespace", "deployguard-system", "where the guard honours PolicyExceptions (its config's exceptions.namespace)")
+	cmd.Flags().DurationVar(&expiryWarning, "expiry-warning", 7*24*time.Hour, "an exception this close to its expiry is listed as expiring (the config's exceptions.expiryWarning)")
+	cli.CompleteWords(cmd, "output", "text", "json")
+	cli.CompleteWords(cmd, "format", guardaudit.FormatPolicyReport, guardaudit.FormatOpenReports)
+	cluster = cli.AddClusterFlags(cmd)
+	return cmd
+}
+
+func run(cluster *cli.Cluster, gvk schema.GroupVersionKind, namespace, output, exceptionsNS string, expiryWarning time.Duration, s cli.Streams) int {
+	stdout, stderr := s.Out, s.ErrOut
+	c, err := cluster.Client()
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
 		return 1
@@ -65,8 +75,8 @@ Flags:
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 	opts := []client.ListOption{client.MatchingLabels{"app.kubernetes.io/managed-by": "deployguard"}}
-	if *namespace != "" {
-		opts = append(opts, client.InNamespace(*namespace))
+	if namespace != "" {
+		opts = append(opts, client.InNamespace(namespace))
 	}
 	if err := c.List(ctx, list, opts...); err != nil {
 		fmt.Fprintf(stderr, "deployguard audit: listing %s reports: %v\n", gvk.Kind, err)
@@ -79,7 +89,7 @@ Flags:
 		}
 	}
 	o := auditOutput{Overview: guardaudit.OverviewOf(reports)}
-	covered, served, err := exceptionCoverage(ctx, c, *exceptionsNS, *namespace, *expiryWarning)
+	covered, served, err := exceptionCoverage(ctx, c, exceptionsNS, namespace, expiryWarning)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
 		return 1
@@ -87,11 +97,8 @@ Flags:
 	if served {
 		o.Exceptions = &covered
 	}
-	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(o)
+	if output == "json" {
+		cli.WriteJSON(stdout, o)
 		return 0
 	}
 	o.WriteText(stdout)

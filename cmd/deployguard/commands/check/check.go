@@ -4,8 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
+
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/cobra"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -37,8 +37,8 @@ const (
 )
 
 type checkFlags struct {
-	files      multiFlag
-	kustomize  multiFlag
+	files      []string
+	kustomize  []string
 	output     string
 	strict     bool
 	configFile string
@@ -52,11 +52,6 @@ type checkFlags struct {
 	username          string
 	groups            string
 }
-
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 // checkResult is one object's verdict; its JSON form is `check -o json`.
 type checkResult struct {
@@ -136,32 +131,52 @@ func ruleID(policy, path string) string {
 	return "check/" + indexRE.ReplaceAllString(path, "")
 }
 
-func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// NewCommand is `deployguard check`: the admission pipeline on manifests,
+// offline, as the cluster's guard would run it (CI).
+func NewCommand(s cli.Streams) *cobra.Command {
 	f := checkFlags{}
-	fs := flag.NewFlagSet("deployguard check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Var(&f.files, "f", "a manifest file, a directory of manifests, or - for stdin (YAML or JSON, multi-document); repeatable")
-	fs.Var(&f.kustomize, "k", "a kustomization directory: built in-process (as kustomize build) and what it renders checked; repeatable")
-	fs.StringVar(&f.output, "o", "text", "output format: text, json, sarif (SARIF 2.1.0, for code scanning) or junit (JUnit XML)")
-	fs.BoolVar(&f.strict, "strict", false, "fail on warnings too")
-	fs.StringVar(&f.configFile, "config", "", "the guard's config file, as given to serve")
-	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies to apply besides the built-in library")
-	fs.StringVar(&f.exceptions, "exceptions", "", "a file or directory of PolicyExceptions to apply, as the cluster applies them (those in exceptions.namespace)")
-	fs.BoolVar(&f.clusterExceptions, "cluster-exceptions", false, "apply the PolicyExceptions the cluster holds now (read once, from exceptions.namespace), as its guard does")
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "with --cluster-exceptions: a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
-	fs.StringVar(&f.namespace, "namespace", "default", "namespace of objects that name none")
-	fs.StringVar(&f.username, "as", "", "username the policies see in input.userInfo")
-	fs.StringVar(&f.groups, "as-group", "", "comma-separated groups the policies see in input.userInfo")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitAdmitted
-		}
-		return exitUsage
-	}
-	if len(f.files)+len(f.kustomize) == 0 || fs.NArg() > 0 || !slices.Contains([]string{"text", "json", "sarif", "junit"}, f.output) {
-		fmt.Fprintln(stderr, "usage: deployguard check (-f PATH | -k DIR)… [-o text|json|sarif|junit] [--strict] [--config FILE] [--policy-dir DIR]")
-		return exitUsage
-	}
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "check (-f PATH | -k DIR)… [flags]",
+		Short: "run the admission pipeline on manifests, offline (CI)",
+		Long: `Runs the guard's admission pipeline (defaults, checks, the built-in and your
+Rego policies, PolicyExceptions) on manifests, offline, and says what the
+cluster's guard would do with each Deployment: admitted, admitted with
+warnings, or denied, with the field and the line. Exit 0 admitted, 1 denied
+(or warned, with --strict), 2 the command line, a manifest or a policy was
+wrong.`,
+		Example: `  deployguard check -f deploy/
+  kustomize build overlays/prod | deployguard check -f - -o sarif
+  deployguard check -k overlays/prod --policy-dir policies/ --strict`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(f.files)+len(f.kustomize) == 0 || len(args) > 0 || !slices.Contains([]string{"text", "json", "sarif", "junit"}, f.output) {
+				fmt.Fprintln(s.ErrOut, "usage: deployguard check (-f PATH | -k DIR)… [-o text|json|sarif|junit] [--strict] [--config FILE] [--policy-dir DIR]")
+				return cli.Exit(exitUsage)
+			}
+			return cli.Exit(run(f, s.In, s.Out, s.ErrOut))
+		},
+	})
+	fl := cmd.Flags()
+	fl.StringArrayVarP(&f.files, "filename", "f", nil, "a manifest file, a directory of manifests, or - for stdin (YAML or JSON, multi-document); repeatable")
+	fl.StringArrayVarP(&f.kustomize, "kustomize", "k", nil, "a kustomization directory: built in-process (as kustomize build) and what it renders checked; repeatable")
+	fl.StringVarP(&f.output, "output", "o", "text", "output format: text, json, sarif (SARIF 2.1.0, for code scanning) or junit (JUnit XML)")
+	fl.BoolVar(&f.strict, "strict", false, "fail on warnings too")
+	fl.StringVar(&f.configFile, "config", "", "the guard's config file, as given to serve")
+	fl.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies to apply besides the built-in library")
+	fl.StringVar(&f.exceptions, "exceptions", "", "a file or directory of PolicyExceptions to apply, as the cluster applies them (those in exceptions.namespace)")
+	fl.BoolVar(&f.clusterExceptions, "cluster-exceptions", false, "apply the PolicyExceptions the cluster holds now (read once, from exceptions.namespace), as its guard does")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "with --cluster-exceptions: a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
+	fl.StringVar(&f.namespace, "namespace", "default", "namespace of objects that name none")
+	fl.StringVar(&f.username, "as", "", "username the policies see in input.userInfo")
+	fl.StringVar(&f.groups, "as-group", "", "comma-separated groups the policies see in input.userInfo")
+	cli.CompleteWords(cmd, "output", "text", "json", "sarif", "junit")
+	_ = cmd.MarkFlagDirname("kustomize")
+	_ = cmd.MarkFlagDirname("policy-dir")
+	_ = cmd.MarkFlagFilename("config", "yaml", "yml")
+	cmd.ValidArgsFunction = cobra.NoFileCompletions
+	return cmd
+}
+
+func run(f checkFlags, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg, err := config.Load(f.configFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "deployguard check: %v\n", err)
@@ -227,13 +242,10 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return code
 	}
 	if f.output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
 		if results == nil {
 			results = []checkResult{}
 		}
-		_ = enc.Encode(results)
+		cli.WriteJSON(stdout, results)
 		return code
 	}
 	printText(stdout, results)

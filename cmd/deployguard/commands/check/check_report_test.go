@@ -15,6 +15,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 )
 
 // reportFixture is a file of manifests with known lines: a denial on line 9,
@@ -64,7 +66,7 @@ items:
 func runCheck(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := Run(args, strings.NewReader(""), &stdout, &stderr)
+	code := cli.Run(NewCommand, args, strings.NewReader(""), &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 

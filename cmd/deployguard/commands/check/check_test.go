@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 )
 
 const goodManifest = `apiVersion: apps/v1
@@ -125,7 +127,7 @@ func TestCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := Run(tt.args, strings.NewReader(tt.stdin), &stdout, &stderr)
+			code := cli.Run(NewCommand, tt.args, strings.NewReader(tt.stdin), &stdout, &stderr)
 			assert.Equal(t, tt.wantCode, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 			for _, w := range tt.wantOut {
 				assert.Contains(t, stdout.String(), w)
@@ -140,7 +142,7 @@ func TestCheck(t *testing.T) {
 func TestCheckJSONIsMachineReadable(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cfg := writeFile(t, t.TempDir(), "enforce.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\npolicy:\n  modes: {images: enforce}\n")
-	code := Run([]string{"-f", "-", "-o", "json", "--config", cfg}, strings.NewReader(goodManifest+"---\n"+latestManifest), &stdout, &stderr)
+	code := cli.Run(NewCommand, []string{"-f", "-", "-o", "json", "--config", cfg}, strings.NewReader(goodManifest+"---\n"+latestManifest), &stdout, &stderr)
 	require.Equal(t, 1, code, stderr.String())
 	var results []checkResult
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &results))
@@ -167,7 +169,7 @@ func TestCheckReportsABudgetThatBlocksEveryDrain(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			require.Equal(t, 0, Run([]string{"-f", "-", "-o", "json"}, strings.NewReader(tc.input), &stdout, &stderr), stderr.String())
+			require.Equal(t, 0, cli.Run(NewCommand, []string{"-f", "-", "-o", "json"}, strings.NewReader(tc.input), &stdout, &stderr), stderr.String())
 			var results []checkResult
 			require.NoError(t, json.Unmarshal(stdout.Bytes(), &results))
 			require.Len(t, results, 2)
@@ -179,5 +181,5 @@ func TestCheckReportsABudgetThatBlocksEveryDrain(t *testing.T) {
 	}
 	cfg := writeFile(t, t.TempDir(), "enforce.yaml", "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndisruptionBudgets: {mode: enforce}\n")
 	var stdout, stderr bytes.Buffer
-	assert.Equal(t, 1, Run([]string{"-f", "-", "--config", cfg}, strings.NewReader(budget+"---\n"+single), &stdout, &stderr), "enforce mode refuses: %s", stdout.String())
+	assert.Equal(t, 1, cli.Run(NewCommand, []string{"-f", "-", "--config", cfg}, strings.NewReader(budget+"---\n"+single), &stdout, &stderr), "enforce mode refuses: %s", stdout.String())
 }

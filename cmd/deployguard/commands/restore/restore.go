@@ -3,10 +3,10 @@ package restore
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
+	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,15 +35,15 @@ type options struct {
 	legacyRecord bool
 }
 
-// Run is `deployguard restore NAMESPACE/NAME`: it recreates a deleted
-// Deployment from the record the guard saved when it was deleted.
-func Run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("deployguard restore", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: deployguard restore [flags] NAMESPACE/NAME
-
-Recreates a deleted Deployment in NAMESPACE from the record deployguard saved
+// NewCommand is `deployguard restore NAMESPACE/NAME`: it recreates a
+// deleted Deployment from the record the guard saved when it was deleted.
+func NewCommand(s cli.Streams) *cobra.Command {
+	o := options{}
+	var cluster *cli.Cluster
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "restore [flags] NAMESPACE/NAME",
+		Short: "recreate a deleted Deployment from the guard's record of it",
+		Long: `Recreates a deleted Deployment in NAMESPACE from the record deployguard saved
 when it was deleted: ConfigMap deployguard-record-NAMESPACE.NAME in the
 guard's own namespace (--guard-namespace), where tenants cannot write.
 Without --legacy-record it reads no record anywhere else. It never
@@ -55,42 +55,38 @@ write ConfigMaps there (the built-in edit role) can have written or changed
 such a record, and restore would recreate whatever it says. Only with
 --legacy-record, and only when the guard's namespace holds no record of the
 Deployment, does restore read one there, and it prints a warning. Read it
-first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
-	knownGood := fs.Bool("known-good", false, "restore the pod template of the last revision that completed its rollout, instead of the template the Deployment had when it was deleted")
-	guardNamespace := fs.String("guard-namespace", defaultGuardNamespace, "the guard's own namespace (deployguard serve --namespace), where its records are")
-	legacyRecord := fs.Bool("legacy-record", false, "when the guard's namespace holds no record, read one an earlier release saved in the Deployment's own namespace, where anyone who may write ConfigMaps there can have written it (a warning says so)")
-	positional, err := cli.ParseInterspersed(fs, args)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	ns, name, ok := cli.SplitNamespacedName(positional)
-	if !ok || *guardNamespace == "" {
-		fmt.Fprintln(stderr, "deployguard restore: give exactly one NAMESPACE/NAME, and a --guard-namespace")
-		fs.Usage()
-		return 2
-	}
-	c, err := cli.NewClient(*kubeconfig)
-	if err != nil {
-		fmt.Fprintf(stderr, "deployguard restore: %v\n", err)
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
-	defer cancel()
-	o := options{guardNamespace: *guardNamespace, namespace: ns, name: name, knownGood: *knownGood, legacyRecord: *legacyRecord}
-	if err := restoreDeployment(ctx, c, o, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "deployguard restore: %v\n", err)
-		return 1
-	}
-	return 0
+first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml`,
+		Example: `  kubectl deployguard restore shop/web
+  kubectl deployguard restore web -n shop --known-good`,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ns, name, err := cli.NamespacedName(args, cluster)
+			if err == nil && o.guardNamespace == "" {
+				err = errors.New("give a --guard-namespace")
+			}
+			if err != nil {
+				return cli.Usage(cmd, err.Error())
+			}
+			o.namespace, o.name = ns, name
+			c, err := cluster.Client()
+			if err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard restore: %v\n", err)
+				return cli.Exit(cli.ExitFailed)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
+			defer cancel()
+			if err := restoreDeployment(ctx, c, o, s.Out, s.ErrOut); err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard restore: %v\n", err)
+				return cli.Exit(cli.ExitFailed)
+			}
+			return nil
+		},
+	})
+	cmd.Flags().BoolVar(&o.knownGood, "known-good", false, "restore the pod template of the last revision that completed its rollout, instead of the template the Deployment had when it was deleted")
+	cmd.Flags().StringVar(&o.guardNamespace, "guard-namespace", defaultGuardNamespace, "the guard's own namespace (deployguard serve --namespace), where its records are")
+	cmd.Flags().BoolVar(&o.legacyRecord, "legacy-record", false, "when the guard's namespace holds no record, read one an earlier release saved in the Deployment's own namespace, where anyone who may write ConfigMaps there can have written it (a warning says so)")
+	cluster = cli.AddClusterFlags(cmd)
+	return cmd
 }
 
 // restoreDeployment recreates the Deployment o names from its record; a

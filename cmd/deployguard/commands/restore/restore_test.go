@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/yaml"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -217,11 +218,20 @@ func TestCheckRecord(t *testing.T) {
 }
 
 func TestRunUsage(t *testing.T) {
-	var out, errOut bytes.Buffer
-	assert.Equal(t, 0, Run([]string{"-h"}, &out, &errOut))
-	assert.Contains(t, errOut.String(), "--legacy-record")
-	assert.Contains(t, errOut.String(), "guard's own namespace (--guard-namespace)")
-	errOut.Reset()
-	assert.Equal(t, 2, Run([]string{"shop/web", "--guard-namespace", ""}, &out, &errOut))
-	assert.Contains(t, errOut.String(), "give exactly one NAMESPACE/NAME, and a --guard-namespace")
+	run := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := cli.ExitCode(NewCommand(cli.Streams{Out: &out, ErrOut: &errOut}), args, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	code, help, _ := run("-h")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, help, "--legacy-record")
+	assert.Contains(t, help, "guard's own namespace (--guard-namespace)")
+	assert.Contains(t, help, "--context", "kubectl's flags")
+	code, _, msg := run("shop/web", "--guard-namespace", "")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, msg, "give a --guard-namespace")
+	code, _, msg = run("shop/")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, msg, "NAMESPACE/NAME")
 }

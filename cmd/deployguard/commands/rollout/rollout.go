@@ -2,14 +2,11 @@ package rollout
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,20 +40,33 @@ type rolloutReport struct {
 	TimedOut bool `json:"timedOut,omitempty"`
 }
 
-// Run is `deployguard rollout status` (`kubectl deployguard rollout
-// status`), a drop-in for `kubectl rollout status` that also fails when the
-// guard rolled the revision back or found it failing.
-func Run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "status" {
-		fmt.Fprintln(stderr, "Usage: deployguard rollout status [flags] [deployment/]NAME")
-		return rolloutExitUsage
-	}
-	fs := flag.NewFlagSet("deployguard rollout status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: deployguard rollout status [flags] [deployment/]NAME
+// NewCommand is `deployguard rollout` with its one verb, `status`.
+func NewCommand(s cli.Streams) *cobra.Command {
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "rollout",
+		Short: "wait for a rollout like kubectl, and fail when the guard rolled it back (CI/CD)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cli.Usage(cmd, "give a verb: status")
+		},
+	})
+	cmd.AddCommand(newStatusCommand(s))
+	return cmd
+}
 
-Waits for the rollout of a Deployment to finish, as kubectl rollout status
+// newStatusCommand is `deployguard rollout status` (`kubectl deployguard
+// rollout status`), a drop-in for `kubectl rollout status` that also fails
+// when the guard rolled the revision back or found it failing.
+func newStatusCommand(s cli.Streams) *cobra.Command {
+	var (
+		timeout time.Duration
+		output  string
+		cluster *cli.Cluster
+	)
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "status [flags] [deployment/]NAME",
+		Short: "wait for a rollout, and fail when it did not succeed in the guard's words",
+		Long: `Waits for the rollout of a Deployment to finish, as kubectl rollout status
 does, and fails (exit 1) when it did not succeed, in deployguard's words:
 the guard rolled the revision back, or found it failing and left it, or it
 exceeded its progress deadline. After a rollback upstream's status reads as
@@ -64,61 +74,69 @@ a success; this command still fails until a new template is applied or the
 rollback is accepted.
 
 Exit codes: 0 rolled out, 1 failed or timed out, 2 usage, 3 could not read
-the Deployment.
+the Deployment.`,
+		Example:           `  kubectl deployguard rollout status deploy/web -n shop --timeout=5m`,
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			// NAME, or TYPE/NAME as kubectl writes it.
+			kind, name, typed := strings.Cut(toComplete, "/")
+			if !typed {
+				return cluster.CompleteDeployment(cmd, args, toComplete)
+			}
+			names, d := cluster.CompleteDeployment(cmd, args, name)
+			for i := range names {
+				names[i] = kind + "/" + names[i]
+			}
+			return names, d
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, ok := deploymentName(args)
+			if !ok || (output != "text" && output != "json") {
+				fmt.Fprintln(s.ErrOut, "deployguard rollout status: give exactly one deployment/NAME (or NAME), and -o text or -o json")
+				fmt.Fprintf(s.ErrOut, "Usage: %s\n", cmd.UseLine())
+				return cli.Exit(rolloutExitUsage)
+			}
+			return cli.Exit(runStatus(cluster, name, timeout, output, s))
+		},
+	})
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "how long to wait before giving up (exit 1); 0 waits for ever")
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text, or json (one object at the end)")
+	cli.CompleteWords(cmd, "output", "text", "json")
+	cluster = cli.AddClusterFlags(cmd)
+	return cmd
+}
 
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	var namespace string
-	fs.StringVar(&namespace, "n", "", "namespace (default: the kubeconfig context's)")
-	fs.StringVar(&namespace, "namespace", "", "namespace (default: the kubeconfig context's)")
-	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; $KUBECONFIG, ~/.kube/config or in-cluster when empty")
-	kubeContext := fs.String("context", "", "kubeconfig context (default: the current one)")
-	timeout := fs.Duration("timeout", 0, "how long to wait before giving up (exit 1); 0 waits for ever")
-	output := fs.String("o", "text", "output format: text, or json (one object at the end)")
-	positional, err := cli.ParseInterspersed(fs, args[1:])
+func runStatus(cluster *cli.Cluster, name string, timeout time.Duration, output string, s cli.Streams) int {
+	ns, _, err := cluster.Namespace()
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return rolloutExitUsage
+		fmt.Fprintf(s.ErrOut, "deployguard rollout status: %v\n", err)
+		return rolloutExitUnknown
 	}
-	name, ok := deploymentName(positional)
-	if !ok || (*output != "text" && *output != "json") {
-		fmt.Fprintln(stderr, "deployguard rollout status: give exactly one deployment/NAME (or NAME), and -o text or -o json")
-		fs.Usage()
-		return rolloutExitUsage
-	}
-	c, ns, err := cli.NewNamespacedClient(*kubeconfig, *kubeContext, namespace)
+	c, err := cluster.Client()
 	if err != nil {
-		fmt.Fprintf(stderr, "deployguard rollout status: %v\n", err)
+		fmt.Fprintf(s.ErrOut, "deployguard rollout status: %v\n", err)
 		return rolloutExitUnknown
 	}
 	ctx := context.Background()
-	if *timeout > 0 {
+	if timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	rep, err := waitForRollout(ctx, c, ns, name, func(st reconciler.RolloutState) {
-		if *output == "text" {
-			fmt.Fprintln(stdout, st.Message)
+		if output == "text" {
+			fmt.Fprintln(s.Out, st.Message)
 		}
 	})
 	switch {
 	case err != nil && !rep.TimedOut:
-		fmt.Fprintf(stderr, "deployguard rollout status: %v\n", err)
+		fmt.Fprintf(s.ErrOut, "deployguard rollout status: %v\n", err)
 		return rolloutExitUnknown
-	case *output == "json":
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(rep)
+	case output == "json":
+		cli.WriteJSON(s.Out, rep)
 	case rep.TimedOut:
-		fmt.Fprintf(stderr, "error: timed out waiting for deployment %q: %s\n", name, rep.Message)
+		fmt.Fprintf(s.ErrOut, "error: timed out waiting for deployment %q: %s\n", name, rep.Message)
 	case rep.Phase == reconciler.RolloutFailed:
-		fmt.Fprintf(stderr, "error: deployment %q rollout failed (%s): %s\n", name, rep.Reason, rep.Message)
+		fmt.Fprintf(s.ErrOut, "error: deployment %q rollout failed (%s): %s\n", name, rep.Reason, rep.Message)
 	}
 	if rep.Phase == reconciler.RolloutComplete {
 		return rolloutExitComplete

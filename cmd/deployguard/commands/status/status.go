@@ -2,9 +2,6 @@ package status
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"regexp"
@@ -15,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -517,62 +515,64 @@ func orNone(s string) string {
 	return s
 }
 
-// Run is `deployguard status NAMESPACE/NAME` (and `kubectl deployguard
-// status`).
-func Run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("deployguard status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: deployguard status [flags] NAMESPACE/NAME
-       deployguard status [flags] --drain NODE
-
-Shows what deployguard knows about a Deployment: its revisions (which are
+// NewCommand is `deployguard status NAMESPACE/NAME` (and `kubectl
+// deployguard status`).
+func NewCommand(s cli.Streams) *cobra.Command {
+	var output, drain, guardNamespace string
+	var cluster *cli.Cluster
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "status [flags] NAMESPACE/NAME | NAME -n NAMESPACE | --drain NODE",
+		Short: "revisions, known-good and failed ones, quarantine, rollout and cleanup of a Deployment",
+		Long: `Shows what deployguard knows about a Deployment: its revisions (which are
 known-good, which failed and why, which templates are quarantined and the
 annotation that overrides the quarantine), the rollout in progress, and the
 cleanup of a Deployment being deleted.
 
 With --drain, lists instead the Deployments whose pods on NODE the Eviction
 API would refuse now (a PodDisruptionBudget that allows no disruption, more
-than one budget on a pod), and why: where a drain of the node would stop.
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
-	output := fs.String("o", "text", "output format: text or json")
-	drain := fs.String("drain", "", "a node: list the Deployments whose pods on it cannot be evicted now, and why")
-	guardNamespace := fs.String("guard-namespace", "deployguard-system", "the guard's own namespace (deployguard serve --namespace), where the records of deleted Deployments are")
-	positional, err := cli.ParseInterspersed(fs, args)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if *drain != "" {
-		return runDrain(*kubeconfig, *drain, *output, positional, stdout, stderr, fs.Usage)
-	}
-	ns, name, ok := cli.SplitNamespacedName(positional)
-	if !ok || (*output != "text" && *output != "json") {
-		fmt.Fprintln(stderr, "deployguard status: give exactly one NAMESPACE/NAME, and -o text or -o json")
-		fs.Usage()
-		return 2
-	}
-	c, err := cli.NewClient(*kubeconfig)
-	if err != nil {
-		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := fetchStatus(ctx, c, *guardNamespace, ns, name)
-	if err != nil {
-		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
-		return 1
-	}
-	write(stdout, *output, st, func() { printStatus(stdout, st) })
-	return 0
+than one budget on a pod), and why: where a drain of the node would stop.`,
+		Example: `  kubectl deployguard status shop/web
+  kubectl deployguard status web -n shop -o json
+  kubectl deployguard status --drain node-1`,
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			return cluster.CompleteDeployment(cmd, args, toComplete)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "text" && output != "json" {
+				return cli.Usage(cmd, "-o is text or json")
+			}
+			if drain != "" {
+				if len(args) > 0 {
+					return cli.Usage(cmd, "--drain NODE takes no Deployment")
+				}
+				return cli.Exit(runDrain(cluster, drain, output, s))
+			}
+			ns, name, err := cli.NamespacedName(args, cluster)
+			if err != nil {
+				return cli.Usage(cmd, err.Error())
+			}
+			c, err := cluster.Client()
+			if err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
+				return cli.Exit(cli.ExitFailed)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			st, err := fetchStatus(ctx, c, guardNamespace, ns, name)
+			if err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
+				return cli.Exit(cli.ExitFailed)
+			}
+			write(s.Out, output, st, func() { printStatus(s.Out, st) })
+			return nil
+		},
+	})
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	cmd.Flags().StringVar(&drain, "drain", "", "a node: list the Deployments whose pods on it cannot be evicted now, and why")
+	cmd.Flags().StringVar(&guardNamespace, "guard-namespace", "deployguard-system", "the guard's own namespace (deployguard serve --namespace), where the records of deleted Deployments are")
+	cli.CompleteWords(cmd, "output", "text", "json")
+	cluster = cli.AddClusterFlags(cmd)
+	return cmd
 }
 
 // write prints v as indented JSON for -o json, otherwise as text does.
@@ -581,33 +581,25 @@ func write(w io.Writer, output string, v any, text func()) {
 		text()
 		return
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
+	cli.WriteJSON(w, v)
 }
 
 // runDrain is `deployguard status --drain NODE`.
-func runDrain(kubeconfig, node, output string, positional []string, stdout, stderr io.Writer, usage func()) int {
-	if len(positional) > 0 || (output != "text" && output != "json") {
-		fmt.Fprintln(stderr, "deployguard status: --drain NODE takes no NAMESPACE/NAME, and -o text or -o json")
-		usage()
-		return 2
-	}
-	c, err := cli.NewClient(kubeconfig)
+func runDrain(cluster *cli.Cluster, node, output string, s cli.Streams) int {
+	c, err := cluster.Client()
 	if err != nil {
-		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
-		return 1
+		fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
+		return cli.ExitFailed
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, err := fetchDrain(ctx, c, node)
 	if err != nil {
-		fmt.Fprintf(stderr, "deployguard status: %v\n", err)
-		return 1
+		fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
+		return cli.ExitFailed
 	}
-	write(stdout, output, st, func() { printDrain(stdout, st) })
-	return 0
+	write(s.Out, output, st, func() { printDrain(s.Out, st) })
+	return cli.ExitOK
 }
 
 // fetchStatus reads the Deployment, its ReplicaSets and the events of its

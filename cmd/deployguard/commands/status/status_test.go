@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -283,10 +284,10 @@ func TestStatusDeletedWithRecord(t *testing.T) {
 }
 
 func TestStatusUsage(t *testing.T) {
-	for _, args := range [][]string{nil, {"shop"}, {"shop/web", "-o", "yaml"}, {"a/b", "c/d"}} {
+	for _, args := range [][]string{nil, {"shop/"}, {"shop/web", "-o", "yaml"}, {"a/b", "c/d"}, {"--drain", "node-1", "shop/web"}, {"shop/web", "--no-such-flag"}} {
 		var stdout, stderr bytes.Buffer
-		assert.Equal(t, 2, Run(args, &stdout, &stderr), "%v", args)
-		assert.Contains(t, stderr.String(), "NAMESPACE/NAME")
+		assert.Equal(t, 2, cli.ExitCode(NewCommand(cli.Streams{Out: &stdout, ErrOut: &stderr}), args, &stderr), "%v", args)
+		assert.Contains(t, stderr.String(), "NAMESPACE/NAME", "%v", args)
 	}
 }
 

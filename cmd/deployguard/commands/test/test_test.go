@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 )
 
 const teamRego = `package deployguard.team
@@ -49,7 +51,7 @@ test_wrong_expectation if count(deny) == 0 with input as {"object": {"metadata":
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := Run(tt.args, &stdout, &stderr)
+			code := cli.Run(NewCommand, tt.args, nil, &stdout, &stderr)
 			assert.Equal(t, tt.wantCode, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 			assert.Contains(t, stdout.String(), tt.wantOut)
 			assert.Contains(t, stderr.String(), tt.wantErr)

@@ -3,11 +3,11 @@ package uninstall
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
 
+	"github.com/spf13/cobra"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -32,59 +32,63 @@ type uninstallOptions struct {
 	dryRun         bool
 }
 
-// Run is `deployguard uninstall`: it takes the guard out of the cluster's
-// way, so that every Deployment can be deleted without it.
-func Run(args []string, stdout, stderr io.Writer) int {
+// NewCommand is `deployguard uninstall`: it takes the guard out of the
+// cluster's way, so that every Deployment can be deleted without it.
+func NewCommand(s cli.Streams) *cobra.Command {
 	o := uninstallOptions{}
-	fs := flag.NewFlagSet("deployguard uninstall", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: deployguard uninstall [flags]
-
-Removes the guard's webhook configurations and native policies (with their
+	var cluster *cli.Cluster
+	cmd := cli.NewCommand(s, &cobra.Command{
+		Use:   "uninstall [flags]",
+		Short: "remove the webhooks, then the guard's finalizers from every Deployment",
+		Long: `Removes the guard's webhook configurations and native policies (with their
 bindings and params) first, so nothing adds or defends the guard's finalizers
 any more, then removes the guard's finalizers, and only
 those, from every Deployment in the cluster, and ends the guard's rollback
 verdicts (its Stalled condition, label and annotation), which nothing would
 end once it is gone. Run it before deleting the guard
 itself. Record ConfigMaps of deleted Deployments are kept, in the guard's
-namespace (--namespace): they go when that namespace is deleted, so save them
-first if you may want them back. The CRDs are kept with their objects
-(PolicyExceptions, reports): deleting a CRD deletes every object of its kind,
-so that is left to kubectl delete crd.
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
-	kubeconfig := fs.String("kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
-	fs.StringVar(&o.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration")
-	fs.StringVar(&o.validatingName, "validating-webhook-configuration", "deployguard-validating", "the guard's ValidatingWebhookConfiguration")
-	fs.StringVar(&o.namespace, "namespace", "deployguard-system", "the guard's namespace, which holds the native policies' params and the records of deleted Deployments")
-	fs.BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "deployguard uninstall: unexpected arguments %v\n", fs.Args())
-		return 2
-	}
-	c, err := cli.NewClient(*kubeconfig)
-	if err != nil {
-		fmt.Fprintf(stderr, "deployguard uninstall: %v\n", err)
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
-	defer cancel()
-	if err := uninstallGuard(ctx, c, o, stdout); err != nil {
-		fmt.Fprintf(stderr, "deployguard uninstall: %v\n", err)
-		return 1
-	}
-	return 0
+namespace (-n/--namespace, deployguard-system unless given): they go when
+that namespace is deleted, so save them first if you may want them back.
+The CRDs are kept with their objects (PolicyExceptions, reports): deleting
+a CRD deletes every object of its kind, so that is left to kubectl delete crd.`,
+		Example: `  kubectl deployguard uninstall --dry-run
+  kubectl deployguard uninstall -n deployguard-system`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return cli.Usage(cmd, fmt.Sprintf("unexpected arguments %v", args))
+			}
+			return nil
+		},
+		RunE: func(*cobra.Command, []string) error {
+			// -n is the guard's namespace here, not the kubeconfig context's.
+			o.namespace = defaultGuardNamespace
+			if ns, given, err := cluster.Namespace(); err == nil && given {
+				o.namespace = ns
+			}
+			c, err := cluster.Client()
+			if err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard uninstall: %v\n", err)
+				return cli.Exit(cli.ExitFailed)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
+			defer cancel()
+			if err := uninstallGuard(ctx, c, o, s.Out); err != nil {
+				fmt.Fprintf(s.ErrOut, "deployguard uninstall: %v\n", err)
+				return cli.Exit(cli.ExitFailed)
+			}
+			return nil
+		},
+	})
+	cmd.Flags().StringVar(&o.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration")
+	cmd.Flags().StringVar(&o.validatingName, "validating-webhook-configuration", "deployguard-validating", "the guard's ValidatingWebhookConfiguration")
+	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
+	cluster = cli.AddClusterFlags(cmd)
+	cmd.Flags().Lookup("namespace").Usage = "the guard's namespace (default " + defaultGuardNamespace + "), which holds the native policies' params and the records of deleted Deployments"
+	return cmd
 }
+
+// defaultGuardNamespace is the guard's namespace of a default install.
+const defaultGuardNamespace = "deployguard-system"
 
 // admissionObject is one of the guard's admission objects, by kind.
 type admissionObject struct {
