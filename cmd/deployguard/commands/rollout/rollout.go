@@ -75,7 +75,7 @@ rollback is accepted.
 
 Exit codes: 0 rolled out, 1 failed or timed out, 2 usage, 3 could not read
 the Deployment.`,
-		Example:           `  kubectl deployguard rollout status deploy/web -n shop --timeout=5m`,
+		Example: `  kubectl deployguard rollout status deploy/web -n shop --timeout=5m`,
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 			// NAME, or TYPE/NAME as kubectl writes it.
 			kind, name, typed := strings.Cut(toComplete, "/")
