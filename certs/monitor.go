@@ -3,7 +3,6 @@ package certs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +14,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/deployguard/deployguard/internal/collectors"
 )
 
 // ReasonServingCertificateExpiring is the reason of the Warning event about a
@@ -32,12 +33,13 @@ type Metrics struct {
 
 // NewMetrics registers the serving certificate's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{Expiry: prometheus.NewGauge(prometheus.GaugeOpts{
+	r := collectors.NewRegistration(reg, "deployguard_serving_certificate_expiry_seconds")
+	m := &Metrics{Expiry: collectors.Add(r, prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "deployguard_serving_certificate_expiry_seconds",
 		Help: "When the certificate the webhook server serves expires, in seconds since the Unix epoch.",
-	})}
-	if err := reg.Register(m.Expiry); err != nil {
-		return nil, fmt.Errorf("registering deployguard_serving_certificate_expiry_seconds: %w", err)
+	}))}
+	if err := r.Err(); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -117,14 +117,11 @@ func (p *jsonParser) literal(word string, v ast.Value) (ast.Value, error) {
 }
 
 func (p *jsonParser) object(depth int, name string, reads *projection) (ast.Value, error) {
-	p.i++ // {
-	base := len(p.items)
-	defer func() { p.items = p.items[:base] }()
-	p.space()
-	if p.i < len(p.b) && p.b[p.i] == '}' {
-		p.i++
+	if p.open('}') {
 		return ast.NewObject(), nil
 	}
+	base := len(p.items)
+	defer func() { p.items = p.items[:base] }()
 	for {
 		p.space()
 		if p.i >= len(p.b) || p.b[p.i] != '"' {
@@ -153,18 +150,10 @@ func (p *jsonParser) object(depth int, name string, reads *projection) (ast.Valu
 			}
 			p.items = append(p.items, [2]*ast.Term{key, ast.NewTerm(v)})
 		}
-		p.space()
-		if p.i >= len(p.b) {
-			return nil, p.errorf("unexpected end in an object")
-		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-		case '}':
-			p.i++
+		if end, err := p.next('}', "an object"); err != nil {
+			return nil, err
+		} else if end {
 			return newObject(p.items[base:]), nil
-		default:
-			return nil, p.errorf("expected ',' or '}'")
 		}
 	}
 }
@@ -205,14 +194,11 @@ func hasDuplicateKey(items [][2]*ast.Term) bool {
 }
 
 func (p *jsonParser) array(depth int, reads *projection) (ast.Value, error) {
-	p.i++ // [
-	base := len(p.terms)
-	defer func() { p.terms = p.terms[:base] }()
-	p.space()
-	if p.i < len(p.b) && p.b[p.i] == ']' {
-		p.i++
+	if p.open(']') {
 		return ast.NewArray(), nil
 	}
+	base := len(p.terms)
+	defer func() { p.terms = p.terms[:base] }()
 	for i := 0; ; i++ {
 		p.space()
 		// An element nothing reads keeps its place, as null.
@@ -226,21 +212,44 @@ func (p *jsonParser) array(depth int, reads *projection) (ast.Value, error) {
 			return nil, err
 		}
 		p.terms = append(p.terms, ast.NewTerm(v))
-		p.space()
-		if p.i >= len(p.b) {
-			return nil, p.errorf("unexpected end in an array")
-		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-		case ']':
-			p.i++
+		if end, err := p.next(']', "an array"); err != nil {
+			return nil, err
+		} else if end {
 			// An array keeps its slice: give it one of its own.
 			return ast.NewArray(slices.Clone(p.terms[base:])...), nil
-		default:
-			return nil, p.errorf("expected ',' or ']'")
 		}
 	}
+}
+
+// open moves past the opening byte of an object or an array; empty when
+// closing follows it, moved past too.
+func (p *jsonParser) open(closing byte) (empty bool) {
+	p.i++
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == closing {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// next moves past what follows a member of an object or an element of an
+// array (what): a comma, before the next, or closing, the container's end
+// (end true).
+func (p *jsonParser) next(closing byte, what string) (end bool, err error) {
+	p.space()
+	if p.i >= len(p.b) {
+		return false, p.errorf("unexpected end in %s", what)
+	}
+	switch p.b[p.i] {
+	case ',':
+		p.i++
+		return false, nil
+	case closing:
+		p.i++
+		return true, nil
+	}
+	return false, p.errorf("expected ',' or '%c'", closing)
 }
 
 // skip checks a value as value does, building nothing.

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/deployguard/deployguard/internal/collectors"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
@@ -19,28 +20,25 @@ type Metrics struct {
 // NewMetrics creates the admission metrics and registers them on reg (nil: not
 // registered, for tests and `deployguard check`).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := collectors.NewRegistration(reg, "admission metrics")
 	m := &Metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		requests: collectors.Add(r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "deployguard_admission_requests_total",
 			Help: "Admission requests for Deployments (webhook mutating, validating; verdict for their status writes) and PodDisruptionBudgets (webhook disruption-budget) by webhook, " +
 				"operation, result (allowed, patched, denied, error) " +
 				"and reason: none when allowed or patched; otherwise what refused it, one of malformed, selector, overlap, strategy, revision-history, " +
 				"progress-deadline, finalizers, quarantine, protected, policy, disruption-budget, internal (denials by policy: deployguard_policy_decisions_total).",
-		}, []string{"webhook", "operation", "result", "reason"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		}, []string{"webhook", "operation", "result", "reason"})),
+		latency: collectors.Add(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "deployguard_admission_duration_seconds",
 			Help: "Time to admit a Deployment (or, webhook disruption-budget, a PodDisruptionBudget), from decoded request to response, by webhook and operation.",
 			// Fine below 5 ms, where admissions are, so that a p99 can be read
 			// from the buckets; up to the webhooks' 3 s timeout.
 			Buckets: []float64{.00005, .0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
-		}, []string{"webhook", "operation"}),
+		}, []string{"webhook", "operation"})),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	if err := r.Err(); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

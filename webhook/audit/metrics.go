@@ -1,10 +1,11 @@
 package audit
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deployguard/deployguard/internal/collectors"
 )
 
 // Metrics are the audit's Prometheus metrics.
@@ -17,29 +18,28 @@ type Metrics struct {
 
 // NewMetrics registers the audit's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	r := collectors.NewRegistration(reg, "audit metrics")
 	m := &Metrics{
-		results: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		results: collectors.Add(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "deployguard_audit_results",
 			Help: "Results of the last audit of every guarded Deployment, by policy and result (pass, fail, warn, error, skip).",
-		}, []string{"policy", "result"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		}, []string{"policy", "result"})),
+		duration: collectors.Add(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "deployguard_audit_pass_duration_seconds",
 			Help:    "Duration of an audit pass, rate limit included; scope is full (every Deployment, every check), policies (the policies a new policy set changed, on every Deployment) or partial (Deployments that changed).",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}, []string{"scope"}),
-		writes: prometheus.NewCounter(prometheus.CounterOpts{
+		}, []string{"scope"})),
+		writes: collectors.Add(r, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "deployguard_audit_report_writes_total",
 			Help: "Report creations, updates and deletions; a report is written only when its content changed.",
-		}),
-		reportsDisabled: prometheus.NewGauge(prometheus.GaugeOpts{
+		})),
+		reportsDisabled: collectors.Add(r, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "deployguard_audit_reports_disabled",
 			Help: "1 when the report CRD is missing and the audit writes no reports.",
-		}),
+		})),
 	}
-	for _, c := range []prometheus.Collector{m.results, m.duration, m.writes, m.reportsDisabled} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("registering audit metrics: %w", err)
-		}
+	if err := r.Err(); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -129,32 +129,39 @@ func Parse(file []byte) (*Rules, error) {
 		case "":
 			continue // only comments
 		case "ValidatingAdmissionPolicy":
-			p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
-			if err := yaml.UnmarshalStrict(doc, p); err != nil {
-				return nil, fmt.Errorf("reading the policies: %w", err)
-			}
-			c, err := Compile(p)
-			if err != nil {
-				return nil, err
-			}
-			r.Policies = append(r.Policies, p)
-			r.compiled[p.Name] = c
+			err = addPolicy(doc, Compile, &r.Policies, r.compiled)
 		case "MutatingAdmissionPolicy":
-			p := &admissionregistrationv1.MutatingAdmissionPolicy{}
-			if err := yaml.UnmarshalStrict(doc, p); err != nil {
-				return nil, fmt.Errorf("reading the policies: %w", err)
-			}
-			m, err := CompileMutation(p)
-			if err != nil {
-				return nil, err
-			}
-			r.Mutations = append(r.Mutations, p)
-			r.mutations[p.Name] = m
+			err = addPolicy(doc, CompileMutation, &r.Mutations, r.mutations)
 		default:
-			return nil, fmt.Errorf("reading the policies: unexpected kind %q", t.Kind)
+			err = fmt.Errorf("reading the policies: unexpected kind %q", t.Kind)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// object is a pointer to an API object of type T.
+type object[T any] interface {
+	*T
+	GetName() string
+}
+
+// addPolicy reads doc, strictly, as a policy of type T, compiles it, and
+// files it in policies and, compiled, under its name in compiled.
+func addPolicy[T any, P object[T], C any](doc []byte, compile func(P) (C, error), policies *[]P, compiled map[string]C) error {
+	p := P(new(T))
+	if err := yaml.UnmarshalStrict(doc, p); err != nil {
+		return fmt.Errorf("reading the policies: %w", err)
+	}
+	c, err := compile(p)
+	if err != nil {
+		return err
+	}
+	*policies = append(*policies, p)
+	compiled[p.GetName()] = c
+	return nil
 }
 
 // Finding is one failed validation of the guard's policies.

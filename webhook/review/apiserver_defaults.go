@@ -14,48 +14,24 @@ import (
 // covers the fields the guard's checks and the built-in policies read.
 func APIServerDefaults(d *appsv1.Deployment) {
 	s := &d.Spec
-	if s.Replicas == nil {
-		s.Replicas = ptr(int32(1))
-	}
-	if s.Strategy.Type == "" {
-		s.Strategy.Type = appsv1.RollingUpdateDeploymentStrategyType
-	}
+	orDefault(&s.Replicas, ptr(int32(1)))
+	orDefault(&s.Strategy.Type, appsv1.RollingUpdateDeploymentStrategyType)
 	if s.Strategy.Type == appsv1.RollingUpdateDeploymentStrategyType {
-		if s.Strategy.RollingUpdate == nil {
-			s.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{}
-		}
-		if s.Strategy.RollingUpdate.MaxUnavailable == nil {
-			s.Strategy.RollingUpdate.MaxUnavailable = ptr(intstr.FromString("25%"))
-		}
-		if s.Strategy.RollingUpdate.MaxSurge == nil {
-			s.Strategy.RollingUpdate.MaxSurge = ptr(intstr.FromString("25%"))
-		}
+		orDefault(&s.Strategy.RollingUpdate, &appsv1.RollingUpdateDeployment{})
+		orDefault(&s.Strategy.RollingUpdate.MaxUnavailable, ptr(intstr.FromString("25%")))
+		orDefault(&s.Strategy.RollingUpdate.MaxSurge, ptr(intstr.FromString("25%")))
 	}
-	if s.RevisionHistoryLimit == nil {
-		s.RevisionHistoryLimit = ptr(builtinRevisionHistoryLimit)
-	}
-	if s.ProgressDeadlineSeconds == nil {
-		s.ProgressDeadlineSeconds = ptr(builtinProgressDeadlineSeconds)
-	}
+	orDefault(&s.RevisionHistoryLimit, ptr(builtinRevisionHistoryLimit))
+	orDefault(&s.ProgressDeadlineSeconds, ptr(builtinProgressDeadlineSeconds))
 	podSpecDefaults(&s.Template.Spec)
 }
 
 func podSpecDefaults(p *corev1.PodSpec) {
-	if p.RestartPolicy == "" {
-		p.RestartPolicy = corev1.RestartPolicyAlways
-	}
-	if p.DNSPolicy == "" {
-		p.DNSPolicy = corev1.DNSClusterFirst
-	}
-	if p.SchedulerName == "" {
-		p.SchedulerName = corev1.DefaultSchedulerName
-	}
-	if p.TerminationGracePeriodSeconds == nil {
-		p.TerminationGracePeriodSeconds = ptr(int64(corev1.DefaultTerminationGracePeriodSeconds))
-	}
-	if p.SecurityContext == nil {
-		p.SecurityContext = &corev1.PodSecurityContext{}
-	}
+	orDefault(&p.RestartPolicy, corev1.RestartPolicyAlways)
+	orDefault(&p.DNSPolicy, corev1.DNSClusterFirst)
+	orDefault(&p.SchedulerName, corev1.DefaultSchedulerName)
+	orDefault(&p.TerminationGracePeriodSeconds, ptr(int64(corev1.DefaultTerminationGracePeriodSeconds)))
+	orDefault(&p.SecurityContext, &corev1.PodSecurityContext{})
 	for i := range p.InitContainers {
 		containerDefaults(&p.InitContainers[i])
 	}
@@ -65,12 +41,8 @@ func podSpecDefaults(p *corev1.PodSpec) {
 }
 
 func containerDefaults(c *corev1.Container) {
-	if c.TerminationMessagePath == "" {
-		c.TerminationMessagePath = corev1.TerminationMessagePathDefault
-	}
-	if c.TerminationMessagePolicy == "" {
-		c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
-	}
+	orDefault(&c.TerminationMessagePath, corev1.TerminationMessagePathDefault)
+	orDefault(&c.TerminationMessagePolicy, corev1.TerminationMessageReadFile)
 	if c.ImagePullPolicy == "" {
 		c.ImagePullPolicy = corev1.PullIfNotPresent
 		if latestOrUntagged(c.Image) {
@@ -78,9 +50,7 @@ func containerDefaults(c *corev1.Container) {
 		}
 	}
 	for i := range c.Ports {
-		if c.Ports[i].Protocol == "" {
-			c.Ports[i].Protocol = corev1.ProtocolTCP
-		}
+		orDefault(&c.Ports[i].Protocol, corev1.ProtocolTCP)
 	}
 	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
 		probeDefaults(p)
@@ -91,20 +61,21 @@ func probeDefaults(p *corev1.Probe) {
 	if p == nil {
 		return
 	}
-	if p.TimeoutSeconds == 0 {
-		p.TimeoutSeconds = 1
+	orDefault(&p.TimeoutSeconds, 1)
+	orDefault(&p.PeriodSeconds, 10)
+	orDefault(&p.SuccessThreshold, 1)
+	orDefault(&p.FailureThreshold, 3)
+	if p.HTTPGet != nil {
+		orDefault(&p.HTTPGet.Scheme, corev1.URISchemeHTTP)
 	}
-	if p.PeriodSeconds == 0 {
-		p.PeriodSeconds = 10
-	}
-	if p.SuccessThreshold == 0 {
-		p.SuccessThreshold = 1
-	}
-	if p.FailureThreshold == 0 {
-		p.FailureThreshold = 3
-	}
-	if p.HTTPGet != nil && p.HTTPGet.Scheme == "" {
-		p.HTTPGet.Scheme = corev1.URISchemeHTTP
+}
+
+// orDefault sets a field the manifest leaves unset (its zero value: "", 0 or
+// nil) to the API server's default.
+func orDefault[T comparable](field *T, def T) {
+	var unset T
+	if *field == unset {
+		*field = def
 	}
 }
 

@@ -3,12 +3,12 @@ package review
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // BudgetSource finds the disruption budgets that select a Deployment's pods,
@@ -28,8 +28,7 @@ type BudgetSource interface {
 // (and the few with no such requirement). The Deployments a budget selects
 // come from the overlap index, which files them by template label.
 type BudgetIndex struct {
-	mu          sync.RWMutex
-	byNS        map[string]*nsSelections
+	byNamespace
 	budgets     map[string]map[string]Budget
 	synced      func() bool
 	Deployments *OverlapIndex
@@ -37,7 +36,7 @@ type BudgetIndex struct {
 
 // NewBudgetIndex returns an empty index over deployments' Deployments.
 func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
-	return &BudgetIndex{byNS: map[string]*nsSelections{}, budgets: map[string]map[string]Budget{}, Deployments: deployments}
+	return &BudgetIndex{byNamespace: byNamespace{byNS: map[string]*nsSelections{}}, budgets: map[string]map[string]Budget{}, Deployments: deployments}
 }
 
 // Set files (or refiles) a budget.
@@ -61,7 +60,7 @@ func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
 	}
 	ns := x.byNS[p.Namespace]
 	if ns == nil {
-		ns = &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
+		ns = newNSSelections()
 		x.byNS[p.Namespace] = ns
 		x.budgets[p.Namespace] = map[string]Budget{}
 	}
@@ -107,33 +106,23 @@ func (x *BudgetIndex) Len() int {
 
 // Selecting implements BudgetSource.
 func (x *BudgetIndex) Selecting(namespace string, podLabels labels.Set) ([]Budget, error) {
-	if !x.Synced() {
-		return nil, ErrIndexNotSynced
-	}
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	ns := x.byNS[namespace]
-	if ns == nil {
-		return nil, nil
-	}
-	var out []Budget
-	seen := map[string]struct{}{}
-	consider := func(names nameSet) {
-		for n := range names {
-			if _, dup := seen[n]; dup {
-				continue
-			}
-			seen[n] = struct{}{}
-			if b := x.budgets[namespace][n]; b.Selector.Matches(podLabels) {
-				out = append(out, b)
+	return lookup(&x.byNamespace, x.Synced(), namespace, func(ns *nsSelections) (out []Budget) {
+		seen := nameSet{}
+		consider := func(names nameSet) {
+			for n := range names {
+				if seen.add(n) {
+					if b := x.budgets[namespace][n]; b.Selector.Matches(podLabels) {
+						out = append(out, b)
+					}
+				}
 			}
 		}
-	}
-	for k, v := range podLabels {
-		consider(ns.byAnchor[labelPair{k, v}])
-	}
-	consider(ns.unanchored)
-	return out, nil
+		for k, v := range podLabels {
+			consider(ns.byAnchor[labelPair{k, v}])
+		}
+		consider(ns.unanchored)
+		return out
+	})
 }
 
 // Targets implements BudgetSource.
@@ -156,20 +145,25 @@ func (x *BudgetIndex) Feed(inf informer) error {
 // reconciler's too: one watch).
 func Indexes(ctx context.Context, informers cache.Informers) (*OverlapIndex, *BudgetIndex, error) {
 	overlaps := NewOverlapIndex(nil)
-	deployments, err := informers.GetInformer(ctx, &appsv1.Deployment{})
-	if err != nil {
-		return nil, nil, fmt.Errorf("getting the Deployment informer: %w", err)
-	}
-	if err := overlaps.Feed(deployments); err != nil {
-		return nil, nil, fmt.Errorf("indexing Deployments for the overlap check: %w", err)
+	if err := feedFrom(ctx, informers, &appsv1.Deployment{}, "Deployment", "the overlap check", overlaps.Feed); err != nil {
+		return nil, nil, err
 	}
 	budgets := NewBudgetIndex(overlaps)
-	pdbs, err := informers.GetInformer(ctx, &policyv1.PodDisruptionBudget{})
-	if err != nil {
-		return nil, nil, fmt.Errorf("getting the PodDisruptionBudget informer: %w", err)
-	}
-	if err := budgets.Feed(pdbs); err != nil {
-		return nil, nil, fmt.Errorf("indexing PodDisruptionBudgets for the drain check: %w", err)
+	if err := feedFrom(ctx, informers, &policyv1.PodDisruptionBudget{}, "PodDisruptionBudget", "the drain check", budgets.Feed); err != nil {
+		return nil, nil, err
 	}
 	return overlaps, budgets, nil
+}
+
+// feedFrom feeds an index, for check, from the cache's informer of obj's
+// kind.
+func feedFrom(ctx context.Context, informers cache.Informers, obj client.Object, kind, check string, feed func(informer) error) error {
+	inf, err := informers.GetInformer(ctx, obj)
+	if err != nil {
+		return fmt.Errorf("getting the %s informer: %w", kind, err)
+	}
+	if err := feed(inf); err != nil {
+		return fmt.Errorf("indexing %ss for %s: %w", kind, check, err)
+	}
+	return nil
 }

@@ -30,18 +30,54 @@ var ErrIndexNotSynced = errors.New("the guard has not yet seen every Deployment"
 // (only NotIn, Exists, DoesNotExist) are always candidates; selectors of mine
 // with none are compared with the whole namespace. Both are rare.
 type OverlapIndex struct {
-	mu     sync.RWMutex
-	byNS   map[string]*nsSelections
+	byNamespace
 	synced func() bool
 }
 
+// byNamespace is what both indexes keep: selections filed by namespace,
+// under a lock.
+type byNamespace struct {
+	mu   sync.RWMutex
+	byNS map[string]*nsSelections
+}
+
+// lookup is how both indexes answer: ErrIndexNotSynced until synced, since
+// an answer then could miss something; nothing for a namespace with nothing
+// filed; otherwise what find finds in namespace's selections, under the read
+// lock.
+func lookup[T any](x *byNamespace, synced bool, namespace string, find func(*nsSelections) []T) ([]T, error) {
+	if !synced {
+		return nil, ErrIndexNotSynced
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	ns := x.byNS[namespace]
+	if ns == nil {
+		return nil, nil
+	}
+	return find(ns), nil
+}
+
 type nameSet map[string]struct{}
+
+// add adds name to s, and reports whether it was not there yet.
+func (s nameSet) add(name string) bool {
+	if _, dup := s[name]; dup {
+		return false
+	}
+	s[name] = struct{}{}
+	return true
+}
 
 type nsSelections struct {
 	entries    map[string]filed
 	byTemplate map[labelPair]nameSet // pods labelled k=v
 	byAnchor   map[labelPair]nameSet // selectors that require k=v (first requirement)
 	unanchored nameSet
+}
+
+func newNSSelections() *nsSelections {
+	return &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
 }
 
 type labelPair struct{ key, value string }
@@ -56,7 +92,7 @@ type filed struct {
 // NewOverlapIndex returns an empty index. synced, when set, reports whether
 // the informer feeding it has delivered every existing Deployment.
 func NewOverlapIndex(synced func() bool) *OverlapIndex {
-	return &OverlapIndex{byNS: map[string]*nsSelections{}, synced: synced}
+	return &OverlapIndex{byNamespace: byNamespace{byNS: map[string]*nsSelections{}}, synced: synced}
 }
 
 // Set files (or refiles) a Deployment.
@@ -75,7 +111,7 @@ func (x *OverlapIndex) Set(d *appsv1.Deployment) {
 		return
 	}
 	if ns == nil {
-		ns = &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
+		ns = newNSSelections()
 		x.byNS[d.Namespace] = ns
 	}
 	ns.add(s)
@@ -111,48 +147,39 @@ func (x *OverlapIndex) Len() int {
 
 // OverlapCandidates implements OverlapSource.
 func (x *OverlapIndex) OverlapCandidates(_ context.Context, d *appsv1.Deployment) ([]Selection, error) {
-	if !x.Synced() {
-		return nil, ErrIndexNotSynced
-	}
-	mine, ok := SelectionOf(d)
-	if !ok {
-		return nil, nil
-	}
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	ns := x.byNS[d.Namespace]
-	if ns == nil {
-		return nil, nil
-	}
-	seen := map[string]struct{}{d.Name: {}}
-	var out []Selection
-	takeOne := func(n string) {
-		if _, dup := seen[n]; !dup {
-			seen[n] = struct{}{}
-			out = append(out, ns.entries[n].Selection)
+	mine, selects := SelectionOf(d)
+	return lookup(&x.byNamespace, x.Synced(), d.Namespace, func(ns *nsSelections) (out []Selection) {
+		if !selects {
+			return nil
 		}
-	}
-	take := func(names nameSet) {
-		for n := range names {
-			takeOne(n)
+		seen := nameSet{d.Name: {}}
+		takeOne := func(n string) {
+			if seen.add(n) {
+				out = append(out, ns.entries[n].Selection)
+			}
 		}
-	}
-	// Their pods, selected by my selector.
-	if pairs, ok := narrowest(mine.Selector, ns.byTemplate); ok {
-		for _, p := range pairs {
-			take(ns.byTemplate[p])
+		take := func(names nameSet) {
+			for n := range names {
+				takeOne(n)
+			}
 		}
-	} else {
-		for n := range ns.entries {
-			takeOne(n)
+		// Their pods, selected by my selector.
+		if pairs, ok := narrowest(mine.Selector, ns.byTemplate); ok {
+			for _, p := range pairs {
+				take(ns.byTemplate[p])
+			}
+		} else {
+			for n := range ns.entries {
+				takeOne(n)
+			}
 		}
-	}
-	// My pods, selected by theirs.
-	for k, v := range mine.TemplateLabels {
-		take(ns.byAnchor[labelPair{k, v}])
-	}
-	take(ns.unanchored)
-	return out, nil
+		// My pods, selected by theirs.
+		for k, v := range mine.TemplateLabels {
+			take(ns.byAnchor[labelPair{k, v}])
+		}
+		take(ns.unanchored)
+		return out
+	})
 }
 
 // Feed keeps the index up to date from a Deployment informer (the manager's:
@@ -315,35 +342,27 @@ func (x *OverlapIndex) rarest(namespace string, sel labels.Selector) []labelPair
 // carrying sel's rarest required label, the whole namespace only for a
 // selector with no equality or set requirement.
 func (x *OverlapIndex) SelectedBy(namespace string, sel labels.Selector) ([]Selection, error) {
-	if !x.Synced() {
-		return nil, ErrIndexNotSynced
-	}
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	ns := x.byNS[namespace]
-	if ns == nil {
-		return nil, nil
-	}
-	var out []Selection
-	consider := func(n string) {
-		if e := ns.entries[n]; !e.Deleting && sel.Matches(e.TemplateLabels) {
-			out = append(out, e.Selection)
+	return lookup(&x.byNamespace, x.Synced(), namespace, func(ns *nsSelections) (out []Selection) {
+		consider := func(n string) {
+			if e := ns.entries[n]; !e.Deleting && sel.Matches(e.TemplateLabels) {
+				out = append(out, e.Selection)
+			}
 		}
-	}
-	if pairs, ok := narrowest(sel, ns.byTemplate); ok {
-		seen := map[string]struct{}{}
+		pairs, ok := narrowest(sel, ns.byTemplate)
+		if !ok {
+			for n := range ns.entries {
+				consider(n)
+			}
+			return out
+		}
+		seen := nameSet{}
 		for _, p := range pairs {
 			for n := range ns.byTemplate[p] {
-				if _, dup := seen[n]; !dup {
-					seen[n] = struct{}{}
+				if seen.add(n) {
 					consider(n)
 				}
 			}
 		}
-		return out, nil
-	}
-	for n := range ns.entries {
-		consider(n)
-	}
-	return out, nil
+		return out
+	})
 }

@@ -144,10 +144,7 @@ func WriteSARIF(w io.Writer, tool Tool, results []Result) error {
 				ruleIndex[f.Rule] = i
 				rules = append(rules, sarifRule{ID: f.Rule, ShortDescription: sarifMessage{Text: ruleDescription(f.Rule)}})
 			}
-			file, line := r.File, firstNonZero(f.Line, r.Line)
-			if f.File != "" {
-				file, line = f.File, f.Line
-			}
+			file, line := r.at(f)
 			loc := sarifLocation{PhysicalLocation: sarifPhysical{ArtifactLocation: sarifArtifact{URI: artifactURI(file)}}}
 			if line > 0 {
 				loc.PhysicalLocation.Region = &sarifRegion{StartLine: line}
@@ -212,13 +209,17 @@ func artifactURI(p string) string {
 	return strings.TrimPrefix(p, "./")
 }
 
-func firstNonZero(xs ...int) int {
-	for _, x := range xs {
-		if x != 0 {
-			return x
-		}
+// at is where f stands: in another file (a kustomize patch), at its own
+// line there; otherwise in r's file, at its line or, when that is unknown,
+// at r's.
+func (r Result) at(f Finding) (file string, line int) {
+	switch {
+	case f.File != "":
+		return f.File, f.Line
+	case f.Line != 0:
+		return r.File, f.Line
 	}
-	return 0
+	return r.File, r.Line
 }
 
 // JUnit XML as the Jenkins xUnit plugin's junit-10.xsd allows it (the
@@ -283,10 +284,7 @@ func WriteJUnit(w io.Writer, tool Tool, results []Result, strict bool) error {
 		c := junitCase{Name: fmt.Sprintf("%s (document %d)", r.Object(), r.Document), Classname: r.File, Time: "0"}
 		var errs, warns []string
 		for _, f := range r.Findings {
-			file, at := r.File, firstNonZero(f.Line, r.Line)
-			if f.File != "" {
-				file, at = f.File, f.Line
-			}
+			file, at := r.at(f)
 			line := fmt.Sprintf("%s:%d: [%s] %s", file, at, f.Rule, f.Message)
 			if f.Level == "error" {
 				errs = append(errs, line)

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
+	"github.com/deployguard/deployguard/internal/collectors"
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
 )
@@ -63,18 +64,17 @@ func Setup(ctx context.Context, r client.Reader, w client.Client, o Options) (*C
 		log.Info("nativePolicies.installed is false: the webhook evaluates the refusals")
 	} else {
 		opts.Native = review.NewNativeEnforcement(false)
-		enforced := prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_policies_enforced",
+		metrics := collectors.NewRegistration(o.Metrics, "native floor metrics")
+		enforced := collectors.Add(metrics, prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_policies_enforced",
 			Help: "1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
 				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
-				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false."})
-		conclusive := prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_probe_conclusive",
+				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false."}))
+		conclusive := collectors.Add(metrics, prometheus.NewGauge(prometheus.GaugeOpts{Name: "deployguard_native_probe_conclusive",
 			Help: "1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver " +
 				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering " +
-				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false."})
-		for _, g := range []prometheus.Gauge{enforced, conclusive} {
-			if err := o.Metrics.Register(g); err != nil {
-				return nil, err
-			}
+				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false."}))
+		if err := metrics.Err(); err != nil {
+			return nil, err
 		}
 		opts.Native.OnChange(func(on bool) {
 			if on {

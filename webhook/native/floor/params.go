@@ -38,15 +38,9 @@ func PoliciesEnforced(ctx context.Context, c client.Reader, namespace string, o 
 // this release's expressions and bound to deny with the params ConfigMap in
 // namespace.
 func RefusalsBound(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
-	rules, err := native.Load()
-	if err != nil {
-		return false, "", err
-	}
-	i := slices.IndexFunc(rules.Policies, func(p *admissionregistrationv1.ValidatingAdmissionPolicy) bool { return p.Name == native.Refusals })
-	want := rules.Policies[i]
-	got := &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := c.Get(ctx, client.ObjectKey{Name: native.Refusals}, got); err != nil {
-		return notFound(err, "ValidatingAdmissionPolicy "+native.Refusals+" is not installed")
+	want, got, why, err := versions(ctx, c, validating, native.Refusals)
+	if why != "" || err != nil {
+		return false, why, err
 	}
 	if !sameExpressions(got, want) {
 		return false, "ValidatingAdmissionPolicy " + native.Refusals + " is not this version's (install config/native of this release)", nil
@@ -55,8 +49,8 @@ func RefusalsBound(ctx context.Context, c client.Reader, namespace string) (ok b
 		return false, "ValidatingAdmissionPolicy " + native.Refusals + " is not this version's: its " + what + " differs (install config/native of this release)", nil
 	}
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	if err := c.Get(ctx, client.ObjectKey{Name: native.Refusals}, b); err != nil {
-		return notFound(err, "ValidatingAdmissionPolicyBinding "+native.Refusals+" is not installed")
+	if ok, why, err := getInstalled(ctx, c, "ValidatingAdmissionPolicyBinding", native.Refusals, b); !ok {
+		return ok, why, err
 	}
 	switch ref := b.Spec.ParamRef; {
 	case !slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny):
@@ -97,8 +91,8 @@ func RefusalsBound(ctx context.Context, c client.Reader, namespace string) (ok b
 		return ok, native.Refusals + " judges only the creates " + native.Selector + " labels, and " + why, err
 	}
 	mb := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
-	if err := c.Get(ctx, client.ObjectKey{Name: native.Selector}, mb); err != nil {
-		return notFound(err, "MutatingAdmissionPolicyBinding "+native.Selector+" is not installed")
+	if ok, why, err := getInstalled(ctx, c, "MutatingAdmissionPolicyBinding", native.Selector, mb); !ok {
+		return ok, why, err
 	}
 	if !sameNamespaces(mb.Spec.MatchResources, b.Spec.MatchResources) {
 		return false, native.Refusals + " judges only the creates " + native.Selector + " labels, and MutatingAdmissionPolicyBinding " +
@@ -182,25 +176,55 @@ func paramsCurrent(ctx context.Context, c client.Reader, namespace string, o *re
 // namespace. When it is not so, why says what: the guard's webhook still
 // repairs selectors, but only while it is up.
 func SelectorRepairInstalled(ctx context.Context, c client.Reader, namespace string) (ok bool, why string, err error) {
-	rules, err := native.Load()
-	if err != nil {
-		return false, "", err
-	}
-	i := slices.IndexFunc(rules.Mutations, func(p *admissionregistrationv1.MutatingAdmissionPolicy) bool { return p.Name == native.Selector })
-	want := rules.Mutations[i]
-	got := &admissionregistrationv1.MutatingAdmissionPolicy{}
-	if err := c.Get(ctx, client.ObjectKey{Name: native.Selector}, got); err != nil {
-		return notFound(err, "MutatingAdmissionPolicy "+native.Selector+" is not installed")
+	want, got, why, err := versions(ctx, c, mutating, native.Selector)
+	if why != "" || err != nil {
+		return false, why, err
 	}
 	if !slices.Equal(mutationExpressions(got), mutationExpressions(want)) {
 		return false, "MutatingAdmissionPolicy " + native.Selector + " is not this version's (install config/native of this release)", nil
 	}
 	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
-	if err := c.Get(ctx, client.ObjectKey{Name: native.Selector}, b); err != nil {
-		return notFound(err, "MutatingAdmissionPolicyBinding "+native.Selector+" is not installed")
+	if ok, why, err := getInstalled(ctx, c, "MutatingAdmissionPolicyBinding", native.Selector, b); !ok {
+		return ok, why, err
 	}
 	if ref := b.Spec.ParamRef; ref == nil || ref.Name != nativeconfig.ParamsName || ref.Namespace != namespace {
 		return false, fmt.Sprintf("MutatingAdmissionPolicyBinding %s does not read ConfigMap %s/%s", native.Selector, namespace, nativeconfig.ParamsName), nil
+	}
+	return true, "", nil
+}
+
+// versions returns this release's policy named name, of those all picks
+// from the file, and the one installed; why says, when it is not installed.
+func versions[T any, P interface {
+	*T
+	client.Object
+}](ctx context.Context, c client.Reader, all func(*native.Rules) []P, name string) (want, got P, why string, err error) {
+	rules, err := native.Load()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	shipped := all(rules)
+	want = shipped[slices.IndexFunc(shipped, func(p P) bool { return p.GetName() == name })]
+	got = P(new(T))
+	if ok, why, err := getInstalled(ctx, c, want.GetObjectKind().GroupVersionKind().Kind, name, got); !ok {
+		return nil, nil, why, err
+	}
+	return want, got, "", nil
+}
+
+func validating(r *native.Rules) []*admissionregistrationv1.ValidatingAdmissionPolicy {
+	return r.Policies
+}
+
+func mutating(r *native.Rules) []*admissionregistrationv1.MutatingAdmissionPolicy {
+	return r.Mutations
+}
+
+// getInstalled reads the cluster-scoped object of kind named name into obj; why
+// says, when it is not installed.
+func getInstalled(ctx context.Context, c client.Reader, kind, name string, obj client.Object) (ok bool, why string, err error) {
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
+		return notFound(err, kind+" "+name+" is not installed")
 	}
 	return true, "", nil
 }
