@@ -10,7 +10,6 @@ COPY webhook/ webhook/
 COPY policy/ policy/
 COPY reconciler/ reconciler/
 COPY certs/ certs/
-COPY internal/ internal/
 ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=linux go build -trimpath \

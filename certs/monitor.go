@@ -3,6 +3,7 @@ package certs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,8 +15,6 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-
-	"github.com/deployguard/deployguard/internal/collectors"
 )
 
 // ReasonServingCertificateExpiring is the reason of the Warning event about a
@@ -33,13 +32,12 @@ type Metrics struct {
 
 // NewMetrics registers the serving certificate's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	r := collectors.NewRegistration(reg, "deployguard_serving_certificate_expiry_seconds")
-	m := &Metrics{Expiry: collectors.Add(r, prometheus.NewGauge(prometheus.GaugeOpts{
+	m := &Metrics{Expiry: prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "deployguard_serving_certificate_expiry_seconds",
 		Help: "When the certificate the webhook server serves expires, in seconds since the Unix epoch.",
-	}))}
-	if err := r.Err(); err != nil {
-		return nil, err
+	})}
+	if err := reg.Register(m.Expiry); err != nil {
+		return nil, fmt.Errorf("registering deployguard_serving_certificate_expiry_seconds: %w", err)
 	}
 	return m, nil
 }

@@ -3,7 +3,7 @@ package reconciler
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/deployguard/deployguard/internal/collectors"
+	"github.com/deployguard/deployguard/reconciler/collectors"
 )
 
 // Values of the result label of deployguard_rollbacks_total.

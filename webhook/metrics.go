@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/deployguard/deployguard/internal/collectors"
+	"github.com/deployguard/deployguard/reconciler/collectors"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/deployguard/deployguard/internal/collectors"
+	"github.com/deployguard/deployguard/reconciler/collectors"
 )
 
 // Metrics are the audit's Prometheus metrics.

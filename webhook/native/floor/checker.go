@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nativeconfig "github.com/deployguard/deployguard/config/native"
-	"github.com/deployguard/deployguard/internal/collectors"
+	"github.com/deployguard/deployguard/reconciler/collectors"
 	"github.com/deployguard/deployguard/webhook/native"
 	"github.com/deployguard/deployguard/webhook/review"
 )
