@@ -10,6 +10,8 @@ COPY webhook/ webhook/
 COPY policy/ policy/
 COPY reconciler/ reconciler/
 COPY certs/ certs/
+# config/native is Go (the native policies the guard installs, embedded).
+COPY config/ config/
 ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=linux go build -trimpath \
