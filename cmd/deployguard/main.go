@@ -21,6 +21,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/check"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/restore"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/rollout"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/serve"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/status"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/test"
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/uninstall"
@@ -84,7 +85,7 @@ completes its verbs and flags.`,
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl deployguard"}
 	}
 	root.AddCommand(
-		newServeCommand(s),
+		serve.NewCommand(s),
 		check.NewCommand(s),
 		test.NewCommand(s),
 		status.NewCommand(s),

@@ -31,6 +31,11 @@ func TestCommandsUsage(t *testing.T) {
 		{name: "an unknown flag", args: []string{"status", "--frobnicate"}, code: 2, stderr: "unknown flag: --frobnicate"},
 		{name: "a flag as Go's flag package took it", args: []string{"uninstall", "-dry-run", "-kubeconfig"}, code: 2, stderr: "flag needs an argument: --kubeconfig"},
 		{name: "help", args: []string{"help"}, code: 0, stdout: "rollout"},
+		{name: "nothing", args: nil, code: 2, stderr: "Available Commands"},
+		{name: "an unknown verb", args: []string{"frobnicate"}, code: 2, stderr: `unknown command "frobnicate"`},
+		{name: "serve with a bad flag", args: []string{"serve", "--cert-mode", "magic"}, code: 2, stderr: "--cert-mode must be files or self-managed"},
+		{name: "version", args: []string{"version"}, code: 0, stdout: "deployguard dev"},
+		{name: "--version", args: []string{"--version"}, code: 0, stdout: "deployguard dev"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

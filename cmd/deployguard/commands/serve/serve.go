@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"context"
@@ -90,10 +90,10 @@ type serveFlags struct {
 	shutdownDelay  time.Duration
 }
 
-// newServeCommand is `deployguard serve`. Its flags are Go flags, as
+// NewCommand is `deployguard serve`. Its flags are Go flags, as
 // controller-runtime's logging options (zap) bind them, given to cobra
 // through pflag.
-func newServeCommand(s cli.Streams) *cobra.Command {
+func NewCommand(s cli.Streams) *cobra.Command {
 	fs := flag.NewFlagSet("deployguard serve", flag.ContinueOnError)
 	f, zo := bindServeFlags(fs)
 	cmd := cli.NewCommand(s, &cobra.Command{
@@ -272,7 +272,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err := setupProbes(mgr, pr, f, stop); err != nil {
 		return err
 	}
-	ctrl.Log.WithName("setup").Info("starting deployguard", "version", version, "namespace", f.namespace, "certMode", f.certMode,
+	ctrl.Log.WithName("setup").Info("starting deployguard", "version", cli.Version, "namespace", f.namespace, "certMode", f.certMode,
 		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
 	return mgr.Start(ctx)
 }

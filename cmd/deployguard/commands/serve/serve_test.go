@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 )
 
 // A bad config file stops `serve` before it touches any cluster, with a
@@ -52,7 +54,7 @@ func TestServeRefusesABadConfigFile(t *testing.T) {
 			}
 			var stdout, stderr bytes.Buffer
 			// --kubeconfig points nowhere: the config must fail first.
-			code := run([]string{"serve", "--config", p, "--kubeconfig", filepath.Join(t.TempDir(), "none")}, nil, &stdout, &stderr)
+			code := cli.Run(NewCommand, []string{"--config", p, "--kubeconfig", filepath.Join(t.TempDir(), "none")}, nil, &stdout, &stderr)
 			assert.Equal(t, tt.wantCode, code)
 			for _, w := range tt.wantMsg {
 				assert.Contains(t, stderr.String(), w)
@@ -63,10 +65,10 @@ func TestServeRefusesABadConfigFile(t *testing.T) {
 
 func TestUsageErrors(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	assert.Equal(t, 2, run(nil, nil, &stdout, &stderr))
-	assert.Equal(t, 2, run([]string{"frobnicate"}, nil, &stdout, &stderr))
-	assert.Contains(t, stderr.String(), `unknown command "frobnicate"`)
-	assert.Equal(t, 2, run([]string{"serve", "--cert-mode", "magic"}, nil, &stdout, &stderr))
-	assert.Equal(t, 0, run([]string{"version"}, nil, &stdout, &stderr))
-	assert.Contains(t, stdout.String(), "deployguard ")
+	assert.Equal(t, 2, cli.Run(NewCommand, []string{"--cert-mode", "magic"}, nil, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "--cert-mode must be files or self-managed")
+	assert.Equal(t, 2, cli.Run(NewCommand, []string{"now"}, nil, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "unexpected arguments: now")
+	assert.Equal(t, 2, cli.Run(NewCommand, []string{"--webhook-port", "many"}, nil, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "invalid argument")
 }
