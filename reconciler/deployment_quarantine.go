@@ -39,7 +39,7 @@ func RemoveQuarantined(list []string, hash string) []string {
 }
 
 // FormatTemplateList is the annotation form of a quarantine list, the inverse of
-// vocab.ParseTemplateList.
+// vocab.SplitList.
 func FormatTemplateList(list []string) string {
 	return strings.Join(list, ",")
 }

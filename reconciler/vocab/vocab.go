@@ -348,7 +348,7 @@ func TemplateHash(t *corev1.PodTemplateSpec) string {
 // AnnotationQuarantinedTemplates, oldest first, without empty entries. It returns
 // nil when there are none.
 func QuarantinedTemplates(d *appsv1.Deployment) []string {
-	return ParseTemplateList(d.Annotations[AnnotationQuarantinedTemplates])
+	return SplitList(d.Annotations[AnnotationQuarantinedTemplates])
 }
 
 // Quarantined reports whether d has quarantined templates: whether it
@@ -357,9 +357,9 @@ func Quarantined(d *appsv1.Deployment) bool {
 	return len(QuarantinedTemplates(d)) > 0
 }
 
-// ParseTemplateList splits a comma-separated list of template hashes, dropping
+// SplitList splits a comma-separated list (template hashes, a flag's names), dropping
 // blanks and surrounding spaces.
-func ParseTemplateList(s string) []string {
+func SplitList(s string) []string {
 	var out []string
 	for _, h := range strings.Split(s, ",") {
 		if h = strings.TrimSpace(h); h != "" {

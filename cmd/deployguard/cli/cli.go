@@ -7,7 +7,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -62,17 +61,6 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 	c.UserAgent = "deployguard/" + Version
 	c.Timeout = 30 * time.Second
 	return c, nil
-}
-
-// SplitList splits a comma-separated flag value.
-func SplitList(s string) []string {
-	var out []string
-	for _, x := range strings.Split(s, ",") {
-		if x = strings.TrimSpace(x); x != "" {
-			out = append(out, x)
-		}
-	}
-	return out
 }
 
 // NewPolicyEngine builds the engine from the config file and loads the

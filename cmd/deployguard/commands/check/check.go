@@ -26,6 +26,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/cmd/deployguard/report"
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
@@ -196,7 +197,7 @@ func run(f checkFlags, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		pipe.review.Exceptions = idx
 	}
-	user := authenticationv1.UserInfo{Username: f.username, Groups: cli.SplitList(f.groups)}
+	user := authenticationv1.UserInfo{Username: f.username, Groups: vocab.SplitList(f.groups)}
 
 	var results []checkResult
 	for _, path := range f.files {

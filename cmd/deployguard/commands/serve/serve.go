@@ -164,7 +164,7 @@ func (f *serveFlags) complete(args []string) error {
 	if f.nativeCheckPeriod <= 0 {
 		return fmt.Errorf("--native-check-period must be positive, not %s", f.nativeCheckPeriod)
 	}
-	for _, x := range cli.SplitList(f.ipAddresses) {
+	for _, x := range vocab.SplitList(f.ipAddresses) {
 		ip := net.ParseIP(x)
 		if ip == nil {
 			return fmt.Errorf("--cert-ip-addresses: %q is not an IP address", x)
@@ -393,7 +393,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *
 	// kept-alive connection the draining server is about to close.
 	wrap := stop.CloseConnections
 	if f.clientCA != "" {
-		names := cli.SplitList(f.clientNames)
+		names := vocab.SplitList(f.clientNames)
 		wrap = func(h http.Handler) http.Handler { return stop.CloseConnections(guardwebhook.RequireClient(names, h)) }
 	}
 	hooks.SetupWithManager(mgr, wm, wrap)
@@ -498,7 +498,7 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *ser
 			Client:         direct,
 			Namespace:      f.namespace,
 			SecretName:     f.certSecret,
-			DNSNames:       cli.SplitList(f.dnsNames),
+			DNSNames:       vocab.SplitList(f.dnsNames),
 			IPAddresses:    f.ips,
 			CertDir:        f.certDir,
 			MutatingName:   f.mutatingName,
