@@ -37,9 +37,9 @@ type auditJSON struct {
 // Deployments it would refuse, before enforcing it.
 func TestAuditCommand(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	for _, name := range []string{"billing", "checkout", "search"} {
-		d := deployment(ns, name, "registry.example.com/shop/"+name+":1.0.0")
+		d := harness.Deployment(ns, name, "registry.example.com/shop/"+name+":1.0.0", shortDeadline)
 		if name == "search" {
 			d.Labels = map[string]string{"team": "discovery"}
 		}

@@ -227,8 +227,8 @@ func toldToStop(events []timelineEvent) map[string]uint64 {
 // deletes the ReplicaSets. `deployguard restore` brings it back.
 func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := withCleanup(deployment(ns, "web", "web:1.0"))
+	ns := harness.NewNamespace(t, local.Client)
+	d := withCleanup(harness.Deployment(ns, "web", "web:1.0", shortDeadline))
 	d.Spec.Replicas = ptr(int32(3))
 	d.Annotations["kubernetes.io/change-cause"] = "release 1.0"
 	require.NoError(t, local.Client.Create(ctx, d))
@@ -370,8 +370,8 @@ func holdPodDeletions(ctx context.Context, t *testing.T, ns string) (lift func()
 // let go, without doing anything twice.
 func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "slow", "app:1"))))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "slow", "app:1", shortDeadline))))
 	waitAvailable(t, ns, "slow", time.Minute)
 	lift := holdPodDeletions(ctx, t, ns)
 
@@ -456,8 +456,8 @@ func leaseHolder(ctx context.Context, t *testing.T) string {
 // cleanup as any other.
 func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := withCleanup(deployment(ns, "precious", "app:1"))
+	ns := harness.NewNamespace(t, local.Client)
+	d := withCleanup(harness.Deployment(ns, "precious", "app:1", shortDeadline))
 	d.Annotations[vocab.AnnotationProtected] = "true"
 	require.NoError(t, local.Client.Create(ctx, d))
 	waitAvailable(t, ns, "precious", time.Minute)
@@ -492,13 +492,13 @@ func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 // Deployments are not protected (see reconciler/CLEANUP.md).
 func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	const n = 5
 	names := sets.New[string]()
 	for i := range n {
 		name := fmt.Sprintf("app-%d", i)
 		names.Insert(name)
-		require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, name, "app:1"))))
+		require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, name, "app:1", shortDeadline))))
 	}
 	for name := range names {
 		waitAvailable(t, ns, name, time.Minute)
@@ -560,10 +560,10 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	_, logPath := ownCluster(t, "uninstall")
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	const keep = "e2e.deployguard.io/keep"
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "plain", "app:1"))))
-	shared := withCleanup(deployment(ns, "shared", "app:1"))
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "plain", "app:1", shortDeadline))))
+	shared := withCleanup(harness.Deployment(ns, "shared", "app:1", shortDeadline))
 	shared.Finalizers = []string{keep}
 	require.NoError(t, local.Client.Create(ctx, shared))
 	waitAvailable(t, ns, "plain", time.Minute)
@@ -571,7 +571,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	require.Equal(t, append([]string{keep}, vocab.CanonicalFinalizers()...), get(ctx, t, ns, "shared").Finalizers)
 	// And one the guard rolled back, which reads as failed until the verdict
 	// ends: nothing would end it once the guard is gone.
-	rolledOutOnce(t, deployment(ns, "rolled", "app:1"))
+	rolledOutOnce(t, harness.Deployment(ns, "rolled", "app:1", shortDeadline))
 	require.NoError(t, update(t, ns, "rolled", breakImage("app:2")))
 	waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "rolled")
@@ -616,7 +616,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	assert.Equal(t, []string{keep}, get(ctx, t, ns, "shared").Finalizers, "only the guard's finalizers were removed")
 	// Without the guard nor its webhooks, Deployments come and go as in a
 	// cluster that never had it.
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "after", "app:1"))))
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "after", "app:1", shortDeadline))))
 	assert.Empty(t, get(ctx, t, ns, "after").Finalizers)
 	for _, name := range []string{"plain", "shared", "after"} {
 		require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, name)))
@@ -642,7 +642,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	out, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "-k", harness.NativeDir())
 	require.NoError(t, err, out)
 	require.NoError(t, local.StartGuard(ctx, local.Guard.Opts.WebhookPort))
-	allDown := deployment(ns, "all-down", "app:1")
+	allDown := harness.Deployment(ns, "all-down", "app:1", shortDeadline)
 	allDown.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%")), MaxSurge: ptr(intstr.FromInt32(0))}
 	// Refused by the policy, or by the guard failing closed: its create
 	// entry (Ignore) refuses too, until the leader has routed the refusals

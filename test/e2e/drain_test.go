@@ -75,7 +75,7 @@ type drainJSON struct {
 func TestBudgetThatBlocksEveryDrain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	budget := func(minAvailable string) string {
 		return fmt.Sprintf(`apiVersion: policy/v1
 kind: PodDisruptionBudget

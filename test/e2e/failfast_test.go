@@ -23,6 +23,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // failFastWindow is rollback.failFast.window in the suite's guard config,
@@ -32,13 +33,13 @@ const (
 	transientWindow = 2 * time.Minute
 )
 
-// slowDeployment is deployment() with upstream's default progress deadline of
-// ten minutes: a rollback within the tests' time is fail-fast's, never the
-// deadline's.
+// slowDeadline is upstream's default progress deadline of ten minutes: a
+// rollback within the tests' time is fail-fast's, never the deadline's.
+var slowDeadline = harness.ProgressDeadline(600)
+
+// slowDeployment is a Deployment with slowDeadline.
 func slowDeployment(ns, name, image string) *appsv1.Deployment {
-	d := deployment(ns, name, image)
-	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
-	return d
+	return harness.Deployment(ns, name, image, slowDeadline)
 }
 
 // rolledOutOnce creates d and waits until its first revision is known-good.
@@ -96,7 +97,7 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ns := newNamespace(t, nil)
+			ns := harness.NewNamespace(t, local.Client)
 			rolledOutOnce(t, slowDeployment(ns, "web", "app:1"))
 			changed := time.Now()
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
@@ -138,8 +139,8 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ns := newNamespace(t, nil)
-			d := deployment(ns, "blip", "app:1")
+			ns := harness.NewNamespace(t, local.Client)
+			d := harness.Deployment(ns, "blip", "app:1", shortDeadline)
 			d.Spec.ProgressDeadlineSeconds = ptr(tc.deadline)
 			rolledOutOnce(t, d)
 			changed := time.Now()
@@ -178,7 +179,7 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 // Slow is not failing: pods that become Ready only after 45 s are waited
 // for, beyond the fail-fast window.
 func TestFailFastLeavesASlowStartAlone(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	rolledOutOnce(t, slowDeployment(ns, "slow", "app:1"))
 	require.NoError(t, update(t, ns, "slow", func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.Containers[0].Image = "app:2"
@@ -194,7 +195,7 @@ func TestFailFastLeavesASlowStartAlone(t *testing.T) {
 // One bad node does not condemn a revision: its pods fail there and run
 // elsewhere, so the new pods are not all failing.
 func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	d := slowDeployment(ns, "spread", "app:1")
 	d.Spec.Replicas = ptr(int32(3))
 	// Every new pod at once, so that some land on each node. (With one new
@@ -247,7 +248,7 @@ func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
 // Fail-fast leaves alone a Deployment that is paused in the middle of a
 // broken rollout, and one that opted out (it waits for its deadline).
 func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	optedOut := slowDeployment(ns, "opted-out", "app:1")
 	optedOut.Annotations = map[string]string{vocab.AnnotationFailFast: "false"}
 	rolledOutOnce(t, optedOut)
@@ -279,7 +280,7 @@ func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
 // Without a known-good revision the failure is reported, with its evidence,
 // and nothing is rolled back.
 func TestFailFastWithoutKnownGoodReports(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	require.NoError(t, local.Client.Create(context.Background(), slowDeployment(ns, "never-good", "app:no-such-tag")))
 	msg := guardEventWithin(t, ns, "never-good", vocab.ReasonNoKnownGoodRevision, 2*failFastWindow+30*time.Second)
 	assert.Contains(t, msg, "Revision 1")
@@ -302,7 +303,7 @@ func guardEventWithin(t *testing.T, ns, name, reason string, within time.Duratio
 // the window's start is in its ledger on the Deployment's status, and the
 // restarted guard rolls back once.
 func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	rolledOutOnce(t, slowDeployment(ns, "killed", "app:1"))
 	require.NoError(t, update(t, ns, "killed", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
 	waitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
@@ -329,7 +330,7 @@ func TestFailFastReactionTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const n = 10
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	for i := range n {
 		d := slowDeployment(ns, fmt.Sprintf("f%02d", i), "app:1")
 		d.Spec.Replicas = ptr(int32(1))

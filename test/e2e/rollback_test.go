@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // update changes a Deployment, retrying on conflicts with the controllers.
@@ -69,12 +70,12 @@ func waitDeadlineExceeded(t *testing.T, ns, name string) {
 
 func TestBadRolloutIsRolledBackLikeRolloutUndo(t *testing.T) {
 	ctx := context.Background()
-	guarded := newNamespace(t, nil)
+	guarded := harness.NewNamespace(t, local.Client)
 	// The twin lives where the guard does not act; kubectl rolls it back.
-	twin := newNamespace(t, map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled})
+	twin := harness.NewNamespace(t, local.Client, harness.NamespaceLabels(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}))
 
 	for _, ns := range []string{guarded, twin} {
-		d := deployment(ns, "shop", "shop:1.0")
+		d := harness.Deployment(ns, "shop", "shop:1.0", shortDeadline)
 		d.Annotations = map[string]string{"kubernetes.io/change-cause": "release 1.0"}
 		require.NoError(t, local.Client.Create(ctx, d))
 	}
@@ -106,8 +107,8 @@ func TestBadRolloutIsRolledBackLikeRolloutUndo(t *testing.T) {
 }
 
 func TestTwoBadRolloutsInARowGoBackToTheLastKnownGood(t *testing.T) {
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(context.Background(), deployment(ns, "api", "api:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(context.Background(), harness.Deployment(ns, "api", "api:1", shortDeadline)))
 	waitAvailable(t, ns, "api", time.Minute)
 	waitKnownGood(t, ns, "api", 1)
 
@@ -126,8 +127,8 @@ func TestTwoBadRolloutsInARowGoBackToTheLastKnownGood(t *testing.T) {
 
 func TestPausedDeploymentIsLeftAloneUntilResumed(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "paused", "app:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "paused", "app:1", shortDeadline)))
 	waitAvailable(t, ns, "paused", time.Minute)
 	waitKnownGood(t, ns, "paused", 1)
 
@@ -155,8 +156,8 @@ func TestPausedDeploymentIsLeftAloneUntilResumed(t *testing.T) {
 
 func TestQuarantinedTemplateIsRefusedUntilOverridden(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "gitops", "svc:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "gitops", "svc:1", shortDeadline)))
 	waitAvailable(t, ns, "gitops", time.Minute)
 	waitKnownGood(t, ns, "gitops", 1)
 	require.NoError(t, update(t, ns, "gitops", breakImage("svc:2")))
@@ -186,8 +187,8 @@ func TestQuarantinedTemplateIsRefusedUntilOverridden(t *testing.T) {
 // status). The rollback happens exactly once.
 func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "crashy", "app:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "crashy", "app:1", shortDeadline)))
 	waitAvailable(t, ns, "crashy", time.Minute)
 	waitKnownGood(t, ns, "crashy", 1)
 
@@ -233,9 +234,9 @@ func TestRollbackReactionTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const n = 20
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	for i := range n {
-		d := deployment(ns, fmt.Sprintf("r%02d", i), "app:1")
+		d := harness.Deployment(ns, fmt.Sprintf("r%02d", i), "app:1", shortDeadline)
 		d.Spec.Replicas = ptr(int32(1))
 		require.NoError(t, local.Client.Create(ctx, d))
 	}

@@ -12,6 +12,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/test/harness"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/routing"
 )
@@ -32,8 +33,8 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 		got := advised(ctx, t)
 		return got == narrow, got, nil
 	})
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "web", "registry.example.com/shop/web:1.0.0")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "web", "registry.example.com/shop/web:1.0.0", shortDeadline)
 	d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
 	require.NoError(t, local.Client.Create(ctx, d))
 	kubectl := func(args ...string) string {

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // A scale-up whose new pods can never be scheduled is what upstream never
@@ -24,8 +25,8 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	t.Parallel()
 	const progressDeadline = 15 * time.Second
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "spread", "app:1")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "spread", "app:1", shortDeadline)
 	d.Spec.ProgressDeadlineSeconds = ptr(int32(progressDeadline / time.Second))
 	// One pod per node, and the cluster has two nodes: two replicas run, and
 	// every pod beyond them is unschedulable.

@@ -18,13 +18,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -47,101 +42,29 @@ cleanup:
 // deadline is the progressDeadlineSeconds of the tests' Deployments.
 const deadline = 4
 
-var local *harness.Local
+var (
+	tier  *harness.Tier
+	local *harness.Local
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	tools, err := harness.ToolsDir()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	bin, err := harness.GuardBinary()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	work, err := os.MkdirTemp("", "deployguard-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	logPath := filepath.Join(work, "e2e.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	// The test clients' own logs (warnings relayed by the API server) go to the
-	// log file with the cluster's, not to the test output.
-	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	local, err = harness.StartLocal(ctx, harness.LocalOptions{
-		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%d", os.Getpid()), WorkDir: work,
-		Nodes: 2, GuardConfig: guardConfig, Log: logFile, ClientAuth: true,
-		// The audit's report CRDs, as make run and config/ install them.
-		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
-	})
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
-		return 1
-	}
-	code := m.Run()
-	local.Stop()
-	logFile.Close()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
-	} else {
-		os.RemoveAll(work)
-	}
-	return code
-}
-
-func tailFile(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return err.Error()
-	}
-	const n = 12000
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
-// newNamespace creates a namespace for one test; labels may opt it out.
-func newNamespace(t *testing.T, labels map[string]string) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name())[:min(20, len(t.Name()))] + "-", Labels: labels}}
-	require.NoError(t, local.Client.Create(context.Background(), ns))
-	return ns.Name
-}
-
-// deployment is an application as a user writes it: a readiness probe, a
-// short progress deadline, no selector opinions beyond the stable label.
-func deployment(ns, name, image string) *appsv1.Deployment {
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas:                ptr(int32(2)),
-			ProgressDeadlineSeconds: ptr(int32(deadline)),
-			Selector:                &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: image,
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
-				}}},
-			},
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name: "e2e",
+		Local: &harness.LocalOptions{
+			Nodes: 2, GuardConfig: guardConfig, ClientAuth: true,
+			// The audit's report CRDs, as make run and config/ install them.
+			CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
 		},
-	}
+		Setup: func(_ context.Context, tr *harness.Tier) error {
+			tier, local = tr, tr.Local
+			return nil
+		},
+	}))
 }
+
+// shortDeadline is the tests' Deployments' progress deadline, so that a
+// stuck rollout fails within seconds.
+var shortDeadline = harness.ProgressDeadline(deadline)
 
 // breakTemplate makes a template whose pods can never be scheduled, so its
 // rollout never progresses: the classic stuck rollout.
