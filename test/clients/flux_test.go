@@ -36,10 +36,10 @@ func TestFlux(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, flux.Stop()) }()
 
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	push := func(image string) {
 		t.Helper()
-		_, err := reg.PushFiles("apps/web", "latest", map[string]string{"web.yaml": webManifest(ns, "web", image)})
+		_, err := reg.PushFiles("apps/web", "latest", map[string]string{"web.yaml": webManifest(t, ns, "web", image)})
 		require.NoError(t, err)
 	}
 	push(goodImage)

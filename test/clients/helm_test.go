@@ -20,7 +20,7 @@ var chart = filepath.Join(harness.RepoRoot(), "test", "clients", "testdata", "we
 func TestHelm3(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	helm := filepath.Join(tools, "helm")
 	plugin := filepath.Join(tools, "kubectl")
 
@@ -52,7 +52,7 @@ func TestHelm3(t *testing.T) {
 func TestHelm4(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	helm := filepath.Join(tools, "helm4")
 
 	r := command(ctx, helm, "upgrade", "--install", "shop", chart, "-n", ns, "--wait", "--timeout", "2m")
