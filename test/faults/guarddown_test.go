@@ -50,7 +50,7 @@ exemptions:
 // the guarded namespaces notices. Then a replica whose config enforces a Rego
 // policy routes the validating webhook accordingly, and is killed too.
 func TestGuardDown(t *testing.T) {
-	dir, log := workDir(t)
+	dir, log := tier.TestWorkDir(t)
 	ctx := context.Background()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
@@ -75,7 +75,7 @@ func TestGuardDown(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { out.Close() })
 		g, err := harness.StartGuard(harness.GuardOptions{
-			Binary: guardBin, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: config,
+			Binary: tier.Guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: config,
 			WebhookPort: s.webhookPort, ProbePort: s.probePort, Output: out, Env: harness.DeployedRuntimeEnv(),
 			ExtraArgs: []string{"--native-check-period=1s"},
 		})
@@ -116,16 +116,16 @@ func TestGuardDown(t *testing.T) {
 	start(lb.slots[1], downConfig)
 	require.NoError(t, harness.WaitForWebhooks(startCtx, admin, "default", time.Minute))
 	for _, ns := range []string{"shop", "legacy"} {
-		newNamespace(ctx, t, admin, ns)
+		harness.NewNamespace(t, admin, harness.NamespaceNamed(ns))
 	}
 	// Written while the guard is up: an ordinary Deployment, a protected
 	// one, and one with a quarantined template (as after a rollback).
-	require.NoError(t, admin.Create(ctx, deployment("shop", "web", "app:1")))
-	require.NoError(t, admin.Create(ctx, deployment("legacy", "old", "app:1")))
-	vault := deployment("shop", "vault", "app:1")
+	require.NoError(t, admin.Create(ctx, harness.Deployment("shop", "web", "app:1", harness.ProgressDeadline(deadline))))
+	require.NoError(t, admin.Create(ctx, harness.Deployment("legacy", "old", "app:1", harness.ProgressDeadline(deadline))))
+	vault := harness.Deployment("shop", "vault", "app:1", harness.ProgressDeadline(deadline))
 	vault.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
 	require.NoError(t, admin.Create(ctx, vault))
-	held := deployment("shop", "held", "app:1")
+	held := harness.Deployment("shop", "held", "app:1", harness.ProgressDeadline(deadline))
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
 	require.NoError(t, admin.Create(ctx, held))
 	// The leader leaves the default operations and conditions as installed.
@@ -172,7 +172,7 @@ func TestGuardDown(t *testing.T) {
 	assert.NotContains(t, getDeployment(ctx, t, admin, "shop", "hotfix").Labels, native.LabelRefusals, "an ordinary create is not labelled")
 	// One the guard has something to do for: labelled by deployguard-selector
 	// for the mutating webhook's entry for creates, whose call fails open.
-	cleanup := deployment("shop", "records", "app:1")
+	cleanup := harness.Deployment("shop", "records", "app:1", harness.ProgressDeadline(deadline))
 	cleanup.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
 	require.NoError(t, admin.Create(ctx, cleanup), "a create asking for a cleanup step")
 	assert.Equal(t, native.DefaultingPending, getDeployment(ctx, t, admin, "shop", "records").Labels[native.LabelDefaulting])

@@ -15,16 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -71,12 +66,12 @@ type replica struct {
 // balancer, then SIGTERM to an old one, which fails /readyz, serves on for
 // the shutdown delay, drains and exits).
 func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
-	dir, log := workDir(t)
+	dir, log := tier.TestWorkDir(t)
 	ctx := context.Background()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	e := startEnv(startCtx, t, dir, log, "faults", slots, loadConfig)
+	e := startEnv(startCtx, t, dir, log, "faults", slots, harness.LoadConfig)
 	admin, kubeconfig, lb := e.admin, e.kubeconfig, e.lb
 
 	var (
@@ -102,7 +97,7 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { out.Close() })
 		g, err := harness.StartGuard(harness.GuardOptions{
-			Binary: guardBin, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: guardConfig,
+			Binary: tier.Guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: guardConfig,
 			WebhookPort: s.webhookPort, ProbePort: s.probePort, Output: out, Env: harness.DeployedRuntimeEnv(),
 			// The deployed default: the load balancer must see /readyz fail
 			// before the replica stops serving.
@@ -147,8 +142,8 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	require.NoError(t, harness.WaitForWebhooks(startCtx, admin, "default", time.Minute))
 
 	// A Deployment the reconciler knows as good, to fail a rollout of later.
-	rolloutNS := newNamespace(ctx, t, admin, "faults-rollout")
-	require.NoError(t, admin.Create(ctx, deployment(rolloutNS, "app", "app:1")))
+	rolloutNS := harness.NewNamespace(t, admin)
+	require.NoError(t, admin.Create(ctx, harness.Deployment(rolloutNS, "app", "app:1", harness.ProgressDeadline(deadline))))
 	waitFor(t, 2*time.Minute, "app/1 known-good", func(ctx context.Context) (bool, string, error) {
 		d := &appsv1.Deployment{}
 		if err := admin.Get(ctx, client.ObjectKey{Namespace: rolloutNS, Name: "app"}, d); err != nil {
@@ -158,7 +153,7 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 		return n != nil && n.Revision == 1, guardState(d), nil
 	})
 
-	loadNS := newNamespace(ctx, t, admin, "faults-load")
+	loadNS := harness.NewNamespace(t, admin)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	stats, waitLoad := harness.StartLoad(loadCtx, admin, loadNS, loadRate)
@@ -416,43 +411,6 @@ func scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	return s
-}
-
-// loadConfig is the admin configuration without client-side rate limits: the
-// load must reach the API server at the rate asked.
-func loadConfig(cfg *rest.Config) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	c.QPS, c.Burst = 2000, 4000
-	return c
-}
-
-func newNamespace(ctx context.Context, t *testing.T, c client.Client, name string) string {
-	t.Helper()
-	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
-	return name
-}
-
-// deployment is an application with a readiness probe and a short progress
-// deadline.
-func deployment(ns, name, image string) *appsv1.Deployment {
-	two, dl := int32(2), int32(deadline)
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas:                &two,
-			ProgressDeadlineSeconds: &dl,
-			Selector:                &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: image,
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
-				}}},
-			},
-		},
-	}
 }
 
 func update(ctx context.Context, c client.Client, ns, name string, mutate func(*appsv1.Deployment)) error {
