@@ -89,6 +89,10 @@ func RunTier(m *testing.M, o TierOptions) int {
 	_ = tier.Log.Close()
 	switch {
 	case code != 0:
+		if fi, err := os.Stat(tier.Log.Name()); err == nil && fi.Size() == 0 {
+			fmt.Fprintf(os.Stderr, "the %s tier's work folder is kept: %s\n", o.Name, tier.WorkDir)
+			break
+		}
 		fmt.Fprintf(os.Stderr, "--- end of the %s tier's log (%s; the work folder is kept) ---\n%s\n", o.Name, tier.Log.Name(), TailFile(tier.Log.Name(), tierLogTail))
 	case o.WorkDir == "":
 		_ = os.RemoveAll(tier.WorkDir)
