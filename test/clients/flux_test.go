@@ -80,7 +80,7 @@ spec:
 	waitReady := func(what, want string, match func(msg string) bool) string {
 		t.Helper()
 		var status, msg string
-		waitFor(t, 4*time.Minute, what, func(ctx context.Context) (bool, string, error) {
+		harness.WaitFor(t, 4*time.Minute, what, func(ctx context.Context) (bool, string, error) {
 			status, msg = ready()
 			return status == want && match(msg), status + " " + msg, nil
 		})

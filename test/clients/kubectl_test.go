@@ -102,7 +102,7 @@ func TestKubectl(t *testing.T) {
 	// Rolled back: upstream's status reads complete again, the guard's
 	// verdict does not.
 	var d = get(ctx, t, ns, "web")
-	waitFor(t, time.Minute, "the rollback did not complete", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the rollback did not complete", func(ctx context.Context) (bool, string, error) {
 		d = get(ctx, t, ns, "web")
 		return d.Spec.Template.Spec.Containers[0].Image == goodImage && d.Status.UpdatedReplicas == 2 &&
 			d.Status.AvailableReplicas == 2 && d.Status.Replicas == 2 && d.Status.ObservedGeneration == d.Generation, describe(d), nil
@@ -149,7 +149,7 @@ func TestKubectl(t *testing.T) {
 	r = kubectl(ctx, "rollout", "status", "deploy/web", "-n", ns, "--timeout=120s")
 	assert.Zero(t, r.Code, "fixed deploy: %s", r)
 	assert.Empty(t, stale(), "the fix was observed with the rolled-back revision's verdict on it")
-	waitFor(t, 30*time.Second, "the verdict did not end with the fixed template", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the verdict did not end with the fixed template", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "web")
 		_, labelled := d.Labels[vocab.LabelRolledBack]
 		return stalled(d) == nil && !labelled, describe(d), nil

@@ -150,26 +150,12 @@ func get(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment 
 	return d
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
-	}
-}
-
 // waitKnownGood waits until the guard's ledger records the Deployment's
 // current revision as its newest known-good one: a later bad deploy then has
 // somewhere to go back.
 func waitKnownGood(t *testing.T, ns, name string) {
 	t.Helper()
-	waitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
 		l, _ := rollout.ReadLedger(d)
 		n := l.Newest()

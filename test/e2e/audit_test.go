@@ -61,7 +61,7 @@ deny contains {"msg": "every Deployment needs a team label", "field": "metadata.
 `, ns))
 
 	var report auditJSON
-	waitFor(t, time.Minute, "the audit never reported the two Deployments without a team", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the audit never reported the two Deployments without a team", func(ctx context.Context) (bool, string, error) {
 		out, err := guard(ctx, t, "audit", "-n", ns, "-o", "json")
 		if err != nil {
 			return false, out, nil

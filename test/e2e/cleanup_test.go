@@ -163,7 +163,7 @@ func guardFinalizerSteps(events []timelineEvent, name string) [][]string {
 // waitGone waits until the Deployment no longer exists.
 func waitGone(t *testing.T, ns, name string, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("Deployment %s/%s was not deleted", ns, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, fmt.Sprintf("Deployment %s/%s was not deleted", ns, name), func(ctx context.Context) (bool, string, error) {
 		d := &appsv1.Deployment{}
 		err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d)
 		if apierrors.IsNotFound(err) {
@@ -240,7 +240,7 @@ func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 	tl := startTimeline(t, ns)
 	require.NoError(t, local.Client.Delete(ctx, orig))
 	waitGone(t, ns, "web", 30*time.Second)
-	waitFor(t, 30*time.Second, "the ReplicaSets were not garbage collected", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the ReplicaSets were not garbage collected", func(ctx context.Context) (bool, string, error) {
 		var rss appsv1.ReplicaSetList
 		err := local.Client.List(ctx, &rss, client.InNamespace(ns))
 		return err == nil && len(rss.Items) == 0 && len(tl.filter("ReplicaSet", watch.Deleted)) > 0, fmt.Sprintf("%d ReplicaSets", len(rss.Items)), err
@@ -351,13 +351,13 @@ func holdPodDeletions(ctx context.Context, t *testing.T, ns string) (lift func()
 		lifted = true
 		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), binding))
 		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), policy))
-		waitFor(t, 20*time.Second, "the policy holding pod deletions was not lifted", func(ctx context.Context) (bool, string, error) {
+		harness.WaitFor(t, 20*time.Second, "the policy holding pod deletions was not lifted", func(ctx context.Context) (bool, string, error) {
 			return !held(ctx), "", nil
 		})
 	}
 	t.Cleanup(lift)
 	require.NoError(t, local.Client.Create(ctx, canary))
-	waitFor(t, 20*time.Second, "the policy holding pod deletions did not take effect", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 20*time.Second, "the policy holding pod deletions did not take effect", func(ctx context.Context) (bool, string, error) {
 		return held(ctx), "", nil
 	})
 	return lift
@@ -378,7 +378,7 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	tl := startTimeline(t, ns)
 	require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "slow")))
 	var draining *appsv1.Deployment
-	waitFor(t, 30*time.Second, "the drain did not start", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the drain did not start", func(ctx context.Context) (bool, string, error) {
 		draining = get(ctx, t, ns, "slow")
 		var rss appsv1.ReplicaSetList
 		if err := local.Client.List(ctx, &rss, client.InNamespace(ns)); err != nil {
@@ -397,7 +397,7 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	require.NoError(t, local.RestartGuard(ctx), "killed in the middle of the drain")
 	// The killed guard did not release its lease: the new one leads once it
 	// expires.
-	waitFor(t, 40*time.Second, "the restarted guard did not take the lead", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 40*time.Second, "the restarted guard did not take the lead", func(ctx context.Context) (bool, string, error) {
 		h := leaseHolder(ctx, t)
 		return h != "" && h != before, h, nil
 	})
@@ -507,7 +507,7 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	tl := startTimeline(t, ns)
 	start := time.Now()
 	require.NoError(t, local.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	waitFor(t, drainTimeout, "the namespace was not deleted within the drain timeout", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, drainTimeout, "the namespace was not deleted within the drain timeout", func(ctx context.Context) (bool, string, error) {
 		var left appsv1.DeploymentList
 		_ = local.Client.List(ctx, &left, client.InNamespace(ns))
 		var state []string
@@ -537,7 +537,7 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	assert.Less(t, lastGone.Sub(firstDeleting), drainTimeout/3, "the guard did not wait for drains in a terminating namespace")
 
 	told := sets.New[string]()
-	waitFor(t, 10*time.Second, "the guard did not say why it shortened the cleanup", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 10*time.Second, "the guard did not say why it shortened the cleanup", func(ctx context.Context) (bool, string, error) {
 		var list eventsv1.EventList
 		if err := local.Client.List(ctx, &list, client.InNamespace("default")); err != nil {
 			return false, "", err
@@ -573,7 +573,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	// ends: nothing would end it once the guard is gone.
 	rolledOutOnce(t, harness.Deployment(ns, "rolled", "app:1", shortDeadline))
 	require.NoError(t, update(t, ns, "rolled", breakImage("app:2")))
-	waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "rolled")
 		return condition(d, vocab.ConditionStalled) != nil && d.Labels[vocab.LabelRolledBack] == "2", describe(d), nil
 	})
@@ -667,7 +667,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 			return // this kube-apiserver reads the params again
 		}
 	}
-	waitFor(t, 30*time.Second, "the guard's log says what it found and what to do", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the guard's log says what it found and what to do", func(context.Context) (bool, string, error) {
 		logs, err := os.ReadFile(logPath)
 		if err != nil {
 			return false, "", err

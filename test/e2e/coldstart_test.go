@@ -105,7 +105,7 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 func podsPlaced(t *testing.T, c client.Client, ns, name string, want int32, msg string) string {
 	t.Helper()
 	var placed string
-	waitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
 		d := &appsv1.Deployment{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 			return false, err.Error(), nil

@@ -47,7 +47,7 @@ func TestDeleteThenWaitForThePodsFindsTheDeploymentGone(t *testing.T) {
 	assert.Empty(t, d.Finalizers, "no cleanup asked for, no finalizer")
 
 	require.NoError(t, local.Client.Delete(ctx, d, client.PropagationPolicy(metav1.DeletePropagationBackground)))
-	waitFor(t, 30*time.Second, "the pods did not go", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the pods did not go", func(ctx context.Context) (bool, string, error) {
 		n := len(podsOf(ctx, t, ns, d))
 		return n == 0, fmt.Sprintf("%d pods", n), nil
 	})
@@ -117,7 +117,7 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	require.NoError(t, local.Client.Create(ctx, quota))
 	// Until the quota controller has counted the namespace, the API server
 	// refuses every pod ("status unknown for quota").
-	waitFor(t, time.Minute, "the quota was not counted", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the quota was not counted", func(ctx context.Context) (bool, string, error) {
 		err := local.Client.Get(ctx, client.ObjectKeyFromObject(quota), quota)
 		return err == nil && quota.Status.Hard != nil, fmt.Sprint(quota.Status), err
 	})

@@ -121,7 +121,7 @@ func (p *admissionProbe) since(t time.Time) (firstOK time.Time, total int, faile
 func afterRestart(t *testing.T, c client.Client, ns, name, msg string, cond func(d *appsv1.Deployment) bool) *appsv1.Deployment {
 	t.Helper()
 	d := &appsv1.Deployment{}
-	waitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 			return false, err.Error(), nil
 		}
@@ -162,14 +162,14 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 	require.NoError(t, l.Cluster.StopControlPlane(ctx))
 	// Down until the guard's leadership term has ended (the lease cannot be
 	// renewed for 10 s): the case that used to end the process.
-	waitFor(t, time.Minute, "the guard did not notice it lost the lease", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the guard did not notice it lost the lease", func(context.Context) (bool, string, error) {
 		return logHas(logPath, "Leadership term ended; campaigning again"), "", nil
 	})
 	down := time.Since(stopped)
 	require.NoError(t, l.Cluster.StartControlPlane(ctx))
 	back := time.Now()
 
-	waitFor(t, time.Minute, "no admission succeeded after the API server came back", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no admission succeeded after the API server came back", func(context.Context) (bool, string, error) {
 		ok, _, _ := probe.since(back)
 		return !ok.IsZero(), "", nil
 	})
@@ -198,5 +198,5 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 		cur := &appsv1.Deployment{}
 		return l.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, cur) == nil && cur.Generation != generation
 	}, 3*time.Second, 100*time.Millisecond, "the Deployment was changed again after the rollback")
-	assert.Equal(t, 1, count(eventReasons(ctx, t, ns, "web"), vocab.ReasonAutoRollback), "rolled back exactly once")
+	assert.Equal(t, 1, count(harness.GuardEventReasons(ctx, t, local.Client, ns, "web"), vocab.ReasonAutoRollback), "rolled back exactly once")
 }

@@ -55,7 +55,7 @@ func rolledOutOnce(t *testing.T, d *appsv1.Deployment) {
 func guardEvent(t *testing.T, ns, name, reason string) string {
 	t.Helper()
 	var msg string
-	waitFor(t, 15*time.Second, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 15*time.Second, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
 		var list eventsv1.EventList
 		if err := local.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return false, "", err
@@ -101,7 +101,7 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 			rolledOutOnce(t, slowDeployment(ns, "web", "app:1"))
 			changed := time.Now()
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
-			waitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
+			harness.WaitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "web")
 				return rolledBackRevision(d) == 2, describe(d), nil
 			})
@@ -150,7 +150,7 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 				d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/pull-fails-until": clears}
 			}))
 			// Fail-fast sees the evidence (its window starts) …
-			waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
+			harness.WaitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "blip")
 				l, _ := rollout.ReadLedger(d)
 				return l.FailingSince != "", describe(d), nil
@@ -215,7 +215,7 @@ func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
 	}))
 	// The precondition of the test: new pods failing on one node, Ready on
 	// the other.
-	waitFor(t, time.Minute, "no new pod failing beside a Ready one", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no new pod failing beside a Ready one", func(ctx context.Context) (bool, string, error) {
 		var pods corev1.PodList
 		if err := local.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 			return false, "", err
@@ -256,7 +256,7 @@ func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
 
 	require.NoError(t, update(t, ns, "opted-out", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
 	require.NoError(t, update(t, ns, "paused", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
-	waitFor(t, time.Minute, "the broken rollout did not start", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the broken rollout did not start", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "paused")
 		return d.Status.ObservedGeneration == d.Generation && d.Status.UpdatedReplicas > 0, describe(d), nil
 	})
@@ -293,8 +293,8 @@ func TestFailFastWithoutKnownGoodReports(t *testing.T) {
 // guardEventWithin is guardEvent with a deadline of the caller's.
 func guardEventWithin(t *testing.T, ns, name, reason string, within time.Duration) string {
 	t.Helper()
-	waitFor(t, within, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
-		return slices.Contains(eventReasons(ctx, t, ns, name), reason), "", nil
+	harness.WaitFor(t, within, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
+		return slices.Contains(harness.GuardEventReasons(ctx, t, local.Client, ns, name), reason), "", nil
 	})
 	return guardEvent(t, ns, name, reason)
 }
@@ -306,7 +306,7 @@ func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
 	ns := harness.NewNamespace(t, local.Client)
 	rolledOutOnce(t, slowDeployment(ns, "killed", "app:1"))
 	require.NoError(t, update(t, ns, "killed", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
-	waitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "killed")
 		l, _ := rollout.ReadLedger(d)
 		return l.FailingSince != "", describe(d), nil

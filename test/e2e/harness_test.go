@@ -49,14 +49,14 @@ func TestStuckRolloutReachesProgressDeadlineExceeded(t *testing.T) {
 	breakTemplate(&d.Spec.Template, "nginx:1.27.3")
 	require.NoError(t, local.Client.Create(ctx, d))
 
-	waitFor(t, time.Duration(deadline+30)*time.Second, "no ProgressDeadlineExceeded", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Duration(deadline+30)*time.Second, "no ProgressDeadlineExceeded", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "stuck")
 		p := condition(d, appsv1.DeploymentProgressing)
 		return p != nil && p.Status == corev1.ConditionFalse && p.Reason == vocab.ProgressDeadlineExceeded, describe(d), nil
 	})
-	waitFor(t, 10*time.Second, "the guard did not say why it did not roll back", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 10*time.Second, "the guard did not say why it did not roll back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "stuck")
-		return assert.ObjectsAreEqual([]string{vocab.ReasonNoKnownGoodRevision}, eventReasons(ctx, t, ns, "stuck")) &&
+		return assert.ObjectsAreEqual([]string{vocab.ReasonNoKnownGoodRevision}, harness.GuardEventReasons(ctx, t, local.Client, ns, "stuck")) &&
 			d.Annotations[vocab.AnnotationRollbackStatus] != "", describe(d), nil
 	})
 	got := get(ctx, t, ns, "stuck")

@@ -41,7 +41,7 @@ func breakImage(image string) func(*appsv1.Deployment) {
 // waitKnownGood waits until the guard records revision as known-good.
 func waitKnownGood(t *testing.T, ns, name string, revision int) {
 	t.Helper()
-	waitFor(t, time.Minute, fmt.Sprintf("revision %d of %s was not marked known-good", revision, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("revision %d of %s was not marked known-good", revision, name), func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
 		return knownGoodRevision(d) == int64(revision), describe(d), nil
 	})
@@ -52,7 +52,7 @@ func waitKnownGood(t *testing.T, ns, name string, revision int) {
 // template.
 func waitRolledBack(t *testing.T, ns, name string, failedRevision int) *appsv1.Deployment {
 	t.Helper()
-	waitFor(t, time.Duration(deadline+60)*time.Second, fmt.Sprintf("%s was not rolled back from revision %d", name, failedRevision), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Duration(deadline+60)*time.Second, fmt.Sprintf("%s was not rolled back from revision %d", name, failedRevision), func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
 		return rolledBackRevision(d) == int64(failedRevision), describe(d), nil
 	})
@@ -61,7 +61,7 @@ func waitRolledBack(t *testing.T, ns, name string, failedRevision int) *appsv1.D
 
 func waitDeadlineExceeded(t *testing.T, ns, name string) {
 	t.Helper()
-	waitFor(t, time.Duration(deadline+60)*time.Second, name+" did not reach ProgressDeadlineExceeded", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Duration(deadline+60)*time.Second, name+" did not reach ProgressDeadlineExceeded", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
 		p := condition(d, appsv1.DeploymentProgressing)
 		return d.Status.ObservedGeneration == d.Generation && p != nil && p.Reason == vocab.ProgressDeadlineExceeded, describe(d), nil
@@ -205,7 +205,7 @@ func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 
 	require.NoError(t, local.StartGuard(ctx, port))
 	restarted = true
-	waitFor(t, time.Minute, "no rollback after restart", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no rollback after restart", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "crashy")
 		return rolledBackRevision(d) == 2, describe(d), nil
 	})
@@ -221,7 +221,7 @@ func TestGuardRestartedDuringRollbackRollsBackOnce(t *testing.T) {
 	// The Never window above gave the recorder time to flush. The guard was
 	// killed right after its write, so the event of that write may be lost;
 	// a second one would mean a second rollback.
-	assert.LessOrEqual(t, len(filter(eventReasons(ctx, t, ns, "crashy"), vocab.ReasonAutoRollback)), 1)
+	assert.LessOrEqual(t, len(filter(harness.GuardEventReasons(ctx, t, local.Client, ns, "crashy"), vocab.ReasonAutoRollback)), 1)
 	assert.Equal(t, int64(2), rolledBackRevision(get(ctx, t, ns, "crashy")))
 }
 

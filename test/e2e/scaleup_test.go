@@ -42,7 +42,7 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	scaled := time.Now()
 	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(6)) }))
 	var stalled *appsv1.DeploymentCondition
-	waitFor(t, progressDeadline+45*time.Second, "the stalled scale-up was not reported", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, progressDeadline+45*time.Second, "the stalled scale-up was not reported", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "spread")
 		stalled = condition(d, vocab.ConditionStalled)
 		return stalled != nil && stalled.Status == corev1.ConditionTrue && stalled.Reason == vocab.ReasonScaleUpStalled, describe(d), nil
@@ -62,7 +62,7 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	assert.NotContains(t, got.Labels, vocab.LabelRolledBack)
 
 	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(2)) }))
-	waitFor(t, 30*time.Second, "the report was not cleared after scaling back", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the report was not cleared after scaling back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "spread")
 		return condition(d, vocab.ConditionStalled) == nil, describe(d), nil
 	})

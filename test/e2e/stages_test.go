@@ -40,7 +40,7 @@ func stageDeployment(ns, name, image string) *appsv1.Deployment {
 func waitPods(t *testing.T, d *appsv1.Deployment, timeout time.Duration, msg string, mayBeReady bool, cond func(p *corev1.Pod) (bool, string)) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
-	waitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
 		pods = pods[:0]
 		for _, p := range podsOf(ctx, t, d.Namespace, d) {
 			if p.DeletionTimestamp == nil {

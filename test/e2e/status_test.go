@@ -96,7 +96,7 @@ func TestStatusAfterRollback(t *testing.T) {
 			ns := harness.NewNamespace(t, local.Client)
 			rolledOutOnce(t, tt.d(ns))
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
-			waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
+			harness.WaitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "web")
 				return rolledBackRevision(d) == 2, describe(d), nil
 			})
@@ -154,7 +154,7 @@ func TestStatusOfADeploymentBeingDeleted(t *testing.T) {
 	assert.Contains(t, text, "Cleanup on deletion: record, drain")
 
 	require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "gone")))
-	waitFor(t, time.Minute, "the guard's cleanup did not finish", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the guard's cleanup did not finish", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "gone")
 		return len(vocab.GuardFinalizers(d.Finalizers)) == 0, describe(d), nil
 	})

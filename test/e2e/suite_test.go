@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
@@ -74,21 +71,6 @@ func breakTemplate(t *corev1.PodTemplateSpec, image string) {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// waitFor polls cond until it holds or timeout passes, then fails with msg and
-// the last state cond described.
-func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
-	}
-}
 
 func get(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
@@ -150,7 +132,7 @@ func guardAnnotations(d *appsv1.Deployment) map[string]string {
 func waitAvailable(t *testing.T, ns, name string, timeout time.Duration) *appsv1.Deployment {
 	t.Helper()
 	var d *appsv1.Deployment
-	waitFor(t, timeout, fmt.Sprintf("Deployment %s/%s did not complete its rollout", ns, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, fmt.Sprintf("Deployment %s/%s did not complete its rollout", ns, name), func(ctx context.Context) (bool, string, error) {
 		d = get(ctx, t, ns, name)
 		p := condition(d, appsv1.DeploymentProgressing)
 		done := d.Status.ObservedGeneration == d.Generation && p != nil && p.Reason == "NewReplicaSetAvailable" &&
@@ -160,28 +142,6 @@ func waitAvailable(t *testing.T, ns, name string, timeout time.Duration) *appsv1
 	return d
 }
 
-// eventReasons lists the reasons of the guard's events about a Deployment.
-func eventReasons(ctx context.Context, t *testing.T, ns, name string) []string {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, local.Client.List(ctx, &list, client.InNamespace(ns)))
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Kind != "Deployment" || e.Regarding.Name != name || !strings.Contains(e.ReportingController, "deployguard") {
-			continue
-		}
-		n := 1
-		if e.Series != nil {
-			n = int(e.Series.Count)
-		}
-		for range n {
-			out = append(out, e.Reason)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // waitEvents waits until the guard's events about a Deployment include each of
 // want at least as often as it is listed (the recorder writes events
 // asynchronously, so they may land after the change they tell of), and returns
@@ -189,8 +149,8 @@ func eventReasons(ctx context.Context, t *testing.T, ns, name string) []string {
 func waitEvents(t *testing.T, ns, name string, want ...string) []string {
 	t.Helper()
 	var reasons []string
-	waitFor(t, 15*time.Second, fmt.Sprintf("events %v about %s/%s", want, ns, name), func(ctx context.Context) (bool, string, error) {
-		reasons = eventReasons(ctx, t, ns, name)
+	harness.WaitFor(t, 15*time.Second, fmt.Sprintf("events %v about %s/%s", want, ns, name), func(ctx context.Context) (bool, string, error) {
+		reasons = harness.GuardEventReasons(ctx, t, local.Client, ns, name)
 		need := map[string]int{}
 		for _, w := range want {
 			need[w]++

@@ -103,7 +103,7 @@ func ledgerOf(d *appsv1.Deployment) rollout.Ledger {
 func waitLedger(t *testing.T, ns, name, msg string, timeout time.Duration, cond func(rollout.Ledger, *appsv1.Deployment) bool) *appsv1.Deployment {
 	t.Helper()
 	var d *appsv1.Deployment
-	waitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
 		got := &appsv1.Deployment{}
 		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
 			// The client's rate limit near the deadline: the last state
@@ -173,7 +173,7 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 	// attack; a mark written on the ReplicaSet itself is in the reconciler's
 	// unit tests).
 	var failing appsv1.ReplicaSet
-	waitFor(t, time.Minute, "no ReplicaSet of revision 2", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no ReplicaSet of revision 2", func(ctx context.Context) (bool, string, error) {
 		var list appsv1.ReplicaSetList
 		if err := tn.c.List(ctx, &list, client.InNamespace(tn.ns)); err != nil {
 			return false, "", err
@@ -231,7 +231,7 @@ deny contains {"msg": "host networking is not allowed", "field": "spec.template.
 }
 `, tn.ns))
 	// In force once the tenant's own write of it is refused.
-	waitFor(t, time.Minute, "the policy was never enforced", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the policy was never enforced", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, tn.ns, "net")
 		d.Spec.Template.Labels["try"] = "1"
 		err := tn.c.Update(ctx, d, client.DryRunAll)
@@ -282,7 +282,7 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	// The fix's Event is told after its ledger write; the quiet minute
 	// starts once it is there.
 	finalRevision, _ := rollout.Revision(final)
-	waitFor(t, time.Minute, "no Event for the fixed revision", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no Event for the fixed revision", func(ctx context.Context) (bool, string, error) {
 		notes := guardEvents(ctx, t, tn.ns, "undo", vocab.ReasonKnownGood)
 		return slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, fmt.Sprintf("Revision %d ", finalRevision)) }), fmt.Sprint(notes), nil
 	})
@@ -384,7 +384,7 @@ deny contains "a tier: critical Deployment may not be deleted: remove the label 
 	input.oldObject.metadata.labels.tier == "critical"
 }
 `, tn.ns))
-	waitFor(t, time.Minute, "the tenant's delete was never refused", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the tenant's delete was never refused", func(ctx context.Context) (bool, string, error) {
 		err := tn.c.Delete(ctx, d.DeepCopy(), client.DryRunAll)
 		return err != nil && strings.Contains(err.Error(), "may not be deleted"), fmt.Sprint(err), nil
 	})
@@ -435,7 +435,7 @@ func TestFloodOnTheWebhookPortFromOutsideTheAPIServer(t *testing.T) {
 	// Meanwhile the tenant deploys, through the API server and the guard,
 	// whose own check refuses a second Deployment over the same pods.
 	require.NoError(t, tn.c.Create(ctx, harness.Deployment(tn.ns, "web", "app:1", shortDeadline)))
-	waitFor(t, time.Minute, "the guard never judged the overlapping Deployment", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the guard never judged the overlapping Deployment", func(ctx context.Context) (bool, string, error) {
 		twin := harness.Deployment(tn.ns, "web-twin", "app:1", shortDeadline)
 		twin.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web"}
 		twin.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web"}

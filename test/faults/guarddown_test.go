@@ -134,13 +134,13 @@ func TestGuardDown(t *testing.T) {
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
 	// The leader adds the selector the manifests leave out: the enforce
 	// entry then takes the Deployments labelled quarantined alone.
-	waitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
 		got := enforceSelector(ctx, t, admin)
 		return assert.ObjectsAreEqual(routing.EnforceObjectSelector(routing.EnforcedOf(def, routing.LoadedPolicies{})), got), fmt.Sprint(got), nil
 	})
 	// The reconciler labels a quarantined Deployment (a rollback writes
 	// the label with the list): the enforce entry selects on it.
-	waitFor(t, time.Minute, "the quarantined Deployment labelled", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the quarantined Deployment labelled", func(ctx context.Context) (bool, string, error) {
 		d := getDeployment(ctx, t, admin, "shop", "held")
 		return d.Labels[vocab.LabelQuarantined] == vocab.LabelQuarantinedValue, fmt.Sprint(d.Labels), nil
 	})
@@ -206,7 +206,7 @@ func TestGuardDown(t *testing.T) {
 	// no deletion (policy/README.md, "Deletions"): DELETE is not routed.
 	start(lb.slots[2], enforcingConfig)
 	enforcing := routing.EnforcedOf(def, routing.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
-	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
 		return got == routing.MustDecide(enforcing) &&
 			condition(ctx, t, admin, routing.UpdateWebhook, routing.MayAdviseCondition) == routing.MayAdvise(enforcing) &&
@@ -279,20 +279,20 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 			return err != nil && strings.Contains(out, words) && named == byPolicy, out, nil
 		}
 	}
-	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
+	harness.WaitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
 	lost := *def
 	lost.Native = review.NewNativeEnforcement(false)
-	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
 		return got == routing.MustDecide(routing.EnforcedOf(&lost, routing.LoadedPolicies{})), got, nil
 	})
 
 	require.NoError(t, restore())
-	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
 		return got == routing.MustDecide(routing.EnforcedOf(def, routing.LoadedPolicies{})), got, nil
 	})
-	waitFor(t, time.Minute, "the API server refuses again", refused(true))
+	harness.WaitFor(t, time.Minute, "the API server refuses again", refused(true))
 
 	// The params deleted: without them the bound policy allows everything,
 	// so the guard writes them again from its config file.
@@ -301,14 +301,14 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	require.NoError(t, admin.Get(ctx, key, params))
 	want := params.Data
 	require.NoError(t, admin.Delete(ctx, params))
-	waitFor(t, time.Minute, "the params written again", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the params written again", func(ctx context.Context) (bool, string, error) {
 		got := &corev1.ConfigMap{}
 		if err := admin.Get(ctx, key, got); err != nil {
 			return false, err.Error(), nil
 		}
 		return reflect.DeepEqual(got.Data, want), fmt.Sprint(got.Data), nil
 	})
-	waitFor(t, time.Minute, "the API server refuses with the params back", refused(true))
+	harness.WaitFor(t, time.Minute, "the API server refuses with the params back", refused(true))
 }
 
 // condition is the expression of the matchCondition name of the validating
