@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +15,6 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
@@ -320,98 +316,4 @@ func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
 	}, 3*time.Second, 100*time.Millisecond, "rolled back a second time")
 	reasons := waitEvents(t, ns, "killed", vocab.ReasonAutoRollback)
 	assert.LessOrEqual(t, count(reasons, vocab.ReasonAutoRollback), 1, "at most one AutoRollback event (a killed guard may lose one)")
-}
-
-// TestFailFastReactionTime measures, over 10 rollbacks, the time from the
-// first failing pod status of a broken rollout to the guard's rollback write
-// (the one that restores the template and sets the rolled-back label), each
-// seen on a watch. It reports; it does not enforce.
-func TestFailFastReactionTime(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	const n = 10
-	ns := harness.NewNamespace(t, local.Client)
-	for i := range n {
-		d := slowDeployment(ns, fmt.Sprintf("f%02d", i), "app:1")
-		d.Spec.Replicas = ptr(int32(1))
-		require.NoError(t, local.Client.Create(ctx, d))
-	}
-	for i := range n {
-		waitKnownGood(t, ns, fmt.Sprintf("f%02d", i), 1)
-	}
-	cfg, err := local.Cluster.RESTConfig()
-	require.NoError(t, err)
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
-	require.NoError(t, err)
-	pods, err := wc.Watch(ctx, &corev1.PodList{}, client.InNamespace(ns))
-	require.NoError(t, err)
-	defer pods.Stop()
-	deployments, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns))
-	require.NoError(t, err)
-	defer deployments.Stop()
-
-	var (
-		mu        sync.Mutex
-		firstFail = map[string]time.Time{} // by Deployment
-		reaction  = map[string]time.Duration{}
-	)
-	go func() {
-		for ev := range pods.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
-					owner := p.Labels["app.kubernetes.io/name"]
-					mu.Lock()
-					if _, seen := firstFail[owner]; !seen {
-						firstFail[owner] = time.Now()
-					}
-					mu.Unlock()
-				}
-			}
-		}
-	}()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range deployments.ResultChan() {
-			d, ok := ev.Object.(*appsv1.Deployment)
-			if !ok || ev.Type != watch.Modified || d.Labels[vocab.LabelRolledBack] != "2" {
-				continue
-			}
-			now := time.Now()
-			mu.Lock()
-			if _, seen := reaction[d.Name]; !seen {
-				if f, ok := firstFail[d.Name]; ok {
-					reaction[d.Name] = now.Sub(f)
-				}
-			}
-			complete := len(reaction) == n
-			mu.Unlock()
-			if complete {
-				return
-			}
-		}
-	}()
-	for i := range n {
-		require.NoError(t, update(t, ns, fmt.Sprintf("f%02d", i), func(d *appsv1.Deployment) {
-			d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag-" + strconv.Itoa(i)
-		}))
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, reaction, n, "every broken rollout was rolled back and seen on the watch")
-	var ds []time.Duration
-	for _, d := range reaction {
-		ds = append(ds, d)
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	t.Logf("fail-fast reaction over %d rollbacks, from the first failing pod status to the rollback write (window %s): median %s, worst %s, best %s",
-		n, failFastWindow, ds[n/2].Round(10*time.Millisecond), ds[n-1].Round(10*time.Millisecond), ds[0].Round(10*time.Millisecond))
 }

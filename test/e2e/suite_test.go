@@ -23,18 +23,9 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 )
 
-// guardConfig shortens the progress deadline floor so that failed rollouts are
-// seen within seconds, and the fail-fast window so that its tests are quick. The drain timeout leaves room for a guard killed during
-// a drain to regain the lead (its lease expires after 15s) and finish it.
-const guardConfig = `apiVersion: deployguard.io/v1alpha1
-kind: GuardConfig
-bounds:
-  progressDeadlineSeconds: {min: 3, max: 7200}
-rollback:
-  failFast: {window: 15s, transientWindow: 2m}
-cleanup:
-  drainTimeout: 45s
-`
+// guardConfig is the tier's guard configuration, which
+// `make bench-reaction` measures with too.
+const guardConfig = harness.E2EGuardConfig
 
 // deadline is the progressDeadlineSeconds of the tests' Deployments.
 const deadline = 4
