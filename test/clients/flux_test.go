@@ -104,7 +104,7 @@ spec:
 	case at := <-decided:
 		logMeasured(t, "Flux Kustomization Ready=False", at, failedAt)
 	case <-watchCtx.Done():
-		t.Fatal("the guard never decided")
+		require.FailNow(t, "the guard never decided")
 	}
 	// Its retries apply the failed template again: refused by the
 	// quarantine, in the guard's words, with the evidence.

@@ -76,7 +76,7 @@ func TestKubectl(t *testing.T) {
 	select {
 	case at = <-decided:
 	case <-watchCtx.Done():
-		t.Fatalf("the guard never declared the rollout failed: %s", describe(get(ctx, t, ns, "web")))
+		require.FailNow(t, "the guard never declared the rollout failed", describe(get(ctx, t, ns, "web")))
 	}
 
 	// kubectl prints its own words; the condition carries the guard's.

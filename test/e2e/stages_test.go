@@ -132,7 +132,7 @@ func assertSettled(t *testing.T, p *corev1.Pod, quiet time.Duration) {
 	for ev := range w.ResultChan() {
 		if ev.Type == watch.Modified || ev.Type == watch.Deleted {
 			if q, ok := ev.Object.(*corev1.Pod); ok {
-				t.Errorf("pod %s changed after settling (%s): %s", p.Name, ev.Type, podState(q))
+				assert.Fail(t, "a pod changed after settling", "pod %s (%s): %s", p.Name, ev.Type, podState(q))
 			}
 			return
 		}

@@ -125,7 +125,7 @@ func waitForReport(t *testing.T, ns, msg string, cond func(audit.Stored) bool) a
 		last.Store(&st)
 		return cond(st)
 	}, 3*waitShort, tick) {
-		t.Fatalf("%s; last report: %+v", msg, last.Load())
+		require.FailNow(t, msg, "last report: %+v", last.Load())
 	}
 	return *last.Load()
 }

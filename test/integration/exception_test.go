@@ -365,7 +365,7 @@ func checkResultOf(t *testing.T, out, name string) (r struct {
 			return r
 		}
 	}
-	t.Fatalf("check said nothing of %s", name)
+	require.FailNow(t, "check said nothing of "+name)
 	return r
 }
 

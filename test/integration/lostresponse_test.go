@@ -273,7 +273,7 @@ func TestLostResponsesDuringCleanup(t *testing.T) {
 				for _, e := range events.Items {
 					t.Logf("event %s: %s", e.Reason, e.Note)
 				}
-				t.Fatalf("finalizers left: %v, annotations %v", cur.Finalizers, cur.Annotations)
+				require.FailNow(t, "finalizers left", "finalizers %v, annotations %v", cur.Finalizers, cur.Annotations)
 			}
 			require.Eventually(t, func() bool { return len(losing.lostWrites()) == 1 }, 10*time.Second, 20*time.Millisecond, "a response was lost")
 

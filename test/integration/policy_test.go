@@ -234,6 +234,6 @@ func enforceOperations(ctx context.Context, t *testing.T) []admissionregistratio
 			return w.Rules[0].Operations
 		}
 	}
-	t.Fatalf("no %s entry", routing.EnforceWebhook)
+	require.FailNow(t, "no "+routing.EnforceWebhook+" entry")
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -310,9 +311,7 @@ func clientAs(t *testing.T, user string) (client.Client, *warningRecorder) {
 		c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
 	}
 	cl, err := client.New(c, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return cl, w
 }
 
@@ -324,9 +323,7 @@ func clientAsGroups(t *testing.T, user string, groups ...string) (client.Client,
 	c.WarningHandler = w
 	c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append([]string{"system:authenticated"}, groups...)}
 	cl, err := client.New(c, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return cl, w
 }
 
@@ -335,14 +332,10 @@ func clientAsGroups(t *testing.T, user string, groups ...string) (client.Client,
 func kubectl(t *testing.T, obj any, args ...string) (string, error) {
 	t.Helper()
 	tools, err := harness.ToolsDir("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	path := adminKubeconfig(t)
 	in, err := json.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cmd := exec.Command(filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
 	cmd.Stdin = bytes.NewReader(in)
 	out, err := cmd.CombinedOutput()
@@ -354,17 +347,11 @@ func kubectl(t *testing.T, obj any, args ...string) (string, error) {
 func adminKubeconfig(t *testing.T) string {
 	t.Helper()
 	user, err := testEnv.ControlPlane.AddUser(envtest.User{Name: "kubectl-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(path, kubeconfig, 0o600))
 	return path
 }
 

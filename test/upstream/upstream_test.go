@@ -140,7 +140,7 @@ func TestUpstreamCompatibility(t *testing.T) {
 	rows, problems := compare(before, after, diffs)
 	writeTable(t, out, rows, time.Since(start))
 	for _, p := range problems {
-		t.Error(p)
+		assert.Fail(t, p)
 	}
 }
 
