@@ -39,6 +39,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/bench/load"
 	"github.com/deployguard/deployguard/test/harness"
 )
 
@@ -83,25 +84,12 @@ func main() {
 func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if o.tools == "" {
-		t, err := harness.ToolsDir()
-		if err != nil {
-			return err
-		}
-		o.tools = t
-	}
-	work, err := filepath.Abs(o.workDir)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(work, 0o755); err != nil {
-		return err
-	}
-	logFile, err := os.Create(filepath.Join(work, "bench.log"))
+	tools, work, logFile, err := load.Prepare(o.tools, o.workDir)
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
+	o.tools = tools
 	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
 
 	fmt.Println("Starting the local cluster and the guard (the e2e tier's settings) …")
