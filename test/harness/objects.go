@@ -17,17 +17,30 @@ import (
 )
 
 // NamespaceOption changes the namespace NewNamespace creates.
-type NamespaceOption func(*corev1.Namespace)
+type NamespaceOption func(*namespaceOptions)
+
+type namespaceOptions struct {
+	ns   corev1.Namespace
+	keep bool
+}
 
 // NamespaceLabels labels the namespace (to opt it out of the guard, say).
 func NamespaceLabels(labels map[string]string) NamespaceOption {
-	return func(ns *corev1.Namespace) { ns.Labels = labels }
+	return func(o *namespaceOptions) { o.ns.Labels = labels }
 }
 
 // NamespaceNamed gives the namespace a fixed name, for a test on a cluster of
 // its own whose configuration names it.
 func NamespaceNamed(name string) NamespaceOption {
-	return func(ns *corev1.Namespace) { ns.Name, ns.GenerateName = name, "" }
+	return func(o *namespaceOptions) { o.ns.Name, o.ns.GenerateName = name, "" }
+}
+
+// KeepNamespace leaves the namespace in place when the test ends: on an API
+// server without a namespace controller (envtest) a deleted namespace is
+// never emptied, and stays Terminating, refusing new objects, for the rest of
+// the tier.
+func KeepNamespace() NamespaceOption {
+	return func(o *namespaceOptions) { o.keep = true }
 }
 
 // NewNamespace creates a namespace for one test, named after the test with a
@@ -35,11 +48,15 @@ func NamespaceNamed(name string) NamespaceOption {
 // the background: the test does not wait for its content to go).
 func NewNamespace(t *testing.T, c client.Client, opts ...NamespaceOption) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: dnsLabel(t.Name(), 20) + "-"}}
-	for _, o := range opts {
-		o(ns)
+	o := namespaceOptions{ns: corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: dnsLabel(t.Name(), 20) + "-"}}}
+	for _, opt := range opts {
+		opt(&o)
 	}
+	ns := &o.ns
 	require.NoError(t, c.Create(context.Background(), ns), "creating namespace %s%s", ns.Name, ns.GenerateName)
+	if o.keep {
+		return ns.Name
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -147,7 +147,7 @@ func failing(s audit.Stored, policy string) []string {
 // enforce each show as they should.
 func TestAuditReportsExistingDeployments(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	bad := map[string]*appsv1.Deployment{}
 	for _, name := range []string{"bad-0", "bad-1", "bad-2"} {
 		d := harness.Deployment(ns, name, appImage)
@@ -260,7 +260,7 @@ func TestAuditWithoutReportCRD(t *testing.T) {
 	require.Eventually(t, r.ReportsDisabled, waitShort, tick, "the missing CRD was not noticed")
 	assert.Contains(t, r.Status.Note(), "the Report CRD (openreports.io/v1alpha1) is not installed", "/readyz?verbose says why no report is written")
 
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	before := passes(t, reg)
 	for i := range 3 {
 		require.NoError(t, k8s.Create(ctx, harness.Deployment(ns, fmt.Sprintf("app-%d", i), appImage)), "admission works without the report CRD")
@@ -312,7 +312,7 @@ func evaluations(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
 // results leave the report.
 func TestAuditRefreshesOnlyChangedPolicies(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	const n = 12
 	for i := range n {
 		require.NoError(t, k8s.Create(ctx, harness.Deployment(ns, fmt.Sprintf("app-%d", i), appImage)))
@@ -421,7 +421,7 @@ func overlapWarnings(s audit.Stored) map[string][]string {
 // other within seconds: a template label change, a deletion.
 func TestAuditReportsOverlappingSelectors(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	// api's selector (tier=backend) selects shop's pods; shop's (app=shop)
 	// does not select api's.
 	shop := harness.Deployment(ns, "shop", appImage, func(d *appsv1.Deployment) {

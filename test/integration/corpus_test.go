@@ -60,7 +60,7 @@ func TestDefaultInstallAdmitsPublicChartsAndUpstreamManifests(t *testing.T) {
 	t.Run("charts", func(t *testing.T) {
 		// Every chart's Deployments in one namespace, as a platform's shared
 		// tools namespace holds them: the overlap check runs across charts.
-		ns := harness.NewNamespace(t, k8s)
+		ns := harness.NewNamespace(t, k8s, kept)
 		files, err := filepath.Glob(filepath.Join("testdata", "charts", "*.yaml"))
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, len(files), 40, "the chart corpus")
@@ -79,8 +79,8 @@ func TestDefaultInstallAdmitsPublicChartsAndUpstreamManifests(t *testing.T) {
 		// guestbook's three files together, the kubectl files as three
 		// versions of one Deployment.
 		dir := filepath.Join("testdata", "upstream")
-		guestbook := harness.NewNamespace(t, k8s)
-		kubectl := harness.NewNamespace(t, k8s)
+		guestbook := harness.NewNamespace(t, k8s, kept)
+		kubectl := harness.NewNamespace(t, k8s, kept)
 		files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		require.NoError(t, err)
 		require.NotEmpty(t, files)
@@ -97,7 +97,7 @@ func TestDefaultInstallAdmitsPublicChartsAndUpstreamManifests(t *testing.T) {
 					// The lifecycle spec's full Update of the one before it.
 					create(t, last, d, true)
 				default:
-					last = harness.NewNamespace(t, k8s)
+					last = harness.NewNamespace(t, k8s, kept)
 					create(t, last, d, false)
 				}
 			}

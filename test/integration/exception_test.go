@@ -127,7 +127,7 @@ func runCheck(t *testing.T, args ...string) (int, string) {
 // all three within 5 s of expiresAt.
 func TestExceptionLetsThroughUntilItExpires(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	policyDir := loadExceptTeam(t, ns)
 	_, _ = startAudit(t, audit.FormatPolicyReport, logr.Discard())
 	c, warnings := clientAs(t, "")
@@ -253,8 +253,8 @@ func writeConfig(t *testing.T, dir string) string {
 // says skip, else it warns).
 func TestExceptionScopesAgree(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
-	other := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
+	other := harness.NewNamespace(t, k8s, kept)
 	policyDir := loadExceptTeam(t, ns, other)
 	soon := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
 	later := time.Now().Add(time.Hour)
@@ -373,7 +373,7 @@ func checkResultOf(t *testing.T, out, name string) (r struct {
 // the platform role cannot create one; bound to it, it can.
 func TestOnlyThePlatformRoleGrantsExceptions(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	role, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "config", "rbac", "exceptions_role.yaml"))
 	require.NoError(t, err)
 	for _, doc := range strings.Split(string(role), "\n---\n") {

@@ -180,7 +180,7 @@ func updateStatus(ctx context.Context, t *testing.T, d *appsv1.Deployment, chang
 // does nothing more.
 func TestLostResponseOfARollbackIsNotRolledBackTwice(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	// The rollback's write: the template restored, the Deployment labelled.
 	losing := &losingClient{lose: func(obj client.Object) bool {
 		d, ok := obj.(*appsv1.Deployment)
@@ -254,7 +254,7 @@ func TestLostResponsesDuringCleanup(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			ns := harness.NewNamespace(t, k8s)
+			ns := harness.NewNamespace(t, k8s, kept)
 			losing := &losingClient{lose: tc.lose}
 			startReconciler(t, func(c client.Client) client.Client { losing.Client = c; return losing })
 			d := harness.Deployment(ns, "web", appImage, func(d *appsv1.Deployment) {

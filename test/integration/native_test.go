@@ -45,7 +45,7 @@ func TestNativePoliciesAgreeWithTheAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	opts := guardConfig().WebhookOptions(guardUser)
 	params := opts.NativeSettings().Params()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	c, warnings := clientAsGroups(t, "native-diff-user", "system:masters")
 	compared, refused, warned, skipped := 0, 0, 0, 0
 	for i, d := range inputs {

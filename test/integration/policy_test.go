@@ -34,7 +34,7 @@ deny contains {"msg": "every Deployment needs a team label: add metadata.labels.
 // deleted, all without a restart.
 func TestPolicyHotReloadFromConfigMaps(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	unlabelled := func() *appsv1.Deployment { return harness.Deployment(ns, "anon", appImage) }
 	denied := func() (bool, string) {
 		err := k8s.Create(ctx, unlabelled(), client.DryRunAll)
@@ -114,8 +114,8 @@ deny contains "production namespaces need at least 2 replicas" if {
 	}
 	require.NoError(t, k8s.Create(ctx, cm))
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), cm) })
-	prod := harness.NewNamespace(t, k8s, harness.NamespaceLabels(map[string]string{"tier": "production"}))
-	dev := harness.NewNamespace(t, k8s, harness.NamespaceLabels(map[string]string{"tier": "dev"}))
+	prod := harness.NewNamespace(t, k8s, kept, harness.NamespaceLabels(map[string]string{"tier": "production"}))
+	dev := harness.NewNamespace(t, k8s, kept, harness.NamespaceLabels(map[string]string{"tier": "dev"}))
 	single := func(ns string) *appsv1.Deployment {
 		d := harness.Deployment(ns, "single", appImage)
 		d.Spec.Replicas = ptr(int32(1))
@@ -148,7 +148,7 @@ deny contains "a tier: critical Deployment may not be deleted: remove the label 
 // is gone.
 func TestEnforcedPolicyRefusesDeletingACriticalDeployment(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	critical := harness.Deployment(ns, "payments", appImage, func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "critical"} })
 	plain := harness.Deployment(ns, "ledger", appImage)
 	require.NoError(t, k8s.Create(ctx, critical))

@@ -41,7 +41,7 @@ func TestStalledClientsDoNotStopAdmission(t *testing.T) {
 	// Meanwhile the API server's calls are answered, before any stalled
 	// request has timed out: the guard's mutating webhook marks what it
 	// defaulted (the native selector repair alone would not).
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "shop", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "shop"}

@@ -355,6 +355,12 @@ func adminKubeconfig(t *testing.T) string {
 	return path
 }
 
+// kept keeps a test's namespace after it: envtest runs no namespace
+// controller, so a deleted namespace would stay Terminating, with its
+// Deployments, for the rest of the tier, and refuse the reports each test's
+// audit writes for every namespace.
+var kept = harness.KeepNamespace()
+
 // appImage is the image of the tests' Deployments (harness.Deployment).
 const appImage = "nginx:1.27.3"
 

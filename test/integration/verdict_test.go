@@ -27,7 +27,7 @@ import (
 // included, could have ended the verdict in between.
 func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	controller, _ := clientAs(t, "system:serviceaccount:kube-system:deployment-controller")
 
 	tests := []struct {

@@ -18,7 +18,7 @@ import (
 
 func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	c, warnings := clientAs(t, "")
 
 	d := harness.Deployment(ns, "shop", appImage, func(d *appsv1.Deployment) {
@@ -45,7 +45,7 @@ func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 
 func TestEmptySelectorWithoutStableLabelsIsRefusedWithTheGuardsMessage(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "nolabels", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
 		d.Spec.Template.Labels = map[string]string{"version": "v3"}
@@ -61,7 +61,7 @@ func TestEmptySelectorWithoutStableLabelsIsRefusedWithTheGuardsMessage(t *testin
 
 func TestOverlappingSelectorsAreRefused(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	require.NoError(t, k8s.Create(ctx, harness.Deployment(ns, "web", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "stable"}
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "stable"}
@@ -86,7 +86,7 @@ func TestOverlappingSelectorsAreRefused(t *testing.T) {
 
 func TestWarningsReachTheClient(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	c, warnings := clientAs(t, "")
 	d := harness.Deployment(ns, "noprobe", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
@@ -102,7 +102,7 @@ func TestWarningsReachTheClient(t *testing.T) {
 
 func TestServerSideDryRun(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "dry", appImage, func(d *appsv1.Deployment) { d.Spec.Selector = nil })
 	require.NoError(t, k8s.Create(ctx, d, client.DryRunAll), "sideEffects: None makes dry runs possible")
 	assert.Equal(t, map[string]string{"app.kubernetes.io/name": "dry"}, d.Spec.Selector.MatchLabels, "the dry run shows the guard's defaults")
@@ -118,7 +118,7 @@ func TestServerSideDryRun(t *testing.T) {
 
 func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "steady", appImage)
 	require.NoError(t, k8s.Create(ctx, d))
 	before := &appsv1.Deployment{}
@@ -146,7 +146,7 @@ func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 // nothing is refused. Removing them stays possible the documented ways.
 func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "fin", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 	})
@@ -224,7 +224,7 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 // Deployment: the finalizers go with it.
 func TestRemovingTheCleanupAnnotationRemovesTheFinalizers(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "fin", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
 		d.Finalizers = []string{"example.com/keep"}
@@ -240,7 +240,7 @@ func TestRemovingTheCleanupAnnotationRemovesTheFinalizers(t *testing.T) {
 
 func TestProtectedDeploymentCannotBeDeleted(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s)
+	ns := harness.NewNamespace(t, k8s, kept)
 	d := harness.Deployment(ns, "precious", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
 	})
@@ -255,7 +255,7 @@ func TestProtectedDeploymentCannotBeDeleted(t *testing.T) {
 
 func TestOptedOutNamespaceIsNotGuarded(t *testing.T) {
 	ctx := context.Background()
-	ns := harness.NewNamespace(t, k8s, harness.NamespaceLabels(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}))
+	ns := harness.NewNamespace(t, k8s, kept, harness.NamespaceLabels(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}))
 	d := harness.Deployment(ns, "free", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 	})
