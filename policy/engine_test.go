@@ -425,20 +425,20 @@ func TestChangedSignalsEachNewSet(t *testing.T) {
 	changed := e.Changed()
 	select {
 	case <-changed:
-		t.Fatal("signalled before any change")
+		require.FailNow(t, "signalled before any change")
 	default:
 	}
 	require.Error(t, e.Load(context.Background(), []Source{regoSource("bad.rego", "package deployguard.bad\n\ndeny contains {\n")}))
 	select {
 	case <-changed:
-		t.Fatal("a failed load signalled a change")
+		require.FailNow(t, "a failed load signalled a change")
 	default:
 	}
 	require.NoError(t, e.Load(context.Background(), []Source{denyAlways("two", "warn")}))
 	select {
 	case <-changed:
 	default:
-		t.Fatal("a new set was not signalled")
+		require.FailNow(t, "a new set was not signalled")
 	}
 	assert.NotEqual(t, changed, e.Changed(), "the next change has a new channel")
 }

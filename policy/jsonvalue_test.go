@@ -84,25 +84,27 @@ func FuzzJSONValue(f *testing.F) {
 		if bytes.Count(b, []byte("["))+bytes.Count(b, []byte("{")) > maxDepth {
 			return // nesting bound: ours refuses what encoding/json may accept
 		}
+		// Each check fails through require only when it fails: the fuzzer
+		// runs this for every input.
 		if (err == nil) != (wantErr == nil) {
-			t.Fatalf("jsonValue error %v, encoding/json error %v, on %q", err, wantErr, b)
+			require.FailNow(t, "jsonValue and encoding/json disagree on an error", "jsonValue error %v, encoding/json error %v, on %q", err, wantErr, b)
 		}
 		if err == nil && want.Compare(got) != 0 {
-			t.Fatalf("jsonValue %v, encoding/json %v, on %q", got, want, b)
+			require.FailNow(t, "jsonValue and encoding/json disagree", "jsonValue %v, encoding/json %v, on %q", got, want, b)
 		}
 		whole, apiErr := apiObjectValue(b, wholeValue)
 		if (apiErr == nil) != (err == nil) {
-			t.Fatalf("apiObjectValue error %v, jsonValue error %v, on %q", apiErr, err, b)
+			require.FailNow(t, "apiObjectValue and jsonValue disagree on an error", "apiObjectValue error %v, jsonValue error %v, on %q", apiErr, err, b)
 		}
 		// What a projection leaves out is checked as strictly, and what it
 		// keeps is built as the whole value has it.
 		part, partErr := apiObjectValue(b, fuzzReads)
 		if (partErr == nil) != (apiErr == nil) || partErr != nil && partErr.Error() != apiErr.Error() {
-			t.Fatalf("projected error %v, whole error %v, on %q", partErr, apiErr, b)
+			require.FailNow(t, "a projection and the whole value disagree on an error", "projected error %v, whole error %v, on %q", partErr, apiErr, b)
 		}
 		if partErr == nil {
 			if want := projected(whole, fuzzReads); want.Compare(part) != 0 {
-				t.Fatalf("projected %v, want %v, on %q", part, want, b)
+				require.FailNow(t, "a projection differs from the whole value's", "projected %v, want %v, on %q", part, want, b)
 			}
 		}
 	})

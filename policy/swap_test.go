@@ -27,8 +27,7 @@ func TestEvaluateDuringLoads(t *testing.T) {
 			if i%2 == 1 {
 				src = setB
 			}
-			if err := e.Load(context.Background(), src); err != nil {
-				t.Errorf("load: %v", err)
+			if !assert.NoError(t, e.Load(context.Background(), src), "load") {
 				return
 			}
 		}

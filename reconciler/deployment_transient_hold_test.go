@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,26 +45,17 @@ func TestDecideTransientHold(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := DecideTransientHold(tc.pods, tc.since, now, window, tc.held)
-			if h.Wait != tc.wait {
-				t.Errorf("wait %s, want %s", h.Wait, tc.wait)
-			}
+			assert.Equal(t, tc.wait, h.Wait)
 		})
 	}
 	h := DecideTransientHold([]PodState{transient("a"), transient("b")}, now.Add(-time.Minute), now, window, false)
-	if got := h.RollbackSuffix(); got != "; a transient failure (i/o timeout) for the whole transient window of 5m0s" {
-		t.Errorf("suffix %q", got)
-	}
-	if !h.Until.Equal(now.Add(4 * time.Minute)) {
-		t.Errorf("until %s", h.Until)
-	}
-	if DecideTransientHold([]PodState{permanent}, time.Time{}, now, window, false).RollbackSuffix() != "" {
-		t.Error("a permanent failure's rollback says nothing of a transient window")
-	}
+	assert.Equal(t, "; a transient failure (i/o timeout) for the whole transient window of 5m0s", h.RollbackSuffix())
+	assert.True(t, h.Until.Equal(now.Add(4*time.Minute)), "until %s", h.Until)
+	assert.Empty(t, DecideTransientHold([]PodState{permanent}, time.Time{}, now, window, false).RollbackSuffix(),
+		"a permanent failure's rollback says nothing of a transient window")
 	msg := h.DeferMessage(Decision{FailedRevision: 2, NewRS: &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-5d8f"}}})
 	for _, want := range []string{"Revision 2 (ReplicaSet web-5d8f) exceeded its progress deadline", "fail only transiently (i/o timeout)", "not rolling back before 2026-11-24T10:04:00Z"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("message %q lacks %q", msg, want)
-		}
+		assert.Contains(t, msg, want)
 	}
 }
 
@@ -73,13 +66,10 @@ func TestDeferralIsAboutOneDeadline(t *testing.T) {
 	at := func(s int) *appsv1.DeploymentCondition {
 		return &appsv1.DeploymentCondition{LastTransitionTime: metav1.NewTime(time.Date(2026, 11, 24, 10, 0, s, 0, time.UTC))}
 	}
-	if deferralKey(rs, at(0)) == deferralKey(rs, at(1)) {
-		t.Errorf("a later deadline matches the first's deferral %q", deferralKey(rs, at(0)))
-	}
+	assert.NotEqual(t, deferralKey(rs, at(0)), deferralKey(rs, at(1)), "a later deadline matches the first's deferral")
 	first := deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(0)})
-	if strings.HasPrefix(first, deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(1)})) {
-		t.Errorf("a later deadline's words match the first's deferral %q", first)
-	}
+	assert.False(t, strings.HasPrefix(first, deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: at(1)})),
+		"a later deadline's words match the first's deferral %q", first)
 }
 
 // Whether a rollback is held is read from the ledger only: the words in
@@ -108,15 +98,9 @@ func TestDeferralIsReadFromTheLedgerOnly(t *testing.T) {
 
 	forged := deployment()
 	forged.Annotations[vocab.AnnotationRollbackStatus] = deferredPrefix(Decision{FailedRevision: 2, NewRS: rs, Deadline: &deadline}) + ": forged"
-	if deferralStands(forged, rss) {
-		t.Errorf("a deferral written in rollback-status alone holds the rollback")
-	}
+	assert.False(t, deferralStands(forged, rss), "a deferral written in rollback-status alone holds the rollback")
 
 	recorded := deployment()
-	if !rollout.SetLedger(&recorded.Status, rollout.Ledger{DeferredFor: deferralKey(rs, &deadline)}, time.Now()) {
-		t.Fatal("setting the ledger")
-	}
-	if !deferralStands(recorded, rss) {
-		t.Errorf("the deferral the ledger records does not hold the rollback")
-	}
+	require.True(t, rollout.SetLedger(&recorded.Status, rollout.Ledger{DeferredFor: deferralKey(rs, &deadline)}, time.Now()), "setting the ledger")
+	assert.True(t, deferralStands(recorded, rss), "the deferral the ledger records does not hold the rollback")
 }

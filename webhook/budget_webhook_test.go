@@ -2,9 +2,9 @@ package webhook
 
 import (
 	"context"
-	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -23,11 +23,9 @@ func TestBudgetWebhookNeverRefusesOutsideEnforce(t *testing.T) {
 	for mode, allowed := range map[string]bool{review.BudgetsWarn: true, "": true, review.BudgetsEnforce: false} {
 		w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: mode}, Budgets: review.NewBudgetIndex(review.NewOverlapIndex(nil))}
 		resp := (&Hooks{Reviewer: w}).BudgetHandler(nil).Handle(context.Background(), req)
-		if resp.Allowed != allowed {
-			t.Errorf("mode %q: allowed %v, want %v (%v)", mode, resp.Allowed, allowed, resp.Result)
-		}
-		if allowed && (len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "could not judge this PodDisruptionBudget")) {
-			t.Errorf("mode %q: warnings %v", mode, resp.Warnings)
+		assert.Equal(t, allowed, resp.Allowed, "mode %q (%v)", mode, resp.Result)
+		if allowed && assert.Len(t, resp.Warnings, 1, "mode %q", mode) {
+			assert.Contains(t, resp.Warnings[0], "could not judge this PodDisruptionBudget", "mode %q", mode)
 		}
 	}
 }

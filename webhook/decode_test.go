@@ -268,7 +268,7 @@ func FuzzDecoding(f *testing.F) {
 		got, err := decodeDeployment(runtime.RawExtension{Raw: b})
 		switch {
 		case wantErr != nil && err == nil:
-			t.Fatalf("the API machinery refuses it (%v), the guard reads it", wantErr)
+			require.FailNow(t, "the API machinery refuses it, the guard reads it", "%v", wantErr)
 		case wantErr == nil && err == nil:
 			assert.Equal(t, want, got)
 		}

@@ -36,10 +36,10 @@ func TestFlux(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, flux.Stop()) }()
 
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	push := func(image string) {
 		t.Helper()
-		_, err := reg.PushFiles("apps/web", "latest", map[string]string{"web.yaml": webManifest(ns, "web", image)})
+		_, err := reg.PushFiles("apps/web", "latest", map[string]string{"web.yaml": webManifest(t, ns, "web", image)})
 		require.NoError(t, err)
 	}
 	push(goodImage)
@@ -80,7 +80,7 @@ spec:
 	waitReady := func(what, want string, match func(msg string) bool) string {
 		t.Helper()
 		var status, msg string
-		waitFor(t, 4*time.Minute, what, func(ctx context.Context) (bool, string, error) {
+		harness.WaitFor(t, 4*time.Minute, what, func(ctx context.Context) (bool, string, error) {
 			status, msg = ready()
 			return status == want && match(msg), status + " " + msg, nil
 		})
@@ -104,7 +104,7 @@ spec:
 	case at := <-decided:
 		logMeasured(t, "Flux Kustomization Ready=False", at, failedAt)
 	case <-watchCtx.Done():
-		t.Fatal("the guard never decided")
+		require.FailNow(t, "the guard never decided")
 	}
 	// Its retries apply the failed template again: refused by the
 	// quarantine, in the guard's words, with the evidence.

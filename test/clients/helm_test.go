@@ -20,7 +20,7 @@ var chart = filepath.Join(harness.RepoRoot(), "test", "clients", "testdata", "we
 func TestHelm3(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	helm := filepath.Join(tools, "helm")
 	plugin := filepath.Join(tools, "kubectl")
 
@@ -43,7 +43,7 @@ func TestHelm3(t *testing.T) {
 	case at := <-decided:
 		logMeasured(t, "helm v3 --wait + kubectl deployguard rollout status", at, sr.Ended)
 	case <-watchCtx.Done():
-		t.Fatal("the guard never decided")
+		require.FailNow(t, "the guard never decided")
 	}
 }
 
@@ -52,7 +52,7 @@ func TestHelm3(t *testing.T) {
 func TestHelm4(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	helm := filepath.Join(tools, "helm4")
 
 	r := command(ctx, helm, "upgrade", "--install", "shop", chart, "-n", ns, "--wait", "--timeout", "2m")
@@ -70,7 +70,7 @@ func TestHelm4(t *testing.T) {
 		assert.Less(t, hr.Ended.Sub(at), 30*time.Second, "helm v4 fails within 30 s of the guard's decision")
 		logMeasured(t, "helm v4 upgrade --wait", at, hr.Ended)
 	case <-watchCtx.Done():
-		t.Fatal("the guard never decided")
+		require.FailNow(t, "the guard never decided")
 	}
 	r = command(ctx, helm, "status", "shop", "-n", ns)
 	assert.Contains(t, r.Stdout, "STATUS: failed", "%s", r)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // rolloutJSON is what `kubectl deployguard rollout status -o json` prints.
@@ -40,10 +41,10 @@ func parseRollout(t *testing.T, r result) rolloutJSON {
 func TestKubectl(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	plugin := filepath.Join(tools, "kubectl") // `kubectl deployguard …` finds kubectl-deployguard on $PATH
 
-	good := writeFile(t, "good.yaml", webManifest(ns, "web", goodImage))
+	good := writeFile(t, "good.yaml", webManifest(t, ns, "web", goodImage))
 	r := kubectl(ctx, "apply", "-f", good)
 	require.Zero(t, r.Code, "%s", r)
 	r = kubectl(ctx, "rollout", "status", "deploy/web", "-n", ns, "--timeout=120s")
@@ -60,7 +61,7 @@ func TestKubectl(t *testing.T) {
 	metricsBefore := scrapeGuard(t)
 
 	// The bad deploy, watched the way pipelines watch it.
-	bad := writeFile(t, "bad.yaml", webManifest(ns, "web", badImage))
+	bad := writeFile(t, "bad.yaml", webManifest(t, ns, "web", badImage))
 	r = kubectl(ctx, "apply", "-f", bad)
 	require.Zero(t, r.Code, "%s", r)
 	watchCtx, cancel := context.WithTimeout(ctx, 4*time.Minute)
@@ -75,7 +76,7 @@ func TestKubectl(t *testing.T) {
 	select {
 	case at = <-decided:
 	case <-watchCtx.Done():
-		t.Fatalf("the guard never declared the rollout failed: %s", describe(get(ctx, t, ns, "web")))
+		require.FailNow(t, "the guard never declared the rollout failed", describe(get(ctx, t, ns, "web")))
 	}
 
 	// kubectl prints its own words; the condition carries the guard's.
@@ -101,7 +102,7 @@ func TestKubectl(t *testing.T) {
 	// Rolled back: upstream's status reads complete again, the guard's
 	// verdict does not.
 	var d = get(ctx, t, ns, "web")
-	waitFor(t, time.Minute, "the rollback did not complete", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the rollback did not complete", func(ctx context.Context) (bool, string, error) {
 		d = get(ctx, t, ns, "web")
 		return d.Spec.Template.Spec.Containers[0].Image == goodImage && d.Status.UpdatedReplicas == 2 &&
 			d.Status.AvailableReplicas == 2 && d.Status.Replicas == 2 && d.Status.ObservedGeneration == d.Generation, describe(d), nil
@@ -139,7 +140,7 @@ func TestKubectl(t *testing.T) {
 	assert.Contains(t, r.Stderr, "failed its rollout before and deployguard rolled it back", "%s", r)
 
 	// A fixed template rolls out and ends the verdict.
-	fixed := writeFile(t, "fixed.yaml", webManifest(ns, "web", fixedImage))
+	fixed := writeFile(t, "fixed.yaml", webManifest(t, ns, "web", fixedImage))
 	stale := staleVerdictWatch(ctx, t, ns, "web")
 	r = kubectl(ctx, "apply", "-f", fixed)
 	require.Zero(t, r.Code, "%s", r)
@@ -148,7 +149,7 @@ func TestKubectl(t *testing.T) {
 	r = kubectl(ctx, "rollout", "status", "deploy/web", "-n", ns, "--timeout=120s")
 	assert.Zero(t, r.Code, "fixed deploy: %s", r)
 	assert.Empty(t, stale(), "the fix was observed with the rolled-back revision's verdict on it")
-	waitFor(t, 30*time.Second, "the verdict did not end with the fixed template", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the verdict did not end with the fixed template", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "web")
 		_, labelled := d.Labels[vocab.LabelRolledBack]
 		return stalled(d) == nil && !labelled, describe(d), nil
@@ -159,18 +160,18 @@ func TestKubectl(t *testing.T) {
 func TestAcceptRollback(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	plugin := filepath.Join(tools, "kubectl")
 
-	require.Zero(t, kubectl(ctx, "apply", "-f", writeFile(t, "good.yaml", webManifest(ns, "web", goodImage))).Code)
+	require.Zero(t, kubectl(ctx, "apply", "-f", writeFile(t, "good.yaml", webManifest(t, ns, "web", goodImage))).Code)
 	waitKnownGood(t, ns, "web")
-	require.Zero(t, kubectl(ctx, "apply", "-f", writeFile(t, "bad.yaml", webManifest(ns, "web", badImage))).Code)
+	require.Zero(t, kubectl(ctx, "apply", "-f", writeFile(t, "bad.yaml", webManifest(t, ns, "web", badImage))).Code)
 	r := command(ctx, plugin, "deployguard", "rollout", "status", "deploy/web", "-n", ns, "--timeout=180s")
 	require.Equal(t, 1, r.Code, "%s", r)
 
 	// Git reverted to the known-good template: applying it changes nothing
 	// the guard can see, so the verdict stands…
-	require.Zero(t, kubectl(ctx, "apply", "-f", writeFile(t, "good.yaml", webManifest(ns, "web", goodImage))).Code)
+	require.Zero(t, kubectl(ctx, "apply", "-f", writeFile(t, "good.yaml", webManifest(t, ns, "web", goodImage))).Code)
 	r = command(ctx, plugin, "deployguard", "rollout", "status", "deploy/web", "-n", ns, "--timeout=60s")
 	require.Equal(t, 1, r.Code, "%s", r)
 	// …until accepted, with the command the message gives.

@@ -27,9 +27,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -60,67 +59,19 @@ var (
 	tools, bin string
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	var err error
-	if tools, err = harness.ToolsDir("kube-apiserver", "kubectl", "kwokctl", "helm", "helm4"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	guard, err := harness.GuardBinary()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	bin = filepath.Dir(guard)
-	if _, err := os.Stat(filepath.Join(bin, "kubectl-deployguard")); err != nil {
-		fmt.Fprintf(os.Stderr, "the kubectl plugin is missing beside %s: run `make build`\n", guard)
-		return 1
-	}
-	work, err := os.MkdirTemp("", "deployguard-clients-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	logPath := filepath.Join(work, "clients.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	local, err = harness.StartLocal(ctx, harness.LocalOptions{
-		Tools: tools, Guard: guard, Name: fmt.Sprintf("dg-clients-%d", os.Getpid()), WorkDir: work,
-		Nodes: 2, GuardConfig: guardConfig, Log: logFile,
-	})
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
-		return 1
-	}
-	code := m.Run()
-	local.Stop()
-	logFile.Close()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
-	} else {
-		os.RemoveAll(work)
-	}
-	return code
-}
-
-func tailFile(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return err.Error()
-	}
-	const n = 12000
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
+func TestMain(m *testing.M) {
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name:  "clients",
+		Tools: []string{"kube-apiserver", "kubectl", "kwokctl", "helm", "helm4"},
+		Local: &harness.LocalOptions{Nodes: 2, GuardConfig: guardConfig},
+		Setup: func(_ context.Context, tier *harness.Tier) error {
+			local, tools, bin = tier.Local, tier.Tools, filepath.Dir(tier.Guard)
+			if _, err := os.Stat(filepath.Join(bin, "kubectl-deployguard")); err != nil {
+				return fmt.Errorf("the kubectl plugin is missing beside %s: run `make build`", tier.Guard)
+			}
+			return nil
+		},
+	}))
 }
 
 // result is how a command ended.
@@ -174,35 +125,14 @@ func start(ctx context.Context, name string, args ...string) <-chan result {
 	return ch
 }
 
-func newNamespace(t *testing.T) string {
+// webManifest is harness.Deployment as a team writes it for kubectl apply.
+func webManifest(t *testing.T, ns, name, image string) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name())[:min(16, len(t.Name()))] + "-"}}
-	require.NoError(t, local.Client.Create(context.Background(), ns))
-	return ns.Name
-}
-
-// webManifest is a Deployment as a team writes it for kubectl apply.
-func webManifest(ns, name, image string) string {
-	return fmt.Sprintf(`apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: %[2]s
-  namespace: %[1]s
-spec:
-  replicas: 2
-  selector:
-    matchLabels: {app.kubernetes.io/name: %[2]s}
-  template:
-    metadata:
-      labels: {app.kubernetes.io/name: %[2]s}
-    spec:
-      containers:
-        - name: web
-          image: %[3]s
-          ports: [{containerPort: 80}]
-          readinessProbe: {httpGet: {path: /, port: 80}}
-          resources: {requests: {cpu: 10m, memory: 16Mi}}
-`, ns, name, image)
+	d := harness.Deployment(ns, name, image)
+	d.TypeMeta = metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"}
+	b, err := yaml.Marshal(d)
+	require.NoError(t, err)
+	return string(b)
 }
 
 // writeFile writes content to a file of the test's own.
@@ -220,26 +150,12 @@ func get(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment 
 	return d
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
-	}
-}
-
 // waitKnownGood waits until the guard's ledger records the Deployment's
 // current revision as its newest known-good one: a later bad deploy then has
 // somewhere to go back.
 func waitKnownGood(t *testing.T, ns, name string) {
 	t.Helper()
-	waitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 2*time.Minute, "the guard did not record a known-good revision", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, name)
 		l, _ := rollout.ReadLedger(d)
 		n := l.Newest()

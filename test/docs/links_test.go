@@ -123,12 +123,12 @@ func TestMarkdownLinksResolve(t *testing.T) {
 				if path != "" {
 					dest = filepath.Join(filepath.Dir(f), path)
 					if _, err := os.Stat(dest); err != nil {
-						t.Errorf("%s:%d: link to %s: no such file", rel, i+1, target)
+						assert.Fail(t, "a link to no such file", "%s:%d: link to %s", rel, i+1, target)
 						continue
 					}
 				}
 				if frag != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[frag] {
-					t.Errorf("%s:%d: link to %s: no heading #%s there", rel, i+1, target, frag)
+					assert.Fail(t, "a link to no such heading", "%s:%d: link to %s: no heading #%s there", rel, i+1, target, frag)
 				}
 			}
 		}

@@ -37,9 +37,9 @@ type auditJSON struct {
 // Deployments it would refuse, before enforcing it.
 func TestAuditCommand(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	for _, name := range []string{"billing", "checkout", "search"} {
-		d := deployment(ns, name, "registry.example.com/shop/"+name+":1.0.0")
+		d := harness.Deployment(ns, name, "registry.example.com/shop/"+name+":1.0.0", shortDeadline)
 		if name == "search" {
 			d.Labels = map[string]string{"team": "discovery"}
 		}
@@ -61,7 +61,7 @@ deny contains {"msg": "every Deployment needs a team label", "field": "metadata.
 `, ns))
 
 	var report auditJSON
-	waitFor(t, time.Minute, "the audit never reported the two Deployments without a team", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the audit never reported the two Deployments without a team", func(ctx context.Context) (bool, string, error) {
 		out, err := guard(ctx, t, "audit", "-n", ns, "-o", "json")
 		if err != nil {
 			return false, out, nil

@@ -163,7 +163,7 @@ func guardFinalizerSteps(events []timelineEvent, name string) [][]string {
 // waitGone waits until the Deployment no longer exists.
 func waitGone(t *testing.T, ns, name string, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("Deployment %s/%s was not deleted", ns, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, fmt.Sprintf("Deployment %s/%s was not deleted", ns, name), func(ctx context.Context) (bool, string, error) {
 		d := &appsv1.Deployment{}
 		err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d)
 		if apierrors.IsNotFound(err) {
@@ -227,8 +227,8 @@ func toldToStop(events []timelineEvent) map[string]uint64 {
 // deletes the ReplicaSets. `deployguard restore` brings it back.
 func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := withCleanup(deployment(ns, "web", "web:1.0"))
+	ns := harness.NewNamespace(t, local.Client)
+	d := withCleanup(harness.Deployment(ns, "web", "web:1.0", shortDeadline))
 	d.Spec.Replicas = ptr(int32(3))
 	d.Annotations["kubernetes.io/change-cause"] = "release 1.0"
 	require.NoError(t, local.Client.Create(ctx, d))
@@ -240,7 +240,7 @@ func TestDeletingGuardedDeploymentRecordsDrainsAndRestores(t *testing.T) {
 	tl := startTimeline(t, ns)
 	require.NoError(t, local.Client.Delete(ctx, orig))
 	waitGone(t, ns, "web", 30*time.Second)
-	waitFor(t, 30*time.Second, "the ReplicaSets were not garbage collected", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the ReplicaSets were not garbage collected", func(ctx context.Context) (bool, string, error) {
 		var rss appsv1.ReplicaSetList
 		err := local.Client.List(ctx, &rss, client.InNamespace(ns))
 		return err == nil && len(rss.Items) == 0 && len(tl.filter("ReplicaSet", watch.Deleted)) > 0, fmt.Sprintf("%d ReplicaSets", len(rss.Items)), err
@@ -351,13 +351,13 @@ func holdPodDeletions(ctx context.Context, t *testing.T, ns string) (lift func()
 		lifted = true
 		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), binding))
 		_ = client.IgnoreNotFound(local.Client.Delete(context.Background(), policy))
-		waitFor(t, 20*time.Second, "the policy holding pod deletions was not lifted", func(ctx context.Context) (bool, string, error) {
+		harness.WaitFor(t, 20*time.Second, "the policy holding pod deletions was not lifted", func(ctx context.Context) (bool, string, error) {
 			return !held(ctx), "", nil
 		})
 	}
 	t.Cleanup(lift)
 	require.NoError(t, local.Client.Create(ctx, canary))
-	waitFor(t, 20*time.Second, "the policy holding pod deletions did not take effect", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 20*time.Second, "the policy holding pod deletions did not take effect", func(ctx context.Context) (bool, string, error) {
 		return held(ctx), "", nil
 	})
 	return lift
@@ -370,15 +370,15 @@ func holdPodDeletions(ctx context.Context, t *testing.T, ns string) (lift func()
 // let go, without doing anything twice.
 func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "slow", "app:1"))))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "slow", "app:1", shortDeadline))))
 	waitAvailable(t, ns, "slow", time.Minute)
 	lift := holdPodDeletions(ctx, t, ns)
 
 	tl := startTimeline(t, ns)
 	require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "slow")))
 	var draining *appsv1.Deployment
-	waitFor(t, 30*time.Second, "the drain did not start", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the drain did not start", func(ctx context.Context) (bool, string, error) {
 		draining = get(ctx, t, ns, "slow")
 		var rss appsv1.ReplicaSetList
 		if err := local.Client.List(ctx, &rss, client.InNamespace(ns)); err != nil {
@@ -397,7 +397,7 @@ func TestGuardKilledDuringDrainFinishesAfterRestart(t *testing.T) {
 	require.NoError(t, local.RestartGuard(ctx), "killed in the middle of the drain")
 	// The killed guard did not release its lease: the new one leads once it
 	// expires.
-	waitFor(t, 40*time.Second, "the restarted guard did not take the lead", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 40*time.Second, "the restarted guard did not take the lead", func(ctx context.Context) (bool, string, error) {
 		h := leaseHolder(ctx, t)
 		return h != "" && h != before, h, nil
 	})
@@ -456,8 +456,8 @@ func leaseHolder(ctx context.Context, t *testing.T) string {
 // cleanup as any other.
 func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := withCleanup(deployment(ns, "precious", "app:1"))
+	ns := harness.NewNamespace(t, local.Client)
+	d := withCleanup(harness.Deployment(ns, "precious", "app:1", shortDeadline))
 	d.Annotations[vocab.AnnotationProtected] = "true"
 	require.NoError(t, local.Client.Create(ctx, d))
 	waitAvailable(t, ns, "precious", time.Minute)
@@ -492,13 +492,13 @@ func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 // Deployments are not protected (see reconciler/CLEANUP.md).
 func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	const n = 5
 	names := sets.New[string]()
 	for i := range n {
 		name := fmt.Sprintf("app-%d", i)
 		names.Insert(name)
-		require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, name, "app:1"))))
+		require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, name, "app:1", shortDeadline))))
 	}
 	for name := range names {
 		waitAvailable(t, ns, name, time.Minute)
@@ -507,7 +507,7 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	tl := startTimeline(t, ns)
 	start := time.Now()
 	require.NoError(t, local.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	waitFor(t, drainTimeout, "the namespace was not deleted within the drain timeout", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, drainTimeout, "the namespace was not deleted within the drain timeout", func(ctx context.Context) (bool, string, error) {
 		var left appsv1.DeploymentList
 		_ = local.Client.List(ctx, &left, client.InNamespace(ns))
 		var state []string
@@ -537,7 +537,7 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	assert.Less(t, lastGone.Sub(firstDeleting), drainTimeout/3, "the guard did not wait for drains in a terminating namespace")
 
 	told := sets.New[string]()
-	waitFor(t, 10*time.Second, "the guard did not say why it shortened the cleanup", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 10*time.Second, "the guard did not say why it shortened the cleanup", func(ctx context.Context) (bool, string, error) {
 		var list eventsv1.EventList
 		if err := local.Client.List(ctx, &list, client.InNamespace("default")); err != nil {
 			return false, "", err
@@ -560,10 +560,10 @@ func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	_, logPath := ownCluster(t, "uninstall")
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	const keep = "e2e.deployguard.io/keep"
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "plain", "app:1"))))
-	shared := withCleanup(deployment(ns, "shared", "app:1"))
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "plain", "app:1", shortDeadline))))
+	shared := withCleanup(harness.Deployment(ns, "shared", "app:1", shortDeadline))
 	shared.Finalizers = []string{keep}
 	require.NoError(t, local.Client.Create(ctx, shared))
 	waitAvailable(t, ns, "plain", time.Minute)
@@ -571,9 +571,9 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	require.Equal(t, append([]string{keep}, vocab.CanonicalFinalizers()...), get(ctx, t, ns, "shared").Finalizers)
 	// And one the guard rolled back, which reads as failed until the verdict
 	// ends: nothing would end it once the guard is gone.
-	rolledOutOnce(t, deployment(ns, "rolled", "app:1"))
+	rolledOutOnce(t, harness.Deployment(ns, "rolled", "app:1", shortDeadline))
 	require.NoError(t, update(t, ns, "rolled", breakImage("app:2")))
-	waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "rolled")
 		return condition(d, vocab.ConditionStalled) != nil && d.Labels[vocab.LabelRolledBack] == "2", describe(d), nil
 	})
@@ -616,7 +616,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	assert.Equal(t, []string{keep}, get(ctx, t, ns, "shared").Finalizers, "only the guard's finalizers were removed")
 	// Without the guard nor its webhooks, Deployments come and go as in a
 	// cluster that never had it.
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "after", "app:1"))))
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "after", "app:1", shortDeadline))))
 	assert.Empty(t, get(ctx, t, ns, "after").Finalizers)
 	for _, name := range []string{"plain", "shared", "after"} {
 		require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, name)))
@@ -642,7 +642,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 	out, err = local.Cluster.Kubectl(ctx, local.Cluster.Kubeconfig, "apply", "-k", harness.NativeDir())
 	require.NoError(t, err, out)
 	require.NoError(t, local.StartGuard(ctx, local.Guard.Opts.WebhookPort))
-	allDown := deployment(ns, "all-down", "app:1")
+	allDown := harness.Deployment(ns, "all-down", "app:1", shortDeadline)
 	allDown.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%")), MaxSurge: ptr(intstr.FromInt32(0))}
 	// Refused by the policy, or by the guard failing closed: its create
 	// entry (Ignore) refuses too, until the leader has routed the refusals
@@ -667,7 +667,7 @@ func TestUninstallLeavesEveryDeploymentDeletableWithoutTheGuard(t *testing.T) {
 			return // this kube-apiserver reads the params again
 		}
 	}
-	waitFor(t, 30*time.Second, "the guard's log says what it found and what to do", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the guard's log says what it found and what to do", func(context.Context) (bool, string, error) {
 		logs, err := os.ReadFile(logPath)
 		if err != nil {
 			return false, "", err

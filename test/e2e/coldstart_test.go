@@ -40,11 +40,11 @@ import (
 func TestColdStartWithoutTheGuard(t *testing.T) {
 	l, _ := ownCluster(t, "cold")
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, l.Client.Create(ctx, deployment(ns, "web", "app:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, l.Client.Create(ctx, harness.Deployment(ns, "web", "app:1", shortDeadline)))
 	waitAvailable(t, ns, "web", time.Minute)
 	// A stand-in for the guard's own Deployment, where config/ installs it.
-	own := deployment(harness.GuardNamespace, "deployguard", "deployguard:dev")
+	own := harness.Deployment(harness.GuardNamespace, "deployguard", "deployguard:dev", shortDeadline)
 	require.NoError(t, l.Client.Create(ctx, own))
 	waitAvailable(t, harness.GuardNamespace, "deployguard", time.Minute)
 
@@ -64,15 +64,15 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 		"the guard's own Deployment did not roll out a new revision without the guard")
 	t.Logf("the guard's own Deployment: new ReplicaSet %s, its pods created and bound %s after the control plane's start", placed, time.Since(started).Round(100*time.Millisecond))
 	// kube-system is excluded too.
-	require.NoError(t, l.Client.Create(ctx, deployment("kube-system", "addon", "addon:1")))
+	require.NoError(t, l.Client.Create(ctx, harness.Deployment("kube-system", "addon", "addon:1", shortDeadline)))
 	// Scaling a guarded Deployment goes through the scale subresource, which
 	// the webhooks do not intercept: an HPA keeps working.
 	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}}
 	require.NoError(t, l.Client.SubResource("scale").Update(ctx, get(ctx, t, ns, "web"), client.WithSubResourceBody(scale)))
 	podsPlaced(t, l.Client, ns, "web", 3, "the scale of a guarded Deployment was not carried out")
 	// An ordinary create goes through; the floor holds in the API server.
-	require.NoError(t, l.Client.Create(ctx, deployment(ns, "new", "app:1")), "an ordinary create needs no guard")
-	allDown := deployment(ns, "all-down", "app:1")
+	require.NoError(t, l.Client.Create(ctx, harness.Deployment(ns, "new", "app:1", shortDeadline)), "an ordinary create needs no guard")
+	allDown := harness.Deployment(ns, "all-down", "app:1", shortDeadline)
 	allDown.Spec.Replicas = ptr(int32(2))
 	allDown.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%")), MaxSurge: ptr(intstr.FromInt32(0))}
 	err := l.Client.Create(ctx, allDown)
@@ -80,7 +80,7 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 	assert.Contains(t, err.Error(), "deployguard-refusals", "refused by the native policy, without the guard")
 	// Bringing back a quarantined template is the guard's to decide: refused
 	// (failurePolicy Fail), and the error says why.
-	held := deployment(ns, "held", "app:1")
+	held := harness.Deployment(ns, "held", "app:1", shortDeadline)
 	// As a rollback writes it: the list and the label the enforce entry
 	// selects on.
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
@@ -105,7 +105,7 @@ func TestColdStartWithoutTheGuard(t *testing.T) {
 func podsPlaced(t *testing.T, c client.Client, ns, name string, want int32, msg string) string {
 	t.Helper()
 	var placed string
-	waitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
 		d := &appsv1.Deployment{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 			return false, err.Error(), nil

@@ -39,15 +39,15 @@ func podsOf(ctx context.Context, t *testing.T, ns string, d *appsv1.Deployment) 
 // Deployment gone too: a default install holds no deletion.
 func TestDeleteThenWaitForThePodsFindsTheDeploymentGone(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "reaped", "app:1")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "reaped", "app:1", shortDeadline)
 	d.Spec.Replicas = ptr(int32(3))
 	require.NoError(t, local.Client.Create(ctx, d))
 	d = waitAvailable(t, ns, "reaped", time.Minute)
 	assert.Empty(t, d.Finalizers, "no cleanup asked for, no finalizer")
 
 	require.NoError(t, local.Client.Delete(ctx, d, client.PropagationPolicy(metav1.DeletePropagationBackground)))
-	waitFor(t, 30*time.Second, "the pods did not go", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the pods did not go", func(ctx context.Context) (bool, string, error) {
 		n := len(podsOf(ctx, t, ns, d))
 		return n == 0, fmt.Sprintf("%d pods", n), nil
 	})
@@ -60,12 +60,12 @@ func TestDeleteThenWaitForThePodsFindsTheDeploymentGone(t *testing.T) {
 // conformance specs) is never refused as "being deleted".
 func TestDeleteAndCreateAgainByName(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "again", "app:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "again", "app:1", shortDeadline)))
 	waitAvailable(t, ns, "again", time.Minute)
 	for i := range 5 {
 		require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "again")))
-		require.NoError(t, local.Client.Create(ctx, deployment(ns, "again", fmt.Sprintf("app:%d", i+2))), "round %d", i)
+		require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "again", fmt.Sprintf("app:%d", i+2), shortDeadline)), "round %d", i)
 	}
 	waitAvailable(t, ns, "again", time.Minute)
 
@@ -82,8 +82,8 @@ func TestDeleteAndCreateAgainByName(t *testing.T) {
 // drain is skipped, the record is still saved.
 func TestOrphaningDeletionOfAGuardedDeploymentKeepsItsPods(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, local.Client.Create(ctx, withCleanup(deployment(ns, "orphaned", "app:1"))))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, withCleanup(harness.Deployment(ns, "orphaned", "app:1", shortDeadline))))
 	d := waitAvailable(t, ns, "orphaned", time.Minute)
 	require.Equal(t, vocab.CanonicalFinalizers(), d.Finalizers)
 
@@ -109,7 +109,7 @@ func TestOrphaningDeletionOfAGuardedDeploymentKeepsItsPods(t *testing.T) {
 // guard does not change the rollout arithmetic, so no surge pod is needed.
 func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	quota := &corev1.ResourceQuota{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pods"},
 		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("4")}},
@@ -117,11 +117,11 @@ func TestRolloutCompletesUnderAFullPodQuota(t *testing.T) {
 	require.NoError(t, local.Client.Create(ctx, quota))
 	// Until the quota controller has counted the namespace, the API server
 	// refuses every pod ("status unknown for quota").
-	waitFor(t, time.Minute, "the quota was not counted", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the quota was not counted", func(ctx context.Context) (bool, string, error) {
 		err := local.Client.Get(ctx, client.ObjectKeyFromObject(quota), quota)
 		return err == nil && quota.Status.Hard != nil, fmt.Sprint(quota.Status), err
 	})
-	d := deployment(ns, "quota", "app:1")
+	d := harness.Deployment(ns, "quota", "app:1", shortDeadline)
 	d.Spec.Replicas = ptr(int32(4))
 	// A slow rollout here is not a failed one: the deadline is upstream's.
 	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))

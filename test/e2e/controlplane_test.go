@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,21 +26,14 @@ import (
 // cluster run one after the other, so they never see the swap.
 func ownCluster(t *testing.T, name string) (l *harness.Local, logPath string) {
 	t.Helper()
-	tools, err := harness.ToolsDir()
-	require.NoError(t, err)
-	bin, err := harness.GuardBinary()
-	require.NoError(t, err)
-	work := t.TempDir()
-	logPath = filepath.Join(work, "cluster.log")
-	logFile, err := os.Create(logPath)
-	require.NoError(t, err)
+	work, logFile := tier.TestWorkDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	l, err = harness.StartLocal(ctx, harness.LocalOptions{
-		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%s-%d", name, os.Getpid()), WorkDir: work,
+	l, err := harness.StartLocal(ctx, harness.LocalOptions{
+		Tools: tier.Tools, Guard: tier.Guard, Name: fmt.Sprintf("dg-e2e-%s-%d", name, os.Getpid()), WorkDir: work,
 		Nodes: 1, GuardConfig: guardConfig, Log: logFile,
 	})
-	require.NoError(t, err, "starting the cluster (log: %s)", logPath)
+	require.NoError(t, err, "starting the cluster (log: %s)", logFile.Name())
 	saved := local
 	local = l
 	t.Cleanup(func() {
@@ -57,13 +49,11 @@ func ownCluster(t *testing.T, name string) (l *harness.Local, logPath string) {
 				t.Logf("--- cluster objects ---\n%s", out)
 			}
 		}
+		// The test's work folder (tier.TestWorkDir) prints the end of the
+		// cluster and guard log after this.
 		l.Stop()
-		logFile.Close()
-		if t.Failed() {
-			t.Logf("--- end of the cluster and guard log ---\n%s", tailFile(logPath))
-		}
 	})
-	return l, logPath
+	return l, logFile.Name()
 }
 
 // admissionProbe sends a dry-run CREATE of a Deployment through the guard's
@@ -86,7 +76,7 @@ func startAdmissionProbe(t *testing.T, c client.Client, ns string, every time.Du
 		defer close(p.done)
 		for i := 0; !p.stopping.Load(); i++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err := c.Create(ctx, deployment(ns, fmt.Sprintf("probe-%d", i), "app:1"), client.DryRunAll)
+			err := c.Create(ctx, harness.Deployment(ns, fmt.Sprintf("probe-%d", i), "app:1", shortDeadline), client.DryRunAll)
 			cancel()
 			p.mu.Lock()
 			p.results = append(p.results, probeResult{at: time.Now(), err: err})
@@ -131,7 +121,7 @@ func (p *admissionProbe) since(t time.Time) (firstOK time.Time, total int, faile
 func afterRestart(t *testing.T, c client.Client, ns, name, msg string, cond func(d *appsv1.Deployment) bool) *appsv1.Deployment {
 	t.Helper()
 	d := &appsv1.Deployment{}
-	waitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 3*time.Minute, msg, func(ctx context.Context) (bool, string, error) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 			return false, err.Error(), nil
 		}
@@ -161,8 +151,8 @@ func logHas(path, line string) bool {
 func TestControlPlaneRestartMidRollout(t *testing.T) {
 	l, logPath := ownCluster(t, "restart")
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, l.Client.Create(ctx, deployment(ns, "web", "app:1")))
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, l.Client.Create(ctx, harness.Deployment(ns, "web", "app:1", shortDeadline)))
 	waitAvailable(t, ns, "web", time.Minute)
 	waitKnownGood(t, ns, "web", 1)
 
@@ -172,14 +162,14 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 	require.NoError(t, l.Cluster.StopControlPlane(ctx))
 	// Down until the guard's leadership term has ended (the lease cannot be
 	// renewed for 10 s): the case that used to end the process.
-	waitFor(t, time.Minute, "the guard did not notice it lost the lease", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the guard did not notice it lost the lease", func(context.Context) (bool, string, error) {
 		return logHas(logPath, "Leadership term ended; campaigning again"), "", nil
 	})
 	down := time.Since(stopped)
 	require.NoError(t, l.Cluster.StartControlPlane(ctx))
 	back := time.Now()
 
-	waitFor(t, time.Minute, "no admission succeeded after the API server came back", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no admission succeeded after the API server came back", func(context.Context) (bool, string, error) {
 		ok, _, _ := probe.since(back)
 		return !ok.IsZero(), "", nil
 	})
@@ -208,5 +198,5 @@ func TestControlPlaneRestartMidRollout(t *testing.T) {
 		cur := &appsv1.Deployment{}
 		return l.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, cur) == nil && cur.Generation != generation
 	}, 3*time.Second, 100*time.Millisecond, "the Deployment was changed again after the rollback")
-	assert.Equal(t, 1, count(eventReasons(ctx, t, ns, "web"), vocab.ReasonAutoRollback), "rolled back exactly once")
+	assert.Equal(t, 1, count(harness.GuardEventReasons(ctx, t, local.Client, ns, "web"), vocab.ReasonAutoRollback), "rolled back exactly once")
 }

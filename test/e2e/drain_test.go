@@ -47,7 +47,7 @@ func kubectlApply(ctx context.Context, t *testing.T, manifest string, args ...st
 // which see an object written by the previous command a moment later.
 func kubectlApplyWarned(ctx context.Context, t *testing.T, manifest, warning string) string {
 	t.Helper()
-	waitFor(t, 30*time.Second, "the dry run never carried the warning", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the dry run never carried the warning", func(ctx context.Context) (bool, string, error) {
 		out := kubectlApply(ctx, t, manifest, "--dry-run=server")
 		return strings.Contains(out, warning), out, nil
 	})
@@ -75,7 +75,7 @@ type drainJSON struct {
 func TestBudgetThatBlocksEveryDrain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	budget := func(minAvailable string) string {
 		return fmt.Sprintf(`apiVersion: policy/v1
 kind: PodDisruptionBudget
@@ -109,7 +109,7 @@ spec:
 
 	waitAvailable(t, ns, "single", time.Minute)
 	var pdb policyv1.PodDisruptionBudget
-	waitFor(t, time.Minute, "the disruption controller never counted the budget's pod", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the disruption controller never counted the budget's pod", func(ctx context.Context) (bool, string, error) {
 		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "single"}, &pdb); err != nil {
 			return false, "", err
 		}
@@ -144,7 +144,7 @@ spec:
 	assert.Contains(t, text, "Node "+pod.Spec.NodeName+": a drain would stop at")
 	assert.Contains(t, text, ns)
 
-	waitFor(t, time.Minute, "the audit never reported the budget", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the audit never reported the budget", func(ctx context.Context) (bool, string, error) {
 		r, ok := budgetResult(ctx, t, ns, "single")
 		return ok && r.Result.Result == audit.ResultWarn, fmt.Sprintf("%+v", r), nil
 	})
@@ -153,12 +153,12 @@ spec:
 	// Deployment itself): the audit re-checks, and the drain goes through.
 	scale := &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "single"}, Spec: autoscalingv1.ScaleSpec{Replicas: 2}}
 	require.NoError(t, local.Client.SubResource("scale").Update(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "single"}}, client.WithSubResourceBody(scale)))
-	waitFor(t, time.Minute, "the audit did not clear the finding after the scale", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the audit did not clear the finding after the scale", func(ctx context.Context) (bool, string, error) {
 		r, ok := budgetResult(ctx, t, ns, "single")
 		return !ok, fmt.Sprintf("%+v", r), nil
 	})
 	waitAvailable(t, ns, "single", time.Minute)
-	waitFor(t, time.Minute, "the budget never allowed a disruption at 2 pods", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the budget never allowed a disruption at 2 pods", func(ctx context.Context) (bool, string, error) {
 		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "single"}, &pdb); err != nil {
 			return false, "", err
 		}

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,11 +15,11 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // failFastWindow is rollback.failFast.window in the suite's guard config,
@@ -32,13 +29,13 @@ const (
 	transientWindow = 2 * time.Minute
 )
 
-// slowDeployment is deployment() with upstream's default progress deadline of
-// ten minutes: a rollback within the tests' time is fail-fast's, never the
-// deadline's.
+// slowDeadline is upstream's default progress deadline of ten minutes: a
+// rollback within the tests' time is fail-fast's, never the deadline's.
+var slowDeadline = harness.ProgressDeadline(600)
+
+// slowDeployment is a Deployment with slowDeadline.
 func slowDeployment(ns, name, image string) *appsv1.Deployment {
-	d := deployment(ns, name, image)
-	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
-	return d
+	return harness.Deployment(ns, name, image, slowDeadline)
 }
 
 // rolledOutOnce creates d and waits until its first revision is known-good.
@@ -54,7 +51,7 @@ func rolledOutOnce(t *testing.T, d *appsv1.Deployment) {
 func guardEvent(t *testing.T, ns, name, reason string) string {
 	t.Helper()
 	var msg string
-	waitFor(t, 15*time.Second, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 15*time.Second, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
 		var list eventsv1.EventList
 		if err := local.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return false, "", err
@@ -96,11 +93,11 @@ func TestFailFastRollsBackBrokenRollouts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ns := newNamespace(t, nil)
+			ns := harness.NewNamespace(t, local.Client)
 			rolledOutOnce(t, slowDeployment(ns, "web", "app:1"))
 			changed := time.Now()
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
-			waitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
+			harness.WaitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "web")
 				return rolledBackRevision(d) == 2, describe(d), nil
 			})
@@ -138,8 +135,8 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ns := newNamespace(t, nil)
-			d := deployment(ns, "blip", "app:1")
+			ns := harness.NewNamespace(t, local.Client)
+			d := harness.Deployment(ns, "blip", "app:1", shortDeadline)
 			d.Spec.ProgressDeadlineSeconds = ptr(tc.deadline)
 			rolledOutOnce(t, d)
 			changed := time.Now()
@@ -149,7 +146,7 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 				d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/pull-fails-until": clears}
 			}))
 			// Fail-fast sees the evidence (its window starts) …
-			waitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
+			harness.WaitFor(t, 30*time.Second, "fail-fast never saw the pull failures", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "blip")
 				l, _ := rollout.ReadLedger(d)
 				return l.FailingSince != "", describe(d), nil
@@ -178,7 +175,7 @@ func TestFailFastWaitsOutARegistryBlip(t *testing.T) {
 // Slow is not failing: pods that become Ready only after 45 s are waited
 // for, beyond the fail-fast window.
 func TestFailFastLeavesASlowStartAlone(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	rolledOutOnce(t, slowDeployment(ns, "slow", "app:1"))
 	require.NoError(t, update(t, ns, "slow", func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.Containers[0].Image = "app:2"
@@ -194,7 +191,7 @@ func TestFailFastLeavesASlowStartAlone(t *testing.T) {
 // One bad node does not condemn a revision: its pods fail there and run
 // elsewhere, so the new pods are not all failing.
 func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	d := slowDeployment(ns, "spread", "app:1")
 	d.Spec.Replicas = ptr(int32(3))
 	// Every new pod at once, so that some land on each node. (With one new
@@ -214,7 +211,7 @@ func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
 	}))
 	// The precondition of the test: new pods failing on one node, Ready on
 	// the other.
-	waitFor(t, time.Minute, "no new pod failing beside a Ready one", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no new pod failing beside a Ready one", func(ctx context.Context) (bool, string, error) {
 		var pods corev1.PodList
 		if err := local.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 			return false, "", err
@@ -247,7 +244,7 @@ func TestFailFastLeavesOneBadNodeAlone(t *testing.T) {
 // Fail-fast leaves alone a Deployment that is paused in the middle of a
 // broken rollout, and one that opted out (it waits for its deadline).
 func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	optedOut := slowDeployment(ns, "opted-out", "app:1")
 	optedOut.Annotations = map[string]string{vocab.AnnotationFailFast: "false"}
 	rolledOutOnce(t, optedOut)
@@ -255,7 +252,7 @@ func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
 
 	require.NoError(t, update(t, ns, "opted-out", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
 	require.NoError(t, update(t, ns, "paused", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
-	waitFor(t, time.Minute, "the broken rollout did not start", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the broken rollout did not start", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "paused")
 		return d.Status.ObservedGeneration == d.Generation && d.Status.UpdatedReplicas > 0, describe(d), nil
 	})
@@ -279,7 +276,7 @@ func TestFailFastLeavesPausedAndOptedOutAlone(t *testing.T) {
 // Without a known-good revision the failure is reported, with its evidence,
 // and nothing is rolled back.
 func TestFailFastWithoutKnownGoodReports(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	require.NoError(t, local.Client.Create(context.Background(), slowDeployment(ns, "never-good", "app:no-such-tag")))
 	msg := guardEventWithin(t, ns, "never-good", vocab.ReasonNoKnownGoodRevision, 2*failFastWindow+30*time.Second)
 	assert.Contains(t, msg, "Revision 1")
@@ -292,8 +289,8 @@ func TestFailFastWithoutKnownGoodReports(t *testing.T) {
 // guardEventWithin is guardEvent with a deadline of the caller's.
 func guardEventWithin(t *testing.T, ns, name, reason string, within time.Duration) string {
 	t.Helper()
-	waitFor(t, within, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
-		return slices.Contains(eventReasons(ctx, t, ns, name), reason), "", nil
+	harness.WaitFor(t, within, fmt.Sprintf("no %s event about %s/%s", reason, ns, name), func(ctx context.Context) (bool, string, error) {
+		return slices.Contains(harness.GuardEventReasons(ctx, t, local.Client, ns, name), reason), "", nil
 	})
 	return guardEvent(t, ns, name, reason)
 }
@@ -302,10 +299,10 @@ func guardEventWithin(t *testing.T, ns, name, reason string, within time.Duratio
 // the window's start is in its ledger on the Deployment's status, and the
 // restarted guard rolls back once.
 func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	rolledOutOnce(t, slowDeployment(ns, "killed", "app:1"))
 	require.NoError(t, update(t, ns, "killed", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }))
-	waitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the fail-fast window did not start", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "killed")
 		l, _ := rollout.ReadLedger(d)
 		return l.FailingSince != "", describe(d), nil
@@ -319,98 +316,4 @@ func TestFailFastGuardKilledMidWindowRollsBackOnce(t *testing.T) {
 	}, 3*time.Second, 100*time.Millisecond, "rolled back a second time")
 	reasons := waitEvents(t, ns, "killed", vocab.ReasonAutoRollback)
 	assert.LessOrEqual(t, count(reasons, vocab.ReasonAutoRollback), 1, "at most one AutoRollback event (a killed guard may lose one)")
-}
-
-// TestFailFastReactionTime measures, over 10 rollbacks, the time from the
-// first failing pod status of a broken rollout to the guard's rollback write
-// (the one that restores the template and sets the rolled-back label), each
-// seen on a watch. It reports; it does not enforce.
-func TestFailFastReactionTime(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	const n = 10
-	ns := newNamespace(t, nil)
-	for i := range n {
-		d := slowDeployment(ns, fmt.Sprintf("f%02d", i), "app:1")
-		d.Spec.Replicas = ptr(int32(1))
-		require.NoError(t, local.Client.Create(ctx, d))
-	}
-	for i := range n {
-		waitKnownGood(t, ns, fmt.Sprintf("f%02d", i), 1)
-	}
-	cfg, err := local.Cluster.RESTConfig()
-	require.NoError(t, err)
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: local.Scheme})
-	require.NoError(t, err)
-	pods, err := wc.Watch(ctx, &corev1.PodList{}, client.InNamespace(ns))
-	require.NoError(t, err)
-	defer pods.Stop()
-	deployments, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns))
-	require.NoError(t, err)
-	defer deployments.Stop()
-
-	var (
-		mu        sync.Mutex
-		firstFail = map[string]time.Time{} // by Deployment
-		reaction  = map[string]time.Duration{}
-	)
-	go func() {
-		for ev := range pods.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
-					owner := p.Labels["app.kubernetes.io/name"]
-					mu.Lock()
-					if _, seen := firstFail[owner]; !seen {
-						firstFail[owner] = time.Now()
-					}
-					mu.Unlock()
-				}
-			}
-		}
-	}()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range deployments.ResultChan() {
-			d, ok := ev.Object.(*appsv1.Deployment)
-			if !ok || ev.Type != watch.Modified || d.Labels[vocab.LabelRolledBack] != "2" {
-				continue
-			}
-			now := time.Now()
-			mu.Lock()
-			if _, seen := reaction[d.Name]; !seen {
-				if f, ok := firstFail[d.Name]; ok {
-					reaction[d.Name] = now.Sub(f)
-				}
-			}
-			complete := len(reaction) == n
-			mu.Unlock()
-			if complete {
-				return
-			}
-		}
-	}()
-	for i := range n {
-		require.NoError(t, update(t, ns, fmt.Sprintf("f%02d", i), func(d *appsv1.Deployment) {
-			d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag-" + strconv.Itoa(i)
-		}))
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, reaction, n, "every broken rollout was rolled back and seen on the watch")
-	var ds []time.Duration
-	for _, d := range reaction {
-		ds = append(ds, d)
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	t.Logf("fail-fast reaction over %d rollbacks, from the first failing pod status to the rollback write (window %s): median %s, worst %s, best %s",
-		n, failFastWindow, ds[n/2].Round(10*time.Millisecond), ds[n-1].Round(10*time.Millisecond), ds[0].Round(10*time.Millisecond))
 }

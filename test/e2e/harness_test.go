@@ -12,14 +12,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // The harness itself: Deployments roll out for real on kwok nodes, through the
 // guard's webhooks.
 func TestDeploymentBecomesAvailableOnKwokNodes(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "web", "nginx:1.27.3")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "web", "nginx:1.27.3", shortDeadline)
 	d.Spec.Selector = nil // repaired by the guard on the way in
 	require.NoError(t, local.Client.Create(ctx, d))
 
@@ -43,19 +44,19 @@ func TestDeploymentBecomesAvailableOnKwokNodes(t *testing.T) {
 // to, and says so.
 func TestStuckRolloutReachesProgressDeadlineExceeded(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "stuck", "nginx:1.27.3")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "stuck", "nginx:1.27.3", shortDeadline)
 	breakTemplate(&d.Spec.Template, "nginx:1.27.3")
 	require.NoError(t, local.Client.Create(ctx, d))
 
-	waitFor(t, time.Duration(deadline+30)*time.Second, "no ProgressDeadlineExceeded", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Duration(deadline+30)*time.Second, "no ProgressDeadlineExceeded", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "stuck")
 		p := condition(d, appsv1.DeploymentProgressing)
 		return p != nil && p.Status == corev1.ConditionFalse && p.Reason == vocab.ProgressDeadlineExceeded, describe(d), nil
 	})
-	waitFor(t, 10*time.Second, "the guard did not say why it did not roll back", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 10*time.Second, "the guard did not say why it did not roll back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "stuck")
-		return assert.ObjectsAreEqual([]string{vocab.ReasonNoKnownGoodRevision}, eventReasons(ctx, t, ns, "stuck")) &&
+		return assert.ObjectsAreEqual([]string{vocab.ReasonNoKnownGoodRevision}, harness.GuardEventReasons(ctx, t, local.Client, ns, "stuck")) &&
 			d.Annotations[vocab.AnnotationRollbackStatus] != "", describe(d), nil
 	})
 	got := get(ctx, t, ns, "stuck")

@@ -12,6 +12,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/test/harness"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/routing"
 )
@@ -28,12 +29,12 @@ func TestMetadataUpdatesReachTheGuardOnlyWhenAPolicyReadsThem(t *testing.T) {
 	// API server, the built-in policies only.
 	def := &review.Options{NativeInAPIServer: true, Quarantine: review.QuarantineEnforce}
 	narrow := routing.MayAdvise(routing.EnforcedOf(def, routing.LoadedPolicies{}))
-	waitFor(t, time.Minute, "the validating webhook never routed as for a default install", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the validating webhook never routed as for a default install", func(ctx context.Context) (bool, string, error) {
 		got := advised(ctx, t)
 		return got == narrow, got, nil
 	})
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "web", "registry.example.com/shop/web:1.0.0")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "web", "registry.example.com/shop/web:1.0.0", shortDeadline)
 	d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
 	require.NoError(t, local.Client.Create(ctx, d))
 	kubectl := func(args ...string) string {
@@ -69,7 +70,7 @@ deny contains {"msg": "annotate the Deployment with its owner", "field": "metada
 		note++
 		return kubectl("annotate", "--overwrite", "deployment", "web", fmt.Sprintf("note=%d", note))
 	}
-	waitFor(t, time.Minute, "an annotation never reached the policy that reads it", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "an annotation never reached the policy that reads it", func(context.Context) (bool, string, error) {
 		out := annotate()
 		return strings.Contains(out, "annotate the Deployment with its owner"), out, nil
 	})
@@ -80,7 +81,7 @@ deny contains {"msg": "annotate the Deployment with its owner", "field": "metada
 	assert.NotContains(t, out, "with its owner", "the policy is satisfied")
 
 	require.NoError(t, local.Client.Delete(ctx, cm))
-	waitFor(t, time.Minute, "annotations still reach the guard once no policy reads them", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "annotations still reach the guard once no policy reads them", func(context.Context) (bool, string, error) {
 		out := annotate()
 		return !strings.Contains(out, "Warning:"), out, nil
 	})

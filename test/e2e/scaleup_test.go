@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // A scale-up whose new pods can never be scheduled is what upstream never
@@ -24,8 +25,8 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	t.Parallel()
 	const progressDeadline = 15 * time.Second
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "spread", "app:1")
+	ns := harness.NewNamespace(t, local.Client)
+	d := harness.Deployment(ns, "spread", "app:1", shortDeadline)
 	d.Spec.ProgressDeadlineSeconds = ptr(int32(progressDeadline / time.Second))
 	// One pod per node, and the cluster has two nodes: two replicas run, and
 	// every pod beyond them is unschedulable.
@@ -41,7 +42,7 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	scaled := time.Now()
 	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(6)) }))
 	var stalled *appsv1.DeploymentCondition
-	waitFor(t, progressDeadline+45*time.Second, "the stalled scale-up was not reported", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, progressDeadline+45*time.Second, "the stalled scale-up was not reported", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "spread")
 		stalled = condition(d, vocab.ConditionStalled)
 		return stalled != nil && stalled.Status == corev1.ConditionTrue && stalled.Reason == vocab.ReasonScaleUpStalled, describe(d), nil
@@ -61,7 +62,7 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 	assert.NotContains(t, got.Labels, vocab.LabelRolledBack)
 
 	require.NoError(t, update(t, ns, "spread", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(2)) }))
-	waitFor(t, 30*time.Second, "the report was not cleared after scaling back", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the report was not cleared after scaling back", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "spread")
 		return condition(d, vocab.ConditionStalled) == nil, describe(d), nil
 	})

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // The local cluster's own kwok stages (test/harness/stages) put pods into the
@@ -23,12 +24,11 @@ import (
 // test writes into the pod template. Each test here creates a Deployment whose
 // pods match one stage and waits for the status the stage promises.
 
-// stageDeployment is deployment() that the guard leaves alone whatever its
+// stageDeployment is a Deployment that the guard leaves alone whatever its
 // pods do: upstream's ten-minute progress deadline, automatic rollback and
 // fail-fast off.
 func stageDeployment(ns, name, image string) *appsv1.Deployment {
-	d := deployment(ns, name, image)
-	d.Spec.ProgressDeadlineSeconds = ptr(int32(600))
+	d := harness.Deployment(ns, name, image, slowDeadline)
 	d.Annotations = map[string]string{vocab.AnnotationAutoRollback: "false", vocab.AnnotationFailFast: "false"}
 	return d
 }
@@ -40,7 +40,7 @@ func stageDeployment(ns, name, image string) *appsv1.Deployment {
 func waitPods(t *testing.T, d *appsv1.Deployment, timeout time.Duration, msg string, mayBeReady bool, cond func(p *corev1.Pod) (bool, string)) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
-	waitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
 		pods = pods[:0]
 		for _, p := range podsOf(ctx, t, d.Namespace, d) {
 			if p.DeletionTimestamp == nil {
@@ -132,7 +132,7 @@ func assertSettled(t *testing.T, p *corev1.Pod, quiet time.Duration) {
 	for ev := range w.ResultChan() {
 		if ev.Type == watch.Modified || ev.Type == watch.Deleted {
 			if q, ok := ev.Object.(*corev1.Pod); ok {
-				t.Errorf("pod %s changed after settling (%s): %s", p.Name, ev.Type, podState(q))
+				assert.Fail(t, "a pod changed after settling", "pod %s (%s): %s", p.Name, ev.Type, podState(q))
 			}
 			return
 		}
@@ -143,7 +143,7 @@ func assertSettled(t *testing.T, p *corev1.Pod, quiet time.Duration) {
 // "no-such" is never pulled.
 func TestStageImagePullBackOff(t *testing.T) {
 	t.Parallel()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	d := stageDeployment(ns, "web", "app:no-such-tag")
 	require.NoError(t, local.Client.Create(context.Background(), d))
 	pods := waitPods(t, d, 30*time.Second, "pods not in ImagePullBackOff", false, func(p *corev1.Pod) (bool, string) {
@@ -161,7 +161,7 @@ func TestStageImagePullBackOff(t *testing.T) {
 // Ready. Every state of the loop is seen on the way to three restarts.
 func TestStageCrashLoopBackOff(t *testing.T) {
 	t.Parallel()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	d := stageDeployment(ns, "web", "app:2-crashloop")
 	require.NoError(t, local.Client.Create(context.Background(), d))
 	start := time.Now()
@@ -202,7 +202,7 @@ func TestStageCrashLoopBackOff(t *testing.T) {
 // start, in CrashLoopBackOff between.
 func TestStageOOMKilled(t *testing.T) {
 	t.Parallel()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	d := stageDeployment(ns, "web", "app:oomkill")
 	require.NoError(t, local.Client.Create(context.Background(), d))
 	pods := waitPods(t, d, 45*time.Second, "pods not OOM-killed twice", false, func(p *corev1.Pod) (bool, string) {
@@ -223,7 +223,7 @@ func TestStageOOMKilled(t *testing.T) {
 // the same way and holds the pod's containers in PodInitializing.
 func TestStageCreateContainerConfigError(t *testing.T) {
 	t.Parallel()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	ctx := context.Background()
 	d := stageDeployment(ns, "web", "app:1")
 	spec := &d.Spec.Template.Spec
@@ -272,7 +272,7 @@ func TestStageCreateContainerConfigError(t *testing.T) {
 func TestStageReadyAfter(t *testing.T) {
 	t.Parallel()
 	const after = 8 * time.Second
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	ctx := context.Background()
 	d := stageDeployment(ns, "slow", "app:1")
 	d.Spec.Template.Annotations = map[string]string{"stages.deployguard.io/ready-after": after.String()}
@@ -319,7 +319,7 @@ func TestStageReadyAfter(t *testing.T) {
 // (image-pull-backoff.yaml) says "manifest unknown" for such an image.
 func TestStagePullBlip(t *testing.T) {
 	t.Parallel()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	ctx := context.Background()
 	clears := time.Now().Add(12 * time.Second)
 	d := stageDeployment(ns, "blip", "app:1")

@@ -86,17 +86,17 @@ func TestStatusAfterRollback(t *testing.T) {
 	}{
 		{name: "fail-fast", by: "fail-fast", d: func(ns string) *appsv1.Deployment { return slowDeployment(ns, "web", "app:1") },
 			breakIt: func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag" }},
-		{name: "progress deadline", by: "progress-deadline", d: func(ns string) *appsv1.Deployment { return deployment(ns, "web", "app:1") },
+		{name: "progress deadline", by: "progress-deadline", d: func(ns string) *appsv1.Deployment { return harness.Deployment(ns, "web", "app:1", shortDeadline) },
 			breakIt: breakImage("app:2")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			ns := newNamespace(t, nil)
+			ns := harness.NewNamespace(t, local.Client)
 			rolledOutOnce(t, tt.d(ns))
 			require.NoError(t, update(t, ns, "web", tt.breakIt))
-			waitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
+			harness.WaitFor(t, 90*time.Second, "not rolled back", func(ctx context.Context) (bool, string, error) {
 				d := get(ctx, t, ns, "web")
 				return rolledBackRevision(d) == 2, describe(d), nil
 			})
@@ -141,8 +141,8 @@ func TestStatusAfterRollback(t *testing.T) {
 // guard kept and the command that restores it.
 func TestStatusOfADeploymentBeingDeleted(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := withCleanup(deployment(ns, "gone", "app:1"))
+	ns := harness.NewNamespace(t, local.Client)
+	d := withCleanup(harness.Deployment(ns, "gone", "app:1", shortDeadline))
 	d.Finalizers = []string{"example.com/hold"}
 	require.NoError(t, local.Client.Create(ctx, d))
 	waitAvailable(t, ns, "gone", time.Minute)
@@ -154,7 +154,7 @@ func TestStatusOfADeploymentBeingDeleted(t *testing.T) {
 	assert.Contains(t, text, "Cleanup on deletion: record, drain")
 
 	require.NoError(t, local.Client.Delete(ctx, get(ctx, t, ns, "gone")))
-	waitFor(t, time.Minute, "the guard's cleanup did not finish", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the guard's cleanup did not finish", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, ns, "gone")
 		return len(vocab.GuardFinalizers(d.Finalizers)) == 0, describe(d), nil
 	})

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,131 +16,43 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 )
 
-// guardConfig shortens the progress deadline floor so that failed rollouts are
-// seen within seconds, and the fail-fast window so that its tests are quick. The drain timeout leaves room for a guard killed during
-// a drain to regain the lead (its lease expires after 15s) and finish it.
-const guardConfig = `apiVersion: deployguard.io/v1alpha1
-kind: GuardConfig
-bounds:
-  progressDeadlineSeconds: {min: 3, max: 7200}
-rollback:
-  failFast: {window: 15s, transientWindow: 2m}
-cleanup:
-  drainTimeout: 45s
-`
+// guardConfig is the tier's guard configuration, which
+// `make bench-reaction` measures with too.
+const guardConfig = harness.E2EGuardConfig
 
 // deadline is the progressDeadlineSeconds of the tests' Deployments.
 const deadline = 4
 
-var local *harness.Local
+var (
+	tier  *harness.Tier
+	local *harness.Local
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	tools, err := harness.ToolsDir()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	bin, err := harness.GuardBinary()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	work, err := os.MkdirTemp("", "deployguard-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	logPath := filepath.Join(work, "e2e.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	// The test clients' own logs (warnings relayed by the API server) go to the
-	// log file with the cluster's, not to the test output.
-	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	local, err = harness.StartLocal(ctx, harness.LocalOptions{
-		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-e2e-%d", os.Getpid()), WorkDir: work,
-		Nodes: 2, GuardConfig: guardConfig, Log: logFile, ClientAuth: true,
-		// The audit's report CRDs, as make run and config/ install them.
-		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
-	})
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
-		return 1
-	}
-	code := m.Run()
-	local.Stop()
-	logFile.Close()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
-	} else {
-		os.RemoveAll(work)
-	}
-	return code
-}
-
-func tailFile(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return err.Error()
-	}
-	const n = 12000
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
-// newNamespace creates a namespace for one test; labels may opt it out.
-func newNamespace(t *testing.T, labels map[string]string) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name())[:min(20, len(t.Name()))] + "-", Labels: labels}}
-	require.NoError(t, local.Client.Create(context.Background(), ns))
-	return ns.Name
-}
-
-// deployment is an application as a user writes it: a readiness probe, a
-// short progress deadline, no selector opinions beyond the stable label.
-func deployment(ns, name, image string) *appsv1.Deployment {
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas:                ptr(int32(2)),
-			ProgressDeadlineSeconds: ptr(int32(deadline)),
-			Selector:                &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: image,
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
-				}}},
-			},
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name: "e2e",
+		Local: &harness.LocalOptions{
+			Nodes: 2, GuardConfig: guardConfig, ClientAuth: true,
+			// The audit's report CRDs, as make run and config/ install them.
+			CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
 		},
-	}
+		Setup: func(_ context.Context, tr *harness.Tier) error {
+			tier, local = tr, tr.Local
+			return nil
+		},
+	}))
 }
+
+// shortDeadline is the tests' Deployments' progress deadline, so that a
+// stuck rollout fails within seconds.
+var shortDeadline = harness.ProgressDeadline(deadline)
 
 // breakTemplate makes a template whose pods can never be scheduled, so its
 // rollout never progresses: the classic stuck rollout.
@@ -151,21 +62,6 @@ func breakTemplate(t *corev1.PodTemplateSpec, image string) {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// waitFor polls cond until it holds or timeout passes, then fails with msg and
-// the last state cond described.
-func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
-	}
-}
 
 func get(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
@@ -227,7 +123,7 @@ func guardAnnotations(d *appsv1.Deployment) map[string]string {
 func waitAvailable(t *testing.T, ns, name string, timeout time.Duration) *appsv1.Deployment {
 	t.Helper()
 	var d *appsv1.Deployment
-	waitFor(t, timeout, fmt.Sprintf("Deployment %s/%s did not complete its rollout", ns, name), func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, fmt.Sprintf("Deployment %s/%s did not complete its rollout", ns, name), func(ctx context.Context) (bool, string, error) {
 		d = get(ctx, t, ns, name)
 		p := condition(d, appsv1.DeploymentProgressing)
 		done := d.Status.ObservedGeneration == d.Generation && p != nil && p.Reason == "NewReplicaSetAvailable" &&
@@ -237,28 +133,6 @@ func waitAvailable(t *testing.T, ns, name string, timeout time.Duration) *appsv1
 	return d
 }
 
-// eventReasons lists the reasons of the guard's events about a Deployment.
-func eventReasons(ctx context.Context, t *testing.T, ns, name string) []string {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, local.Client.List(ctx, &list, client.InNamespace(ns)))
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Kind != "Deployment" || e.Regarding.Name != name || !strings.Contains(e.ReportingController, "deployguard") {
-			continue
-		}
-		n := 1
-		if e.Series != nil {
-			n = int(e.Series.Count)
-		}
-		for range n {
-			out = append(out, e.Reason)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // waitEvents waits until the guard's events about a Deployment include each of
 // want at least as often as it is listed (the recorder writes events
 // asynchronously, so they may land after the change they tell of), and returns
@@ -266,8 +140,8 @@ func eventReasons(ctx context.Context, t *testing.T, ns, name string) []string {
 func waitEvents(t *testing.T, ns, name string, want ...string) []string {
 	t.Helper()
 	var reasons []string
-	waitFor(t, 15*time.Second, fmt.Sprintf("events %v about %s/%s", want, ns, name), func(ctx context.Context) (bool, string, error) {
-		reasons = eventReasons(ctx, t, ns, name)
+	harness.WaitFor(t, 15*time.Second, fmt.Sprintf("events %v about %s/%s", want, ns, name), func(ctx context.Context) (bool, string, error) {
+		reasons = harness.GuardEventReasons(ctx, t, local.Client, ns, name)
 		need := map[string]int{}
 		for _, w := range want {
 			need[w]++

@@ -51,7 +51,7 @@ type tenant struct {
 func newTenant(t *testing.T) *tenant {
 	t.Helper()
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, local.Client)
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns}}
 	require.NoError(t, local.Client.Create(ctx, sa))
 	require.NoError(t, local.Client.Create(ctx, &rbacv1.RoleBinding{
@@ -103,7 +103,7 @@ func ledgerOf(d *appsv1.Deployment) rollout.Ledger {
 func waitLedger(t *testing.T, ns, name, msg string, timeout time.Duration, cond func(rollout.Ledger, *appsv1.Deployment) bool) *appsv1.Deployment {
 	t.Helper()
 	var d *appsv1.Deployment
-	waitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, timeout, msg, func(ctx context.Context) (bool, string, error) {
 		got := &appsv1.Deployment{}
 		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
 			// The client's rate limit near the deadline: the last state
@@ -133,7 +133,7 @@ func knownGoodAt(revision int64) func(rollout.Ledger, *appsv1.Deployment) bool {
 func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
-	require.NoError(t, tn.c.Create(ctx, deployment(tn.ns, "web", "app:1")))
+	require.NoError(t, tn.c.Create(ctx, harness.Deployment(tn.ns, "web", "app:1", shortDeadline)))
 	waitLedger(t, tn.ns, "web", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
 
 	// What the guard keeps is out of the tenant's reach.
@@ -173,7 +173,7 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 	// attack; a mark written on the ReplicaSet itself is in the reconciler's
 	// unit tests).
 	var failing appsv1.ReplicaSet
-	waitFor(t, time.Minute, "no ReplicaSet of revision 2", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no ReplicaSet of revision 2", func(ctx context.Context) (bool, string, error) {
 		var list appsv1.ReplicaSetList
 		if err := tn.c.List(ctx, &list, client.InNamespace(tn.ns)); err != nil {
 			return false, "", err
@@ -213,7 +213,7 @@ func TestTenantForgedAnnotationsStopNoRollback(t *testing.T) {
 func TestRollbackNeverRestoresATemplateThePoliciesRefuse(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
-	d := deployment(tn.ns, "net", "app:1")
+	d := harness.Deployment(tn.ns, "net", "app:1", shortDeadline)
 	d.Spec.Template.Spec.HostNetwork = true
 	require.NoError(t, tn.c.Create(ctx, d))
 	waitLedger(t, tn.ns, "net", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
@@ -231,7 +231,7 @@ deny contains {"msg": "host networking is not allowed", "field": "spec.template.
 }
 `, tn.ns))
 	// In force once the tenant's own write of it is refused.
-	waitFor(t, time.Minute, "the policy was never enforced", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the policy was never enforced", func(ctx context.Context) (bool, string, error) {
 		d := get(ctx, t, tn.ns, "net")
 		d.Spec.Template.Labels["try"] = "1"
 		err := tn.c.Update(ctx, d, client.DryRunAll)
@@ -258,7 +258,7 @@ deny contains {"msg": "host networking is not allowed", "field": "spec.template.
 func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
-	require.NoError(t, tn.c.Create(ctx, deployment(tn.ns, "undo", "app:1")))
+	require.NoError(t, tn.c.Create(ctx, harness.Deployment(tn.ns, "undo", "app:1", shortDeadline)))
 	waitLedger(t, tn.ns, "undo", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
 	tn.update(t, "undo", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" })
 	waitLedger(t, tn.ns, "undo", "revision 2 was not recorded known-good", time.Minute, knownGoodAt(2))
@@ -271,7 +271,7 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	waitLedger(t, tn.ns, "undo", "revision 5 was not rolled back", time.Duration(deadline+60)*time.Second,
 		func(l rollout.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 5 && completed(d) })
 	tn.update(t, "undo", func(d *appsv1.Deployment) {
-		d.Spec.Template = deployment(tn.ns, "undo", "app:7").Spec.Template
+		d.Spec.Template = harness.Deployment(tn.ns, "undo", "app:7", shortDeadline).Spec.Template
 	})
 	final := waitLedger(t, tn.ns, "undo", "the fixed revision was not recorded known-good", time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
 		rev, _ := rollout.Revision(d)
@@ -282,7 +282,7 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	// The fix's Event is told after its ledger write; the quiet minute
 	// starts once it is there.
 	finalRevision, _ := rollout.Revision(final)
-	waitFor(t, time.Minute, "no Event for the fixed revision", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "no Event for the fixed revision", func(ctx context.Context) (bool, string, error) {
 		notes := guardEvents(ctx, t, tn.ns, "undo", vocab.ReasonKnownGood)
 		return slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, fmt.Sprintf("Revision %d ", finalRevision)) }), fmt.Sprint(notes), nil
 	})
@@ -368,7 +368,7 @@ func guardEvents(ctx context.Context, t *testing.T, ns, name, reason string) []s
 func TestEnforcedPolicyJudgesATenantsDelete(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
-	d := deployment(tn.ns, "payments", "app:1")
+	d := harness.Deployment(tn.ns, "payments", "app:1", shortDeadline)
 	d.Labels = map[string]string{"tier": "critical"}
 	require.NoError(t, tn.c.Create(ctx, d))
 	hotLoadPolicy(ctx, t, "e2e-tenant-critical", "critical.rego", fmt.Sprintf(`# METADATA
@@ -384,7 +384,7 @@ deny contains "a tier: critical Deployment may not be deleted: remove the label 
 	input.oldObject.metadata.labels.tier == "critical"
 }
 `, tn.ns))
-	waitFor(t, time.Minute, "the tenant's delete was never refused", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the tenant's delete was never refused", func(ctx context.Context) (bool, string, error) {
 		err := tn.c.Delete(ctx, d.DeepCopy(), client.DryRunAll)
 		return err != nil && strings.Contains(err.Error(), "may not be deleted"), fmt.Sprint(err), nil
 	})
@@ -434,9 +434,9 @@ func TestFloodOnTheWebhookPortFromOutsideTheAPIServer(t *testing.T) {
 	}
 	// Meanwhile the tenant deploys, through the API server and the guard,
 	// whose own check refuses a second Deployment over the same pods.
-	require.NoError(t, tn.c.Create(ctx, deployment(tn.ns, "web", "app:1")))
-	waitFor(t, time.Minute, "the guard never judged the overlapping Deployment", func(ctx context.Context) (bool, string, error) {
-		twin := deployment(tn.ns, "web-twin", "app:1")
+	require.NoError(t, tn.c.Create(ctx, harness.Deployment(tn.ns, "web", "app:1", shortDeadline)))
+	harness.WaitFor(t, time.Minute, "the guard never judged the overlapping Deployment", func(ctx context.Context) (bool, string, error) {
+		twin := harness.Deployment(tn.ns, "web-twin", "app:1", shortDeadline)
 		twin.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web"}
 		twin.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web"}
 		err := tn.c.Create(ctx, twin, client.DryRunAll)
@@ -455,7 +455,7 @@ func TestFloodOnTheWebhookPortFromOutsideTheAPIServer(t *testing.T) {
 func TestTenantDeletingTheKnownGoodReplicaSetChoosesNoOlderTemplate(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
-	d := deployment(tn.ns, "hop", "app:1")
+	d := harness.Deployment(tn.ns, "hop", "app:1", shortDeadline)
 	d.Spec.Template.Spec.HostNetwork = true
 	require.NoError(t, tn.c.Create(ctx, d))
 	waitLedger(t, tn.ns, "hop", "revision 1 was not recorded known-good", time.Minute, knownGoodAt(1))
@@ -509,8 +509,8 @@ func writers(mf []metav1.ManagedFieldsEntry) string {
 // the tier: it restarts the guard twice.
 func TestTakeoverFromAnEarlierReleaseKeepsItsHistory(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled})
-	require.NoError(t, local.Client.Create(ctx, deployment(ns, "old", "app:1")))
+	ns := harness.NewNamespace(t, local.Client, harness.NamespaceLabels(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}))
+	require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "old", "app:1", shortDeadline)))
 	waitAvailable(t, ns, "old", time.Minute)
 
 	// Revision 1 completed: the earlier release marked its ReplicaSet, and

@@ -50,7 +50,7 @@ exemptions:
 // the guarded namespaces notices. Then a replica whose config enforces a Rego
 // policy routes the validating webhook accordingly, and is killed too.
 func TestGuardDown(t *testing.T) {
-	dir, log := workDir(t)
+	dir, log := tier.TestWorkDir(t)
 	ctx := context.Background()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
@@ -75,7 +75,7 @@ func TestGuardDown(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { out.Close() })
 		g, err := harness.StartGuard(harness.GuardOptions{
-			Binary: guardBin, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: config,
+			Binary: tier.Guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: config,
 			WebhookPort: s.webhookPort, ProbePort: s.probePort, Output: out, Env: harness.DeployedRuntimeEnv(),
 			ExtraArgs: []string{"--native-check-period=1s"},
 		})
@@ -116,16 +116,16 @@ func TestGuardDown(t *testing.T) {
 	start(lb.slots[1], downConfig)
 	require.NoError(t, harness.WaitForWebhooks(startCtx, admin, "default", time.Minute))
 	for _, ns := range []string{"shop", "legacy"} {
-		newNamespace(ctx, t, admin, ns)
+		harness.NewNamespace(t, admin, harness.NamespaceNamed(ns))
 	}
 	// Written while the guard is up: an ordinary Deployment, a protected
 	// one, and one with a quarantined template (as after a rollback).
-	require.NoError(t, admin.Create(ctx, deployment("shop", "web", "app:1")))
-	require.NoError(t, admin.Create(ctx, deployment("legacy", "old", "app:1")))
-	vault := deployment("shop", "vault", "app:1")
+	require.NoError(t, admin.Create(ctx, harness.Deployment("shop", "web", "app:1", harness.ProgressDeadline(deadline))))
+	require.NoError(t, admin.Create(ctx, harness.Deployment("legacy", "old", "app:1", harness.ProgressDeadline(deadline))))
+	vault := harness.Deployment("shop", "vault", "app:1", harness.ProgressDeadline(deadline))
 	vault.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
 	require.NoError(t, admin.Create(ctx, vault))
-	held := deployment("shop", "held", "app:1")
+	held := harness.Deployment("shop", "held", "app:1", harness.ProgressDeadline(deadline))
 	held.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: "0123456789"}
 	require.NoError(t, admin.Create(ctx, held))
 	// The leader leaves the default operations and conditions as installed.
@@ -134,13 +134,13 @@ func TestGuardDown(t *testing.T) {
 	assert.Equal(t, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, enforceOperations(ctx, t, admin), "the enforce entry takes updates alone")
 	// The leader adds the selector the manifests leave out: the enforce
 	// entry then takes the Deployments labelled quarantined alone.
-	waitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the enforce entry selecting the quarantined Deployments", func(ctx context.Context) (bool, string, error) {
 		got := enforceSelector(ctx, t, admin)
 		return assert.ObjectsAreEqual(routing.EnforceObjectSelector(routing.EnforcedOf(def, routing.LoadedPolicies{})), got), fmt.Sprint(got), nil
 	})
 	// The reconciler labels a quarantined Deployment (a rollback writes
 	// the label with the list): the enforce entry selects on it.
-	waitFor(t, time.Minute, "the quarantined Deployment labelled", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the quarantined Deployment labelled", func(ctx context.Context) (bool, string, error) {
 		d := getDeployment(ctx, t, admin, "shop", "held")
 		return d.Labels[vocab.LabelQuarantined] == vocab.LabelQuarantinedValue, fmt.Sprint(d.Labels), nil
 	})
@@ -172,7 +172,7 @@ func TestGuardDown(t *testing.T) {
 	assert.NotContains(t, getDeployment(ctx, t, admin, "shop", "hotfix").Labels, native.LabelRefusals, "an ordinary create is not labelled")
 	// One the guard has something to do for: labelled by deployguard-selector
 	// for the mutating webhook's entry for creates, whose call fails open.
-	cleanup := deployment("shop", "records", "app:1")
+	cleanup := harness.Deployment("shop", "records", "app:1", harness.ProgressDeadline(deadline))
 	cleanup.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
 	require.NoError(t, admin.Create(ctx, cleanup), "a create asking for a cleanup step")
 	assert.Equal(t, native.DefaultingPending, getDeployment(ctx, t, admin, "shop", "records").Labels[native.LabelDefaulting])
@@ -206,7 +206,7 @@ func TestGuardDown(t *testing.T) {
 	// no deletion (policy/README.md, "Deletions"): DELETE is not routed.
 	start(lb.slots[2], enforcingConfig)
 	enforcing := routing.EnforcedOf(def, routing.LoadedPolicies{Enforce: true, EnforceSkipsDelete: true})
-	waitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, 2*time.Minute, "the validating webhook routed for the enforced policy", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
 		return got == routing.MustDecide(enforcing) &&
 			condition(ctx, t, admin, routing.UpdateWebhook, routing.MayAdviseCondition) == routing.MayAdvise(enforcing) &&
@@ -279,20 +279,20 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 			return err != nil && strings.Contains(out, words) && named == byPolicy, out, nil
 		}
 	}
-	waitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
+	harness.WaitFor(t, time.Minute, "the guard's webhook refuses in the lost policy's place", refused(false))
 	lost := *def
 	lost.Native = review.NewNativeEnforcement(false)
-	waitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "every request routed to the enforce entry", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
 		return got == routing.MustDecide(routing.EnforcedOf(&lost, routing.LoadedPolicies{})), got, nil
 	})
 
 	require.NoError(t, restore())
-	waitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the routing narrowed again", func(ctx context.Context) (bool, string, error) {
 		got := condition(ctx, t, admin, routing.EnforceWebhook, routing.MustDecideCondition)
 		return got == routing.MustDecide(routing.EnforcedOf(def, routing.LoadedPolicies{})), got, nil
 	})
-	waitFor(t, time.Minute, "the API server refuses again", refused(true))
+	harness.WaitFor(t, time.Minute, "the API server refuses again", refused(true))
 
 	// The params deleted: without them the bound policy allows everything,
 	// so the guard writes them again from its config file.
@@ -301,14 +301,14 @@ func nativeLostWhileUp(ctx context.Context, t *testing.T, admin client.Client, k
 	require.NoError(t, admin.Get(ctx, key, params))
 	want := params.Data
 	require.NoError(t, admin.Delete(ctx, params))
-	waitFor(t, time.Minute, "the params written again", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "the params written again", func(ctx context.Context) (bool, string, error) {
 		got := &corev1.ConfigMap{}
 		if err := admin.Get(ctx, key, got); err != nil {
 			return false, err.Error(), nil
 		}
 		return reflect.DeepEqual(got.Data, want), fmt.Sprint(got.Data), nil
 	})
-	waitFor(t, time.Minute, "the API server refuses with the params back", refused(true))
+	harness.WaitFor(t, time.Minute, "the API server refuses with the params back", refused(true))
 }
 
 // condition is the expression of the matchCondition name of the validating

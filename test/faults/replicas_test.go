@@ -15,16 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -71,12 +64,12 @@ type replica struct {
 // balancer, then SIGTERM to an old one, which fails /readyz, serves on for
 // the shutdown delay, drains and exits).
 func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
-	dir, log := workDir(t)
+	dir, log := tier.TestWorkDir(t)
 	ctx := context.Background()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 
-	e := startEnv(startCtx, t, dir, log, "faults", slots, loadConfig)
+	e := startEnv(startCtx, t, dir, log, "faults", slots, harness.LoadConfig)
 	admin, kubeconfig, lb := e.admin, e.kubeconfig, e.lb
 
 	var (
@@ -102,7 +95,7 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { out.Close() })
 		g, err := harness.StartGuard(harness.GuardOptions{
-			Binary: guardBin, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: guardConfig,
+			Binary: tier.Guard, Kubeconfig: kubeconfig, WorkDir: filepath.Join(dir, s.name), Config: guardConfig,
 			WebhookPort: s.webhookPort, ProbePort: s.probePort, Output: out, Env: harness.DeployedRuntimeEnv(),
 			// The deployed default: the load balancer must see /readyz fail
 			// before the replica stops serving.
@@ -147,9 +140,9 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	require.NoError(t, harness.WaitForWebhooks(startCtx, admin, "default", time.Minute))
 
 	// A Deployment the reconciler knows as good, to fail a rollout of later.
-	rolloutNS := newNamespace(ctx, t, admin, "faults-rollout")
-	require.NoError(t, admin.Create(ctx, deployment(rolloutNS, "app", "app:1")))
-	waitFor(t, 2*time.Minute, "app/1 known-good", func(ctx context.Context) (bool, string, error) {
+	rolloutNS := harness.NewNamespace(t, admin)
+	require.NoError(t, admin.Create(ctx, harness.Deployment(rolloutNS, "app", "app:1", harness.ProgressDeadline(deadline))))
+	harness.WaitFor(t, 2*time.Minute, "app/1 known-good", func(ctx context.Context) (bool, string, error) {
 		d := &appsv1.Deployment{}
 		if err := admin.Get(ctx, client.ObjectKey{Namespace: rolloutNS, Name: "app"}, d); err != nil {
 			return false, err.Error(), nil
@@ -158,12 +151,12 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 		return n != nil && n.Revision == 1, guardState(d), nil
 	})
 
-	loadNS := newNamespace(ctx, t, admin, "faults-load")
+	loadNS := harness.NewNamespace(t, admin)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	stats, waitLoad := harness.StartLoad(loadCtx, admin, loadNS, loadRate)
 	// Every replica is serving its share before anything happens to one.
-	waitFor(t, time.Minute, "load through every replica", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "load through every replica", func(ctx context.Context) (bool, string, error) {
 		for _, r := range first {
 			if n, err := webhookRequests(r.guard); err != nil || n < 50 {
 				return false, fmt.Sprintf("%s: %d requests (%v)", r.slot.name, n, err), nil
@@ -202,12 +195,12 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	t.Logf("replacement %s ready %s after its start, taken in by HAProxy %s later", replacement.slot.name, toReady.Round(10*time.Millisecond), toUp.Round(10*time.Millisecond))
 
 	var newHolder string
-	waitFor(t, time.Minute, "a new leader", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "a new leader", func(ctx context.Context) (bool, string, error) {
 		newHolder = leaseHolder(ctx, t, admin)
 		return newHolder != "" && newHolder != holder, newHolder, nil
 	})
 	t.Logf("new lease holder %s, %s after the kill", newHolder, time.Since(killAt).Round(100*time.Millisecond))
-	waitFor(t, time.Duration(deadline+60)*time.Second, "app rolled back from revision 2", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Duration(deadline+60)*time.Second, "app rolled back from revision 2", func(ctx context.Context) (bool, string, error) {
 		d := getDeployment(ctx, t, admin, rolloutNS, "app")
 		return ledgerOn(d).RolledBackRevision == 2 && d.Spec.Template.Spec.Containers[0].Image == "app:1", guardState(d), nil
 	})
@@ -215,7 +208,7 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 	// The restored template completes as revision 3; its generation is read
 	// once the guard has recorded that in its ledger (a status write), when
 	// the guard has nothing left to write about the rollback.
-	waitFor(t, time.Minute, "app/3 known-good", func(ctx context.Context) (bool, string, error) {
+	harness.WaitFor(t, time.Minute, "app/3 known-good", func(ctx context.Context) (bool, string, error) {
 		d := getDeployment(ctx, t, admin, rolloutNS, "app")
 		n := ledgerOn(d).Newest()
 		return n != nil && n.Revision == 3, guardState(d), nil
@@ -291,8 +284,8 @@ func TestReplicasKilledAndReplacedUnderLoad(t *testing.T) {
 
 	// The rollout that failed while its leader was killed was rolled back once.
 	var reasons []string
-	waitFor(t, 15*time.Second, "the AutoRollback event", func(ctx context.Context) (bool, string, error) {
-		reasons = eventReasons(ctx, t, admin, rolloutNS, "app")
+	harness.WaitFor(t, 15*time.Second, "the AutoRollback event", func(ctx context.Context) (bool, string, error) {
+		reasons = harness.GuardEventReasons(ctx, t, admin, rolloutNS, "app")
 		return count(reasons, vocab.ReasonAutoRollback) >= 1, fmt.Sprint(reasons), nil
 	})
 	assert.Equal(t, 1, count(reasons, vocab.ReasonAutoRollback), "one rollback: %v", reasons)
@@ -385,7 +378,7 @@ func webhookRequests(g *harness.Guard) (int, error) {
 func leaderOf(t *testing.T, rs []*replica) *replica {
 	t.Helper()
 	var found *replica
-	waitFor(t, 30*time.Second, "the leader among the replicas", func(context.Context) (bool, string, error) {
+	harness.WaitFor(t, 30*time.Second, "the leader among the replicas", func(context.Context) (bool, string, error) {
 		var leaders []string
 		found = nil
 		for _, r := range rs {
@@ -416,43 +409,6 @@ func scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	return s
-}
-
-// loadConfig is the admin configuration without client-side rate limits: the
-// load must reach the API server at the rate asked.
-func loadConfig(cfg *rest.Config) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	c.QPS, c.Burst = 2000, 4000
-	return c
-}
-
-func newNamespace(ctx context.Context, t *testing.T, c client.Client, name string) string {
-	t.Helper()
-	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
-	return name
-}
-
-// deployment is an application with a readiness probe and a short progress
-// deadline.
-func deployment(ns, name, image string) *appsv1.Deployment {
-	two, dl := int32(2), int32(deadline)
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas:                &two,
-			ProgressDeadlineSeconds: &dl,
-			Selector:                &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: image,
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
-				}}},
-			},
-		},
-	}
 }
 
 func update(ctx context.Context, c client.Client, ns, name string, mutate func(*appsv1.Deployment)) error {
@@ -486,28 +442,6 @@ func getDeployment(ctx context.Context, t *testing.T, c client.Client, ns, name 
 	return d
 }
 
-// eventReasons lists the reasons of the guard's events about a Deployment,
-// each as often as it happened.
-func eventReasons(ctx context.Context, t *testing.T, c client.Client, ns, name string) []string {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, c.List(ctx, &list, client.InNamespace(ns)))
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Kind != "Deployment" || e.Regarding.Name != name || !strings.Contains(e.ReportingController, "deployguard") {
-			continue
-		}
-		n := 1
-		if e.Series != nil {
-			n = int(e.Series.Count)
-		}
-		for range n {
-			out = append(out, e.Reason)
-		}
-	}
-	return out
-}
-
 func count(xs []string, x string) int {
 	n := 0
 	for _, y := range xs {
@@ -516,21 +450,6 @@ func count(xs []string, x string) int {
 		}
 	}
 	return n
-}
-
-// waitFor polls cond until it holds, failing the test with its last state
-// after timeout.
-func waitFor(t *testing.T, timeout time.Duration, msg string, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last seen: %s)", msg, err, last)
-	}
 }
 
 // openConnections is what HAProxy counted open to a stopping replica, sampled

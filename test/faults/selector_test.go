@@ -141,7 +141,7 @@ func generatedLabels(rng *rand.Rand) map[string]string {
 }
 
 func withLabels(labels map[string]string) *appsv1.Deployment {
-	d := deployment("shop", "generated", "app:1")
+	d := harness.Deployment("shop", "generated", "app:1", harness.ProgressDeadline(deadline))
 	d.Spec.Template.Labels = labels
 	return d
 }

@@ -17,51 +17,26 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/test/harness"
 )
 
-var tools, guardBin string
+// tier has the control plane, the guard binary and the tier's work folder:
+// each test starts a cluster of its own in a folder of its own.
+var tier *harness.Tier
 
 func TestMain(m *testing.M) {
-	// The API server relays the mutating webhook's warning (selector
-	// defaulted) with nine requests in ten: the load's client drops them.
-	ctrl.SetLogger(logr.Discard())
-	var err error
-	if tools, err = harness.ToolsDir(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if guardBin, err = harness.GuardBinary(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
-
-// workDir is a folder for the test's cluster, guards and logs, kept (and the
-// log's end printed) when the test fails.
-func workDir(t *testing.T) (string, *os.File) {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "deployguard-faults-")
-	require.NoError(t, err)
-	log, err := os.Create(filepath.Join(dir, "test.log"))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		log.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			if len(b) > 15000 {
-				b = b[len(b)-15000:]
-			}
-			t.Logf("work folder kept: %s\n--- end of %s ---\n%s", dir, log.Name(), b)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-	return dir, log
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name: "faults",
+		// The API server relays the mutating webhook's warning (selector
+		// defaulted) with nine requests in ten: the load's client drops them.
+		Logger: func(io.Writer) logr.Logger { return logr.Discard() },
+		Setup: func(_ context.Context, tr *harness.Tier) error {
+			tier = tr
+			return nil
+		},
+	}))
 }
 
 // env is a test's own cluster, an admin client, the guard's kubeconfig, and
@@ -78,7 +53,7 @@ type env struct {
 // client's configuration.
 func startEnv(ctx context.Context, t *testing.T, dir string, log io.Writer, name string, slots int, adminConfig func(*rest.Config) *rest.Config) env {
 	t.Helper()
-	cluster, err := harness.StartClusterWith(ctx, tools, fmt.Sprintf("dg-%s-%d", name, os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
+	cluster, err := harness.StartClusterWith(ctx, tier.Tools, fmt.Sprintf("dg-%s-%d", name, os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if err := cluster.Stop(); err != nil {

@@ -22,6 +22,22 @@ import (
 // GuardNamespace is the guard's own namespace in every local cluster.
 const GuardNamespace = "deployguard-system"
 
+// E2EGuardConfig is the guard configuration of the e2e tier, and of `make
+// bench-reaction`, which measures on the same settings. It lowers the
+// progress deadline floor so that failed rollouts are seen within seconds,
+// and shortens the fail-fast window so that its tests are quick. The drain
+// timeout leaves room for a guard killed during a drain to regain the lead
+// (its lease expires after 15s) and finish it.
+const E2EGuardConfig = `apiVersion: deployguard.io/v1alpha1
+kind: GuardConfig
+bounds:
+  progressDeadlineSeconds: {min: 3, max: 7200}
+rollback:
+  failFast: {window: 15s, transientWindow: 2m}
+cleanup:
+  drainTimeout: 45s
+`
+
 // GuardOptions start a `deployguard serve` process.
 type GuardOptions struct {
 	Binary     string

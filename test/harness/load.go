@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -56,6 +57,14 @@ func BadDeployment(ns string, i int64) *appsv1.Deployment {
 	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &all}}
 	return d
+}
+
+// LoadConfig is cfg without client-side rate limits, for a client that
+// sends a load: the load must reach the API server at the rate asked.
+func LoadConfig(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.QPS, c.Burst = 2000, 4000
+	return c
 }
 
 // LoadStats counts what a load run sent and how it went.

@@ -21,7 +21,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -110,8 +109,7 @@ func TestDashboardAndAlertsQueryRealMetrics(t *testing.T) {
 func exercise(ctx context.Context, t *testing.T) {
 	t.Helper()
 	c := local.Client
-	ns := "metrics"
-	require.NoError(t, ignoreExists(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})))
+	ns := harness.NewNamespace(t, c)
 
 	// A policy that does not compile: deployguard_policy_load_errors_total.
 	require.NoError(t, ignoreExists(c.Create(ctx, &corev1.ConfigMap{
@@ -120,7 +118,7 @@ func exercise(ctx context.Context, t *testing.T) {
 	})))
 
 	// Completes (known-good), then fails to pull its new image (fail-fast).
-	web := deployment(ns, "web", "app:1")
+	web := harness.Deployment(ns, "web", "app:1", harness.Replicas(1))
 	require.NoError(t, c.Create(ctx, web))
 	waitFor(ctx, t, "web's first rollout to complete", func(d *appsv1.Deployment) bool {
 		for _, cond := range d.Status.Conditions {
@@ -136,48 +134,28 @@ func exercise(ctx context.Context, t *testing.T) {
 
 	// Refused by the native policy, in kube-apiserver: every replica down
 	// at once.
-	allDown := deployment(ns, "all-down", "app:1")
+	allDown := harness.Deployment(ns, "all-down", "app:1", harness.Replicas(1))
 	allDown.Spec.Replicas = ptr(int32(4))
 	allDown.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType,
 		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%"))}}
 	require.Error(t, c.Create(ctx, allDown), "maxUnavailable 100% is refused")
 
 	// Refused by the validating webhook: its pods would be web's too.
-	twin := deployment(ns, "web-twin", "app:1")
+	twin := harness.Deployment(ns, "web-twin", "app:1", harness.Replicas(1))
 	twin.Spec.Selector = web.Spec.Selector.DeepCopy()
 	twin.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web"}
 	require.Error(t, c.Create(ctx, twin), "an overlapping selector is refused")
 
 	// Patched by the mutating webhook: the selector repaired.
-	noSelector := deployment(ns, "no-selector", "app:1")
+	noSelector := harness.Deployment(ns, "no-selector", "app:1", harness.Replicas(1))
 	noSelector.Spec.Selector = nil
 	require.NoError(t, c.Create(ctx, noSelector))
 
 	// A cleanup step: the record of a deleted Deployment.
-	recorded := deployment(ns, "recorded", "app:1")
+	recorded := harness.Deployment(ns, "recorded", "app:1", harness.Replicas(1))
 	recorded.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
 	require.NoError(t, c.Create(ctx, recorded))
 	require.NoError(t, c.Delete(ctx, recorded))
-}
-
-func deployment(ns, name, image string) *appsv1.Deployment {
-	labels := map[string]string{"app.kubernetes.io/name": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(1)),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: image,
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
-				}}},
-			},
-		},
-	}
 }
 
 func waitFor(ctx context.Context, t *testing.T, what string, cond func(*appsv1.Deployment) bool, d *appsv1.Deployment) {

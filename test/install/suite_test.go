@@ -20,9 +20,6 @@ import (
 	"testing"
 	"time"
 
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
 	"github.com/deployguard/deployguard/test/harness"
 )
 
@@ -45,59 +42,20 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	var err error
-	if tools, err = harness.ToolsDir("helm"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	bin, err := harness.GuardBinary()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	work, err := os.MkdirTemp("", "deployguard-install-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	logPath := filepath.Join(work, "cluster.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctrl.SetLogger(zap.New(zap.WriteTo(logFile)))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	local, err = harness.StartLocal(ctx, harness.LocalOptions{
-		Tools: tools, Guard: bin, Name: fmt.Sprintf("dg-install-%d", os.Getpid()), WorkDir: work,
-		Nodes: 1, GuardConfig: guardConfig, Log: logFile,
-		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
-	})
-	if err == nil {
-		err = installCRDs(ctx)
-	}
-	cancel()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the local cluster: %v\n--- log (%s) ---\n%s\n", err, logPath, tailFile(logPath))
-		if local != nil {
-			local.Stop()
-		}
-		return 1
-	}
-	code := m.Run()
-	local.Stop()
-	logFile.Close()
-	if code != 0 {
-		fmt.Fprintf(os.Stderr, "--- end of the cluster and guard log (%s) ---\n%s\n", logPath, tailFile(logPath))
-	} else {
-		os.RemoveAll(work)
-	}
-	return code
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name:  "install",
+		Tools: []string{"helm"},
+		Local: &harness.LocalOptions{
+			Nodes: 1, GuardConfig: guardConfig,
+			CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
+		},
+		Setup: func(ctx context.Context, tier *harness.Tier) error {
+			local, tools = tier.Local, tier.Tools
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			defer cancel()
+			return installCRDs(ctx)
+		},
+	}))
 }
 
 // installCRDs installs cert-manager's CRDs (from its module, as test/tls does)
@@ -140,16 +98,4 @@ func moduleDir(ctx context.Context, modVersion string) (string, error) {
 		return "", fmt.Errorf("go mod download %s: no folder (%s)", modVersion, mod.Error)
 	}
 	return mod.Dir, nil
-}
-
-func tailFile(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return err.Error()
-	}
-	const n = 12000
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }

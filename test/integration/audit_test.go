@@ -125,7 +125,7 @@ func waitForReport(t *testing.T, ns, msg string, cond func(audit.Stored) bool) a
 		last.Store(&st)
 		return cond(st)
 	}, 3*waitShort, tick) {
-		t.Fatalf("%s; last report: %+v", msg, last.Load())
+		require.FailNow(t, msg, "last report: %+v", last.Load())
 	}
 	return *last.Load()
 }
@@ -147,14 +147,14 @@ func failing(s audit.Stored, policy string) []string {
 // enforce each show as they should.
 func TestAuditReportsExistingDeployments(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	bad := map[string]*appsv1.Deployment{}
 	for _, name := range []string{"bad-0", "bad-1", "bad-2"} {
-		d := deployment(ns, name)
+		d := harness.Deployment(ns, name, appImage)
 		require.NoError(t, k8s.Create(ctx, d))
 		bad[name] = d
 	}
-	good := deployment(ns, "good", func(d *appsv1.Deployment) { d.Labels = map[string]string{"team": "shop"} })
+	good := harness.Deployment(ns, "good", appImage, func(d *appsv1.Deployment) { d.Labels = map[string]string{"team": "shop"} })
 	require.NoError(t, k8s.Create(ctx, good))
 
 	_, reg := startAudit(t, audit.FormatPolicyReport, logr.Discard())
@@ -260,10 +260,10 @@ func TestAuditWithoutReportCRD(t *testing.T) {
 	require.Eventually(t, r.ReportsDisabled, waitShort, tick, "the missing CRD was not noticed")
 	assert.Contains(t, r.Status.Note(), "the Report CRD (openreports.io/v1alpha1) is not installed", "/readyz?verbose says why no report is written")
 
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	before := passes(t, reg)
 	for i := range 3 {
-		require.NoError(t, k8s.Create(ctx, deployment(ns, fmt.Sprintf("app-%d", i))), "admission works without the report CRD")
+		require.NoError(t, k8s.Create(ctx, harness.Deployment(ns, fmt.Sprintf("app-%d", i), appImage)), "admission works without the report CRD")
 	}
 	require.Eventually(t, func() bool { return passes(t, reg) > before }, waitShort, tick, "the audit stopped passing")
 	assert.Equal(t, int32(1), said.Load(), "the missing CRD is logged once")
@@ -312,10 +312,10 @@ func evaluations(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
 // results leave the report.
 func TestAuditRefreshesOnlyChangedPolicies(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	const n = 12
 	for i := range n {
-		require.NoError(t, k8s.Create(ctx, deployment(ns, fmt.Sprintf("app-%d", i))))
+		require.NoError(t, k8s.Create(ctx, harness.Deployment(ns, fmt.Sprintf("app-%d", i), appImage)))
 	}
 	engineReg := prometheus.NewRegistry()
 	for _, c := range engine.Collectors() {
@@ -421,10 +421,10 @@ func overlapWarnings(s audit.Stored) map[string][]string {
 // other within seconds: a template label change, a deletion.
 func TestAuditReportsOverlappingSelectors(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	// api's selector (tier=backend) selects shop's pods; shop's (app=shop)
 	// does not select api's.
-	shop := deployment(ns, "shop", func(d *appsv1.Deployment) {
+	shop := harness.Deployment(ns, "shop", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector.MatchLabels = map[string]string{"app": "shop"}
 		d.Spec.Template.Labels = map[string]string{"app": "shop", "tier": "backend"}
 	})
@@ -436,7 +436,7 @@ func TestAuditReportsOverlappingSelectors(t *testing.T) {
 	// (its rollbacks must go through): how an overlap comes to be stored,
 	// like one that predates the guard.
 	asGuard, _ := clientAs(t, guardUser)
-	api := deployment(ns, "api", func(d *appsv1.Deployment) {
+	api := harness.Deployment(ns, "api", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector.MatchLabels = map[string]string{"tier": "backend"}
 		d.Spec.Template.Labels = map[string]string{"app": "api", "tier": "backend"}
 	})

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // A default install lets through every Deployment the API server accepts,
@@ -58,7 +60,7 @@ func TestDefaultInstallAdmitsPublicChartsAndUpstreamManifests(t *testing.T) {
 	t.Run("charts", func(t *testing.T) {
 		// Every chart's Deployments in one namespace, as a platform's shared
 		// tools namespace holds them: the overlap check runs across charts.
-		ns := newNamespace(t, nil)
+		ns := harness.NewNamespace(t, k8s, kept)
 		files, err := filepath.Glob(filepath.Join("testdata", "charts", "*.yaml"))
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, len(files), 40, "the chart corpus")
@@ -77,8 +79,8 @@ func TestDefaultInstallAdmitsPublicChartsAndUpstreamManifests(t *testing.T) {
 		// guestbook's three files together, the kubectl files as three
 		// versions of one Deployment.
 		dir := filepath.Join("testdata", "upstream")
-		guestbook := newNamespace(t, nil)
-		kubectl := newNamespace(t, nil)
+		guestbook := harness.NewNamespace(t, k8s, kept)
+		kubectl := harness.NewNamespace(t, k8s, kept)
 		files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		require.NoError(t, err)
 		require.NotEmpty(t, files)
@@ -95,7 +97,7 @@ func TestDefaultInstallAdmitsPublicChartsAndUpstreamManifests(t *testing.T) {
 					// The lifecycle spec's full Update of the one before it.
 					create(t, last, d, true)
 				default:
-					last = newNamespace(t, nil)
+					last = harness.NewNamespace(t, k8s, kept)
 					create(t, last, d, false)
 				}
 			}

@@ -127,12 +127,12 @@ func runCheck(t *testing.T, args ...string) (int, string) {
 // all three within 5 s of expiresAt.
 func TestExceptionLetsThroughUntilItExpires(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	policyDir := loadExceptTeam(t, ns)
 	_, _ = startAudit(t, audit.FormatPolicyReport, logr.Discard())
 	c, warnings := clientAs(t, "")
 
-	web := deployment(ns, "web")
+	web := harness.Deployment(ns, "web", appImage)
 	require.Eventually(t, func() bool {
 		err := c.Create(ctx, web.DeepCopy(), client.DryRunAll)
 		return err != nil && strings.Contains(err.Error(), "[policy exceptteam]")
@@ -253,8 +253,8 @@ func writeConfig(t *testing.T, dir string) string {
 // says skip, else it warns).
 func TestExceptionScopesAgree(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	other := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
+	other := harness.NewNamespace(t, k8s, kept)
 	policyDir := loadExceptTeam(t, ns, other)
 	soon := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
 	later := time.Now().Add(time.Hour)
@@ -275,19 +275,19 @@ func TestExceptionScopesAgree(t *testing.T) {
 		check   string // the spec check the row is about; "" for the policy
 		covered bool
 	}{
-		{scope: "by name", d: deployment(ns, "by-name"), ex: newException("by-name", exception.Match{Namespace: ns, Names: []string{"by-name"}}, later, "exceptteam"), covered: true},
-		{scope: "by selector", d: deployment(ns, "by-selector", func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "legacy"} }),
+		{scope: "by name", d: harness.Deployment(ns, "by-name", appImage), ex: newException("by-name", exception.Match{Namespace: ns, Names: []string{"by-name"}}, later, "exceptteam"), covered: true},
+		{scope: "by selector", d: harness.Deployment(ns, "by-selector", appImage, func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "legacy"} }),
 			ex: newException("by-selector", exception.Match{Namespace: ns, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "legacy"}}}, later, "exceptteam"), covered: true},
-		{scope: "by namespace", d: deployment(other, "by-namespace"), ex: newException("by-namespace", exception.Match{Namespace: other}, later, "exceptteam"), covered: true},
-		{scope: "in the wrong namespace", d: deployment(ns, "wrong-namespace"), ex: newException("wrong-namespace", exception.Match{Namespace: "elsewhere", Names: []string{"wrong-namespace"}}, later, "exceptteam")},
-		{scope: "another rule", d: deployment(ns, "other-rule"), ex: newException("other-rule", exception.Match{Namespace: ns, Names: []string{"other-rule"}}, later, "images")},
-		{scope: "expired", d: deployment(ns, "expired"), ex: newException("expired", exception.Match{Namespace: ns, Names: []string{"expired"}}, soon, "exceptteam")},
-		{scope: "expiring in the future", d: deployment(ns, "future"), ex: newException("future", exception.Match{Namespace: ns, Names: []string{"future"}}, later, "exceptteam"), covered: true},
-		{scope: "a spec check by rule", d: deployment(ns, "history", longHistory), check: "revision-history", covered: true,
+		{scope: "by namespace", d: harness.Deployment(other, "by-namespace", appImage), ex: newException("by-namespace", exception.Match{Namespace: other}, later, "exceptteam"), covered: true},
+		{scope: "in the wrong namespace", d: harness.Deployment(ns, "wrong-namespace", appImage), ex: newException("wrong-namespace", exception.Match{Namespace: "elsewhere", Names: []string{"wrong-namespace"}}, later, "exceptteam")},
+		{scope: "another rule", d: harness.Deployment(ns, "other-rule", appImage), ex: newException("other-rule", exception.Match{Namespace: ns, Names: []string{"other-rule"}}, later, "images")},
+		{scope: "expired", d: harness.Deployment(ns, "expired", appImage), ex: newException("expired", exception.Match{Namespace: ns, Names: []string{"expired"}}, soon, "exceptteam")},
+		{scope: "expiring in the future", d: harness.Deployment(ns, "future", appImage), ex: newException("future", exception.Match{Namespace: ns, Names: []string{"future"}}, later, "exceptteam"), covered: true},
+		{scope: "a spec check by rule", d: harness.Deployment(ns, "history", appImage, longHistory), check: "revision-history", covered: true,
 			ex: checks(newException("history", exception.Match{Namespace: ns, Names: []string{"history"}}, later), "revision-history")},
-		{scope: "another spec check", d: deployment(ns, "deadline", longHistory), check: "revision-history",
+		{scope: "another spec check", d: harness.Deployment(ns, "deadline", appImage, longHistory), check: "revision-history",
 			ex: checks(newException("deadline", exception.Match{Namespace: ns, Names: []string{"deadline"}}, later), "progress-deadline")},
-		{scope: "a spec check, expired", d: deployment(ns, "history-expired", longHistory), check: "revision-history",
+		{scope: "a spec check, expired", d: harness.Deployment(ns, "history-expired", appImage, longHistory), check: "revision-history",
 			ex: checks(newException("history-expired", exception.Match{Namespace: ns, Names: []string{"history-expired"}}, soon), "revision-history")},
 	}
 	dir := t.TempDir()
@@ -365,7 +365,7 @@ func checkResultOf(t *testing.T, out, name string) (r struct {
 			return r
 		}
 	}
-	t.Fatalf("check said nothing of %s", name)
+	require.FailNow(t, "check said nothing of "+name)
 	return r
 }
 
@@ -373,7 +373,7 @@ func checkResultOf(t *testing.T, out, name string) (r struct {
 // the platform role cannot create one; bound to it, it can.
 func TestOnlyThePlatformRoleGrantsExceptions(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	role, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "config", "rbac", "exceptions_role.yaml"))
 	require.NoError(t, err)
 	for _, doc := range strings.Split(string(role), "\n---\n") {

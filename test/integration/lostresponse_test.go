@@ -115,7 +115,7 @@ func startReconciler(t *testing.T, wrap func(client.Client) client.Client) {
 // test writes it.)
 func rolloutHistory(ctx context.Context, t *testing.T, ns, name string) *appsv1.Deployment {
 	t.Helper()
-	d := deployment(ns, name)
+	d := harness.Deployment(ns, name, appImage)
 	require.NoError(t, k8s.Create(ctx, d))
 	v1 := d.Spec.Template.DeepCopy()
 	d.Spec.Template.Spec.Containers[0].Image = "nginx:no-such-tag"
@@ -180,7 +180,7 @@ func updateStatus(ctx context.Context, t *testing.T, d *appsv1.Deployment, chang
 // does nothing more.
 func TestLostResponseOfARollbackIsNotRolledBackTwice(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	// The rollback's write: the template restored, the Deployment labelled.
 	losing := &losingClient{lose: func(obj client.Object) bool {
 		d, ok := obj.(*appsv1.Deployment)
@@ -254,10 +254,10 @@ func TestLostResponsesDuringCleanup(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			ns := newNamespace(t, nil)
+			ns := harness.NewNamespace(t, k8s, kept)
 			losing := &losingClient{lose: tc.lose}
 			startReconciler(t, func(c client.Client) client.Client { losing.Client = c; return losing })
-			d := deployment(ns, "web", func(d *appsv1.Deployment) {
+			d := harness.Deployment(ns, "web", appImage, func(d *appsv1.Deployment) {
 				d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 			})
 			require.NoError(t, k8s.Create(ctx, d))
@@ -273,7 +273,7 @@ func TestLostResponsesDuringCleanup(t *testing.T) {
 				for _, e := range events.Items {
 					t.Logf("event %s: %s", e.Reason, e.Note)
 				}
-				t.Fatalf("finalizers left: %v, annotations %v", cur.Finalizers, cur.Annotations)
+				require.FailNow(t, "finalizers left", "finalizers %v, annotations %v", cur.Finalizers, cur.Annotations)
 			}
 			require.Eventually(t, func() bool { return len(losing.lostWrites()) == 1 }, 10*time.Second, 20*time.Millisecond, "a response was lost")
 

@@ -45,7 +45,7 @@ func TestNativePoliciesAgreeWithTheAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	opts := guardConfig().WebhookOptions(guardUser)
 	params := opts.NativeSettings().Params()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	c, warnings := clientAsGroups(t, "native-diff-user", "system:masters")
 	compared, refused, warned, skipped := 0, 0, 0, 0
 	for i, d := range inputs {
@@ -114,7 +114,7 @@ func TestNativePoliciesAgreeWithTheAPIServer(t *testing.T) {
 // generated is a Deployment whose strategy, replicas, deadline, finalizers
 // and cleanup annotation are drawn from the values the rules turn on.
 func generated(rng *rand.Rand, i int) *appsv1.Deployment {
-	d := deployment("", fmt.Sprintf("gen-%d", i))
+	d := harness.Deployment("", fmt.Sprintf("gen-%d", i), appImage)
 	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
 	d.Spec.Replicas = ptr(int32(rng.IntN(6)))
 	if rng.IntN(5) == 0 {

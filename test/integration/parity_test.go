@@ -46,7 +46,7 @@ func TestAdmissionCheckAndAuditAgree(t *testing.T) {
 	deployments := readCorpus(t, corpus)
 	configFile := filepath.Join(t.TempDir(), "config.yaml")
 	require.NoError(t, os.WriteFile(configFile, []byte(guardConfigYAML), 0o600))
-	ordinary := newNamespace(t, nil)
+	ordinary := harness.NewNamespace(t, k8s, kept)
 	err = k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: exemptNamespace}})
 	require.True(t, err == nil || apierrors.IsAlreadyExists(err), "%v", err)
 

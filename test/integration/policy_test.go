@@ -34,8 +34,8 @@ deny contains {"msg": "every Deployment needs a team label: add metadata.labels.
 // deleted, all without a restart.
 func TestPolicyHotReloadFromConfigMaps(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	unlabelled := func() *appsv1.Deployment { return deployment(ns, "anon") }
+	ns := harness.NewNamespace(t, k8s, kept)
+	unlabelled := func() *appsv1.Deployment { return harness.Deployment(ns, "anon", appImage) }
 	denied := func() (bool, string) {
 		err := k8s.Create(ctx, unlabelled(), client.DryRunAll)
 		if err == nil {
@@ -56,7 +56,7 @@ func TestPolicyHotReloadFromConfigMaps(t *testing.T) {
 	t.Logf("policy live %s after the ConfigMap was created", time.Since(created).Round(time.Millisecond))
 	assert.Contains(t, msg, "metadata.labels.team: Forbidden: [policy team] every Deployment needs a team label")
 
-	labelled := deployment(ns, "owned")
+	labelled := harness.Deployment(ns, "owned", appImage)
 	labelled.Labels = map[string]string{"team": "checkout"}
 	require.NoError(t, k8s.Create(ctx, labelled, client.DryRunAll), "a compliant Deployment is admitted")
 
@@ -114,10 +114,10 @@ deny contains "production namespaces need at least 2 replicas" if {
 	}
 	require.NoError(t, k8s.Create(ctx, cm))
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), cm) })
-	prod := newNamespace(t, map[string]string{"tier": "production"})
-	dev := newNamespace(t, map[string]string{"tier": "dev"})
+	prod := harness.NewNamespace(t, k8s, kept, harness.NamespaceLabels(map[string]string{"tier": "production"}))
+	dev := harness.NewNamespace(t, k8s, kept, harness.NamespaceLabels(map[string]string{"tier": "dev"}))
 	single := func(ns string) *appsv1.Deployment {
-		d := deployment(ns, "single")
+		d := harness.Deployment(ns, "single", appImage)
 		d.Spec.Replicas = ptr(int32(1))
 		return d
 	}
@@ -148,9 +148,9 @@ deny contains "a tier: critical Deployment may not be deleted: remove the label 
 // is gone.
 func TestEnforcedPolicyRefusesDeletingACriticalDeployment(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	critical := deployment(ns, "payments", func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "critical"} })
-	plain := deployment(ns, "ledger")
+	ns := harness.NewNamespace(t, k8s, kept)
+	critical := harness.Deployment(ns, "payments", appImage, func(d *appsv1.Deployment) { d.Labels = map[string]string{"tier": "critical"} })
+	plain := harness.Deployment(ns, "ledger", appImage)
 	require.NoError(t, k8s.Create(ctx, critical))
 	require.NoError(t, k8s.Create(ctx, plain))
 
@@ -234,6 +234,6 @@ func enforceOperations(ctx context.Context, t *testing.T) []admissionregistratio
 			return w.Rules[0].Operations
 		}
 	}
-	t.Fatalf("no %s entry", routing.EnforceWebhook)
+	require.FailNow(t, "no "+routing.EnforceWebhook+" entry")
 	return nil
 }

@@ -41,8 +41,8 @@ func TestStalledClientsDoNotStopAdmission(t *testing.T) {
 	// Meanwhile the API server's calls are answered, before any stalled
 	// request has timed out: the guard's mutating webhook marks what it
 	// defaulted (the native selector repair alone would not).
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "shop", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "shop", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "shop"}
 	})

@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,14 +19,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -67,21 +68,26 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name:  "integration",
+		Tools: []string{"kube-apiserver", "etcd"},
+		// The tests that run the binary (parity, `check`) find it themselves.
+		WithoutGuard: true,
+		Logger: func(io.Writer) logr.Logger {
+			return zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.Level(zapLevel())))
+		},
+		Setup: setup,
+	}))
 }
 
-func run(m *testing.M) int {
-	tools, err := harness.ToolsDir("kube-apiserver", "etcd")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+// setup starts the API server (envtest) with the deployed webhook
+// configurations and the guard's handlers behind them, as serve wires them.
+func setup(ctx context.Context, tier *harness.Tier) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(exception.AddToScheme(scheme))
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.Level(zapLevel()))))
 
 	testEnv = &envtest.Environment{
-		BinaryAssetsDirectory: tools,
+		BinaryAssetsDirectory: tier.Tools,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			Paths: []string{filepath.Join(harness.RepoRoot(), "config", "webhook")},
 		},
@@ -93,44 +99,31 @@ func run(m *testing.M) int {
 			ErrorIfPathMissing: true,
 		},
 	}
-	cfg, err = testEnv.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the API server:", err)
-		return 1
+	var err error
+	if cfg, err = testEnv.Start(); err != nil {
+		return fmt.Errorf("starting the API server: %w", err)
 	}
-	defer func() {
+	tier.Cleanup(func() {
 		if err := testEnv.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "stopping the API server:", err)
 		}
-	}()
-	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	})
+	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		return err
 	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	stop, err := startGuard(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the guard's webhooks:", err)
-		return 1
+		return fmt.Errorf("starting the guard's webhooks: %w", err)
 	}
-	defer stop()
+	tier.Cleanup(stop)
 	if err := setupNamespaces(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
 	// The rules that need only the object are the API server's, as deployed.
 	if err := harness.InstallNativePolicies(ctx, k8s, guardConfig().WebhookOptions(guardUser).NativeSettings()); err != nil {
-		fmt.Fprintln(os.Stderr, "installing the native policies:", err)
-		return 1
+		return fmt.Errorf("installing the native policies: %w", err)
 	}
-	if err := harness.WaitForWebhooks(ctx, k8s, "default", 30*time.Second); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	return harness.WaitForWebhooks(ctx, k8s, "default", 30*time.Second)
 }
 
 func zapLevel() int8 {
@@ -283,16 +276,6 @@ func setupNamespaces(ctx context.Context) error {
 	return nil
 }
 
-// newNamespace creates a namespace of its own for one test.
-func newNamespace(t *testing.T, labels map[string]string) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "it-", Labels: labels}}
-	if err := k8s.Create(context.Background(), ns); err != nil {
-		t.Fatalf("creating namespace: %v", err)
-	}
-	return ns.Name
-}
-
 // warningRecorder collects the warnings the API server relays to the client.
 type warningRecorder struct {
 	mu   sync.Mutex
@@ -328,9 +311,7 @@ func clientAs(t *testing.T, user string) (client.Client, *warningRecorder) {
 		c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
 	}
 	cl, err := client.New(c, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return cl, w
 }
 
@@ -342,9 +323,7 @@ func clientAsGroups(t *testing.T, user string, groups ...string) (client.Client,
 	c.WarningHandler = w
 	c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append([]string{"system:authenticated"}, groups...)}
 	cl, err := client.New(c, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return cl, w
 }
 
@@ -353,14 +332,10 @@ func clientAsGroups(t *testing.T, user string, groups ...string) (client.Client,
 func kubectl(t *testing.T, obj any, args ...string) (string, error) {
 	t.Helper()
 	tools, err := harness.ToolsDir("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	path := adminKubeconfig(t)
 	in, err := json.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cmd := exec.Command(filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
 	cmd.Stdin = bytes.NewReader(in)
 	out, err := cmd.CombinedOutput()
@@ -372,43 +347,22 @@ func kubectl(t *testing.T, obj any, args ...string) (string, error) {
 func adminKubeconfig(t *testing.T) string {
 	t.Helper()
 	user, err := testEnv.ControlPlane.AddUser(envtest.User{Name: "kubectl-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(path, kubeconfig, 0o600))
 	return path
 }
 
-// deployment is a plain manifest as a user would write it.
-func deployment(ns, name string, mut ...func(*appsv1.Deployment)) *appsv1.Deployment {
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(2)),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": name}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app.kubernetes.io/name": name}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "app", Image: "nginx:1.27.3",
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80)}}},
-					Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}},
-				}}},
-			},
-		},
-	}
-	for _, m := range mut {
-		m(d)
-	}
-	return d
-}
+// kept keeps a test's namespace after it: envtest runs no namespace
+// controller, so a deleted namespace would stay Terminating, with its
+// Deployments, for the rest of the tier, and refuse the reports each test's
+// audit writes for every namespace.
+var kept = harness.KeepNamespace()
+
+// appImage is the image of the tests' Deployments (harness.Deployment).
+const appImage = "nginx:1.27.3"
 
 func ptr[T any](v T) *T { return &v }
 

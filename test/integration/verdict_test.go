@@ -14,6 +14,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // TestAFixIsNeverObservedUnderTheOldVerdict: after the guard's rollback, the
@@ -26,7 +27,7 @@ import (
 // included, could have ended the verdict in between.
 func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	controller, _ := clientAs(t, "system:serviceaccount:kube-system:deployment-controller")
 
 	tests := []struct {
@@ -113,7 +114,7 @@ func TestAFixIsNeverObservedUnderTheOldVerdict(t *testing.T) {
 // names only the ReplicaSet.
 func rolledBackDeployment(ctx context.Context, t *testing.T, ns, name string, adopted bool) *appsv1.Deployment {
 	t.Helper()
-	d := deployment(ns, name)
+	d := harness.Deployment(ns, name, appImage)
 	require.NoError(t, k8s.Create(ctx, d))
 
 	const hash = "restored"

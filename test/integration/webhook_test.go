@@ -12,15 +12,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
 	"github.com/deployguard/deployguard/webhook/native"
 )
 
 func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	c, warnings := clientAs(t, "")
 
-	d := deployment(ns, "shop", func(d *appsv1.Deployment) {
+	d := harness.Deployment(ns, "shop", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "shop", "app.kubernetes.io/version": "1.2"}
 	})
@@ -44,8 +45,8 @@ func TestEmptySelectorIsRepairedFromStableLabels(t *testing.T) {
 
 func TestEmptySelectorWithoutStableLabelsIsRefusedWithTheGuardsMessage(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "nolabels", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "nolabels", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector = nil
 		d.Spec.Template.Labels = map[string]string{"version": "v3"}
 	})
@@ -60,13 +61,13 @@ func TestEmptySelectorWithoutStableLabelsIsRefusedWithTheGuardsMessage(t *testin
 
 func TestOverlappingSelectorsAreRefused(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	require.NoError(t, k8s.Create(ctx, deployment(ns, "web", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept)
+	require.NoError(t, k8s.Create(ctx, harness.Deployment(ns, "web", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web", "track": "stable"}
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web", "track": "stable"}
 	})))
 	// The guard lists from its cache: wait until it has seen "web".
-	broad := deployment(ns, "web-all", func(d *appsv1.Deployment) {
+	broad := harness.Deployment(ns, "web-all", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Selector.MatchLabels = map[string]string{"app.kubernetes.io/name": "web"}
 		d.Spec.Template.Labels = map[string]string{"app.kubernetes.io/name": "web"}
 	})
@@ -85,9 +86,9 @@ func TestOverlappingSelectorsAreRefused(t *testing.T) {
 
 func TestWarningsReachTheClient(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
+	ns := harness.NewNamespace(t, k8s, kept)
 	c, warnings := clientAs(t, "")
-	d := deployment(ns, "noprobe", func(d *appsv1.Deployment) {
+	d := harness.Deployment(ns, "noprobe", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Template.Spec.Containers[0].ReadinessProbe = nil
 		d.Spec.Replicas = ptr(int32(3))
 		d.Spec.Strategy.Type = appsv1.RecreateDeploymentStrategyType
@@ -101,13 +102,13 @@ func TestWarningsReachTheClient(t *testing.T) {
 
 func TestServerSideDryRun(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "dry", func(d *appsv1.Deployment) { d.Spec.Selector = nil })
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "dry", appImage, func(d *appsv1.Deployment) { d.Spec.Selector = nil })
 	require.NoError(t, k8s.Create(ctx, d, client.DryRunAll), "sideEffects: None makes dry runs possible")
 	assert.Equal(t, map[string]string{"app.kubernetes.io/name": "dry"}, d.Spec.Selector.MatchLabels, "the dry run shows the guard's defaults")
 	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(d), &appsv1.Deployment{})), "a dry run stores nothing")
 
-	bad := deployment(ns, "dry-bad", func(d *appsv1.Deployment) {
+	bad := harness.Deployment(ns, "dry-bad", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%"))}
 	})
 	err := k8s.Create(ctx, bad, client.DryRunAll)
@@ -117,8 +118,8 @@ func TestServerSideDryRun(t *testing.T) {
 
 func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "steady")
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "steady", appImage)
 	require.NoError(t, k8s.Create(ctx, d))
 	before := &appsv1.Deployment{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), before))
@@ -145,8 +146,8 @@ func TestRefusedUpdateLeavesTheStoredObjectUnchanged(t *testing.T) {
 // nothing is refused. Removing them stays possible the documented ways.
 func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "fin", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "fin", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 	})
 	require.NoError(t, k8s.Create(ctx, d))
@@ -157,7 +158,7 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	t.Run("typed client: Get, modify its own copy, Update", func(t *testing.T) {
 		cur := &appsv1.Deployment{}
 		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(d), cur))
-		own := deployment(ns, "fin", func(o *appsv1.Deployment) {
+		own := harness.Deployment(ns, "fin", appImage, func(o *appsv1.Deployment) {
 			o.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 			o.Labels = map[string]string{"updated": "by-a-client"}
 			o.ResourceVersion = cur.ResourceVersion
@@ -168,7 +169,7 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 	})
 
 	t.Run("kubectl replace", func(t *testing.T) {
-		manifest := deployment(ns, "fin", func(o *appsv1.Deployment) {
+		manifest := harness.Deployment(ns, "fin", appImage, func(o *appsv1.Deployment) {
 			o.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 			o.Labels = map[string]string{"updated": "by-kubectl-replace"}
 		})
@@ -223,8 +224,8 @@ func TestGuardFinalizersSurviveClientsThatDoNotKnowThem(t *testing.T) {
 // Deployment: the finalizers go with it.
 func TestRemovingTheCleanupAnnotationRemovesTheFinalizers(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "fin", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "fin", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record"}
 		d.Finalizers = []string{"example.com/keep"}
 	})
@@ -239,8 +240,8 @@ func TestRemovingTheCleanupAnnotationRemovesTheFinalizers(t *testing.T) {
 
 func TestProtectedDeploymentCannotBeDeleted(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, nil)
-	d := deployment(ns, "precious", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept)
+	d := harness.Deployment(ns, "precious", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
 	})
 	require.NoError(t, k8s.Create(ctx, d))
@@ -254,8 +255,8 @@ func TestProtectedDeploymentCannotBeDeleted(t *testing.T) {
 
 func TestOptedOutNamespaceIsNotGuarded(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t, map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled})
-	d := deployment(ns, "free", func(d *appsv1.Deployment) {
+	ns := harness.NewNamespace(t, k8s, kept, harness.NamespaceLabels(map[string]string{vocab.LabelGuard: vocab.LabelGuardDisabled}))
+	d := harness.Deployment(ns, "free", appImage, func(d *appsv1.Deployment) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 	})
 	require.NoError(t, k8s.Create(ctx, d))
@@ -266,7 +267,7 @@ func TestOptedOutNamespaceIsNotGuarded(t *testing.T) {
 
 func TestSystemNamespacesAreNotGuarded(t *testing.T) {
 	ctx := context.Background()
-	d := deployment("kube-system", "system-thing", func(d *appsv1.Deployment) {
+	d := harness.Deployment("kube-system", "system-thing", appImage, func(d *appsv1.Deployment) {
 		d.Spec.Strategy.RollingUpdate = &appsv1.RollingUpdateDeployment{MaxUnavailable: ptr(intstr.FromString("100%"))} // the guard would refuse this
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: "record,drain"}
 	})

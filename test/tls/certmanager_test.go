@@ -45,19 +45,19 @@ const kubeletLag = time.Second
 // CA into both webhook configurations (their inject-ca-from annotation, as
 // config/default sets it), and the guard serves the Secret from files.
 func TestCertManager(t *testing.T) {
-	dir, log := workDir(t)
+	dir, log := tier.TestWorkDir(t)
 	ctx := context.Background()
 	start := time.Now()
 	cmBin, err := harness.BuildCertManager(ctx, log)
 	require.NoError(t, err)
 	t.Logf("cert-manager's controllers built (or found up to date) in %s", time.Since(start).Round(time.Second))
 
-	cluster, err := harness.StartCluster(ctx, tools, fmt.Sprintf("dg-tls-cm-%d", os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
+	cluster, err := harness.StartCluster(ctx, tier.Tools, fmt.Sprintf("dg-tls-cm-%d", os.Getpid()), filepath.Join(dir, "cluster"), 1, log)
 	require.NoError(t, err)
 	defer cluster.Stop()
 	cfg, err := cluster.RESTConfig()
 	require.NoError(t, err)
-	admin, err := client.New(loadConfig(t, cfg), client.Options{Scheme: scheme()})
+	admin, err := client.New(harness.LoadConfig(cfg), client.Options{Scheme: scheme()})
 	require.NoError(t, err)
 	guardKubeconfig := filepath.Join(dir, "guard.kubeconfig")
 	require.NoError(t, cluster.GuardKubeconfig(ctx, admin, guardKubeconfig))
@@ -92,7 +92,7 @@ func TestCertManager(t *testing.T) {
 	require.NoError(t, err)
 	defer guardLog.Close()
 	g, err := harness.StartGuard(harness.GuardOptions{
-		Binary: guardBin, Kubeconfig: guardKubeconfig, WorkDir: guardDir, WebhookPort: port, Output: guardLog,
+		Binary: tier.Guard, Kubeconfig: guardKubeconfig, WorkDir: guardDir, WebhookPort: port, Output: guardLog,
 		ExtraArgs: []string{"--cert-mode=files", "--cert-check-period=250ms"},
 	})
 	require.NoError(t, err)
@@ -102,7 +102,7 @@ func TestCertManager(t *testing.T) {
 	served := certs.DialServed(fmt.Sprintf("127.0.0.1:%d", port), "localhost")
 
 	t.Run("the API server calls the guard with cert-manager's certificate", func(t *testing.T) {
-		ns := newNamespace(ctx, t, admin, "tls-cm")
+		ns := harness.NewNamespace(t, admin)
 		leaf, err := served(ctx)
 		require.NoError(t, err)
 		issued, err := certs.ParseCertificate(secretData(ctx, t, admin, servingCertificate.Name)[corev1.TLSCertKey])
@@ -118,7 +118,7 @@ func TestCertManager(t *testing.T) {
 	})
 
 	t.Run("renewals under load fail no request", func(t *testing.T) {
-		ns := newNamespace(ctx, t, admin, "tls-load")
+		ns := harness.NewNamespace(t, admin)
 		runCtx, stop := context.WithTimeout(ctx, 45*time.Second)
 		defer stop()
 		seen := observe(runCtx, served, admin)

@@ -46,30 +46,30 @@ const (
 )
 
 func TestSelfManaged(t *testing.T) {
-	dir, log := workDir(t)
+	dir, log := tier.TestWorkDir(t)
 	ctx := context.Background()
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	l, err := harness.StartLocal(startCtx, harness.LocalOptions{
-		Tools: tools, Guard: guardBin, Name: fmt.Sprintf("dg-tls-sm-%d", os.Getpid()), WorkDir: dir,
+		Tools: tier.Tools, Guard: tier.Guard, Name: fmt.Sprintf("dg-tls-sm-%d", os.Getpid()), WorkDir: dir,
 		Nodes: 1, GuardArgs: selfManagedArgs, Log: log,
 	})
 	require.NoError(t, err)
 	defer l.Stop()
 	cfg, err := l.Cluster.RESTConfig()
 	require.NoError(t, err)
-	admin, err := client.New(loadConfig(t, cfg), client.Options{Scheme: scheme()})
+	admin, err := client.New(harness.LoadConfig(cfg), client.Options{Scheme: scheme()})
 	require.NoError(t, err)
 	addr := strings.TrimPrefix(l.Guard.URL, "https://")
 
 	t.Run("rotation under load fails no request", func(t *testing.T) {
-		ns := newNamespace(ctx, t, admin, "tls-load")
+		ns := harness.NewNamespace(t, admin)
 		// A second replica shares the Secret; the API server calls the first.
 		bLog, err := os.Create(filepath.Join(dir, "replica-b.log"))
 		require.NoError(t, err)
 		defer bLog.Close()
 		b, err := harness.StartGuard(harness.GuardOptions{
-			Binary: guardBin, Kubeconfig: l.GuardKubeconfig, WorkDir: filepath.Join(dir, "replica-b"),
+			Binary: tier.Guard, Kubeconfig: l.GuardKubeconfig, WorkDir: filepath.Join(dir, "replica-b"),
 			ExtraArgs: selfManagedArgs, Output: bLog,
 		})
 		require.NoError(t, err)
@@ -193,7 +193,7 @@ func TestSelfManaged(t *testing.T) {
 	// certificates in the same words.
 	filesStarted := metav1.NewMicroTime(time.Now())
 	g, err := harness.StartGuard(harness.GuardOptions{
-		Binary: guardBin, Kubeconfig: l.GuardKubeconfig, WorkDir: guardDir, WebhookPort: port,
+		Binary: tier.Guard, Kubeconfig: l.GuardKubeconfig, WorkDir: guardDir, WebhookPort: port,
 		ExtraArgs: []string{"--cert-mode=files", "--cert-check-period=250ms"}, Output: guardLog,
 	})
 	require.NoError(t, err)

@@ -8,19 +8,14 @@ package tls
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cmapi "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -28,19 +23,18 @@ import (
 	"github.com/deployguard/deployguard/test/harness"
 )
 
-var tools, guardBin string
+// tier has the control plane, the guard binary and the tier's work folder:
+// each test starts a cluster of its own in a folder of its own.
+var tier *harness.Tier
 
 func TestMain(m *testing.M) {
-	var err error
-	if tools, err = harness.ToolsDir(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if guardBin, err = harness.GuardBinary(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name: "tls",
+		Setup: func(_ context.Context, tr *harness.Tier) error {
+			tier = tr
+			return nil
+		},
+	}))
 }
 
 func scheme() *runtime.Scheme {
@@ -48,44 +42,6 @@ func scheme() *runtime.Scheme {
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(cmapi.AddToScheme(s))
 	return s
-}
-
-// workDir is a folder for one test's cluster, guard and logs, kept (and its
-// log's end printed) when the test fails.
-func workDir(t *testing.T) (string, *os.File) {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "deployguard-tls-")
-	require.NoError(t, err)
-	log, err := os.Create(filepath.Join(dir, "test.log"))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		log.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			if len(b) > 15000 {
-				b = b[len(b)-15000:]
-			}
-			t.Logf("work folder kept: %s\n--- end of %s ---\n%s", dir, log.Name(), b)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-	return dir, log
-}
-
-// loadConfig is the admin configuration without client-side rate limits: the
-// load must reach the API server at the rate asked.
-func loadConfig(t *testing.T, cfg *rest.Config) *rest.Config {
-	t.Helper()
-	c := rest.CopyConfig(cfg)
-	c.QPS, c.Burst = 2000, 4000
-	return c
-}
-
-func newNamespace(ctx context.Context, t *testing.T, c client.Client, name string) string {
-	t.Helper()
-	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
-	return name
 }
 
 // injectedBundle is the caBundle of the guard's validating webhook.

@@ -26,8 +26,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/yaml"
 
 	"github.com/deployguard/deployguard/test/harness"
@@ -86,31 +84,35 @@ type row struct {
 	Difference   *string `json:"difference,omitempty"`
 }
 
+// tier has the control plane and the guard binary; its work folder is
+// bin/upstream, which keeps the tier's report.
+var tier *harness.Tier
+
+func TestMain(m *testing.M) {
+	os.Exit(harness.RunTier(m, harness.TierOptions{
+		Name: "upstream",
+		// The specs' output, the clusters' logs and the table stay there.
+		WorkDir: filepath.Join(harness.RepoRoot(), "bin", "upstream"),
+		Setup: func(_ context.Context, tr *harness.Tier) error {
+			tier = tr
+			return nil
+		},
+	}))
+}
+
 func TestUpstreamCompatibility(t *testing.T) {
-	tools, err := harness.ToolsDir()
-	require.NoError(t, err)
-	guard, err := harness.GuardBinary()
-	require.NoError(t, err)
+	tools, guard, out := tier.Tools, tier.Guard, tier.WorkDir
 	e2e := os.Getenv("DEPLOYGUARD_UPSTREAM_E2E")
 	if e2e == "" {
 		e2e = filepath.Join(tools, "e2e-upstream.test")
 	}
-	_, err = os.Stat(e2e)
+	_, err := os.Stat(e2e)
 	require.NoError(t, err, "the upstream e2e binary is missing: run `make upstream-e2e` (or `make test-upstream`, which builds it)")
 	// The install's own configuration (config/manager), not make run's.
 	installConfig, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "config", "manager", "guard.yaml"))
 	require.NoError(t, err)
 	diffs := readDifferences(t)
 
-	out := filepath.Join(harness.RepoRoot(), "bin", "upstream")
-	require.NoError(t, os.RemoveAll(out))
-	require.NoError(t, os.MkdirAll(out, 0o755))
-	// The harness's own clients log (warnings relayed by the API server) to a
-	// file, not to the test output.
-	clientLog, err := os.Create(filepath.Join(out, "harness-clients.log"))
-	require.NoError(t, err)
-	defer clientLog.Close()
-	ctrl.SetLogger(zap.New(zap.WriteTo(clientLog)))
 	work := t.TempDir()
 	start := time.Now()
 
@@ -138,7 +140,7 @@ func TestUpstreamCompatibility(t *testing.T) {
 	rows, problems := compare(before, after, diffs)
 	writeTable(t, out, rows, time.Since(start))
 	for _, p := range problems {
-		t.Error(p)
+		assert.Fail(t, p)
 	}
 }
 

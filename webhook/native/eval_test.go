@@ -3,10 +3,10 @@ package native
 import (
 	"context"
 	"math"
-	"reflect"
-	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -41,9 +41,7 @@ func TestEvaluate(t *testing.T) {
 		Expression:        `request.operation != "DELETE" || !has(oldObject.metadata.annotations) || oldObject.metadata.annotations[?"deployguard.io/protected"].orValue("") != "true"`,
 		MessageExpression: `"Deployment " + oldObject.metadata.name + " is protected; lift it with kubectl annotate deployment " + oldObject.metadata.name + " deployguard.io/protected-"`,
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	someone := &user.DefaultInfo{Name: "someone"}
 	for _, tc := range []struct {
 		name string
@@ -62,18 +60,15 @@ func TestEvaluate(t *testing.T) {
 			ds := p.Evaluate(context.Background(), tc.r)
 			got := ""
 			for _, d := range ds {
-				if d.Error {
-					t.Fatalf("evaluation error: %s", d.Message)
-				}
+				require.False(t, d.Error, "evaluation error: %s", d.Message)
 				got = d.Message
 			}
-			if got != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
-			}
+			assert.Equal(t, tc.want, got)
 		})
 	}
-	if _, err := Compile(policy(admissionregistrationv1.Validation{Expression: `object.spec.nosuchfield +`})); err == nil || !strings.Contains(err.Error(), "test") {
-		t.Errorf("a policy that does not compile: %v", err)
+	_, err = Compile(policy(admissionregistrationv1.Validation{Expression: `object.spec.nosuchfield +`}))
+	if assert.Error(t, err, "a policy that does not compile") {
+		assert.Contains(t, err.Error(), "test", "the error names the policy")
 	}
 }
 
@@ -85,15 +80,13 @@ func TestEvaluateWithParams(t *testing.T) {
 	})
 	pol.Spec.ParamKind = &admissionregistrationv1.ParamKind{APIVersion: "v1", Kind: "ConfigMap"}
 	p, err := Compile(pol)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	limit := int32(50)
 	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}, Spec: appsv1.DeploymentSpec{RevisionHistoryLimit: &limit}}
 	params := &corev1.ConfigMap{Data: map[string]string{"max": "10"}}
 	ds := p.Evaluate(context.Background(), Request{Operation: admission.Create, Object: d, Namespace: "shop", Name: "web", User: &user.DefaultInfo{Name: "u"}, Params: params})
-	if len(ds) != 1 || ds[0].Message != "revisionHistoryLimit 50 is above 10" {
-		t.Errorf("decisions %+v", ds)
+	if assert.Len(t, ds, 1, "decisions %+v", ds) {
+		assert.Equal(t, "revisionHistoryLimit 50 is above 10", ds[0].Message)
 	}
 }
 
@@ -148,9 +141,7 @@ func advised() (recreate, outOfBounds, lowDeadline *appsv1.Deployment) {
 // guard's exemptions skip.
 func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
 	r, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	recreate, outOfBounds, lowDeadline := advised()
 	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"system:authenticated"}}
 	reqs := map[string]Request{
@@ -165,14 +156,10 @@ func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
 	settings := defaults
 	settings.ExemptNamespaces = []string{"kube-system"}
 	failed := 0
-	if r.compiled[Refusals].passes != nil {
-		t.Fatal("the refusals fail closed: their errors refuse, so they are always run in full")
-	}
+	require.Nil(t, r.compiled[Refusals].passes, "the refusals fail closed: their errors refuse, so they are always run in full")
 	for _, name := range []string{Warnings, Bounds} {
 		p := r.compiled[name]
-		if p.passes == nil {
-			t.Fatalf("%s is an Ignore policy and has a passing run", name)
-		}
+		require.NotNil(t, p.passes, "%s is an Ignore policy and has a passing run", name)
 		full := *p
 		full.passes = nil
 		for what, req := range reqs {
@@ -181,19 +168,13 @@ func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
 			}
 			req.Name, req.Params = "web", settings.Params().obj
 			in, err := inputOf(req)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			got, want := p.evaluate(context.Background(), in), full.evaluate(context.Background(), in)
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("%s, %s: %+v, the full run %+v", name, what, got, want)
-			}
+			assert.Equal(t, want, got, "%s, %s: the first, then the full run", name, what)
 			failed += len(want)
 		}
 	}
-	if failed < 4 {
-		t.Errorf("only %d validations failed: the requests no longer exercise the full run", failed)
-	}
+	assert.GreaterOrEqual(t, failed, 4, "validations failed: fewer, and the requests no longer exercise the full run")
 }
 
 // TestTheJointPassingRunAnswersAsEachPolicy: the warnings and the bounds,
@@ -202,15 +183,9 @@ func TestThePassingRunAnswersAsTheFullRun(t *testing.T) {
 // variable one of them defines differently would quietly undo that).
 func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 	r, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.jointPasses([]string{Warnings, Bounds}) == nil {
-		t.Fatal("the warnings and the bounds are not joined: a variable they share differs, or one is no longer Ignore")
-	}
-	if r.jointPasses([]string{Refusals, Warnings, Bounds}) == nil {
-		t.Fatal("the refusals do not join by their match condition")
-	}
+	require.NoError(t, err)
+	require.NotNil(t, r.jointPasses([]string{Warnings, Bounds}), "the warnings and the bounds are not joined: a variable they share differs, or one is no longer Ignore")
+	require.NotNil(t, r.jointPasses([]string{Refusals, Warnings, Bounds}), "the refusals do not join by their match condition")
 	recreate, outOfBounds, lowDeadline := advised()
 	noHistory := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
 	noHistory.Spec.RevisionHistoryLimit = ptr.To[int32](0)
@@ -240,18 +215,12 @@ func TestTheJointPassingRunAnswersAsEachPolicy(t *testing.T) {
 		req.Name = "web"
 		got := r.Evaluate(context.Background(), req, params, Warnings, Bounds)
 		want := append(r.Evaluate(context.Background(), req, params, Warnings), r.Evaluate(context.Background(), req, params, Bounds)...)
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%s: together %+v, each alone %+v", what, got, want)
-		}
+		assert.Equal(t, want, got, "%s: together, then each alone", what)
 		found += len(want)
 		// With the refusals, which join by their match condition.
 		got = r.Evaluate(context.Background(), req, params, Refusals, Warnings, Bounds)
 		want = append(r.Evaluate(context.Background(), req, params, Refusals), want...)
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%s, with the refusals: together %+v, each alone %+v", what, got, want)
-		}
+		assert.Equal(t, want, got, "%s, with the refusals: together, then each alone", what)
 	}
-	if found < 5 {
-		t.Errorf("only %d findings: the requests no longer exercise the full runs", found)
-	}
+	assert.GreaterOrEqual(t, found, 5, "findings: fewer, and the requests no longer exercise the full runs")
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,13 +30,10 @@ import (
 // ordinary writes must be left out, or the condition spares nothing.
 func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	rules, err := native.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	installed := refusalsAsInstalled(rules)
-	if installed == nil || len(installed.Spec.MatchConditions) == 0 {
-		t.Fatalf("%s has no match condition", native.Refusals)
-	}
+	require.NotNil(t, installed, "%s is installed", native.Refusals)
+	require.NotEmpty(t, installed.Spec.MatchConditions, "%s has no match condition", native.Refusals)
 	unmatched := installed.DeepCopy()
 	unmatched.Spec.MatchConditions = nil
 	// The match condition alone: refused exactly when it matches.
@@ -42,9 +41,7 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	matches.Spec.Validations = []admissionregistrationv1.Validation{{Expression: "false", Message: "matched"}}
 	compile := func(p *admissionregistrationv1.ValidatingAdmissionPolicy) *native.Policy {
 		c, err := native.Compile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return c
 	}
 	with, without, matcher := compile(installed), compile(unmatched), compile(matches)
@@ -77,7 +74,7 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 			req.Params = params[rng.IntN(len(params))]
 			got, want := with.Evaluate(ctx, req), without.Evaluate(ctx, req)
 			if !slices.Equal(got, want) {
-				t.Errorf("%s %s by %s: with the match condition %+v, without %+v", req.Operation, req.Name, req.User.GetName(), got, want)
+				assert.Fail(t, "the match condition changes the decisions", "%s %s by %s: with it %+v, without %+v", req.Operation, req.Name, req.User.GetName(), got, want)
 			}
 			compared++
 			if len(want) > 0 {
@@ -104,9 +101,7 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 	cur.Spec.Template.Spec.Containers[0].Image += "-next"
 	req := native.Request{Operation: admission.Update, Object: cur, OldObject: old, Namespace: "shop", Name: old.Name,
 		User: users[0], Params: params[0]}
-	if ds := matcher.Evaluate(ctx, req); len(ds) != 0 {
-		t.Errorf("an image change of a Deployment with the guard's cleanup is matched: %+v", ds)
-	}
+	assert.Empty(t, matcher.Evaluate(ctx, req), "an image change of a Deployment with the guard's cleanup is matched")
 }
 
 // deployguard-refusals judges a create only when deployguard-selector
@@ -116,18 +111,14 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 // create must come out unlabelled, or the label spares nothing.
 func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 	rules, err := native.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	installed := refusalsAsInstalled(rules)
 	// Without the refusals' own match condition: the label must not lean
 	// on it.
 	unmatched := installed.DeepCopy()
 	unmatched.Spec.MatchConditions = nil
 	refusals, err := native.Compile(unmatched)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(25, 2))
 	corpus, bases := corpusAndVaried(t, rng, 1500)
 	// Empty selectors too: the repair's marker is what the refusals refuse.
@@ -158,16 +149,14 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 			req.Namespace = "legacy"
 		}
 		mutated, err := rules.Mutate(ctx, req, s.Params(), native.Selector)
-		if err != nil {
-			t.Fatalf("%s: %v", req.Name, err)
-		}
+		require.NoError(t, err, req.Name)
 		req.Object = mutated
 		_, labelled := mutated.Labels[native.LabelRefusals]
 		compared++
 		if ds := refusals.Evaluate(ctx, req); len(ds) > 0 {
 			refused++
 			if !labelled {
-				t.Errorf("%s by %s is refused (%+v) but not labelled %s: the API server would admit it", req.Name, req.User.GetName(), ds, native.LabelRefusals)
+				assert.Fail(t, "refused but not labelled: the API server would admit it", "%s by %s is refused (%+v) but not labelled %s", req.Name, req.User.GetName(), ds, native.LabelRefusals)
 			}
 		}
 		if i < len(corpus) && plain(d) {
@@ -186,12 +175,8 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 func exercised(t *testing.T, what string, compared, refused int, spared string, plainSpared, plainCreates int) {
 	t.Helper()
 	t.Logf("%d %s compared, %d refused; %d of %d plain creates of the corpora %s", compared, what, refused, plainSpared, plainCreates, spared)
-	if refused == 0 || refused == compared {
-		t.Errorf("the %s do not exercise the refusals: %d refused of %d", what, refused, compared)
-	}
-	if plainSpared*10 < plainCreates*9 {
-		t.Errorf("only %d of %d plain creates of the corpora are %s", plainSpared, plainCreates, spared)
-	}
+	assert.True(t, refused > 0 && refused < compared, "the %s do not exercise the refusals: %d refused of %d", what, refused, compared)
+	assert.GreaterOrEqual(t, plainSpared*10, plainCreates*9, "only %d of %d plain creates of the corpora are %s", plainSpared, plainCreates, spared)
 }
 
 // The guard evaluates the refusals with the warnings and bounds in one run,
@@ -200,9 +185,7 @@ func exercised(t *testing.T, what string, compared, refused int, spared string, 
 // one by one, in the same order and words.
 func TestTheRefusalsJoinTheAdviceByTheirMatchCondition(t *testing.T) {
 	rules, err := native.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(25, 3))
 	_, bases := corpusAndVaried(t, rng, 400)
 	settings := []native.Settings{{GuardUsername: "system:serviceaccount:deployguard-system:deployguard",
@@ -226,16 +209,14 @@ func TestTheRefusalsJoinTheAdviceByTheirMatchCondition(t *testing.T) {
 				want = append(want, rules.Evaluate(ctx, req, p, name)...)
 			}
 			if !slices.Equal(got, want) {
-				t.Errorf("%s %s by %s: together %+v, one by one %+v", req.Operation, req.Name, req.User.GetName(), got, want)
+				assert.Fail(t, "together and one by one differ", "%s %s by %s: together %+v, one by one %+v", req.Operation, req.Name, req.User.GetName(), got, want)
 			}
 			compared++
 			found += len(want)
 		}
 	}
 	t.Logf("%d requests compared, %d findings", compared, found)
-	if found == 0 {
-		t.Error("no findings: the requests do not exercise the policies")
-	}
+	assert.NotZero(t, found, "no findings: the requests do not exercise the policies")
 }
 
 // refusalsAsInstalled is deployguard-refusals as config/native has it.
@@ -253,9 +234,7 @@ func refusalsAsInstalled(rules *native.Rules) *admissionregistrationv1.Validatin
 func corpusAndVaried(t *testing.T, rng *rand.Rand, n int) (corpus, all []*appsv1.Deployment) {
 	t.Helper()
 	corpus, err := harness.CorpusDeployments()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	all = slices.Clone(corpus)
 	for i := range n {
 		all = append(all, varied(rng, i))

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -32,18 +34,14 @@ func rolling(replicas int32, surge, unavailable intstr.IntOrString) *appsv1.Depl
 func evaluate(t *testing.T, req Request, s Settings, policies ...string) []Finding {
 	t.Helper()
 	r, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if req.User == nil {
 		req.User = &user.DefaultInfo{Name: "alice"}
 	}
 	req.Namespace, req.Name = "shop", "web"
 	fs := r.Evaluate(context.Background(), req, s.Params(), policies...)
 	for _, f := range fs {
-		if f.Error || strings.HasPrefix(f.Message, "failed expression") {
-			t.Fatalf("the policy could not say why: %+v", f)
-		}
+		require.False(t, f.Error || strings.HasPrefix(f.Message, "failed expression"), "the policy could not say why: %+v", f)
 	}
 	return fs
 }
@@ -78,12 +76,12 @@ func TestStrategyFenceposts(t *testing.T) {
 			got := ""
 			for _, f := range fs {
 				got = f.Message
-				if f.Field != "spec.strategy.rollingUpdate.maxUnavailable" {
-					t.Errorf("field %q", f.Field)
-				}
+				assert.Equal(t, "spec.strategy.rollingUpdate.maxUnavailable", f.Field)
 			}
-			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
-				t.Errorf("got %q, want %q", got, tc.want)
+			if tc.want == "" {
+				assert.Empty(t, got)
+			} else {
+				assert.Contains(t, got, tc.want)
 			}
 		})
 	}
@@ -98,11 +96,9 @@ func TestCleanupStepsAgreeWithTheReconciler(t *testing.T) {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: v}
 		fs := evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
 		_, err := vocab.ParseCleanupSteps(v)
-		if refused := len(fs) > 0; refused != (err != nil) {
-			t.Errorf("%q: policy refuses %v (%+v), ParseCleanupSteps says %v", v, refused, fs, err)
-		}
-		if err != nil && len(fs) > 0 && !strings.Contains(fs[0].Message, strings.TrimSuffix(err.Error(), ".")) {
-			t.Errorf("%q: policy says %q, the reconciler %q", v, fs[0].Message, err)
+		assert.Equal(t, err != nil, len(fs) > 0, "%q: the policy refuses it (%+v) as ParseCleanupSteps does (%v)", v, fs, err)
+		if err != nil && len(fs) > 0 {
+			assert.Contains(t, fs[0].Message, strings.TrimSuffix(err.Error(), "."), "%q: the policy says what the reconciler says", v)
 		}
 	}
 }
@@ -114,17 +110,18 @@ func TestUnshowableMessagesFallBackToTheStaticOnes(t *testing.T) {
 	d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
 	d.Annotations = map[string]string{vocab.AnnotationCleanup: "rec\nord"}
 	fs := evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
-	if len(fs) != 1 || fs[0].Field != "metadata.annotations[deployguard.io/cleanup]" || !strings.Contains(fs[0].Message, `the steps are "record" and "drain"`) {
-		t.Fatalf("%+v", fs)
-	}
+	require.Len(t, fs, 1, "%+v", fs)
+	assert.Equal(t, "metadata.annotations[deployguard.io/cleanup]", fs[0].Field)
+	assert.Contains(t, fs[0].Message, `the steps are "record" and "drain"`)
 	d = rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
 	for i := range 400 {
 		d.Finalizers = append(d.Finalizers, fmt.Sprintf("deployguard.io/unknown-finalizer-%03d", i))
 	}
 	fs = evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
-	if len(fs) != 1 || fs[0].Field != "metadata.finalizers" || !strings.Contains(fs[0].Message, "supported values") || len(fs[0].Message) > 5*1024 {
-		t.Fatalf("%+v", fs)
-	}
+	require.Len(t, fs, 1, "%+v", fs)
+	assert.Equal(t, "metadata.finalizers", fs[0].Field)
+	assert.Contains(t, fs[0].Message, "supported values")
+	assert.LessOrEqual(t, len(fs[0].Message), 5*1024, "the message's length")
 }
 
 // Exemptions, the guard's own writes and metadata-only updates skip the
@@ -134,16 +131,10 @@ func TestWhoTheRulesSkip(t *testing.T) {
 	bad := rolling(3, intstr.FromString("25%"), intstr.FromString("100%"))
 	s := defaults
 	s.ExemptNamespaces, s.BreakGlassGroups = []string{"shop"}, []string{"platform-admins"}
-	if fs := evaluate(t, Request{Operation: admission.Create, Object: bad}, s, Refusals); len(fs) != 0 {
-		t.Errorf("exempt namespace: %+v", fs)
-	}
-	if fs := evaluate(t, Request{Operation: admission.Update, Object: bad, OldObject: bad.DeepCopy(),
-		User: &user.DefaultInfo{Name: "alice"}}, defaults, Refusals); len(fs) != 0 {
-		t.Errorf("an update that leaves the spec alone: %+v", fs)
-	}
-	if fs := evaluate(t, Request{Operation: admission.Create, Object: bad, User: &user.DefaultInfo{Name: defaults.GuardUsername}}, defaults, Refusals); len(fs) != 0 {
-		t.Errorf("the guard's own write: %+v", fs)
-	}
+	assert.Empty(t, evaluate(t, Request{Operation: admission.Create, Object: bad}, s, Refusals), "exempt namespace")
+	assert.Empty(t, evaluate(t, Request{Operation: admission.Update, Object: bad, OldObject: bad.DeepCopy(),
+		User: &user.DefaultInfo{Name: "alice"}}, defaults, Refusals), "an update that leaves the spec alone")
+	assert.Empty(t, evaluate(t, Request{Operation: admission.Create, Object: bad, User: &user.DefaultInfo{Name: defaults.GuardUsername}}, defaults, Refusals), "the guard's own write")
 	old := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
 	old.Finalizers = []string{vocab.FinalizerRecord, vocab.FinalizerDrain}
 	old.DeletionTimestamp = &metav1.Time{}
@@ -159,9 +150,7 @@ func TestWhoTheRulesSkip(t *testing.T) {
 		{"the guard", &user.DefaultInfo{Name: defaults.GuardUsername}, false},
 	} {
 		fs := evaluate(t, Request{Operation: admission.Update, Object: cur, OldObject: old, User: tc.who}, s, Refusals)
-		if (len(fs) > 0) != tc.refused {
-			t.Errorf("%s removes the finalizers while deleting: %+v", tc.name, fs)
-		}
+		assert.Equal(t, tc.refused, len(fs) > 0, "%s removes the finalizers while deleting, refused: %+v", tc.name, fs)
 	}
 }
 
@@ -170,22 +159,18 @@ func TestDeletionProtection(t *testing.T) {
 	d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
 	d.Annotations = map[string]string{vocab.AnnotationProtected: "true"}
 	fs := evaluate(t, Request{Operation: admission.Delete, OldObject: d}, defaults, Refusals)
-	if len(fs) != 1 || !strings.Contains(fs[0].Message, "kubectl annotate deployment web -n shop deployguard.io/protected-") {
-		t.Errorf("a protected Deployment deleted: %+v", fs)
+	if assert.Len(t, fs, 1, "a protected Deployment deleted: %+v", fs) {
+		assert.Contains(t, fs[0].Message, "kubectl annotate deployment web -n shop deployguard.io/protected-")
 	}
-	if fs := evaluate(t, Request{Operation: admission.Delete, OldObject: d,
-		User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}, defaults, Refusals); len(fs) != 0 {
-		t.Errorf("the namespace controller: %+v", fs)
-	}
+	assert.Empty(t, evaluate(t, Request{Operation: admission.Delete, OldObject: d,
+		User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}, defaults, Refusals), "the namespace controller")
 }
 
 // The policies name the guard's finalizers and annotations as the reconciler
 // does (vocab): a renamed constant fails here, not in a cluster.
 func TestPoliciesUseTheGuardsVocabulary(t *testing.T) {
 	r, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var refusals string
 	for _, p := range r.Policies {
 		if p.Name == Refusals {
@@ -198,14 +183,10 @@ func TestPoliciesUseTheGuardsVocabulary(t *testing.T) {
 		}
 	}
 	for _, c := range append(vocab.CanonicalFinalizers(), vocab.Domain+"/", vocab.AnnotationCleanup, vocab.AnnotationProtected, vocab.AnnotationSkipCleanup) {
-		if !strings.Contains(refusals, c) {
-			t.Errorf("deployguard-refusals does not name %q", c)
-		}
+		assert.Contains(t, refusals, c, "deployguard-refusals does not name %q", c)
 	}
 	for _, step := range vocab.CleanupSteps() {
-		if !strings.Contains(refusals, "'"+step+"'") {
-			t.Errorf("deployguard-refusals does not name the cleanup step %q", step)
-		}
+		assert.Contains(t, refusals, "'"+step+"'", "deployguard-refusals does not name the cleanup step %q", step)
 	}
 }
 
@@ -214,9 +195,7 @@ func TestPoliciesUseTheGuardsVocabulary(t *testing.T) {
 // may read them, or the guard and the API server would disagree.
 func TestPoliciesReadNoTemplate(t *testing.T) {
 	r, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, p := range r.Policies {
 		var exprs []string
 		for _, v := range p.Spec.Variables {
@@ -231,9 +210,8 @@ func TestPoliciesReadNoTemplate(t *testing.T) {
 		for _, e := range exprs {
 			// What a message says is not what it reads.
 			e = stringLiterals.ReplaceAllString(e, "''")
-			if strings.Contains(e, "template") || strings.Contains(e, "managedFields") {
-				t.Errorf("%s reads the template or managed fields: %s", p.Name, e)
-			}
+			assert.NotContains(t, e, "template", "%s reads the template", p.Name)
+			assert.NotContains(t, e, "managedFields", "%s reads the managed fields", p.Name)
 		}
 	}
 }
@@ -247,12 +225,8 @@ func TestATemplateOnlyUpdateIsChecked(t *testing.T) {
 	cur := old.DeepCopy()
 	cur.Spec.Template.Labels = map[string]string{"version": "2"}
 	fs := evaluate(t, Request{Operation: admission.Update, Object: cur, OldObject: old}, defaults, Refusals)
-	if len(fs) != 1 {
-		t.Errorf("a template change of an all-down Deployment: %+v", fs)
-	}
-	if fs := evaluate(t, Request{Operation: admission.Update, Object: old.DeepCopy(), OldObject: old}, defaults, Refusals); len(fs) != 0 {
-		t.Errorf("no change: %+v", fs)
-	}
+	assert.Len(t, fs, 1, "a template change of an all-down Deployment: %+v", fs)
+	assert.Empty(t, evaluate(t, Request{Operation: admission.Update, Object: old.DeepCopy(), OldObject: old}, defaults, Refusals), "no change")
 }
 
 // TestParamsFollowTheSettings: the params kept from the last call are given
@@ -264,12 +238,8 @@ func TestParamsFollowTheSettings(t *testing.T) {
 		u, _ := s.Params().obj.(*unstructured.Unstructured)
 		data, _ := u.Object["data"].(map[string]any)
 		for k, v := range s.Data() {
-			if data[k] != v {
-				t.Errorf("params %s = %v, want %q", k, data[k], v)
-			}
+			assert.Equal(t, v, data[k], "params %s", k)
 		}
 	}
-	if first, again := defaults.Params(), defaults.Params(); first != again {
-		t.Error("the same settings build their params again")
-	}
+	assert.Same(t, defaults.Params(), defaults.Params(), "the same settings build their params again")
 }

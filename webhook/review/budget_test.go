@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,12 +52,8 @@ func TestAllowsNoDisruption(t *testing.T) {
 		{"a malformed percentage decides nothing", minAvail(intstr.FromString("lots")), 1, false, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := review.AllowsNoDisruption(tc.b, tc.expected); got != tc.want {
-				t.Errorf("AllowsNoDisruption(%s, %d) = %v, want %v", tc.b.Rule(), tc.expected, got, tc.want)
-			}
-			if got := review.ReplicasToDrain(tc.b, tc.expected); got != tc.toDrain {
-				t.Errorf("ReplicasToDrain(%s, %d) = %d, want %d", tc.b.Rule(), tc.expected, got, tc.toDrain)
-			}
+			assert.Equal(t, tc.want, review.AllowsNoDisruption(tc.b, tc.expected), "AllowsNoDisruption(%s, %d)", tc.b.Rule(), tc.expected)
+			assert.Equal(t, tc.toDrain, review.ReplicasToDrain(tc.b, tc.expected), "ReplicasToDrain(%s, %d)", tc.b.Rule(), tc.expected)
 		})
 	}
 }
@@ -64,23 +62,17 @@ func TestAllowsNoDisruption(t *testing.T) {
 // controller does.
 func TestJudgeBudgetCountsEveryDeploymentItSelects(t *testing.T) {
 	b := minAvail(intstr.FromInt32(1))
-	if _, blocked := review.JudgeBudget(b, []review.BudgetTarget{{"a", 1}, {"b", 1}}); blocked {
-		t.Error("minAvailable 1 over two pods allows one eviction")
-	}
+	_, blocked := review.JudgeBudget(b, []review.BudgetTarget{{"a", 1}, {"b", 1}})
+	assert.False(t, blocked, "minAvailable 1 over two pods allows one eviction")
 	v, blocked := review.JudgeBudget(b, []review.BudgetTarget{{"web", 1}})
-	if !blocked {
-		t.Fatal("minAvailable 1 over one pod allows none")
-	}
+	require.True(t, blocked, "minAvailable 1 over one pod allows none")
 	for _, want := range []string{`PodDisruptionBudget "b" (minAvailable: 1)`, `Deployment "web" (1 replica)`, "maxUnavailable: 1", "raise replicas to 2 or more"} {
-		if msg := v.DeploymentMessage(); !strings.Contains(msg, want) {
-			t.Errorf("message %q lacks %q", msg, want)
-		}
+		assert.Contains(t, v.DeploymentMessage(), want)
 	}
 	v, _ = review.JudgeBudget(maxUnavail(intstr.FromInt32(0)), []review.BudgetTarget{{"b", 2}, {"a", 3}})
 	msg := v.BudgetMessage()
-	if !strings.Contains(msg, `Deployments "a" (3), "b" (2)`) || strings.Contains(msg, "raise") {
-		t.Errorf("budget message %q: want both Deployments in order and no replica advice (no count helps maxUnavailable: 0)", msg)
-	}
+	assert.Contains(t, msg, `Deployments "a" (3), "b" (2)`, "both Deployments, in order")
+	assert.NotContains(t, msg, "raise", "no replica advice: no count helps maxUnavailable: 0")
 }
 
 func pdb(name string, sel *metav1.LabelSelector, minAvailable *intstr.IntOrString) *policyv1.PodDisruptionBudget {
@@ -111,28 +103,18 @@ func TestBudgetIndexFindsBudgetsAndTheirDeployments(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 	got, _ := x.Selecting("ns", labels.Set{"app": "web"})
-	if names(got) != "all,web" {
-		t.Errorf("budgets selecting app=web: %s, want all,web (an empty selector selects every pod, a null one none)", names(got))
-	}
+	assert.Equal(t, "all,web", names(got), "budgets selecting app=web (an empty selector selects every pod, a null one none)")
 	got, _ = x.Selecting("ns", labels.Set{"app": "api", "tier": "back"})
-	if names(got) != "all,tier" {
-		t.Errorf("budgets selecting api: %s, want all,tier", names(got))
-	}
-	if got, _ := x.Selecting("other", labels.Set{"app": "web"}); len(got) != 0 {
-		t.Errorf("another namespace's budgets: %v", got)
-	}
+	assert.Equal(t, "all,tier", names(got), "budgets selecting api")
+	got, _ = x.Selecting("other", labels.Set{"app": "web"})
+	assert.Empty(t, got, "another namespace's budgets")
 	all, _ := review.BudgetOf(pdb("all", &metav1.LabelSelector{}, &one))
 	sels, _ := x.Targets("ns", all.Selector)
-	if len(sels) != 2 {
-		t.Errorf("an empty selector's Deployments: %d, want 2", len(sels))
-	}
+	assert.Len(t, sels, 2, "an empty selector's Deployments")
 	x.Delete("ns", "web")
-	if got, _ := x.Selecting("ns", labels.Set{"app": "web"}); names(got) != "all" {
-		t.Errorf("after deleting web: %s", names(got))
-	}
-	if x.Len() != 2 {
-		t.Errorf("Len = %d, want 2 (the null selector is not filed)", x.Len())
-	}
+	got, _ = x.Selecting("ns", labels.Set{"app": "web"})
+	assert.Equal(t, "all", names(got), "after deleting web")
+	assert.Equal(t, 2, x.Len(), "the null selector is not filed")
 }
 
 func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
@@ -146,33 +128,24 @@ func TestDrainCheckOnDeploymentsAndBudgets(t *testing.T) {
 		f := review.CheckBudgets(w.Options, w.Budgets, deploymentWith("web", 1, map[string]string{"app": "web"}), nil, false)
 		switch mode {
 		case review.BudgetsOff:
-			if len(f) != 0 {
-				t.Errorf("off: %v", f)
-			}
+			assert.Empty(t, f, "off")
 			continue
 		case review.BudgetsEnforce:
-			if len(f.Refusals()) != 1 {
-				t.Errorf("enforce: want a refusal, got %v", f)
-			}
+			assert.Len(t, f.Refusals(), 1, "enforce: a refusal, got %v", f)
 		default:
-			if len(f.Warnings()) != 1 || len(f.Refusals()) != 0 {
-				t.Errorf("%q: want one warning, got %v", mode, f)
-			} else if !strings.HasPrefix(f.Warnings()[0], "spec.replicas: PodDisruptionBudget \"web\" (minAvailable: 1)") {
-				t.Errorf("warning: %s", f.Warnings()[0])
+			if assert.Len(t, f.Warnings(), 1, "%q: one warning, got %v", mode, f) && assert.Empty(t, f.Refusals(), "%q: no refusal", mode) {
+				assert.True(t, strings.HasPrefix(f.Warnings()[0], "spec.replicas: PodDisruptionBudget \"web\" (minAvailable: 1)"), "warning: %s", f.Warnings()[0])
 			}
 		}
-		if f := review.CheckBudgets(w.Options, w.Budgets, deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false); len(f) != 0 {
-			t.Errorf("%q: two replicas under minAvailable 1 allow a drain: %v", mode, f)
-		}
+		f = review.CheckBudgets(w.Options, w.Budgets, deploymentWith("web", 2, map[string]string{"app": "web"}), nil, false)
+		assert.Empty(t, f, "%q: two replicas under minAvailable 1 allow a drain", mode)
 		// The budget's own webhook, with web stored at 1 replica.
 		deps.Set(deploymentWith("web", 1, map[string]string{"app": "web"}))
 		f = w.ReviewBudget(budget, nil, "someone", nil)
-		if len(f) != 1 || f[0].Field != "spec.minAvailable" {
-			t.Errorf("%q: the budget's review: %v", mode, f)
+		if assert.Len(t, f, 1, "%q: the budget's review: %v", mode, f) {
+			assert.Equal(t, "spec.minAvailable", f[0].Field, "%q: the budget's review", mode)
 		}
-		if f := w.ReviewBudget(budget, budget, "someone", nil); len(f) != 0 {
-			t.Errorf("%q: an update that leaves the spec alone: %v", mode, f)
-		}
+		assert.Empty(t, w.ReviewBudget(budget, budget, "someone", nil), "%q: an update that leaves the spec alone", mode)
 		deps.Delete("ns", "web")
 	}
 }
@@ -187,20 +160,16 @@ func TestDrainCheckRefusesOnlyWhatAWriteMakesWorse(t *testing.T) {
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &three))
 	w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: review.BudgetsEnforce}, Budgets: x}
 	web := func(n int32) *appsv1.Deployment { return deploymentWith("web", n, map[string]string{"app": "web"}) }
-	if f := review.CheckBudgets(w.Options, w.Budgets, web(1), nil, false); len(f.Refusals()) != 1 {
-		t.Errorf("a new Deployment under minAvailable 3: %v", f)
-	}
-	if f := review.CheckBudgets(w.Options, w.Budgets, web(2), web(1), false); len(f.Refusals()) != 0 || len(f.Warnings()) != 1 {
-		t.Errorf("scaling 1 to 2 under minAvailable 3 makes nothing worse: want one warning, got %v", f)
-	}
-	if f := review.CheckBudgets(w.Options, w.Budgets, web(0), web(1), false); len(f) != 0 {
-		t.Errorf("no pods, nothing to evict: %v", f)
-	}
+	f := review.CheckBudgets(w.Options, w.Budgets, web(1), nil, false)
+	assert.Len(t, f.Refusals(), 1, "a new Deployment under minAvailable 3: %v", f)
+	f = review.CheckBudgets(w.Options, w.Budgets, web(2), web(1), false)
+	assert.Empty(t, f.Refusals(), "scaling 1 to 2 under minAvailable 3 makes nothing worse: %v", f)
+	assert.Len(t, f.Warnings(), 1, "scaling 1 to 2 under minAvailable 3: one warning, got %v", f)
+	assert.Empty(t, review.CheckBudgets(w.Options, w.Budgets, web(0), web(1), false), "no pods, nothing to evict")
 	one := intstr.FromInt32(1)
 	x.Set(pdb("web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
-	if f := review.CheckBudgets(w.Options, w.Budgets, web(1), web(2), false); len(f.Refusals()) != 1 {
-		t.Errorf("scaling 2 to 1 under minAvailable 1 blocks every drain: %v", f)
-	}
+	f = review.CheckBudgets(w.Options, w.Budgets, web(1), web(2), false)
+	assert.Len(t, f.Refusals(), 1, "scaling 2 to 1 under minAvailable 1 blocks every drain: %v", f)
 }
 
 // A pod under two budgets cannot be evicted at all (the Eviction API answers
@@ -215,12 +184,13 @@ func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
 	deps.Set(web)
 	second := pdb("front", &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "front"}}, &one)
 	f := w.ReviewBudget(second, nil, "someone", nil)
-	if len(f) != 1 || f[0].Field != "spec.selector" || !strings.Contains(f[0].Message, `PodDisruptionBudget "web" selects too`) {
-		t.Errorf("the second budget's review: %v", f)
+	if assert.Len(t, f, 1, "the second budget's review: %v", f) {
+		assert.Equal(t, "spec.selector", f[0].Field)
+		assert.Contains(t, f[0].Message, `PodDisruptionBudget "web" selects too`)
 	}
 	x.Set(second)
 	f = review.CheckBudgets(w.Options, w.Budgets, web, nil, false)
-	if len(f) != 1 || !strings.Contains(f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)") {
-		t.Errorf("the Deployment's check: %v", f)
+	if assert.Len(t, f, 1, "the Deployment's check: %v", f) {
+		assert.Contains(t, f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/deployguard/deployguard/webhook/review"
 )
@@ -28,7 +29,7 @@ func TestNativeEnforced(t *testing.T) {
 	select {
 	case <-changed:
 	default:
-		t.Fatal("a change closes Changed")
+		require.FailNow(t, "a change closes Changed")
 	}
 	assert.False(t, o.NativeEnforced())
 	assert.True(t, EnforcedOf(o, LoadedPolicies{}).Refusals)
@@ -38,7 +39,7 @@ func TestNativeEnforced(t *testing.T) {
 	assert.False(t, o.Native.Set(false), "no change")
 	select {
 	case <-again:
-		t.Fatal("no change, Changed stays open")
+		require.FailNow(t, "no change, Changed stays open")
 	default:
 	}
 	assert.True(t, o.Native.Set(true), "back")

@@ -109,28 +109,15 @@ func main() {
 func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if o.tools == "" {
-		t, err := harness.ToolsDir()
-		if err != nil {
-			return err
-		}
-		o.tools = t
-	}
 	if o.rounds < 1 {
 		return fmt.Errorf("-rounds must be at least 1")
 	}
-	work, err := filepath.Abs(o.workDir)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(work, 0o755); err != nil {
-		return err
-	}
-	logFile, err := os.Create(filepath.Join(work, "bench.log"))
+	tools, work, logFile, err := load.Prepare(o.tools, o.workDir)
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
+	o.tools = tools
 
 	fmt.Println("Starting the local cluster …")
 	cluster, err := harness.StartCluster(ctx, o.tools, "dg-bench-apiserver", filepath.Join(work, "cluster"), 1, logFile)

@@ -1,6 +1,6 @@
 // Package load drives admission load through a real kube-apiserver and reads
 // what it costs the processes involved, from /proc: the shared parts of
-// `make bench-apiserver` and `make bench-scale`.
+// `make bench-apiserver`, `make bench-scale` and `make bench-reaction`.
 package load
 
 import (

@@ -121,25 +121,12 @@ func main() {
 func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if o.tools == "" {
-		t, err := harness.ToolsDir()
-		if err != nil {
-			return err
-		}
-		o.tools = t
-	}
-	work, err := filepath.Abs(o.workDir)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(work, 0o755); err != nil {
-		return err
-	}
-	logFile, err := os.Create(filepath.Join(work, "bench.log"))
+	tools, work, logFile, err := load.Prepare(o.tools, o.workDir)
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
+	o.tools = tools
 
 	fmt.Println("Starting the local cluster and the guard (default configuration, deployed Go runtime settings) …")
 	// The controllers' client rate limits (20 requests/s by default) would make
