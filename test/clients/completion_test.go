@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	appsv1 "k8s.io/api/apps/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // completions are the words kubectl offers for a command line ending in
@@ -37,12 +37,10 @@ func completions(t *testing.T, words ...string) []string {
 func TestKubectlCompletesThePlugin(t *testing.T) {
 	_, err := os.Stat(filepath.Join(bin, "kubectl_complete-deployguard"))
 	require.NoError(t, err, "the completion helper is missing beside the plugin: run `make build`")
-	ns := newNamespace(t)
+	ns := harness.NewNamespace(t, local.Client)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var d appsv1.Deployment
-	require.NoError(t, yaml.Unmarshal([]byte(webManifest(ns, "complete-me", "app:1")), &d))
-	require.NoError(t, local.Client.Create(ctx, &d))
+	require.NoError(t, local.Client.Create(ctx, harness.Deployment(ns, "complete-me", "app:1")))
 
 	assert.Subset(t, completions(t, "deployguard", ""), []string{"status", "rollout", "check", "audit", "restore", "uninstall"})
 	assert.Equal(t, []string{"status"}, completions(t, "deployguard", "rollout", "st"))
