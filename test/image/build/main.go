@@ -15,7 +15,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -174,12 +173,20 @@ func inspect(stdout io.Writer, dir string, withFiles bool) error {
 		sort.Strings(paths)
 		for _, p := range paths {
 			f := files[p]
-			kind := "-"
-			if f.Dir {
-				kind = "d"
-			}
-			fmt.Fprintf(stdout, "  %s%s %5d:%-5d %10d %s\n", kind, strings.TrimPrefix(f.Mode.String(), "-"), f.UID, f.GID, f.Size, p)
+			fmt.Fprintf(stdout, "  %s %5d:%-5d %10d %s\n", lsMode(f), f.UID, f.GID, f.Size, p)
 		}
 	}
 	return nil
+}
+
+// lsMode is f's mode as ls -l writes it (drwxrwxrwt for /tmp).
+func lsMode(f image.Entry) string {
+	m := []byte(f.Mode.Perm().String()) // -rwxrwxrwx
+	if f.Dir {
+		m[0] = 'd'
+	}
+	if f.Mode&os.ModeSticky != 0 {
+		m[9] = map[bool]byte{true: 't', false: 'T'}[m[9] == 'x']
+	}
+	return string(m)
 }
