@@ -43,10 +43,7 @@ func parseDockerfile(t *testing.T, p string) []stage {
 	)
 	for i, raw := range strings.Split(string(b), "\n") {
 		l := strings.TrimSpace(raw)
-		if strings.HasPrefix(l, "#") || (l == "" && pending.Len() > 0) {
-			continue
-		}
-		if l == "" {
+		if l == "" || strings.HasPrefix(l, "#") {
 			continue
 		}
 		if pending.Len() == 0 {
