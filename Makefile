@@ -157,20 +157,24 @@ clean: ## remove built binaries (keeps the control plane cache)
 # only when its bytes change (Go's builds are reproducible), so an unchanged
 # tree rebuilds no image.
 IMAGE_DIR     ?= $(CURDIR)/bin/image
+# VERSION once: it is expanded anew at each use, and a commit made while the
+# binary builds would otherwise tag the image with another version than the
+# one the binary holds (image-build refuses that).
+IMAGE_VERSION := $(VERSION)
 IMAGE_BUILDER := $(CURDIR)/bin/tools/image/image-build
 IMAGE_GOBUILD := CGO_ENABLED=0 GOOS=linux go build -trimpath
 ZONEINFO      := $(shell go env GOROOT)/lib/time/zoneinfo.zip
 
 .PHONY: image test-image FORCE
 
-image: $(IMAGE_DIR)/deployguard.tar $(IMAGE_DIR)/testapp.tar ## the guard's image (tagged $(VERSION) and latest) and the test app's in bin/image, without Docker
+image: $(IMAGE_DIR)/deployguard.tar $(IMAGE_DIR)/testapp.tar ## the guard's image (tagged with VERSION and latest) and the test app's in bin/image, without Docker
 
 $(IMAGE_BUILDER): go.mod go.sum $(filter-out %_test.go,$(wildcard test/image/*.go test/image/build/*.go))
 	go build -o $@ ./test/image/build
 
 $(IMAGE_DIR)/deployguard.bin: FORCE
 	@mkdir -p $(@D)
-	$(IMAGE_GOBUILD) -ldflags "-s -w -X main.version=$(VERSION)" -o $@.new ./cmd/deployguard
+	$(IMAGE_GOBUILD) -ldflags "-s -w -X main.version=$(IMAGE_VERSION)" -o $@.new ./cmd/deployguard
 	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 $(IMAGE_DIR)/testapp.bin: FORCE
@@ -179,7 +183,7 @@ $(IMAGE_DIR)/testapp.bin: FORCE
 	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 $(IMAGE_DIR)/deployguard.tar: $(IMAGE_DIR)/deployguard.bin $(IMAGE_BUILDER)
-	$(IMAGE_BUILDER) guard -binary $< -version $(VERSION) -zoneinfo $(ZONEINFO) -out $(IMAGE_DIR)
+	$(IMAGE_BUILDER) guard -binary $< -version $(IMAGE_VERSION) -zoneinfo $(ZONEINFO) -out $(IMAGE_DIR)
 
 $(IMAGE_DIR)/testapp.tar: $(IMAGE_DIR)/testapp.bin $(IMAGE_BUILDER)
 	$(IMAGE_BUILDER) app -binary $< -zoneinfo $(ZONEINFO) -out $(IMAGE_DIR)
