@@ -99,7 +99,11 @@ type file struct {
 //   - /etc/nsswitch.conf: without it Go's resolver looks up files, then DNS,
 //     which is what distroless's says ("hosts: files dns");
 //   - /etc/os-release, /etc/services and the media types: no part of the
-//     guard reads them (its ports are numbers).
+//     guard reads them (its ports are numbers);
+//   - /var: the runtime creates the mount points the manifests use
+//     (/var/run/deployguard/tls, /var/run/secrets/kubernetes.io/…) before it
+//     makes the root read-only. In distroless /var/run links to /run; here
+//     they are plain directories, which the guard cannot tell apart.
 func baseFiles(zoneinfo []byte) ([]file, error) {
 	const passwd = "root:x:0:0:root:/root:/sbin/nologin\n" +
 		"nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n" +
