@@ -51,7 +51,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 test: test-unit test-integration test-min test-e2e test-clients test-tls test-upstream test-faults test-install ## every tier
 
 test-unit: xmllint ## unit tests, Rego tests, the fuzz seed corpora and the docs' links (no cluster)
-	$(GOTEST) -count=1 $(PKGS_UNIT) ./test/docs/
+	$(GOTEST) -count=1 $(PKGS_UNIT) ./test/docs/ ./test/harness/
 
 test-integration: tools build ## webhooks and policies through a real kube-apiserver (envtest); check/webhook parity
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 20m ./test/integration/...

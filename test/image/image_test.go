@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,6 +24,8 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/deployguard/deployguard/cmd/deployguard/cli"
+	"github.com/deployguard/deployguard/cmd/deployguard/commands/serve"
 	"github.com/deployguard/deployguard/test/image"
 )
 
@@ -162,15 +163,15 @@ func writable(e image.Entry, uid, gid int) bool {
 	}
 }
 
-// defaultCertDir is serve's --cert-dir default, read from its source: a
-// guard started without the flag writes there in self-managed mode.
+// defaultCertDir is serve's --cert-dir default, read from the command
+// itself: a guard started without the flag writes there in self-managed
+// mode.
 func defaultCertDir(t *testing.T) string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join(repoRoot, "cmd", "deployguard", "serve.go"))
-	require.NoError(t, err)
-	m := regexp.MustCompile(`"cert-dir",\s*"([^"]+)"`).FindSubmatch(src)
-	require.NotNil(t, m, "cmd/deployguard/serve.go declares no --cert-dir with a default: change this test with it")
-	return string(m[1])
+	f := serve.NewCommand(cli.Streams{In: &bytes.Buffer{}, Out: io.Discard, ErrOut: io.Discard}).Flags().Lookup("cert-dir")
+	require.NotNil(t, f, "serve has no --cert-dir: change this test with it")
+	require.NotEmpty(t, f.DefValue, "serve's --cert-dir has no default: change this test with it")
+	return f.DefValue
 }
 
 // TestGuardImageIsTheDockerfiles compares the Go-built image's config and
