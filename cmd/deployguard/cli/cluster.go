@@ -124,6 +124,23 @@ func (c *Cluster) RestConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// Do runs a verb's work with a client of the cluster and a context bounded
+// by timeout. An error is told on stderr in the verb's name ("deployguard
+// status: …") and ends the verb with ExitFailed.
+func (c *Cluster) Do(cmd *cobra.Command, timeout time.Duration, work func(context.Context, client.Client) error) error {
+	cl, err := c.Client()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		err = work(ctx, cl)
+	}
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", cmd.CommandPath(), err)
+		return Exit(ExitFailed)
+	}
+	return nil
+}
+
 // Client is a client of the cluster that knows the guard's own kinds.
 func (c *Cluster) Client() (client.Client, error) {
 	cfg, err := c.RestConfig()

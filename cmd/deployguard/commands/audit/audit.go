@@ -5,6 +5,7 @@ package audit
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,7 +51,9 @@ Every namespace's report, unless -n names one.`,
 			if ns, given, err := cluster.Namespace(); err == nil && given {
 				namespace = ns
 			}
-			return cli.Exit(run(cluster, gvk, namespace, output, exceptionsNS, expiryWarning, s))
+			return cluster.Do(cmd, time.Minute, func(ctx context.Context, c client.Client) error {
+				return run(ctx, c, gvk, namespace, output, exceptionsNS, expiryWarning, s.Out)
+			})
 		},
 	})
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
@@ -63,15 +66,8 @@ Every namespace's report, unless -n names one.`,
 	return cmd
 }
 
-func run(cluster *cli.Cluster, gvk schema.GroupVersionKind, namespace, output, exceptionsNS string, expiryWarning time.Duration, s cli.Streams) int {
-	stdout, stderr := s.Out, s.ErrOut
-	c, err := cluster.Client()
-	if err != nil {
-		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+// run lists the reports and the exceptions, and writes what they say.
+func run(ctx context.Context, c client.Client, gvk schema.GroupVersionKind, namespace, output, exceptionsNS string, expiryWarning time.Duration, stdout io.Writer) error {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 	opts := []client.ListOption{client.MatchingLabels{"app.kubernetes.io/managed-by": "deployguard"}}
@@ -79,8 +75,7 @@ func run(cluster *cli.Cluster, gvk schema.GroupVersionKind, namespace, output, e
 		opts = append(opts, client.InNamespace(namespace))
 	}
 	if err := c.List(ctx, list, opts...); err != nil {
-		fmt.Fprintf(stderr, "deployguard audit: listing %s reports: %v\n", gvk.Kind, err)
-		return 1
+		return fmt.Errorf("listing %s reports: %w", gvk.Kind, err)
 	}
 	var reports []guardaudit.Stored
 	for i := range list.Items {
@@ -91,22 +86,21 @@ func run(cluster *cli.Cluster, gvk schema.GroupVersionKind, namespace, output, e
 	o := auditOutput{Overview: guardaudit.OverviewOf(reports)}
 	covered, served, err := exceptionCoverage(ctx, c, exceptionsNS, namespace, expiryWarning)
 	if err != nil {
-		fmt.Fprintf(stderr, "deployguard audit: %v\n", err)
-		return 1
+		return err
 	}
 	if served {
 		o.Exceptions = &covered
 	}
 	if output == "json" {
 		cli.WriteJSON(stdout, o)
-		return 0
+		return nil
 	}
 	o.WriteText(stdout)
 	if served {
 		fmt.Fprintln(stdout)
 		exception.WriteCoverage(stdout, covered, time.Now())
 	}
-	return 0
+	return nil
 }
 
 // auditOutput is the reports' overview and, where the API is served, the

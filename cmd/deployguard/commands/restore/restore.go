@@ -68,18 +68,9 @@ first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml`,
 				return cli.Usage(cmd, err.Error())
 			}
 			o.namespace, o.name = ns, name
-			c, err := cluster.Client()
-			if err != nil {
-				fmt.Fprintf(s.ErrOut, "deployguard restore: %v\n", err)
-				return cli.Exit(cli.ExitFailed)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
-			defer cancel()
-			if err := restoreDeployment(ctx, c, o, s.Out, s.ErrOut); err != nil {
-				fmt.Fprintf(s.ErrOut, "deployguard restore: %v\n", err)
-				return cli.Exit(cli.ExitFailed)
-			}
-			return nil
+			return cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {
+				return restoreDeployment(ctx, c, o, s.Out, s.ErrOut)
+			})
 		},
 	})
 	cmd.Flags().BoolVar(&o.knownGood, "known-good", false, "restore the pod template of the last revision that completed its rollout, instead of the template the Deployment had when it was deleted")

@@ -545,26 +545,25 @@ than one budget on a pod), and why: where a drain of the node would stop.`,
 				if len(args) > 0 {
 					return cli.Usage(cmd, "--drain NODE takes no Deployment")
 				}
-				return cli.Exit(runDrain(cluster, drain, output, s))
+				return cluster.Do(cmd, time.Minute, func(ctx context.Context, c client.Client) error {
+					st, err := fetchDrain(ctx, c, drain)
+					if err == nil {
+						write(s.Out, output, st, func() { printDrain(s.Out, st) })
+					}
+					return err
+				})
 			}
 			ns, name, err := cli.NamespacedName(args, cluster)
 			if err != nil {
 				return cli.Usage(cmd, err.Error())
 			}
-			c, err := cluster.Client()
-			if err != nil {
-				fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
-				return cli.Exit(cli.ExitFailed)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			st, err := fetchStatus(ctx, c, guardNamespace, ns, name)
-			if err != nil {
-				fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
-				return cli.Exit(cli.ExitFailed)
-			}
-			write(s.Out, output, st, func() { printStatus(s.Out, st) })
-			return nil
+			return cluster.Do(cmd, time.Minute, func(ctx context.Context, c client.Client) error {
+				st, err := fetchStatus(ctx, c, guardNamespace, ns, name)
+				if err == nil {
+					write(s.Out, output, st, func() { printStatus(s.Out, st) })
+				}
+				return err
+			})
 		},
 	})
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
@@ -582,24 +581,6 @@ func write(w io.Writer, output string, v any, text func()) {
 		return
 	}
 	cli.WriteJSON(w, v)
-}
-
-// runDrain is `deployguard status --drain NODE`.
-func runDrain(cluster *cli.Cluster, node, output string, s cli.Streams) int {
-	c, err := cluster.Client()
-	if err != nil {
-		fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
-		return cli.ExitFailed
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := fetchDrain(ctx, c, node)
-	if err != nil {
-		fmt.Fprintf(s.ErrOut, "deployguard status: %v\n", err)
-		return cli.ExitFailed
-	}
-	write(s.Out, output, st, func() { printDrain(s.Out, st) })
-	return cli.ExitOK
 }
 
 // fetchStatus reads the Deployment, its ReplicaSets and the events of its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -59,24 +60,15 @@ a CRD deletes every object of its kind, so that is left to kubectl delete crd.`,
 			}
 			return nil
 		},
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			// -n is the guard's namespace here, not the kubeconfig context's.
 			o.namespace = defaultGuardNamespace
 			if ns, given, err := cluster.Namespace(); err == nil && given {
 				o.namespace = ns
 			}
-			c, err := cluster.Client()
-			if err != nil {
-				fmt.Fprintf(s.ErrOut, "deployguard uninstall: %v\n", err)
-				return cli.Exit(cli.ExitFailed)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), cli.Timeout)
-			defer cancel()
-			if err := uninstallGuard(ctx, c, o, s.Out); err != nil {
-				fmt.Fprintf(s.ErrOut, "deployguard uninstall: %v\n", err)
-				return cli.Exit(cli.ExitFailed)
-			}
-			return nil
+			return cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {
+				return uninstallGuard(ctx, c, o, s.Out)
+			})
 		},
 	})
 	cmd.Flags().StringVar(&o.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration")
@@ -89,6 +81,25 @@ a CRD deletes every object of its kind, so that is left to kubectl delete crd.`,
 
 // defaultGuardNamespace is the guard's namespace of a default install.
 const defaultGuardNamespace = "deployguard-system"
+
+// endMark ends one of the guard's marks on d with end (which reports
+// whether there was one left to end), or, in a dry run, says it would: 1
+// when it ended one or would have.
+func endMark(dryRun bool, out io.Writer, d *appsv1.Deployment, would, did string, end func() (bool, error)) (int, error) {
+	if dryRun {
+		fmt.Fprintf(out, "would %s deployment %s/%s\n", would, d.Namespace, d.Name)
+		return 1, nil
+	}
+	ended, err := end()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("deployment %s/%s: %s: %w", d.Namespace, d.Name, strings.TrimSuffix(strings.TrimSuffix(would, " on"), " from"), err)
+	case ended:
+		fmt.Fprintf(out, "%s deployment %s/%s\n", did, d.Namespace, d.Name)
+		return 1, nil
+	}
+	return 0, nil
+}
 
 // admissionObject is one of the guard's admission objects, by kind.
 type admissionObject struct {
@@ -190,27 +201,17 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 			// With the guard gone nothing would end a verdict, and the
 			// Deployment controller copies its condition into every status
 			// it writes: every later deploy would read as failed.
+			key := client.ObjectKeyFromObject(d)
 			if rollout.HasVerdict(d) && d.DeletionTimestamp == nil {
-				if o.dryRun {
-					verdicts++
-					fmt.Fprintf(out, "would end the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
-				} else if ended, err := endVerdict(ctx, c, client.ObjectKeyFromObject(d)); err != nil {
-					errs = append(errs, fmt.Errorf("deployment %s/%s: ending the rollback verdict: %w", d.Namespace, d.Name, err))
-				} else if ended {
-					verdicts++
-					fmt.Fprintf(out, "ended the rollback verdict on deployment %s/%s\n", d.Namespace, d.Name)
-				}
+				done, err := endMark(o.dryRun, out, d, "end the rollback verdict on", "ended the rollback verdict on",
+					func() (bool, error) { return endVerdict(ctx, c, key) })
+				errs, verdicts = append(errs, err), verdicts+done
 			} else if _, ok := rollout.ReadLedger(d); ok && d.DeletionTimestamp == nil {
 				// What the guard kept about the rollouts: nothing of the
 				// guard is left behind.
-				if o.dryRun {
-					ledgers++
-					fmt.Fprintf(out, "would remove the guard's ledger from deployment %s/%s\n", d.Namespace, d.Name)
-				} else if removed, err := removeLedger(ctx, c, client.ObjectKeyFromObject(d)); err != nil {
-					errs = append(errs, fmt.Errorf("deployment %s/%s: removing the guard's ledger: %w", d.Namespace, d.Name, err))
-				} else if removed {
-					ledgers++
-				}
+				done, err := endMark(o.dryRun, out, d, "remove the guard's ledger from", "removed the guard's ledger from",
+					func() (bool, error) { return removeLedger(ctx, c, key) })
+				errs, ledgers = append(errs, err), ledgers+done
 			}
 			if !slices.ContainsFunc(d.Finalizers, vocab.IsGuardFinalizer) {
 				continue
@@ -220,7 +221,7 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 				fmt.Fprintf(out, "would remove finalizers %v from deployment %s/%s%s\n", guardFinalizersOf(d), d.Namespace, d.Name, deletingNote(d))
 				continue
 			}
-			removed, err := removeGuardFinalizers(ctx, c, client.ObjectKeyFromObject(d))
+			removed, err := removeGuardFinalizers(ctx, c, key)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("deployment %s/%s: %w", d.Namespace, d.Name, err))
 				continue
