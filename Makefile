@@ -149,7 +149,7 @@ kustomize: tools ## render config/default (checks the manifests build)
 	$(TOOLS_DIR)/kubectl kustomize config/default >/dev/null
 
 clean: ## remove built binaries (keeps the control plane cache)
-	rm -rf bin/deployguard bin/kubectl-deployguard bin/local
+	rm -rf bin/deployguard bin/kubectl-deployguard bin/kubectl_complete-deployguard bin/local
 
 # The guard's image and the real-node tier's test app, built from Go code
 # without a Docker engine (test/image, go-containerregistry): OCI layouts

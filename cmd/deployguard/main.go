@@ -56,7 +56,12 @@ func completer(argv0 string) bool {
 
 // run runs one command line and returns the process exit code.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.ExitCode(newRootCommand(cli.Streams{In: stdin, Out: stdout, ErrOut: stderr}, kubectlPlugin(os.Args[0]) || completer(os.Args[0])), args, stderr)
+	return runAs(os.Args[0], args, stdin, stdout, stderr)
+}
+
+// runAs is run as the binary named argv0 runs.
+func runAs(argv0 string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return cli.ExitCode(newRootCommand(cli.Streams{In: stdin, Out: stdout, ErrOut: stderr}, kubectlPlugin(argv0) || completer(argv0)), args, stderr)
 }
 
 // newRootCommand is deployguard and its verbs; as a kubectl plugin its help
@@ -74,8 +79,12 @@ deleted. Named kubectl-deployguard on the PATH, it is the kubectl plugin
 "kubectl deployguard"; with kubectl_complete-deployguard beside it, kubectl
 completes its verbs and flags.`,
 		Version: version,
-		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if plugin {
+				// `kubectl deployguard` alone asks what it can do, as
+				// kubectl's plugins answer.
+				return cmd.Help()
+			}
 			fmt.Fprint(s.ErrOut, cmd.UsageString())
 			return cli.Exit(cli.ExitUsage)
 		},
@@ -83,6 +92,9 @@ completes its verbs and flags.`,
 	root.SetVersionTemplate("deployguard {{.Version}}\n")
 	if plugin {
 		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl deployguard"}
+		// kubectl completes its plugins through kubectl_complete-deployguard;
+		// a script for a bare `deployguard` would complete nothing.
+		root.CompletionOptions.HiddenDefaultCmd = true
 	}
 	root.AddCommand(
 		serve.NewCommand(s),
@@ -94,10 +106,11 @@ completes its verbs and flags.`,
 		restore.NewCommand(s),
 		uninstall.NewCommand(s),
 		cli.NewCommand(s, &cobra.Command{
-			Use:   "version",
-			Short: "print the build",
-			Args:  cobra.NoArgs,
-			Run:   func(*cobra.Command, []string) { fmt.Fprintf(s.Out, "deployguard %s\n", version) },
+			Use:               "version",
+			Short:             "print the build",
+			Args:              cobra.NoArgs,
+			ValidArgsFunction: cobra.NoFileCompletions,
+			Run:               func(*cobra.Command, []string) { fmt.Fprintf(s.Out, "deployguard %s\n", version) },
 		}),
 	)
 	return root

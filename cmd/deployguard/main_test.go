@@ -33,6 +33,7 @@ func TestCommandsUsage(t *testing.T) {
 		{name: "help", args: []string{"help"}, code: 0, stdout: "rollout"},
 		{name: "nothing", args: nil, code: 2, stderr: "Available Commands"},
 		{name: "an unknown verb", args: []string{"frobnicate"}, code: 2, stderr: `unknown command "frobnicate"`},
+		{name: "a mistyped verb", args: []string{"statsu"}, code: 2, stderr: "Did you mean this?"},
 		{name: "serve with a bad flag", args: []string{"serve", "--cert-mode", "magic"}, code: 2, stderr: "--cert-mode must be files or self-managed"},
 		{name: "version", args: []string{"version"}, code: 0, stdout: "deployguard dev"},
 		{name: "--version", args: []string{"--version"}, code: 0, stdout: "deployguard dev"},
@@ -92,6 +93,12 @@ func TestKubectlPluginNames(t *testing.T) {
 	assert.False(t, kubectlPlugin("/usr/local/bin/deployguard"))
 	assert.True(t, completer("/usr/local/bin/kubectl_complete-deployguard"))
 	assert.False(t, completer("/usr/local/bin/kubectl-deployguard"))
+
+	// `kubectl deployguard` alone: its help, as kubectl's plugins answer.
+	var help, stderr bytes.Buffer
+	assert.Equal(t, 0, runAs("/usr/local/bin/kubectl-deployguard", nil, nil, &help, &stderr))
+	assert.Contains(t, help.String(), "kubectl deployguard [command]")
+	assert.NotContains(t, help.String(), "completion", "kubectl completes its plugins itself")
 
 	var stdout bytes.Buffer
 	root := newRootCommand(cli.Streams{Out: &stdout, ErrOut: &bytes.Buffer{}}, true)

@@ -99,9 +99,66 @@ func TestClusterFlagsReachTheClient(t *testing.T) {
 }
 
 func TestLongFlagsKeepGoFlagSpellings(t *testing.T) {
-	assert.Equal(t,
-		[]string{"--kubeconfig", "k", "--dry-run", "-n", "shop", "-o", "json", "--known-good=true", "shop/web", "--", "-kubeconfig"},
-		LongFlags([]string{"-kubeconfig", "k", "-dry-run", "-n", "shop", "-o", "json", "-known-good=true", "shop/web", "--", "-kubeconfig"}))
+	cmd := &cobra.Command{Use: "verb"}
+	cmd.Flags().String("kubeconfig", "", "")
+	cmd.Flags().Bool("dry-run", false, "")
+	cmd.Flags().Bool("known-good", false, "")
+	cmd.Flags().StringP("namespace", "n", "", "")
+	cmd.Flags().StringP("output", "o", "", "")
+	cmd.Flags().StringArrayP("filename", "f", nil, "")
+	cmd.Flags().String("as", "", "")
+	tests := []struct{ args, want []string }{
+		{
+			args: []string{"-kubeconfig", "k", "-dry-run", "-n", "shop", "-o", "json", "-known-good=true", "shop/web", "--", "-kubeconfig"},
+			want: []string{"--kubeconfig", "k", "--dry-run", "-n", "shop", "-o", "json", "--known-good=true", "shop/web", "--", "-kubeconfig"},
+		},
+		// kubectl's shorthands with their values attached.
+		{args: []string{"-nshop", "-ojson"}, want: []string{"-nshop", "-ojson"}},
+		// A value that starts with a dash is a value.
+		{args: []string{"--as", "-kubeconfig", "-f", "-dry-run", "-f", "-"}, want: []string{"--as", "-kubeconfig", "-f", "-dry-run", "-f", "-"}},
+		{args: []string{"-kubeconfig=k", "-as", "-x"}, want: []string{"--kubeconfig=k", "--as", "-x"}},
+		// Not a flag of the command: cobra says so, as written.
+		{args: []string{"-frobnicate"}, want: []string{"-frobnicate"}},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, LongFlags(cmd, tt.args), "%v", tt.args)
+	}
+}
+
+// A kubeconfig that cannot be read fails the verb (exit 1); only a wrong
+// argument is a usage error.
+func TestNamespacedNameOfABrokenKubeconfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte("current-context: [nope"), 0o600))
+	var stderr bytes.Buffer
+	var cluster *Cluster
+	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &stderr}, &cobra.Command{
+		Use: "status",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, _, err := NamespacedName(args, cluster)
+			return ArgsError(cmd, err)
+		},
+	})
+	cluster = AddClusterFlags(cmd)
+	assert.Equal(t, ExitFailed, ExitCode(cmd, []string{"web", "--kubeconfig", path}, &stderr))
+}
+
+// No client-side rate limit: uninstall patches every guarded Deployment.
+func TestNoClientSideRateLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(kubeconfig), 0o600))
+	var cluster *Cluster
+	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, &cobra.Command{
+		Use: "uninstall",
+		RunE: func(*cobra.Command, []string) error {
+			cfg, err := cluster.RestConfig()
+			require.NoError(t, err)
+			assert.Equal(t, float32(-1), cfg.QPS)
+			return nil
+		},
+	})
+	cluster = AddClusterFlags(cmd)
+	assert.Equal(t, ExitOK, ExitCode(cmd, []string{"--kubeconfig", path}, &bytes.Buffer{}))
 }
 
 func TestExitCodes(t *testing.T) {

@@ -121,6 +121,13 @@ func (c *Cluster) RestConfig() (*rest.Config, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 30 * time.Second
 	}
+	// No client-side rate limit (client-go's default is 5 requests/s):
+	// uninstall patches every guarded Deployment and must finish within its
+	// timeout; the API server's priority and fairness bounds the guard's
+	// commands as it bounds kubectl.
+	if cfg.QPS == 0 {
+		cfg.QPS = -1
+	}
 	return cfg, nil
 }
 

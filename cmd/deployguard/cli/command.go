@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -50,9 +49,10 @@ func NewCommand(s Streams, cmd *cobra.Command) *cobra.Command {
 }
 
 // ExitCode runs cmd with args, writes what cobra found wrong (an unknown
-// command or flag) to stderr, and returns the process exit code.
+// command or flag, a wrong number of arguments) to stderr, and returns the
+// process exit code. A verb's own failures are ExitErrors, told already.
 func ExitCode(cmd *cobra.Command, args []string, stderr io.Writer) int {
-	cmd.SetArgs(LongFlags(args))
+	cmd.SetArgs(LongFlags(cmd, args))
 	c, err := cmd.ExecuteC()
 	var exit ExitError
 	switch {
@@ -61,28 +61,52 @@ func ExitCode(cmd *cobra.Command, args []string, stderr io.Writer) int {
 	case errors.As(err, &exit):
 		return exit.Code
 	default:
-		// An unknown command or flag, or a missing flag value.
 		fmt.Fprintf(stderr, "%s: %v\nUsage: %s\nRun '%s --help' for more.\n", c.CommandPath(), err, c.UseLine(), c.CommandPath())
 		return ExitUsage
 	}
 }
 
-var singleDashLong = regexp.MustCompile(`^-[a-z][a-z0-9]*(-[a-z0-9]+)+(=.*)?$|^-[a-z]{2,}(=.*)?$`)
-
-// LongFlags rewrites -word flags as --word: earlier releases parsed flags
-// with Go's flag package, which takes both, and scripts that wrote
-// `-kubeconfig k` or `-dry-run` keep working. Single letters (-n, -o, -f)
-// are shorthands as in kubectl, and nothing after "--" is touched.
-func LongFlags(args []string) []string {
+// LongFlags rewrites -word flags as --word where word is a flag of the
+// command args run: earlier releases parsed flags with Go's flag package,
+// which takes both, and scripts that wrote `-kubeconfig k` or `-dry-run`
+// keep working. Anything else is left as kubectl reads it: shorthands with
+// their values (-n shop, -nshop, -ojson), a flag's value that starts with a
+// dash, and everything after "--".
+func LongFlags(root *cobra.Command, args []string) []string {
+	cmd, _, err := root.Find(args)
+	if err != nil || cmd == nil {
+		cmd = root
+	}
+	cmd.InitDefaultHelpFlag()
+	flags := cmd.Flags()
+	flags.AddFlagSet(cmd.InheritedFlags())
 	out := make([]string, 0, len(args))
-	for i, a := range args {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
 		if a == "--" {
 			return append(out, args[i:]...)
 		}
-		if singleDashLong.MatchString(a) {
-			a = "-" + a
+		name, hasValue := "", false
+		switch {
+		case strings.HasPrefix(a, "--"):
+			name, _, hasValue = strings.Cut(a[2:], "=")
+		case strings.HasPrefix(a, "-") && len(a) > 2:
+			n, _, v := strings.Cut(a[1:], "=")
+			if f := flags.Lookup(n); f != nil && len(n) > 1 {
+				a, name, hasValue = "-"+a, n, v
+			}
+		case strings.HasPrefix(a, "-") && len(a) == 2:
+			if f := flags.ShorthandLookup(a[1:]); f != nil {
+				name = f.Name
+			}
 		}
 		out = append(out, a)
+		// A flag that takes a value, given without "=": the next word is
+		// its value, whatever it looks like.
+		if f := flags.Lookup(name); f != nil && !hasValue && f.NoOptDefVal == "" && i+1 < len(args) {
+			i++
+			out = append(out, args[i])
+		}
 	}
 	return out
 }
@@ -100,7 +124,28 @@ func NamespacedName(args []string, c *Cluster) (ns, name string, err error) {
 		return ns, name, nil
 	}
 	ns, _, err = c.Namespace()
-	return ns, args[0], err
+	if err != nil {
+		return "", "", ConfigError{err}
+	}
+	return ns, args[0], nil
+}
+
+// ConfigError is a kubeconfig that cannot be read: a failure (exit 1), not
+// a wrong command line.
+type ConfigError struct{ Err error }
+
+func (e ConfigError) Error() string { return e.Err.Error() }
+func (e ConfigError) Unwrap() error { return e.Err }
+
+// ArgsError reports err from reading a verb's arguments: a ConfigError as a
+// failure, anything else as a wrong command line.
+func ArgsError(cmd *cobra.Command, err error) error {
+	var config ConfigError
+	if errors.As(err, &config) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", cmd.CommandPath(), err)
+		return Exit(ExitFailed)
+	}
+	return Usage(cmd, err.Error())
 }
 
 // Usage reports a wrong command line, in the command's words and with its

@@ -36,6 +36,7 @@ PolicyExceptions: which are active, when each expires, who owns it, and the
 Deployments it covers now.
 
 Every namespace's report, unless -n names one.`,
+		ValidArgsFunction: cobra.NoFileCompletions,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return cli.Usage(cmd, "takes no arguments")

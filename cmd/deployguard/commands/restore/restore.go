@@ -65,7 +65,7 @@ first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml`,
 				err = errors.New("give a --guard-namespace")
 			}
 			if err != nil {
-				return cli.Usage(cmd, err.Error())
+				return cli.ArgsError(cmd, err)
 			}
 			o.namespace, o.name = ns, name
 			return cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {

@@ -555,7 +555,7 @@ than one budget on a pod), and why: where a drain of the node would stop.`,
 			}
 			ns, name, err := cli.NamespacedName(args, cluster)
 			if err != nil {
-				return cli.Usage(cmd, err.Error())
+				return cli.ArgsError(cmd, err)
 			}
 			return cluster.Do(cmd, time.Minute, func(ctx context.Context, c client.Client) error {
 				st, err := fetchStatus(ctx, c, guardNamespace, ns, name)

@@ -54,6 +54,7 @@ The CRDs are kept with their objects (PolicyExceptions, reports): deleting
 a CRD deletes every object of its kind, so that is left to kubectl delete crd.`,
 		Example: `  kubectl deployguard uninstall --dry-run
   kubectl deployguard uninstall -n deployguard-system`,
+		ValidArgsFunction: cobra.NoFileCompletions,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return cli.Usage(cmd, fmt.Sprintf("unexpected arguments %v", args))
