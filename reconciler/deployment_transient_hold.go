@@ -112,7 +112,14 @@ func deferralStands(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) bool {
 		return false
 	}
 	l, _ := rollout.ReadLedger(d)
-	return l.DeferredFor == deferralKey(newRS, cond)
+	return heldBy(l, newRS, cond)
+}
+
+// heldBy reports whether the ledger holds rs's rollback at deadline. The
+// release before this one kept the ReplicaSet's name alone: a hold it
+// recorded still stands until its deadline's rollback is decided.
+func heldBy(l rollout.Ledger, rs *appsv1.ReplicaSet, deadline *appsv1.DeploymentCondition) bool {
+	return l.DeferredFor == deferralKey(rs, deadline) || l.DeferredFor == rs.Name
 }
 
 // RollbackSuffix is what a rollback after a whole transient window adds to
@@ -146,7 +153,7 @@ func (r *DeploymentReconciler) transientHold(ctx context.Context, d *appsv1.Depl
 		states = append(states, PodStateOf(&pods[i], now, o))
 	}
 	l, _ := rollout.ReadLedger(d)
-	held := l.DeferredFor == deferralKey(dec.NewRS, dec.Deadline)
+	held := heldBy(l, dec.NewRS, dec.Deadline)
 	// As fail-fast's: never shorter than the Deployment's own window.
 	return DecideTransientHold(states, failingSince(d, dec.NewRS.Name), now, max(o.TransientWindow, o.Window), held), nil
 }

@@ -103,4 +103,9 @@ func TestDeferralIsReadFromTheLedgerOnly(t *testing.T) {
 	recorded := deployment()
 	require.True(t, rollout.SetLedger(&recorded.Status, rollout.Ledger{DeferredFor: deferralKey(rs, &deadline)}, time.Now()), "setting the ledger")
 	assert.True(t, deferralStands(recorded, rss), "the deferral the ledger records does not hold the rollback")
+
+	// As the release before this one recorded it: the ReplicaSet alone.
+	earlier := deployment()
+	require.True(t, rollout.SetLedger(&earlier.Status, rollout.Ledger{DeferredFor: rs.Name}, time.Now()))
+	assert.True(t, deferralStands(earlier, rss), "a hold the earlier release recorded no longer holds")
 }

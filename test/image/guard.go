@@ -32,10 +32,9 @@ func guardConfig() v1.Config {
 	return c
 }
 
-// Guard builds the guard's image from its binary (see GuardBuild) and the Go
-// toolchain's zoneinfo.zip: the base layer, then the binary at /deployguard,
+// baseAndBinary are an image's two layers: the base, then bin at path,
 // root's and 0755 as COPY leaves it.
-func Guard(bin Binary, zoneinfo []byte) (v1.Image, error) {
+func baseAndBinary(zoneinfo []byte, path string, bin Binary) ([]v1.Layer, error) {
 	base, err := baseFiles(zoneinfo)
 	if err != nil {
 		return nil, err
@@ -44,11 +43,22 @@ func Guard(bin Binary, zoneinfo []byte) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	gl, err := layer([]file{{name: guardPath[1:], mode: 0o755, data: bin.Data}})
+	binl, err := layer([]file{{name: path[1:], mode: 0o755, data: bin.Data}})
 	if err != nil {
 		return nil, err
 	}
-	return build(bin.Arch, guardConfig(), []v1.Layer{bl, gl}, []string{
+	return []v1.Layer{bl, binl}, nil
+}
+
+// Guard builds the guard's image from its binary (see GuardBuild) and the Go
+// toolchain's zoneinfo.zip: the base layer, then the binary at /deployguard,
+// root's and 0755 as COPY leaves it.
+func Guard(bin Binary, zoneinfo []byte) (v1.Image, error) {
+	layers, err := baseAndBinary(zoneinfo, guardPath, bin)
+	if err != nil {
+		return nil, err
+	}
+	return build(bin.Arch, guardConfig(), layers, []string{
 		"distroless static nonroot's files the guard needs (test/image/base.go)",
 		"COPY --from=build /out/deployguard " + guardPath,
 	})

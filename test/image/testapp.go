@@ -54,21 +54,13 @@ func appConfig(t AppTag) v1.Config {
 // layers (the guard's base, then the binary at /testapp): only their configs,
 // and so their digests, differ.
 func App(bin Binary, zoneinfo []byte) (map[string]v1.Image, error) {
-	base, err := baseFiles(zoneinfo)
-	if err != nil {
-		return nil, err
-	}
-	bl, err := layer(base)
-	if err != nil {
-		return nil, err
-	}
-	al, err := layer([]file{{name: appPath[1:], mode: 0o755, data: bin.Data}})
+	layers, err := baseAndBinary(zoneinfo, appPath, bin)
 	if err != nil {
 		return nil, err
 	}
 	imgs := map[string]v1.Image{}
 	for _, t := range AppTags() {
-		img, err := build(bin.Arch, appConfig(t), []v1.Layer{bl, al}, []string{
+		img, err := build(bin.Arch, appConfig(t), layers, []string{
 			"distroless static nonroot's files the guard needs (test/image/base.go)",
 			"the test app (test/image/app) at " + appPath,
 		})
