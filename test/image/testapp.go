@@ -35,6 +35,7 @@ func AppTags() []AppTag {
 		{Tag: "crash", Env: []string{"APP_BEHAVIOUR=crash", "APP_VERSION=crash"}, Purpose: "exits 1 on start: CrashLoopBackOff"},
 		{Tag: "badconfig", Env: []string{"APP_BEHAVIOUR=serve", "APP_VERSION=badconfig", "APP_CONFIG=bad"}, Purpose: "reads APP_CONFIG at start, refuses \"bad\" and exits 1: CrashLoopBackOff"},
 		{Tag: "never-ready", Env: []string{"APP_BEHAVIOUR=never-ready", "APP_VERSION=never-ready"}, Purpose: "serves, but /readyz always answers 503: the progress deadline"},
+		{Tag: "pause", Env: []string{"APP_BEHAVIOUR=pause", "APP_VERSION=pause"}, Purpose: "holds the pod's namespaces until SIGTERM: the real node's sandbox (pause) image"},
 	}
 }
 

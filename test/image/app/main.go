@@ -6,6 +6,7 @@
 //	APP_BEHAVIOUR=serve        serve on $PORT (8080); /healthz and /readyz answer 200
 //	APP_BEHAVIOUR=crash        exit 1 at once
 //	APP_BEHAVIOUR=never-ready  serve, but /readyz always answers 503
+//	APP_BEHAVIOUR=pause        serve nothing, wait for SIGTERM: the node's pod sandbox
 //	APP_CONFIG                 the app's one setting, read at start: "good" or empty;
 //	                           any other value (the badconfig tag bakes "bad") exits 1.
 //	                           Unset, it is read from the file $APP_CONFIG_FILE
@@ -47,6 +48,8 @@ func main() {
 
 // app is what the environment asked for.
 type app struct {
+	// pause: hold the pod's namespaces and nothing else (the sandbox image).
+	pause   bool
 	ready   bool
 	version string
 	addr    string
@@ -63,10 +66,13 @@ func configure(getenv func(string) string, readFile func(string) ([]byte, error)
 	case "", "serve":
 		a.ready = true
 	case "never-ready":
+	case "pause":
+		a.pause = true
+		return a, nil
 	case "crash":
 		return nil, fmt.Errorf("%s=crash: crashing on start, as asked", behaviourEnv)
 	default:
-		return nil, fmt.Errorf("%s=%q: want serve, crash or never-ready", behaviourEnv, b)
+		return nil, fmt.Errorf("%s=%q: want serve, crash, never-ready or pause", behaviourEnv, b)
 	}
 	setting, source := getenv(configEnv), configEnv
 	if setting == "" {
@@ -115,6 +121,12 @@ func run(ctx context.Context, getenv func(string) string, readFile func(string) 
 	if err != nil {
 		fmt.Fprintln(stderr, "testapp:", err)
 		return 1
+	}
+	if a.pause {
+		// Every container of the pod joins this one's namespaces: it must
+		// hold no port.
+		<-ctx.Done()
+		return 0
 	}
 	ln, err := net.Listen("tcp", a.addr)
 	if err != nil {

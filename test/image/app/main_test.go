@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -81,6 +82,25 @@ func TestEachTagBehavesAsItsPurposeSays(t *testing.T) {
 	}
 }
 
+// The pause tag holds no port (every container of the pod shares its
+// network) and exits 0 on SIGTERM, as the sandbox's image must.
+func TestPauseHoldsNothingAndStopsOnSignal(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() { code <- run(ctx, env(tagEnv(t, "pause")), files(nil), &stderr) }()
+	ln, err := net.Listen("tcp", ":8080")
+	if err == nil {
+		ln.Close()
+	}
+	cancel()
+	assert.Equal(t, 0, <-code)
+	assert.Empty(t, stderr.String())
+	if err != nil {
+		assert.NotContains(t, err.Error(), "address already in use", "pause must not listen")
+	}
+}
+
 func TestConfigFromAFile(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -95,7 +115,7 @@ func TestConfigFromAFile(t *testing.T) {
 		{name: "bad in a file APP_CONFIG_FILE names", env: map[string]string{"APP_CONFIG_FILE": "/config/app"}, files: map[string]string{"/config/app": "bad"},
 			err: `bad configuration: APP_CONFIG (from /config/app) is "bad", want "good"`},
 		{name: "the environment wins over the file", env: map[string]string{"APP_CONFIG": "good"}, files: map[string]string{"/etc/testapp/config": "bad"}},
-		{name: "an unknown behaviour", env: map[string]string{"APP_BEHAVIOUR": "sleep"}, err: `APP_BEHAVIOUR="sleep": want serve, crash or never-ready`},
+		{name: "an unknown behaviour", env: map[string]string{"APP_BEHAVIOUR": "sleep"}, err: `APP_BEHAVIOUR="sleep": want serve, crash, never-ready or pause`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := configure(env(tc.env), files(tc.files))
