@@ -269,7 +269,9 @@ func TestRolloutUndoThenRolloutsRecordEachFactOnce(t *testing.T) {
 	waitLedger(t, tn.ns, "undo", "revision 4 was not recorded known-good", time.Minute, knownGoodAt(4))
 	tn.update(t, "undo", breakImage("app:5-typo"))
 	waitLedger(t, tn.ns, "undo", "revision 5 was not rolled back", time.Duration(deadline+60)*time.Second,
-		func(l rollout.Ledger, d *appsv1.Deployment) bool { return l.RolledBackRevision == 5 && knownGoodAt(6)(l, d) })
+		func(l rollout.Ledger, d *appsv1.Deployment) bool {
+			return l.RolledBackRevision == 5 && knownGoodAt(6)(l, d)
+		})
 	// The restored template is revision 6; it is recorded before the fix
 	// moves on, or its Event would rightly never be told.
 	tn.update(t, "undo", func(d *appsv1.Deployment) {
