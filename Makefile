@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install bench bench-apiserver bench-apiserver-min bench-reaction tools-min test-min bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install test-node node-tools bench bench-apiserver bench-apiserver-min bench-reaction tools-min test-min bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -48,7 +48,7 @@ run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
 	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
 
-test: test-unit test-integration test-min test-e2e test-clients test-tls test-upstream test-faults test-install ## every tier
+test: test-unit test-integration test-min test-e2e test-clients test-tls test-upstream test-faults test-install test-node ## every tier
 
 test-unit: xmllint ## unit tests, Rego tests, the fuzz seed corpora and the docs' links (no cluster)
 	$(GOTEST) -count=1 $(PKGS_UNIT) ./test/docs/ ./test/harness/
@@ -62,6 +62,20 @@ test-e2e: tools build ## end-to-end tests on a full local cluster (kube-controll
 test-clients: tools build ## the tools that deploy (kubectl, the pipeline step, helm v3 and v4, Flux, Argo CD's health) on a good deploy and on one the guard rolls back
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 30m -p 1 -v ./test/clients/...
 	cd test/tools/argocd && GOWORK=off $(GOTEST) -count=1 ./...
+
+# A real node's parts (containerd, runc, kubelet, kube-proxy, distribution's
+# registry), built from the Go module proxy beside the control plane; the CNI
+# plugins and libseccomp from Debian's packages.
+NODE_TOOLS_DIR ?= $(CURDIR)/bin/tools/node-$(K8S_VERSION)
+export DEPLOYGUARD_NODE_TOOLS := $(NODE_TOOLS_DIR)
+
+node-tools: $(NODE_TOOLS_DIR)/.complete ## a real node's parts, built from the Go module proxy (about 3 minutes cold, cached)
+
+$(NODE_TOOLS_DIR)/.complete: test/tools/build-node.sh test/tools/kube/go.mod test/tools/kube/go.sum
+	bash test/tools/build-node.sh $(NODE_TOOLS_DIR)
+
+test-node: tools node-tools build image ## the guard's image installed by helm with cert-manager on a real node (kubelet, containerd, runc), with pods that really fail; as root, in a network namespace of its own
+	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 30m -p 1 -v ./test/node/...
 
 test-install: tools build ## the Helm chart (lint, drift from config/, server-side dry-run) and the dashboard's and alerts' metrics in a running guard
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 15m -p 1 ./test/install/...

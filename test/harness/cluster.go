@@ -78,6 +78,9 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		_ = c.Stop()
 		return nil, err
 	}
+	if nodes == 0 { // a real node joins (StartNode)
+		return c, nil
+	}
 	if err := c.kwokctl(ctx, "scale", "node", "--replicas", strconv.Itoa(nodes)); err != nil {
 		_ = c.Stop()
 		return nil, fmt.Errorf("adding %d kwok nodes: %w", nodes, err)

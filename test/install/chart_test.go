@@ -259,7 +259,10 @@ func TestChartMatchesKustomize(t *testing.T) {
 		{name: "monitoring on is config/default and config/monitoring", values: monitoring, bases: []string{"default", "monitoring"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			chart, err := objects(helmTemplate(t, harness.GuardNamespace, tc.values...))
+			// The kustomize bases hold the namespace; the chart renders it on
+			// request (helm install cannot create its own release namespace).
+			values := append([]string{"--set", "createNamespace=true"}, tc.values...)
+			chart, err := objects(helmTemplate(t, harness.GuardNamespace, values...))
 			require.NoError(t, err)
 			kust, err := objects(kustomize(t, tc.bases...))
 			require.NoError(t, err)
