@@ -67,6 +67,9 @@ func setup(ctx context.Context, tier *harness.Tier) error {
 	if err != nil {
 		return err
 	}
+	// The load of the upgrade test is not to be limited by client-go's
+	// default 5 requests/s.
+	cfg.QPS, cfg.Burst = 200, 400
 	if cl, err = client.New(cfg, client.Options{}); err != nil {
 		return err
 	}
