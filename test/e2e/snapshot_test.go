@@ -142,8 +142,17 @@ func TestRollbackRestoresTheConfigTheRevisionRanWith(t *testing.T) {
 		return ownedBy(snap, rs1) && ownedBy(snap, rs3), fmt.Sprint(snap.OwnerReferences), nil
 	})
 
+	// deployguard status names the restored config and what each revision
+	// ran with.
+	out, err := guard(ctx, t, "status", ns+"/web")
+	require.NoError(t, err, out)
+	t.Logf("deployguard status:\n%s", out)
+	assert.Contains(t, out, "Config restored: ConfigMap cfg from snapshot "+want)
+	assert.Regexp(t, `1 \(`+rs1.Name+`\): ConfigMap cfg \(kept as `+want+`\)`, out)
+	assert.Regexp(t, `3 \(`+rs3.Name+`\): ConfigMap `+want+` \(the guard's snapshot of cfg\)`, out)
+
 	// GitOps applying the bad release again is refused: the quarantine holds.
-	err := update(t, ns, "web", func(d *appsv1.Deployment) {
+	err = update(t, ns, "web", func(d *appsv1.Deployment) {
 		d.Spec.Template.Annotations["checksum/config"] = "bad"
 		d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag"
 		d.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name = "cfg"
