@@ -167,3 +167,46 @@ func TestRollbackRestoresTheConfigTheRevisionRanWith(t *testing.T) {
 		return apierrors.IsNotFound(err), fmt.Sprint(err), client.IgnoreNotFound(err)
 	})
 }
+
+// Kustomize's configMapGenerator: the config's content hash is in its name,
+// and Flux prunes the old one before the rollout of the new one finishes.
+// The rollback points the restored template at the snapshot of the pruned
+// ConfigMap, so its pods can start. A config that did not change (shared)
+// is left as the template names it.
+func TestRollbackRestoresAPrunedConfigMap(t *testing.T) {
+	ctx := context.Background()
+	ns := harness.NewNamespace(t, local.Client)
+	v1 := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings-v1", Namespace: ns}, Data: map[string]string{"mode": "good"}}
+	shared := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: ns}, Data: map[string]string{"region": "eu"}}
+	require.NoError(t, local.Client.Create(ctx, v1))
+	require.NoError(t, local.Client.Create(ctx, shared))
+	ref := func(name string) corev1.EnvFromSource {
+		return corev1.EnvFromSource{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
+	}
+	d := slowDeployment(ns, "web", "app:1")
+	d.Spec.Template.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{ref("settings-v1"), ref("shared")}
+	rolledOutOnce(t, d)
+	recs := configOf(t, ns, "web", 1)
+	require.Len(t, recs, 2)
+	kept := snapshot.Name("settings-v1", snapshot.ContentHash(v1.Data, nil))
+	assert.Equal(t, kept, recs[0].Snapshot)
+
+	v2 := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings-v2", Namespace: ns}, Data: map[string]string{"mode": "bad"}}
+	require.NoError(t, local.Client.Create(ctx, v2))
+	require.NoError(t, update(t, ns, "web", func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name = "settings-v2"
+		d.Spec.Template.Spec.Containers[0].Image = "app:no-such-tag"
+	}))
+	require.NoError(t, local.Client.Delete(ctx, v1), "pruned")
+	harness.WaitFor(t, 90*time.Second, "not rolled back within 90s of the change", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "web")
+		return rolledBackRevision(d) == 2, describe(d), nil
+	})
+	restored := waitAvailable(t, ns, "web", time.Minute)
+	envFrom := restored.Spec.Template.Spec.Containers[0].EnvFrom
+	require.Len(t, envFrom, 2)
+	assert.Equal(t, kept, envFrom[0].ConfigMapRef.Name, "the pruned ConfigMap's snapshot")
+	assert.Equal(t, "shared", envFrom[1].ConfigMapRef.Name, "unchanged config is left as it is")
+	msg := guardEvent(t, ns, "web", vocab.ReasonAutoRollback)
+	assert.Contains(t, msg, "Config restored: ConfigMap settings-v1 from snapshot "+kept+" (deleted since).")
+}
