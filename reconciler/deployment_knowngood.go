@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -171,7 +172,10 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 		// guard stopped in between keeps it again on its next pass (the
 		// snapshots are content-addressed, so nothing is duplicated).
 		config, err := r.snapshotConfig(ctx, newRS)
-		if err != nil {
+		var tooMany *tooManyConfig
+		switch {
+		case errors.As(err, &tooMany):
+		case err != nil:
 			return fmt.Errorf("keeping the config of ReplicaSet %s: %w", newRS.Name, err)
 		}
 		changed, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
@@ -186,7 +190,11 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 			marked = true
 			r.Metrics.knownGoodMarked.Inc()
 			log.Info("Recorded ReplicaSet known-good", "config", len(config))
-			r.tellConfigNotKept(d, newRS, revision, config)
+			why := ""
+			if tooMany != nil {
+				why = tooMany.why
+			}
+			r.tellConfigNotKept(d, newRS, revision, config, why)
 		}
 	}
 

@@ -101,6 +101,11 @@ func (r *DeploymentReconciler) snapshotConfig(ctx context.Context, newRS *appsv1
 	if len(refs) == 0 {
 		return nil, nil
 	}
+	if why := opts.Limits.TooMany(len(refs)); why != "" {
+		// Nothing read, nothing recorded: the bound is on the guard's own
+		// work and on the ledger every cached Deployment carries.
+		return nil, &tooManyConfig{why: why}
+	}
 	found := make([]snapshot.Found, 0, len(refs))
 	objs := map[snapshot.Key]*configObject{}
 	for _, ref := range refs {
@@ -129,7 +134,7 @@ func (r *DeploymentReconciler) snapshotConfig(ctx context.Context, newRS *appsv1
 			return nil, err
 		}
 		if skipped != "" {
-			rec.Snapshot, rec.Skipped = "", skipped
+			rec.Snapshot, rec.Skipped = "", truncate(skipped, 200)
 		}
 	}
 	return recs, nil
@@ -188,6 +193,21 @@ func (r *DeploymentReconciler) ensureSnapshot(ctx context.Context, src *configOb
 	return "", nil
 }
 
+// tooManyConfig: a revision references more config objects than the bound;
+// it is recorded known-good without config, and said so.
+type tooManyConfig struct{ why string }
+
+func (e *tooManyConfig) Error() string { return e.why }
+
+// truncate cuts s to n bytes: what the ledger keeps of an API server's
+// refusal.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 // refusedForGood reports an answer after which trying again changes
 // nothing soon: no right, a quota, an invalid or too large object, a
 // namespace being deleted.
@@ -198,7 +218,12 @@ func refusedForGood(err error) bool {
 // tellConfigNotKept says, once a revision is recorded, which of its config
 // objects the guard kept no snapshot of, and why: a rollback to it restores
 // the template alone for those.
-func (r *DeploymentReconciler) tellConfigNotKept(d *appsv1.Deployment, rs *appsv1.ReplicaSet, revision int64, recs []rollout.ConfigSnapshot) {
+func (r *DeploymentReconciler) tellConfigNotKept(d *appsv1.Deployment, rs *appsv1.ReplicaSet, revision int64, recs []rollout.ConfigSnapshot, tooMany string) {
+	if tooMany != "" {
+		r.Recorder.Eventf(d, rs, corev1.EventTypeWarning, vocab.ReasonConfigNotKept, actionMarkKnownGood,
+			"Revision %d (ReplicaSet %s): no snapshot kept of its config: %s; a rollback to it restores the template alone.", revision, rs.Name, tooMany)
+		return
+	}
 	var parts []string
 	for _, rec := range recs {
 		if rec.Skipped != "" {

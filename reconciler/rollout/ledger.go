@@ -225,8 +225,20 @@ func (l Ledger) WithKnownGood(rs *appsv1.ReplicaSet, revision int64, at time.Tim
 	if n := len(out.KnownGood); n > maxKnownGood {
 		out.KnownGood = out.KnownGood[n-maxKnownGood:]
 	}
+	for i := 0; i < len(out.KnownGood)-maxConfigEntries; i++ {
+		out.KnownGood[i].Config = nil
+	}
 	return out
 }
+
+// maxConfigEntries is how many of the newest known-good entries keep their
+// Config. A rollback restores the newest entry whose template is not the
+// Deployment's; one entry at most runs the Deployment's template (each
+// entry is a ReplicaSet of its own template), so the target is one of the
+// two newest. The older entries' snapshots are not forgotten by the
+// cluster (their ReplicaSets own them), only by the ledger, which the cache
+// holds for every Deployment.
+const maxConfigEntries = 2
 
 // WithConfig returns the ledger with config recorded on the known-good entry
 // of the ReplicaSet uid (nothing changes when there is none).

@@ -272,13 +272,27 @@ type Found struct {
 	NotKept string
 }
 
+// TooMany says why a revision that references n config objects keeps none;
+// empty when n is within the bound. Nothing of it is recorded: the ledger
+// lives in every Deployment the guard caches, and must not grow with what a
+// template lists.
+func (lim Limits) TooMany(n int) string {
+	if lim.MaxObjects <= 0 || n <= lim.MaxObjects {
+		return ""
+	}
+	return "the revision references " + itoa(n) + " config objects, more than " + itoa(lim.MaxObjects)
+}
+
 // Plan decides what the guard records of each referenced object of a
-// revision that completed (found, in Refs order): the snapshot to keep, the
-// snapshot it is already, absent, or skipped and why.
+// revision that completed (found, in Refs order, within lim.MaxObjects: see
+// TooMany): the snapshot to keep, the snapshot it is already, absent, or
+// skipped and why.
 func Plan(found []Found, lim Limits) []rollout.ConfigSnapshot {
+	if lim.TooMany(len(found)) != "" {
+		return nil
+	}
 	out := make([]rollout.ConfigSnapshot, 0, len(found))
 	total := 0
-	tooMany := lim.MaxObjects > 0 && len(found) > lim.MaxObjects
 	for _, f := range found {
 		rec := rollout.ConfigSnapshot{Kind: f.Ref.Kind, Name: f.Ref.Name}
 		if f.Exists {
@@ -292,8 +306,6 @@ func Plan(found []Found, lim Limits) []rollout.ConfigSnapshot {
 			rec.Snapshot = f.Ref.Name
 		case f.NotKept != "":
 			rec.Skipped = f.NotKept
-		case tooMany:
-			rec.Skipped = "the revision references more than " + itoa(lim.MaxObjects) + " config objects"
 		case lim.MaxBytes > 0 && f.Size > lim.MaxBytes:
 			rec.Skipped = "larger than " + bytesString(lim.MaxBytes)
 		case lim.MaxRevisionBytes > 0 && total+f.Size > lim.MaxRevisionBytes:

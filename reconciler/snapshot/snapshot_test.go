@@ -210,12 +210,9 @@ func TestPlan(t *testing.T) {
 				{Kind: KindConfigMap, Name: "c", Hash: "c1", Skipped: "the revision's snapshots would exceed 150 bytes"}},
 		},
 		{
-			name:  "too many: none kept",
+			name:  "too many: none kept, nothing recorded",
 			found: []Found{{Ref: cm("a"), Exists: true, Hash: "a1"}, {Ref: cm("b"), Exists: true, Hash: "b1"}, {Ref: cm("c"), Exists: true, Hash: "c1"}, {Ref: cm("d")}},
-			want: []rollout.ConfigSnapshot{{Kind: KindConfigMap, Name: "a", Hash: "a1", Skipped: "the revision references more than 3 config objects"},
-				{Kind: KindConfigMap, Name: "b", Hash: "b1", Skipped: "the revision references more than 3 config objects"},
-				{Kind: KindConfigMap, Name: "c", Hash: "c1", Skipped: "the revision references more than 3 config objects"},
-				{Kind: KindConfigMap, Name: "d", Absent: true}},
+			want:  nil,
 		},
 		{
 			name:  "cannot be copied",
@@ -228,6 +225,12 @@ func TestPlan(t *testing.T) {
 			assert.Equal(t, tt.want, Plan(tt.found, lim))
 		})
 	}
+}
+
+func TestTooMany(t *testing.T) {
+	assert.Empty(t, Limits{MaxObjects: 2}.TooMany(2))
+	assert.Equal(t, "the revision references 3 config objects, more than 2", Limits{MaxObjects: 2}.TooMany(3))
+	assert.Empty(t, Limits{}.TooMany(1000), "unbounded")
 }
 
 func TestPlanRestore(t *testing.T) {
