@@ -163,6 +163,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 
 	l, _ := rollout.ReadLedger(d)
 	marked := false
+	tellConfig := func() {}
 	if n := l.Newest(); n == nil || n.UID != newRS.UID || !l.IsKnownGood(newRS) || n.Revision != revision {
 		live := map[types.UID]bool{}
 		for _, rs := range rss {
@@ -190,11 +191,13 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 			marked = true
 			r.Metrics.knownGoodMarked.Inc()
 			log.Info("Recorded ReplicaSet known-good", "config", len(config))
-			why := ""
-			if tooMany != nil {
-				why = tooMany.why
+			tellConfig = func() {
+				why := ""
+				if tooMany != nil {
+					why = tooMany.why
+				}
+				r.tellConfigNotKept(d, newRS, revision, config, why)
 			}
-			r.tellConfigNotKept(d, newRS, revision, config, why)
 		}
 	}
 
@@ -213,6 +216,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 
 	if marked {
 		r.emitKnownGoodEvent(d, newRS, fmt.Sprintf("Revision %d (ReplicaSet %s) completed its rollout; recorded as known-good", revision, newRS.Name))
+		tellConfig()
 	}
 	return nil
 }
