@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -168,9 +169,12 @@ func (r *DeploymentReconciler) ensureSnapshot(ctx context.Context, src *configOb
 			return "", fmt.Errorf("creating snapshot %s of %s %s: %w", rec.Snapshot, rec.Kind, rec.Name, err)
 		}
 		existing, err = r.readConfig(ctx, rs.Namespace, rec.Kind, rec.Snapshot)
-		if err != nil || existing == nil {
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("reading snapshot %s: %w", rec.Snapshot, err)
+		case existing == nil:
 			// Deleted in between: the next pass creates it.
-			return "", apierrors.NewConflict(corev1.Resource("configmaps"), rec.Snapshot, fmt.Errorf("snapshot gone while read: %v", err))
+			return "", apierrors.NewConflict(corev1.Resource("configmaps"), rec.Snapshot, errors.New("snapshot deleted while it was read"))
 		}
 	}
 	if !existing.isSnapshot() || existing.hash != rec.Hash {

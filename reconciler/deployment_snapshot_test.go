@@ -96,11 +96,13 @@ func TestReconcileKnownGoodKeepsConfig(t *testing.T) {
 			events: []string{vocab.ReasonKnownGood, vocab.ReasonConfigNotKept},
 		},
 		{
-			name:    "too many: nothing kept, nothing recorded, said",
-			refs:    []string{"a", "b"},
-			objects: func(*appsv1.ReplicaSet) []client.Object { return []client.Object{configMap("a", goodData), configMap("b", goodData)} },
-			limits:  &snapshot.Limits{MaxObjects: 1},
-			events:  []string{vocab.ReasonKnownGood, vocab.ReasonConfigNotKept},
+			name: "too many: nothing kept, nothing recorded, said",
+			refs: []string{"a", "b"},
+			objects: func(*appsv1.ReplicaSet) []client.Object {
+				return []client.Object{configMap("a", goodData), configMap("b", goodData)}
+			},
+			limits: &snapshot.Limits{MaxObjects: 1},
+			events: []string{vocab.ReasonKnownGood, vocab.ReasonConfigNotKept},
 		},
 	}
 	for _, tt := range tests {

@@ -169,8 +169,8 @@ const nameHashLen = 10
 // the same config share one snapshot.
 func Name(source, hash string) string {
 	suffix := "-dg-" + hash[:min(nameHashLen, len(hash))]
-	if max := validation.DNS1123SubdomainMaxLength - len(suffix); len(source) > max {
-		source = strings.TrimRight(source[:max], ".-")
+	if room := validation.DNS1123SubdomainMaxLength - len(suffix); len(source) > room {
+		source = strings.TrimRight(source[:room], ".-")
 	}
 	return source + suffix
 }
