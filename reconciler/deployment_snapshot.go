@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -256,8 +257,16 @@ func (r *DeploymentReconciler) restoredTemplate(ctx context.Context, d *appsv1.D
 		return tmpl, snapshot.RestorePlan{}, nil
 	}
 	now := map[snapshot.Key]snapshot.Now{}
+	// Config the guard may not read (its rights narrowed, a Secret kept
+	// before Secrets were turned off) is left as the template names it: a
+	// rollback never waits on config it cannot restore.
+	var unreadable []snapshot.Lost
 	for _, rec := range e.Config {
 		cur, err := r.readConfig(ctx, d.Namespace, rec.Kind, rec.Name)
+		if apierrors.IsForbidden(err) {
+			unreadable = append(unreadable, snapshot.Lost{Kind: rec.Kind, Name: rec.Name, Why: "the guard may not read it"})
+			continue
+		}
 		if err != nil {
 			return nil, snapshot.RestorePlan{}, fmt.Errorf("reading %s %s: %w", rec.Kind, rec.Name, err)
 		}
@@ -267,6 +276,9 @@ func (r *DeploymentReconciler) restoredTemplate(ctx context.Context, d *appsv1.D
 		}
 		if drifted := cur == nil || cur.hash != rec.Hash; drifted && rec.Snapshot != "" && rec.Snapshot != rec.Name {
 			snap, err := r.readConfig(ctx, d.Namespace, rec.Kind, rec.Snapshot)
+			if apierrors.IsForbidden(err) {
+				snap, err = nil, nil // not OK: the plan says it is lost
+			}
 			if err != nil {
 				return nil, snapshot.RestorePlan{}, fmt.Errorf("reading snapshot %s: %w", rec.Snapshot, err)
 			}
@@ -274,7 +286,12 @@ func (r *DeploymentReconciler) restoredTemplate(ctx context.Context, d *appsv1.D
 		}
 		now[snapshot.Key{Kind: rec.Kind, Name: rec.Name}] = n
 	}
-	plan := snapshot.PlanRestore(e.Config, now)
+	readable := slices.DeleteFunc(slices.Clone(e.Config), func(rec rollout.ConfigSnapshot) bool {
+		_, read := now[snapshot.Key{Kind: rec.Kind, Name: rec.Name}]
+		return !read
+	})
+	plan := snapshot.PlanRestore(readable, now)
+	plan.Lost = append(plan.Lost, unreadable...)
 	if len(plan.Restore) > 0 {
 		ctrl.LoggerFrom(ctx).Info("Restoring the config the known-good revision ran with", "target", klog.KObj(target), "restore", len(plan.Restore), "lost", len(plan.Lost))
 	}

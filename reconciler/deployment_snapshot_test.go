@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -241,4 +243,39 @@ func TestReconcileStopsWhenTheRestoredConfigFailsToo(t *testing.T) {
 	assert.NotContains(t, got.Annotations[vocab.AnnotationQuarantinedTemplates], vocab.TemplateHash(restored), "the running template is not quarantined")
 	assert.Equal(t, []string{vocab.ReasonRollbackLoop}, eventReasons(e.events()))
 	assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], "as the guard restored it, with its config; stopped to avoid a rollback loop")
+}
+
+// forbidConfig is an APIReader whose ConfigMap reads are refused, as for a
+// guard whose rights were narrowed after it kept a revision's config.
+type forbidConfig struct{ client.Reader }
+
+func (f forbidConfig) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*corev1.ConfigMap); ok {
+		return apierrors.NewForbidden(corev1.Resource("configmaps"), key.Name, errors.New("RBAC"))
+	}
+	return f.Reader.Get(ctx, key, obj, opts...)
+}
+
+// Config the guard may no longer read never holds a rollback back: the
+// known-good template is restored as it was, and the rollback says so.
+func TestRollbackDoesNotWaitOnConfigItMayNotRead(t *testing.T) {
+	d := deployment(failed)
+	rs1 := replicaSet(d, 1, "web:v1")
+	rs2 := replicaSet(d, 2, "web:v2", readsConfig("cfg"))
+	rs3 := replicaSet(d, 3, "web:v3", readsConfig("cfg"))
+	d.Spec.Template = *RollbackTemplate(rs3)
+	withKnownGood(d, rs1, rs2)
+	withLedger(func(l *rollout.Ledger) {
+		*l = l.WithConfig(rs2.UID, []rollout.ConfigSnapshot{{Kind: "ConfigMap", Name: "cfg", Snapshot: goodSnap, Hash: goodHash}})
+	})(d)
+	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, configMap("cfg", map[string]string{"mode": "bad"}),
+		snapshot.ConfigMapSnapshot(configMap("cfg", goodData), &appsv1.ReplicaSet{}))
+	e.r.APIReader = forbidConfig{e.client}
+
+	require.NoError(t, e.reconcile())
+
+	got := e.deployment()
+	assert.Equal(t, *RollbackTemplate(rs2), got.Spec.Template)
+	assert.Equal(t, int64(3), ledgerOf(t, got).RolledBackRevision)
+	assert.Contains(t, got.Annotations[vocab.AnnotationRollbackStatus], " Config not restored: ConfigMap cfg (the guard may not read it).")
 }
