@@ -81,6 +81,9 @@ type Options struct {
 	// RecordRetention is how long the record of a deleted Deployment is kept
 	// before the guard deletes it. Zero or less means DefaultRecordRetention.
 	RecordRetention time.Duration
+	// Snapshots say what the guard keeps of the config a known-good revision
+	// ran with, and restores on rollback.
+	Snapshots SnapshotOptions
 	// RecordSweepInterval is how often, at the most, the guard looks for expired
 	// records besides waking at the next known expiry. Zero or less means
 	// DefaultRecordSweepInterval (capped at the retention).
@@ -119,6 +122,7 @@ func DefaultOptions() Options {
 		DrainTimeout:            DefaultDrainTimeout,
 		RecordRetention:         DefaultRecordRetention,
 		RecordSweepInterval:     DefaultRecordSweepInterval,
+		Snapshots:               DefaultSnapshotOptions(),
 	}
 }
 

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -162,15 +163,26 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 
 	l, _ := rollout.ReadLedger(d)
 	marked := false
+	tellConfig := func() {}
 	if n := l.Newest(); n == nil || n.UID != newRS.UID || !l.IsKnownGood(newRS) || n.Revision != revision {
 		live := map[types.UID]bool{}
 		for _, rs := range rss {
 			live[rs.UID] = true
 		}
+		// The config it ran with, kept before the mark that names it: a
+		// guard stopped in between keeps it again on its next pass (the
+		// snapshots are content-addressed, so nothing is duplicated).
+		config, err := r.snapshotConfig(ctx, newRS)
+		var tooMany *tooManyConfig
+		switch {
+		case errors.As(err, &tooMany):
+		case err != nil:
+			return fmt.Errorf("keeping the config of ReplicaSet %s: %w", newRS.Name, err)
+		}
 		changed, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger {
 			// Entries of ReplicaSets gone (revision history) go too.
 			l.KnownGood = slices.DeleteFunc(slices.Clone(l.KnownGood), func(e rollout.KnownGoodEntry) bool { return !live[e.UID] })
-			return l.WithKnownGood(newRS, revision, r.Clock.Now())
+			return l.WithKnownGood(newRS, revision, r.Clock.Now()).WithConfig(newRS.UID, config)
 		})
 		if err != nil {
 			return fmt.Errorf("recording ReplicaSet %s known-good: %w", newRS.Name, err)
@@ -178,7 +190,14 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 		if changed {
 			marked = true
 			r.Metrics.knownGoodMarked.Inc()
-			log.Info("Recorded ReplicaSet known-good")
+			log.Info("Recorded ReplicaSet known-good", "config", len(config))
+			tellConfig = func() {
+				why := ""
+				if tooMany != nil {
+					why = tooMany.why
+				}
+				r.tellConfigNotKept(d, newRS, revision, config, why)
+			}
 		}
 	}
 
@@ -197,6 +216,7 @@ func (r *DeploymentReconciler) reconcileKnownGood(ctx context.Context, d *appsv1
 
 	if marked {
 		r.emitKnownGoodEvent(d, newRS, fmt.Sprintf("Revision %d (ReplicaSet %s) completed its rollout; recorded as known-good", revision, newRS.Name))
+		tellConfig()
 	}
 	return nil
 }

@@ -67,6 +67,10 @@ type Decision struct {
 	// TargetRevision its revision.
 	Target         *appsv1.ReplicaSet
 	TargetRevision int64
+	// Template is the template the rollback writes (ActionRollBack, once
+	// decided on fresh objects): the target's, with the references whose
+	// config drifted pointing at their snapshots (restoredTemplate).
+	Template *corev1.PodTemplateSpec
 	// Evidence is set when fail-fast declared the failure before the
 	// deadline (see DeclaredFailureMessage): what the new pods showed.
 	Evidence string
@@ -299,9 +303,27 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 			dec.Message = strings.TrimSuffix(dec.Message, ".") + suffix + "."
 		}
 	}
+	if dec.Action == ActionRollBack {
+		// The config the known-good revision ran with, where it drifted.
+		tmpl, plan, err := r.restoredTemplate(ctx, d, dec.Target)
+		if err != nil {
+			return 0, err
+		}
+		dec.Template = tmpl
+		if s := plan.Sentence(); s != "" {
+			dec.Message += s
+		}
+		if vocab.TemplateHash(tmpl) == rollout.TemplateHash(&d.Spec.Template) {
+			// The failing revision is the one an earlier rollback restored
+			// with its config (a template of its own, so never known-good
+			// yet): restoring it again would change nothing.
+			dec = dec.restoredAlready()
+		}
+	}
 	if dec.Action == ActionRollBack && r.Judge != nil {
+		// The template actually written is the one judged.
 		restored := d.DeepCopy()
-		restored.Spec.Template = *RollbackTemplate(dec.Target)
+		restored.Spec.Template = *dec.Template
 		restored.Annotations = RollbackAnnotations(d, dec.Target)
 		if refusals := r.Judge.JudgeRollback(ctx, restored, d); len(refusals) > 0 {
 			dec = dec.refusedByPolicy(refusals)
@@ -316,7 +338,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		// revision's success (reconcileVerdict). The same status write
 		// records the rollback as pending, settled once it is made.
 		pending = rollout.PendingRollback{
-			FailedRevision: dec.FailedRevision, To: dec.Target.Name, Template: vocab.TemplateHash(RollbackTemplate(dec.Target)),
+			FailedRevision: dec.FailedRevision, To: dec.Target.Name, Template: vocab.TemplateHash(dec.Template),
 			Deadline: dec.Deadline.LastTransitionTime.UTC().Format(time.RFC3339), FailFast: dec.Evidence != "",
 		}
 		if _, err := r.reportRollbackPending(ctx, d, rollout.StalledMessage(d, dec.Message, rollout.FormatRevision(dec.FailedRevision)), &pending); err != nil {
@@ -337,7 +359,7 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		// The failed template is the Deployment's as read, hashed the way the
 		// validating webhook hashes the template a GitOps tool applies again.
 		failedHash = vocab.TemplateHash(&d.Spec.Template)
-		d.Spec.Template = *RollbackTemplate(dec.Target)
+		d.Spec.Template = *dec.Template.DeepCopy()
 		d.Annotations = RollbackAnnotations(d, dec.Target)
 		setLabel(d, vocab.LabelRolledBack, rollout.FormatRevision(dec.FailedRevision))
 		d.Annotations[vocab.AnnotationQuarantinedTemplates] = FormatTemplateList(
@@ -419,6 +441,16 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 	return 0, nil
 }
 
+// restoredAlready turns a rollback into a hold: the template it would write
+// is the failing one, which an earlier rollback restored.
+func (d Decision) restoredAlready() Decision {
+	out := d
+	out.Action, out.Reason = ActionHold, ReasonRollbackLoop
+	out.Message = fmt.Sprintf("Revision %d (ReplicaSet %s) %s, but it is known-good revision %d (ReplicaSet %s) as the guard restored it, with its config; stopped to avoid a rollback loop. The failure is likely outside the template and its config.",
+		d.FailedRevision, d.NewRS.Name, d.failedHow(), d.TargetRevision, d.Target.Name)
+	return out
+}
+
 // refusedByPolicy turns a rollback into a hold: the policies in force refuse
 // the known-good template (refusals, one line each). The guard never restores
 // what the tenant could not apply itself.
@@ -442,7 +474,7 @@ func (r *DeploymentReconciler) rollbackLanded(ctx context.Context, want *appsv1.
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(want), fresh); err != nil {
 		return nil, false
 	}
-	if fresh.Annotations[vocab.AnnotationRollbackStatus] != dec.Message || !rollout.SameTemplate(fresh, dec.Target) {
+	if fresh.Annotations[vocab.AnnotationRollbackStatus] != dec.Message || rollout.TemplateHash(&fresh.Spec.Template) != vocab.TemplateHash(dec.Template) {
 		return nil, false
 	}
 	return fresh, true

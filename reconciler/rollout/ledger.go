@@ -45,6 +45,33 @@ type KnownGoodEntry struct {
 	Revision   int64     `json:"revision"`
 	// At is when the guard saw the rollout complete (RFC 3339).
 	At string `json:"at"`
+	// Config is the config the revision ran with: for each ConfigMap (and,
+	// where the platform turned it on, Secret) its template references, the
+	// snapshot the guard kept of it when the rollout completed. A rollback
+	// to this revision points the restored template at these snapshots
+	// where the config drifted since (reconciler/snapshot).
+	Config []ConfigSnapshot `json:"config,omitempty"`
+}
+
+// ConfigSnapshot is one config object a known-good revision references, as
+// the guard found it when the rollout completed.
+type ConfigSnapshot struct {
+	// Kind is "ConfigMap" or "Secret"; Name the object the template names.
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	// Snapshot is the immutable copy the guard keeps in the same namespace,
+	// owned by the revision's ReplicaSet; Hash is the content hash of its
+	// data (snapshot.ContentHash), recomputed from the data before it is
+	// trusted. Snapshot equals Name when the template references a snapshot
+	// already (a revision restored with its config).
+	Snapshot string `json:"snapshot,omitempty"`
+	Hash     string `json:"hash,omitempty"`
+	// Absent: the object did not exist when the rollout completed (an
+	// optional reference, or one deleted since the pods started).
+	Absent bool `json:"absent,omitempty"`
+	// Skipped says why no snapshot was kept (over the bound, refused by the
+	// API server): a rollback restores the template alone for it.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // Ledger is the reconciler's record on one Deployment. The zero value is an
@@ -197,6 +224,31 @@ func (l Ledger) WithKnownGood(rs *appsv1.ReplicaSet, revision int64, at time.Tim
 	})
 	if n := len(out.KnownGood); n > maxKnownGood {
 		out.KnownGood = out.KnownGood[n-maxKnownGood:]
+	}
+	for i := 0; i < len(out.KnownGood)-maxConfigEntries; i++ {
+		out.KnownGood[i].Config = nil
+	}
+	return out
+}
+
+// maxConfigEntries is how many of the newest known-good entries keep their
+// Config. A rollback restores the newest entry whose template is not the
+// Deployment's; one entry at most runs the Deployment's template (each
+// entry is a ReplicaSet of its own template), so the target is one of the
+// two newest. The older entries' snapshots are not forgotten by the
+// cluster (their ReplicaSets own them), only by the ledger, which the cache
+// holds for every Deployment.
+const maxConfigEntries = 2
+
+// WithConfig returns the ledger with config recorded on the known-good entry
+// of the ReplicaSet uid (nothing changes when there is none).
+func (l Ledger) WithConfig(uid types.UID, config []ConfigSnapshot) Ledger {
+	out := l
+	out.KnownGood = slices.Clone(l.KnownGood)
+	for i := range out.KnownGood {
+		if out.KnownGood[i].UID == uid {
+			out.KnownGood[i].Config = slices.Clone(config)
+		}
 	}
 	return out
 }

@@ -91,3 +91,30 @@ func TestWithKnownGood(t *testing.T) {
 	assert.Equal(t, 1, n, "one entry per ReplicaSet")
 	assert.Equal(t, "web-h12", l.Newest().ReplicaSet, "the ledger it was made from is unchanged")
 }
+
+// A known-good entry records the config its revision ran with; only the two
+// newest keep it (a rollback restores one of them), so the ledger every
+// cached Deployment carries does not grow with its history.
+func TestLedgerConfig(t *testing.T) {
+	d := deployment()
+	cfg := func(rev int64) []ConfigSnapshot {
+		return []ConfigSnapshot{{Kind: "ConfigMap", Name: "cfg", Snapshot: fmt.Sprintf("cfg-dg-%d", rev), Hash: fmt.Sprint(rev)}}
+	}
+	var l Ledger
+	for rev := int64(1); rev <= 3; rev++ {
+		rs := replicaSet(d, rev, fmt.Sprintf("web:%d", rev))
+		l = l.WithKnownGood(rs, rev, t0).WithConfig(rs.UID, cfg(rev))
+	}
+	require.Len(t, l.KnownGood, 3)
+	assert.Nil(t, l.KnownGood[0].Config, "the oldest entry forgets its config")
+	assert.Equal(t, cfg(2), l.KnownGood[1].Config)
+	assert.Equal(t, cfg(3), l.KnownGood[2].Config)
+
+	SetLedger(&d.Status, l, t0)
+	read, ok := ReadLedger(d)
+	require.True(t, ok)
+	assert.Equal(t, l, read, "survives its JSON form")
+
+	other := l.WithConfig("no-such-uid", cfg(9))
+	assert.Equal(t, l, other, "no entry of that UID: nothing changes")
+}

@@ -229,6 +229,22 @@ const (
 	AnnotationRecordExpires = Domain + "/record-expires"
 )
 
+// Config snapshots: immutable copies of the ConfigMaps (and Secrets) a
+// known-good revision ran with, in its namespace, owned by its ReplicaSet
+// (package reconciler/snapshot). Tenants can write these too: the guard
+// trusts a snapshot only by its name and recomputed content hash, recorded
+// in its ledger.
+const (
+	// LabelSnapshot set to "true" marks a snapshot (kubectl get cm -l
+	// deployguard.io/snapshot lists them).
+	LabelSnapshot = Domain + "/snapshot"
+	// AnnotationSnapshotOf names the object a snapshot was taken of.
+	AnnotationSnapshotOf = Domain + "/snapshot-of"
+	// AnnotationSnapshotHash is the content hash of its data, for people:
+	// the guard recomputes it.
+	AnnotationSnapshotHash = Domain + "/snapshot-hash"
+)
+
 // Labels.
 const (
 	// LabelGuard set to "disabled" on a namespace takes it out of the guard's
@@ -307,6 +323,10 @@ const (
 	// stayed short of its replicas past its progress deadline, its missing
 	// pods failing (the Stalled condition's reason and the Event's).
 	// ReasonScaleUpRecovered: it is back at its replicas, or scaled down.
+	// ReasonConfigNotKept: a revision recorded known-good references config
+	// the guard kept no snapshot of (over the bound, or refused); a rollback
+	// to it restores the template alone for that config.
+	ReasonConfigNotKept    = "ConfigSnapshotSkipped"
 	ReasonScaleUpStalled   = "ScaleUpStalled"
 	ReasonScaleUpRecovered = "ScaleUpRecovered"
 

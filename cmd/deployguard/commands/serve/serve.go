@@ -88,6 +88,9 @@ type serveFlags struct {
 	leaderElect    bool
 	leaderElection string
 	shutdownDelay  time.Duration
+
+	configSnapshots string
+	snapshots       reconciler.SnapshotOptions
 }
 
 // NewCommand is `deployguard serve`. Its flags are Go flags, as
@@ -148,6 +151,7 @@ func bindServeFlags(fs *flag.FlagSet) (*serveFlags, *zap.Options) {
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "elect a leader for the reconciler, so that several replicas can serve the webhooks")
 	fs.StringVar(&f.leaderElection, "leader-election-id", "deployguard.deployguard.io", "name of the leader election lease")
 	fs.DurationVar(&f.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long /readyz fails while the webhooks still serve, before in-flight requests are drained and the process exits: time for the Service's endpoints to drop the replica")
+	fs.StringVar(&f.configSnapshots, "config-snapshots", "configmaps", "which config a known-good revision's snapshots keep, for a rollback to bring back: configmaps, configmaps,secrets, or none. Secrets need the RBAC of config/rbac/snapshot_secrets_role.yaml (the chart's configSnapshots.secrets)")
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	return f, zo
@@ -163,6 +167,19 @@ func (f *serveFlags) complete(args []string) error {
 	}
 	if f.nativeCheckPeriod <= 0 {
 		return fmt.Errorf("--native-check-period must be positive, not %s", f.nativeCheckPeriod)
+	}
+	f.snapshots = reconciler.DefaultSnapshotOptions()
+	f.snapshots.ConfigMaps = false
+	for _, k := range vocab.SplitList(f.configSnapshots) {
+		switch k {
+		case "configmaps":
+			f.snapshots.ConfigMaps = true
+		case "secrets":
+			f.snapshots.Secrets = true
+		case "none":
+		default:
+			return fmt.Errorf("--config-snapshots: %q is none of configmaps, secrets, none", k)
+		}
 	}
 	for _, x := range vocab.SplitList(f.ipAddresses) {
 		ip := net.ParseIP(x)
@@ -424,6 +441,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 	ropts.DrainTimeout = cfg.Cleanup.DrainTimeout.Duration
 	ropts.RecordRetention = cfg.Cleanup.RecordRetention.Duration
 	ropts.RecordNamespace = f.namespace
+	ropts.Snapshots = f.snapshots
 	if err := reconciler.IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return nil, nil, err
 	}

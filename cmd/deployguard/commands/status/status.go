@@ -23,6 +23,7 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/rollout"
+	"github.com/deployguard/deployguard/reconciler/snapshot"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
@@ -79,6 +80,25 @@ type revisionStatus struct {
 	PreviousRevisions string `json:"previousRevisions,omitempty"`
 	// Failure is set when the guard found this revision failing.
 	Failure *revisionFailure `json:"failure,omitempty"`
+	// Config is the config its template references, and what the guard
+	// kept of it when the revision completed.
+	Config []configStatus `json:"config,omitempty"`
+}
+
+// configStatus is one ConfigMap or Secret a revision references.
+type configStatus struct {
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+	// Snapshot is the snapshot the guard kept of it when the revision
+	// completed (known-good revisions); SnapshotOf, the object it is a
+	// snapshot of, when the template references a snapshot (a revision
+	// restored with its config).
+	Snapshot   string `json:"snapshot,omitempty"`
+	SnapshotOf string `json:"snapshotOf,omitempty"`
+	// Absent: it did not exist when the revision completed; Skipped: why
+	// no snapshot was kept.
+	Absent  bool   `json:"absent,omitempty"`
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // revisionFailure says how a revision failed and what the guard did.
@@ -212,6 +232,7 @@ func buildStatus(in statusInput) deploymentStatus {
 		if e := ledger.KnownGoodEntryOf(rs); e != nil {
 			r.KnownGoodAt = e.At
 		}
+		r.Config = configOf(rs, ledger)
 		rsByHash[hash] = append(rsByHash[hash], rs.Name)
 		st.Revisions = append(st.Revisions, r)
 	}
@@ -247,6 +268,58 @@ func buildStatus(in statusInput) deploymentStatus {
 		st.Events = append(st.Events, guardEvent{Time: eventTime(e).UTC().Format(time.RFC3339), Type: e.Type, Reason: e.Reason, Message: e.Note})
 	}
 	return st
+}
+
+// configOf is the config rs's template references (Secrets included: only
+// their names), with what the ledger recorded of it: the snapshot kept when
+// rs completed, and which object a referenced snapshot was taken of.
+func configOf(rs *appsv1.ReplicaSet, l rollout.Ledger) []configStatus {
+	recorded := map[snapshot.Key]rollout.ConfigSnapshot{}
+	if e := l.KnownGoodEntryOf(rs); e != nil {
+		for _, c := range e.Config {
+			recorded[snapshot.Key{Kind: c.Kind, Name: c.Name}] = c
+		}
+	}
+	snapshotOf := map[snapshot.Key]string{}
+	for _, e := range l.KnownGood {
+		for _, c := range e.Config {
+			if c.Snapshot != "" && c.Snapshot != c.Name {
+				snapshotOf[snapshot.Key{Kind: c.Kind, Name: c.Snapshot}] = c.Name
+			}
+		}
+	}
+	var out []configStatus
+	for _, ref := range snapshot.Refs(&rs.Spec.Template.Spec, true) {
+		c := configStatus{Kind: ref.Kind, Name: ref.Name, SnapshotOf: snapshotOf[ref.Key()]}
+		if rec, ok := recorded[ref.Key()]; ok {
+			c.Absent, c.Skipped = rec.Absent, rec.Skipped
+			if rec.Snapshot != rec.Name {
+				c.Snapshot = rec.Snapshot
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// configWords says a revision's config for people.
+func configWords(cs []configStatus) string {
+	parts := make([]string, 0, len(cs))
+	for _, c := range cs {
+		w := c.Kind + " " + c.Name
+		switch {
+		case c.SnapshotOf != "":
+			w += " (the guard's snapshot of " + c.SnapshotOf + ")"
+		case c.Snapshot != "":
+			w += " (kept as " + c.Snapshot + ")"
+		case c.Absent:
+			w += " (absent when it completed)"
+		case c.Skipped != "":
+			w += " (not kept: " + c.Skipped + ")"
+		}
+		parts = append(parts, w)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // guardEventsOf returns the guard's events about d (this very object, by UID
@@ -428,6 +501,19 @@ func printStatus(w io.Writer, st deploymentStatus) {
 		fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", rv.Revision, rv.ReplicaSet, rv.Ready, rv.Replicas, revisionMarks(rv), strings.Join(rv.Images, ","), orNone(rv.ChangeCause))
 	}
 	_ = tw.Flush()
+
+	var withConfig []revisionStatus
+	for _, rv := range st.Revisions {
+		if len(rv.Config) > 0 {
+			withConfig = append(withConfig, rv)
+		}
+	}
+	if len(withConfig) > 0 {
+		fmt.Fprintln(w, "\nConfig each revision runs with:")
+		for _, rv := range withConfig {
+			fmt.Fprintf(w, "  %d (%s): %s\n", rv.Revision, rv.ReplicaSet, configWords(rv.Config))
+		}
+	}
 
 	var failed []revisionStatus
 	for _, rv := range st.Revisions {

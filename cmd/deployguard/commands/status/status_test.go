@@ -123,6 +123,41 @@ func TestBuildStatus(t *testing.T) {
 			},
 		},
 		{
+			name: "the config each revision runs with: kept at known-good, and the snapshot a restored revision reads",
+			input: func() statusInput {
+				d := fixtures.Deployment("web:1", map[string]string{vocab.RevisionAnnotation: "3"})
+				envFrom := func(rs *appsv1.ReplicaSet, names ...string) {
+					for _, n := range names {
+						rs.Spec.Template.Spec.Containers[0].EnvFrom = append(rs.Spec.Template.Spec.Containers[0].EnvFrom,
+							corev1.EnvFromSource{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: n}}})
+					}
+				}
+				rs1 := fixtures.ReplicaSet(d, "web-a", "a", "web:1", "1", false, 0)
+				envFrom(&rs1, "cfg", "big")
+				rs2 := fixtures.ReplicaSet(d, "web-b", "b", "web:2", "2", false, 0)
+				envFrom(&rs2, "cfg")
+				rs3 := fixtures.ReplicaSet(d, "web-c", "c", "web:1", "3", false, 2)
+				envFrom(&rs3, "cfg-dg-0123456789", "big")
+				withLedger(d, func(l *rollout.Ledger) {
+					*l = l.WithKnownGood(&rs1, 1, statusNow).WithConfig(rs1.UID, []rollout.ConfigSnapshot{
+						{Kind: "ConfigMap", Name: "big", Hash: "b", Skipped: "larger than 256 KiB"},
+						{Kind: "ConfigMap", Name: "cfg", Snapshot: "cfg-dg-0123456789", Hash: "0123456789ab"}})
+				})
+				return statusInput{Deployment: d, ReplicaSets: []appsv1.ReplicaSet{rs1, rs2, rs3}}
+			},
+			check: func(t *testing.T, st deploymentStatus, text string) {
+				require.Len(t, st.Revisions, 3)
+				assert.Equal(t, []configStatus{{Kind: "ConfigMap", Name: "big", Skipped: "larger than 256 KiB"},
+					{Kind: "ConfigMap", Name: "cfg", Snapshot: "cfg-dg-0123456789"}}, st.Revisions[0].Config)
+				assert.Equal(t, []configStatus{{Kind: "ConfigMap", Name: "cfg"}}, st.Revisions[1].Config)
+				assert.Equal(t, []configStatus{{Kind: "ConfigMap", Name: "big"}, {Kind: "ConfigMap", Name: "cfg-dg-0123456789", SnapshotOf: "cfg"}}, st.Revisions[2].Config)
+				assert.Contains(t, text, "Config each revision runs with:\n"+
+					"  1 (web-a): ConfigMap big (not kept: larger than 256 KiB), ConfigMap cfg (kept as cfg-dg-0123456789)\n"+
+					"  2 (web-b): ConfigMap cfg\n"+
+					"  3 (web-c): ConfigMap big, ConfigMap cfg-dg-0123456789 (the guard's snapshot of cfg)\n")
+			},
+		},
+		{
 			name: "a deadline's decision, known from the annotation alone once events expired",
 			input: func() statusInput {
 				d := fixtures.Deployment("web:1", map[string]string{

@@ -30,3 +30,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "deployguard.selfManaged" -}}
 {{- if eq .Values.certificates.mode "self-managed" }}true{{ else if eq .Values.certificates.mode "cert-manager" }}{{ else }}{{ fail (printf "certificates.mode must be cert-manager or self-managed, not %q" .Values.certificates.mode) }}{{ end }}
 {{- end }}
+
+{{/* The value of serve's --config-snapshots from configSnapshots. */}}
+{{- define "deployguard.configSnapshots" -}}
+{{- $kinds := list -}}
+{{- if .Values.configSnapshots.configMaps }}{{ $kinds = append $kinds "configmaps" }}{{ end -}}
+{{- if .Values.configSnapshots.secrets }}{{ $kinds = append $kinds "secrets" }}{{ end -}}
+{{- if $kinds }}{{ join "," $kinds }}{{ else }}none{{ end -}}
+{{- end }}
