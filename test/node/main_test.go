@@ -52,6 +52,8 @@ func TestMain(m *testing.M) {
 
 func setup(ctx context.Context, tier *harness.Tier) error {
 	tierDir = tier.WorkDir
+	// kubectl finds the guard's plugin (bin/kubectl-deployguard) here.
+	os.Setenv("PATH", filepath.Dir(tier.Guard)+":"+os.Getenv("PATH"))
 	nodeTools, err := harness.NodeToolsDir(tier.Tools)
 	if err != nil {
 		return err

@@ -214,6 +214,8 @@ func TestRealPods(t *testing.T) {
 		"MissingTagIsRolledBack":         missingTagIsRolledBack,
 		"CrashLoopIsRolledBack":          crashLoopIsRolledBack,
 		"NeverReadyRolledBackAtDeadline": neverReadyIsRolledBackAtTheDeadline,
+		"HelmConfigChangeRestored":       helmConfigChangeIsRestoredFromItsSnapshot,
+		"RolloutUndoAloneDoesNotHeal":    rolloutUndoAloneDoesNotHealAConfigChange,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -24,9 +24,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	"github.com/deployguard/deployguard/test/image"
-	"github.com/deployguard/deployguard/reconciler/vocab"
 )
 
 // pushNextGuard pushes the guard's image again as tag next, with a label
