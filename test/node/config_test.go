@@ -47,16 +47,27 @@ func restartOnePod(ctx context.Context, t *testing.T, ns, name string) (ready bo
 	require.NoError(t, err)
 	var pods corev1.PodList
 	require.NoError(t, cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)))
-	require.NotEmpty(t, pods.Items)
-	victim := pods.Items[0]
-	require.NoError(t, cl.Delete(ctx, &victim))
+	var victim *corev1.Pod
+	for i, p := range pods.Items {
+		if p.DeletionTimestamp == nil && len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].Ready {
+			victim = &pods.Items[i]
+			break
+		}
+	}
+	require.NotNil(t, victim, "a Ready pod: %v", podStates(ctx, ns))
+	before := map[string]bool{}
+	for _, p := range pods.Items {
+		before[p.Name] = true
+	}
+	t.Logf("deleting %s", victim.Name)
+	require.NoError(t, cl.Delete(ctx, victim))
 	harness.WaitFor(t, 2*time.Minute, "the replacement pod neither became Ready nor failed", func(ctx context.Context) (bool, string, error) {
 		var now corev1.PodList
 		if err := cl.List(ctx, &now, client.InNamespace(ns), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
 			return false, err.Error(), nil
 		}
 		for _, p := range now.Items {
-			if p.CreationTimestamp.Before(&victim.CreationTimestamp) || p.Name == victim.Name || len(p.Status.ContainerStatuses) == 0 {
+			if before[p.Name] || len(p.Status.ContainerStatuses) == 0 {
 				continue
 			}
 			s := p.Status.ContainerStatuses[0]
@@ -64,8 +75,8 @@ func restartOnePod(ctx context.Context, t *testing.T, ns, name string) (ready bo
 			case s.Ready:
 				ready, state = true, p.Name+" Ready"
 				return true, state, nil
-			case s.RestartCount > 0 || s.LastTerminationState.Terminated != nil:
-				state = fmt.Sprintf("%s exited %d times", p.Name, s.RestartCount+1)
+			case s.LastTerminationState.Terminated != nil:
+				state = fmt.Sprintf("%s exited %d times: %s", p.Name, s.RestartCount, strings.TrimSpace(s.LastTerminationState.Terminated.Message))
 				return true, state, nil
 			}
 		}
@@ -117,9 +128,9 @@ func rolloutUndoAloneDoesNotHealAConfigChange(t *testing.T) {
 	r := helm(ctx, "upgrade", "shop", configChart, "-n", ns, "--set", "config=bad")
 	require.Zero(t, r.Code, "helm upgrade: %s", r)
 	waitDeployment(t, ns, "shop", "the bad config's pods never failed", 2*time.Minute, func(_ rollout.Ledger, d *appsv1.Deployment) bool {
-		return strings.Contains(strings.Join(podStates(ctx, ns), ";"), "CrashLoopBackOff") ||
-			strings.Contains(strings.Join(podStates(ctx, ns), ";"), "restarts 1")
+		return strings.Contains(strings.Join(podStates(ctx, ns), ";"), "bad configuration")
 	})
+	logEvidence(ctx, t, ns)
 	r = kubectl(ctx, "rollout", "undo", "deploy/shop", "-n", ns)
 	require.Zero(t, r.Code, "kubectl rollout undo: %s", r)
 	waitDeployment(t, ns, "shop", "the undo never completed", 2*time.Minute, func(_ rollout.Ledger, d *appsv1.Deployment) bool {

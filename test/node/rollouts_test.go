@@ -99,6 +99,9 @@ func podStates(ctx context.Context, ns string) []string {
 	var out []string
 	for _, p := range pods.Items {
 		for _, s := range p.Status.ContainerStatuses {
+			if t := s.LastTerminationState.Terminated; t != nil && t.Message != "" {
+				out = append(out, fmt.Sprintf("%s last exited %d: %s", p.Name, t.ExitCode, strings.TrimSpace(t.Message)))
+			}
 			switch {
 			case s.State.Waiting != nil:
 				out = append(out, fmt.Sprintf("%s waiting %s: %s", p.Name, s.State.Waiting.Reason, s.State.Waiting.Message))
