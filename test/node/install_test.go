@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -50,7 +51,7 @@ func command(ctx context.Context, bin string, args ...string) result {
 	r := result{Stdout: stdout.String(), Stderr: stderr.String()}
 	if err != nil {
 		r.Code = -1
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			r.Code = ee.ExitCode()
 		} else {
 			r.Stderr += err.Error()
