@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
@@ -145,4 +147,136 @@ func rolloutUndoAloneDoesNotHealAConfigChange(t *testing.T) {
 // pipeline does (setup puts bin/, with kubectl-deployguard, on PATH).
 func kubectlDeployguard(ctx context.Context, args ...string) result {
 	return kubectl(ctx, append([]string{"deployguard"}, args...)...)
+}
+
+// kustomizeApp is the test app as kustomize builds it: its config from a
+// configMapGenerator (a name with the content's hash), so that a config
+// change is a new ConfigMap and a rollout. extra literals make a new hash.
+func kustomizeApp(ns, config string, extra ...string) map[string]string {
+	literals := append([]string{"config=" + config}, extra...)
+	quoted := make([]string, len(literals))
+	for i, l := range literals {
+		quoted[i] = fmt.Sprintf("%q", l)
+	}
+	return map[string]string{
+		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %s
+resources: [deployment.yaml]
+configMapGenerator:
+  - name: app-config
+    literals: [%s]
+`, ns, strings.Join(quoted, ", ")),
+		"deployment.yaml": `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app.kubernetes.io/name: web}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: web}
+    spec:
+      containers:
+        - name: app
+          image: ` + harness.Registry + `/testapp:v1
+          imagePullPolicy: IfNotPresent
+          terminationMessagePolicy: FallbackToLogsOnError
+          readinessProbe:
+            httpGet: {path: /readyz, port: 8080}
+            periodSeconds: 1
+          resources:
+            requests: {cpu: 10m, memory: 16Mi}
+          volumeMounts:
+            - {name: config, mountPath: /etc/testapp}
+      volumes:
+        - name: config
+          configMap: {name: app-config}
+`,
+	}
+}
+
+// Kustomize's configMapGenerator through Flux, pruning on: a bad config is
+// a new ConfigMap, and Flux deletes the old one as it applies. The guard
+// rolls back to the known-good pods, which start although their ConfigMap
+// was pruned (its snapshot); Flux's re-applies of the bad release are
+// refused without flapping; a fixed config rolls out and reads Ready.
+func fluxPrunedConfigIsRestoredFromItsSnapshot(t *testing.T) {
+	ctx := context.Background()
+	ns := harness.NewNamespace(t, cl)
+	repo := "apps/" + ns
+	push := func(files map[string]string) {
+		t.Helper()
+		_, err := fluxSource.PushFiles(repo, "latest", files)
+		require.NoError(t, err)
+	}
+	push(kustomizeApp(ns, "good"))
+	manifest := fmt.Sprintf(`apiVersion: source.toolkit.fluxcd.io/v1
+kind: OCIRepository
+metadata: {name: web, namespace: %[1]s}
+spec:
+  interval: 2s
+  insecure: true
+  url: %[2]s
+  ref: {tag: latest}
+---
+apiVersion: kustomize.toolkit.fluxcd.io/v1
+kind: Kustomization
+metadata: {name: web, namespace: %[1]s}
+spec:
+  interval: 10m
+  retryInterval: 5s
+  timeout: 2m
+  prune: true
+  wait: true
+  sourceRef: {kind: OCIRepository, name: web}
+`, ns, fluxSource.URL(repo))
+	f := filepath.Join(t.TempDir(), "flux.yaml")
+	require.NoError(t, os.WriteFile(f, []byte(manifest), 0o644))
+	r := kubectl(ctx, "apply", "-f", f)
+	require.Zero(t, r.Code, r.String())
+
+	first := waitDeployment(t, ns, "web", "revision 1 was not recorded known-good", 3*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		n := l.Newest()
+		return n != nil && n.Revision == 1 && len(n.Config) == 1 && completed(d)
+	})
+	goodCM := first.Spec.Template.Spec.Volumes[0].ConfigMap.Name
+	require.True(t, strings.HasPrefix(goodCM, "app-config-"), "kustomize's hashed name: %s", goodCM)
+
+	push(kustomizeApp(ns, "bad"))
+	harness.WaitFor(t, 2*time.Minute, "Flux never pruned the good config's ConfigMap", func(ctx context.Context) (bool, string, error) {
+		err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: goodCM}, &corev1.ConfigMap{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err), nil
+	})
+	note := rolledBack(ctx, t, ns, "web", 4*time.Minute)
+	t.Logf("AutoRollback: %s", note)
+	assert.Contains(t, note, "Config restored: ConfigMap "+goodCM+" from snapshot ")
+	assert.Contains(t, note, "(deleted since)")
+
+	// Flux applies the bad release again every retryInterval: refused, so
+	// the Deployment's spec stays the restored one for a quiet half minute.
+	restored, err := get(ctx, ns, "web")
+	require.NoError(t, err)
+	quiet := time.Now().Add(30 * time.Second)
+	harness.WaitFor(t, time.Minute, "the Deployment flapped", func(ctx context.Context) (bool, string, error) {
+		d, err := get(ctx, ns, "web")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		if d.Generation != restored.Generation || !completed(d) {
+			return false, "", fmt.Errorf("changed after the rollback: generation %d to %d, %s", restored.Generation, d.Generation, describe(ctx, d))
+		}
+		return time.Now().After(quiet), "", nil
+	})
+	ready, state := restartOnePod(ctx, t, ns, "web")
+	assert.True(t, ready, "a pod of the restored revision starts again, its pruned config read from the snapshot: %s", state)
+
+	// A fixed config: a new ConfigMap, a rollout that completes.
+	push(kustomizeApp(ns, "good", "release=fixed"))
+	waitDeployment(t, ns, "web", "the fixed config never rolled out", 3*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		name := d.Spec.Template.Spec.Volumes[0].ConfigMap.Name
+		return strings.HasPrefix(name, "app-config-") && name != goodCM && !strings.Contains(name, "-dg-") && completed(d)
+	})
 }

@@ -23,26 +23,47 @@ import (
 // the tier's network namespace.
 const certManagerEnv = "DEPLOYGUARD_CERT_MANAGER"
 
+// fluxSourceEnv and fluxKustomizeEnv pass Flux's controllers' binaries the
+// same way.
+const (
+	fluxSourceEnv    = "DEPLOYGUARD_FLUX_SOURCE"
+	fluxKustomizeEnv = "DEPLOYGUARD_FLUX_KUSTOMIZE"
+)
+
 var (
 	node    *harness.Node
 	cl      client.Client
 	tierDir string
 	// guardImage is the guard's image as the chart installs it.
 	guardImage string
+	// flux is source-controller and kustomize-controller, watching every
+	// namespace; fluxSource the OCI registry they deploy from.
+	flux       *harness.Flux
+	fluxSource *harness.OCIRegistry
 )
 
 func TestMain(m *testing.M) {
 	// What needs the Go module proxy is built first (cert-manager's
 	// controllers): the tier itself runs without a network.
 	if os.Getenv(certManagerEnv) == "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		bin, err := harness.BuildCertManager(ctx, os.Stderr)
+		var src, kust string
+		if err == nil {
+			src, kust, err = harness.BuildFlux(ctx, os.Stderr)
+		}
+		if err == nil {
+			// The CRDs' modules, into the module cache.
+			_, err = harness.FluxCRDs(ctx)
+		}
 		cancel()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "node tier:", err)
 			os.Exit(1)
 		}
 		os.Setenv(certManagerEnv, bin)
+		os.Setenv(fluxSourceEnv, src)
+		os.Setenv(fluxKustomizeEnv, kust)
 	}
 	if code, again := harness.EnterOwnNetwork(); !again {
 		os.Exit(code)
@@ -93,5 +114,21 @@ func setup(ctx context.Context, tier *harness.Tier) error {
 		return err
 	}
 	tier.Cleanup(func() { _ = cm.Stop() })
-	return helmInstall(start, tier)
+	if err := helmInstall(start, tier); err != nil {
+		return err
+	}
+
+	if err := node.InstallFluxCRDs(start); err != nil {
+		return err
+	}
+	fluxSource = harness.StartOCIRegistry()
+	tier.Cleanup(fluxSource.Close)
+	flux, err = harness.StartFlux(start, harness.FluxOptions{
+		SourceController: os.Getenv(fluxSourceEnv), KustomizeController: os.Getenv(fluxKustomizeEnv),
+		Kubeconfig: node.Kubeconfig, WorkDir: filepath.Join(tier.WorkDir, "flux"), Output: tier.Log})
+	if err != nil {
+		return err
+	}
+	tier.Cleanup(func() { _ = flux.Stop() })
+	return nil
 }

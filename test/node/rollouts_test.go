@@ -219,6 +219,7 @@ func TestRealPods(t *testing.T) {
 		"NeverReadyRolledBackAtDeadline": neverReadyIsRolledBackAtTheDeadline,
 		"HelmConfigChangeRestored":       helmConfigChangeIsRestoredFromItsSnapshot,
 		"RolloutUndoAloneDoesNotHeal":    rolloutUndoAloneDoesNotHealAConfigChange,
+		"FluxPrunedConfigRestored":       fluxPrunedConfigIsRestoredFromItsSnapshot,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
