@@ -3,7 +3,9 @@ package node
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,6 +208,72 @@ func TestRegistryOutageIsWaitedOut(t *testing.T) {
 	})
 	assert.Empty(t, guardNotes(ctx, t, ns, "web", vocab.ReasonAutoRollback))
 	t.Logf("completed %s after the registry stopped", time.Since(stopped).Round(time.Second))
+}
+
+// A registry that accepts connections and answers nothing, for longer than
+// the fail-fast window: containerd cancels each pull that makes no progress
+// (its image_pull_progress_timeout), the kubelet reports it, and the guard
+// waits it out as transient; once the registry answers again the rollout
+// completes. Alone, like the outage.
+func TestSlowRegistryIsWaitedOut(t *testing.T) {
+	ctx := context.Background()
+	ns := harness.NewNamespace(t, cl)
+	deployGood(ctx, t, ns, "web")
+	require.NoError(t, node.StopRegistry())
+	ln, err := net.Listen("tcp", harness.Registry)
+	require.NoError(t, err)
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	silent := time.Now()
+	answering := false
+	answer := func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		require.NoError(t, node.StartRegistry(context.Background()))
+		answering = true
+	}
+	t.Cleanup(func() {
+		if !answering {
+			answer()
+		}
+	})
+	setImage(ctx, t, ns, "web", "v2")
+	waitDeployment(t, ns, "web", "the new pods never failed to pull", 2*time.Minute, func(rollout.Ledger, *appsv1.Deployment) bool {
+		return strings.Contains(strings.Join(podStates(ctx, ns), ";"), "ErrImagePull")
+	})
+	logEvidence(ctx, t, ns)
+	// Silent past the fail-fast window (60s) and a pull's cancellation: an
+	// ordinary failure would be rolled back by now.
+	for time.Since(silent) < 100*time.Second {
+		d, err := get(ctx, ns, "web")
+		require.NoError(t, err)
+		l, _ := rollout.ReadLedger(d)
+		require.Zero(t, l.RolledBackRevision, "rolled back while the registry was slow: %s", describe(ctx, d))
+		time.Sleep(time.Second) // a poll of what must not change, not a synchronisation
+	}
+	logEvidence(ctx, t, ns)
+	answer()
+	waitDeployment(t, ns, "web", "revision 2 did not complete once the registry answered", 5*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		n := l.Newest()
+		return l.RolledBackRevision == 0 && n != nil && n.Revision == 2 && completed(d)
+	})
+	assert.Empty(t, guardNotes(ctx, t, ns, "web", vocab.ReasonAutoRollback))
+	t.Logf("completed %s after the registry went silent", time.Since(silent).Round(time.Second))
 }
 
 // Real pods: a rollout that completes, and the failures the guard rolls
