@@ -280,3 +280,54 @@ spec:
 		return strings.HasPrefix(name, "app-config-") && name != goodCM && !strings.Contains(name, "-dg-") && completed(d)
 	})
 }
+
+// readsConfigMap mounts ConfigMap name where the test app reads its setting,
+// with a checksum annotation as Helm's pattern writes it.
+func readsConfigMap(name, checksum string) harness.DeploymentOption {
+	return func(d *appsv1.Deployment) {
+		spec := &d.Spec.Template.Spec
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{
+			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}})
+		c := &spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "config", MountPath: "/etc/testapp"})
+		c.TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
+		if d.Spec.Template.Annotations == nil {
+			d.Spec.Template.Annotations = map[string]string{}
+		}
+		d.Spec.Template.Annotations["checksum/config"] = checksum
+	}
+}
+
+// A ConfigMap shared by two Deployments gets a bad value, and one of them
+// rolls (its checksum changed): that one is rolled back onto the snapshot;
+// the shared ConfigMap keeps its new data and the other Deployment is not
+// touched (no rollout of its own, nothing to roll back), as
+// reconciler/README.md says.
+func sharedConfigMapOnlyTheFailedDeploymentIsRestored(t *testing.T) {
+	ctx := context.Background()
+	ns := harness.NewNamespace(t, cl)
+	shared := &corev1.ConfigMap{}
+	shared.Namespace, shared.Name, shared.Data = ns, "shared", map[string]string{"config": "good"}
+	require.NoError(t, cl.Create(ctx, shared))
+	require.NoError(t, cl.Create(ctx, app(ns, "other", "v1", readsConfigMap("shared", "1"))))
+	deployGood(ctx, t, ns, "web", readsConfigMap("shared", "1"))
+	waitDeployment(t, ns, "other", "the other Deployment never completed", 2*time.Minute, func(_ rollout.Ledger, d *appsv1.Deployment) bool { return completed(d) })
+	other, err := get(ctx, ns, "other")
+	require.NoError(t, err)
+
+	shared.Data = map[string]string{"config": "bad"}
+	require.NoError(t, cl.Update(ctx, shared))
+	r := kubectl(ctx, "patch", "deploy/web", "-n", ns, "--type=merge", "-p", `{"spec":{"template":{"metadata":{"annotations":{"checksum/config":"2"}}}}}`)
+	require.Zero(t, r.Code, r.String())
+	note := rolledBack(ctx, t, ns, "web", 4*time.Minute)
+	t.Logf("AutoRollback: %s", note)
+	assert.Contains(t, note, "Config restored: ConfigMap shared from snapshot shared-dg-")
+
+	require.NoError(t, cl.Get(ctx, client.ObjectKeyFromObject(shared), shared))
+	assert.Equal(t, "bad", shared.Data["config"], "the shared ConfigMap keeps its new data")
+	now, err := get(ctx, ns, "other")
+	require.NoError(t, err)
+	assert.Equal(t, other.Generation, now.Generation, "the other Deployment was not written")
+	assert.Equal(t, "shared", now.Spec.Template.Spec.Volumes[0].ConfigMap.Name)
+	assert.True(t, completed(now), "its running pods run on: %s", describe(ctx, now))
+}

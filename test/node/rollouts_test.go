@@ -288,6 +288,7 @@ func TestRealPods(t *testing.T) {
 		"HelmConfigChangeRestored":       helmConfigChangeIsRestoredFromItsSnapshot,
 		"RolloutUndoAloneDoesNotHeal":    rolloutUndoAloneDoesNotHealAConfigChange,
 		"FluxPrunedConfigRestored":       fluxPrunedConfigIsRestoredFromItsSnapshot,
+		"SharedConfigMap":                sharedConfigMapOnlyTheFailedDeploymentIsRestored,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
