@@ -287,13 +287,24 @@ func valueSets() []valueSet {
 	return []valueSet{{
 		name: "defaults", namespace: harness.GuardNamespace,
 		check: func(t *testing.T, objs map[string]object) {
-			for _, k := range []string{"Namespace//deployguard-system", "Certificate/deployguard-system/deployguard-webhook-tls",
+			for _, k := range []string{"Certificate/deployguard-system/deployguard-webhook-tls",
 				"PodDisruptionBudget/deployguard-system/deployguard", "Deployment/deployguard-system/deployguard"} {
 				assert.Contains(t, objs, k)
 			}
+			// helm install --create-namespace makes it: Helm stores the
+			// release there before it creates anything.
+			assert.NotContains(t, objs, "Namespace//deployguard-system")
 			for k := range objs {
 				assert.False(t, strings.HasPrefix(k, "ServiceMonitor/") || strings.HasPrefix(k, "PrometheusRule/"), "monitoring is off by default: %s", k)
 			}
+		},
+	}, {
+		name: "rendered for a tool that applies it (createNamespace)", namespace: harness.GuardNamespace,
+		values: []string{"--set", "createNamespace=true"},
+		check: func(t *testing.T, objs map[string]object) {
+			ns := objs["Namespace//deployguard-system"]
+			require.NotNil(t, ns, "the release namespace, rendered")
+			assert.Equal(t, "disabled", str(ns, "metadata", "labels", "deployguard.io/guard"))
 		},
 	}, {
 		name: "cert-manager in a namespace of its own", namespace: "guard-cm",
