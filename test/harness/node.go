@@ -309,6 +309,24 @@ func (n *Node) Push(ctx context.Context, dir, repository string) ([]string, erro
 // node: a pull that reads nothing for this long is cancelled.
 const PullProgressTimeout = "20s"
 
+// Tag gives the registry's repository:from a second tag, to: an image no
+// node has pulled yet under that name.
+func (n *Node) Tag(ctx context.Context, repository, from, to string) error {
+	src, err := name.NewTag(Registry+"/"+repository+":"+from, name.Insecure)
+	if err != nil {
+		return err
+	}
+	desc, err := remote.Get(src, remote.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", src, err)
+	}
+	dst, err := name.NewTag(Registry+"/"+repository+":"+to, name.Insecure)
+	if err != nil {
+		return err
+	}
+	return remote.Tag(dst, desc, remote.WithContext(ctx))
+}
+
 // SandboxImage is the pod sandbox's image: the test app's pause tag.
 const SandboxImage = Registry + "/testapp:pause"
 

@@ -219,6 +219,8 @@ func TestSlowRegistryIsWaitedOut(t *testing.T) {
 	ctx := context.Background()
 	ns := harness.NewNamespace(t, cl)
 	deployGood(ctx, t, ns, "web")
+	// A tag the node has not pulled (v2 may be there already).
+	require.NoError(t, node.Tag(ctx, "testapp", "v2", "slow"))
 	require.NoError(t, node.StopRegistry())
 	ln, err := net.Listen("tcp", harness.Registry)
 	require.NoError(t, err)
@@ -252,7 +254,7 @@ func TestSlowRegistryIsWaitedOut(t *testing.T) {
 			answer()
 		}
 	})
-	setImage(ctx, t, ns, "web", "v2")
+	setImage(ctx, t, ns, "web", "slow")
 	waitDeployment(t, ns, "web", "the new pods never failed to pull", 2*time.Minute, func(rollout.Ledger, *appsv1.Deployment) bool {
 		return strings.Contains(strings.Join(podStates(ctx, ns), ";"), "ErrImagePull")
 	})
