@@ -42,6 +42,12 @@ var (
 		"network is unreachable",
 		"tls handshake timeout",
 		"context deadline exceeded",
+		// Go's net/http: the registry took the request and answered nothing
+		// within containerd's response-header timeout (seen on the real
+		// node, test/node: "rpc error: code = DeadlineExceeded desc = …
+		// net/http: timeout awaiting response headers").
+		"timeout awaiting response headers",
+		"code = deadlineexceeded",
 		"server misbehaving", // DNS SERVFAIL
 		"too many requests",  // 429, registry error code TOOMANYREQUESTS
 		"toomanyrequests",

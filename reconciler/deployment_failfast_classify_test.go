@@ -45,6 +45,14 @@ unknown: manifest unknown`, ClassPermanent, "manifest unknown"},
 		{"ErrImagePull", unpack + resolve + "unexpected status from HEAD request to https://registry.example.com/v2/shop/web/manifests/1.4: 429 Too Many Requests", ClassTransient, "too many requests"},
 		{"ErrImagePull", unpack + resolve + "unexpected status from HEAD request to https://registry.example.com/v2/shop/web/manifests/1.4: 503 Service Unavailable", ClassTransient, "service unavailable"},
 		{"ErrImagePull", "rpc error: code = DeadlineExceeded desc = context deadline exceeded", ClassTransient, "context deadline exceeded"},
+		// As the real node's kubelet wrote it (test/node), for a registry that
+		// accepted the connection and answered nothing.
+		{"ImagePullBackOff", `Back-off pulling image "127.0.0.1:5000/testapp:slow": ErrImagePull: rpc error: code = DeadlineExceeded desc = failed to pull and unpack image "127.0.0.1:5000/testapp:slow": failed to resolve image: failed to do request: Head "http://127.0.0.1:5000/v2/testapp/manifests/slow": net/http: timeout awaiting response headers`, ClassTransient, "timeout awaiting response headers"},
+		{"ErrImagePull", `rpc error: code = DeadlineExceeded desc = failed to pull and unpack image "` + ref + `": failed to copy: read tcp 10.0.0.1:5000: use of closed network connection`, ClassTransient, "code = deadlineexceeded"},
+		// As the real node's kubelet wrote them for the registry stopped and
+		// for a tag it lacks.
+		{"ErrImagePull", `failed to pull and unpack image "127.0.0.1:5000/testapp:v2": failed to resolve image: failed to do request: Head "http://127.0.0.1:5000/v2/testapp/manifests/v2": dial tcp 127.0.0.1:5000: connect: connection refused`, ClassTransient, "connection refused"},
+		{"ErrImagePull", `rpc error: code = NotFound desc = failed to pull and unpack image "127.0.0.1:5000/testapp:no-such-tag": failed to resolve image: 127.0.0.1:5000/testapp:no-such-tag: not found`, ClassPermanent, "not found"},
 		{"ErrImagePull", unpack + `failed to copy: httpReadSeeker: failed open: unexpected status code https://registry.example.com/v2/shop/web/blobs/sha256:5030aa: 502`, ClassTransient, "HTTP 502"},
 		{"RegistryUnavailable", "image pull failed for " + ref + " because the registry is unavailable: dial tcp: lookup registry.example.com: i/o timeout", ClassTransient, "registry unavailable"},
 		{"ErrImagePull", unpack + resolve + `failed to do request: Head "https://registry.example.com/v2/": dial tcp: lookup registry.example.com on 10.96.0.10:53: server misbehaving`, ClassTransient, "server misbehaving"},

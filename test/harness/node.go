@@ -305,10 +305,6 @@ func (n *Node) Push(ctx context.Context, dir, repository string) ([]string, erro
 	return pushed, nil
 }
 
-// PullProgressTimeout is containerd's image_pull_progress_timeout on the
-// node: a pull that reads nothing for this long is cancelled.
-const PullProgressTimeout = "20s"
-
 // Tag gives the registry's repository:from a second tag, to: an image no
 // node has pulled yet under that name.
 func (n *Node) Tag(ctx context.Context, repository, from, to string) error {
@@ -388,14 +384,11 @@ state = "%[1]s/state"
         BinaryName = "%[4]s"
         SystemdCgroup = false
 [plugins."io.containerd.cri.v1.images"]
-  # A pull that reads nothing for this long is cancelled (5m by default):
-  # short, so that the tier sees a registry that answers too slowly.
-  image_pull_progress_timeout = "%[7]s"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "%[5]s"
   [plugins."io.containerd.cri.v1.images".registry]
     config_path = "%[6]s"
-`, root, n.containerdSocket(), cni, filepath.Join(n.NodeTools, "runc"), SandboxImage, filepath.Join(n.dir, "certs.d"), PullProgressTimeout)), 0o644)
+`, root, n.containerdSocket(), cni, filepath.Join(n.NodeTools, "runc"), SandboxImage, filepath.Join(n.dir, "certs.d"))), 0o644)
 	if err != nil {
 		return err
 	}
