@@ -146,6 +146,22 @@ func TestReconcileKnownGoodKeepsConfig(t *testing.T) {
 	}
 }
 
+// failedWithConfig is a Deployment whose revision 3 failed its deadline;
+// revisions 1 and 2 are known-good, and revision 2 (reading ConfigMap cfg)
+// ran with goodData, kept as goodSnap.
+func failedWithConfig() (d *appsv1.Deployment, rs1, rs2, rs3 *appsv1.ReplicaSet) {
+	d = deployment(failed)
+	rs1 = replicaSet(d, 1, "web:v1")
+	rs2 = replicaSet(d, 2, "web:v2", readsConfig("cfg"))
+	rs3 = replicaSet(d, 3, "web:v3", readsConfig("cfg"))
+	d.Spec.Template = *RollbackTemplate(rs3)
+	withKnownGood(d, rs1, rs2)
+	withLedger(func(l *rollout.Ledger) {
+		*l = l.WithConfig(rs2.UID, []rollout.ConfigSnapshot{{Kind: "ConfigMap", Name: "cfg", Snapshot: goodSnap, Hash: goodHash}})
+	})(d)
+	return d, rs1, rs2, rs3
+}
+
 // A rollback points the restored template at the snapshot only where the
 // config drifted, and only to a snapshot that still holds the recorded
 // data; the template written is the one the ledger and the verdict name.
@@ -171,15 +187,7 @@ func TestReconcileRollbackRestoresConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := deployment(failed)
-			rs1 := replicaSet(d, 1, "web:v1")
-			rs2 := replicaSet(d, 2, "web:v2", readsConfig("cfg"))
-			rs3 := replicaSet(d, 3, "web:v3", readsConfig("cfg"))
-			d.Spec.Template = *RollbackTemplate(rs3)
-			withKnownGood(d, rs1, rs2)
-			withLedger(func(l *rollout.Ledger) {
-				*l = l.WithConfig(rs2.UID, []rollout.ConfigSnapshot{{Kind: "ConfigMap", Name: "cfg", Snapshot: goodSnap, Hash: goodHash}})
-			})(d)
+			d, rs1, rs2, rs3 := failedWithConfig()
 			objs := []client.Object{namespace(nil), d, rs1, rs2, rs3}
 			for _, o := range []*corev1.ConfigMap{tt.cfg, tt.snap} {
 				if o != nil {
@@ -259,15 +267,7 @@ func (f forbidConfig) Get(ctx context.Context, key client.ObjectKey, obj client.
 // Config the guard may no longer read never holds a rollback back: the
 // known-good template is restored as it was, and the rollback says so.
 func TestRollbackDoesNotWaitOnConfigItMayNotRead(t *testing.T) {
-	d := deployment(failed)
-	rs1 := replicaSet(d, 1, "web:v1")
-	rs2 := replicaSet(d, 2, "web:v2", readsConfig("cfg"))
-	rs3 := replicaSet(d, 3, "web:v3", readsConfig("cfg"))
-	d.Spec.Template = *RollbackTemplate(rs3)
-	withKnownGood(d, rs1, rs2)
-	withLedger(func(l *rollout.Ledger) {
-		*l = l.WithConfig(rs2.UID, []rollout.ConfigSnapshot{{Kind: "ConfigMap", Name: "cfg", Snapshot: goodSnap, Hash: goodHash}})
-	})(d)
+	d, rs1, rs2, rs3 := failedWithConfig()
 	e := newEnv(t, namespace(nil), d, rs1, rs2, rs3, configMap("cfg", map[string]string{"mode": "bad"}),
 		snapshot.ConfigMapSnapshot(configMap("cfg", goodData), &appsv1.ReplicaSet{}))
 	e.r.APIReader = forbidConfig{e.client}

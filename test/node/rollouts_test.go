@@ -193,21 +193,35 @@ func TestRegistryOutageIsWaitedOut(t *testing.T) {
 	})
 	logEvidence(ctx, t, ns)
 	// A minute of outage, watched: no rollback.
-	for time.Since(stopped) < time.Minute {
-		d, err := get(ctx, ns, "web")
-		require.NoError(t, err)
-		l, _ := rollout.ReadLedger(d)
-		require.Zero(t, l.RolledBackRevision, "rolled back during a registry outage: %s", describe(ctx, d))
-		time.Sleep(time.Second) // a poll of what must not change, not a synchronisation
-	}
+	notRolledBackUntil(ctx, t, ns, "web", stopped.Add(time.Minute), "during a registry outage")
 	require.NoError(t, node.StartRegistry(ctx))
 	restarted = true
-	waitDeployment(t, ns, "web", "revision 2 did not complete once the registry was back", 5*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+	completesWithoutRollback(ctx, t, ns, "web", "once the registry was back")
+	t.Logf("completed %s after the registry stopped", time.Since(stopped).Round(time.Second))
+}
+
+// notRolledBackUntil watches ns/name until the time until and fails the
+// test as soon as the guard has rolled it back.
+func notRolledBackUntil(ctx context.Context, t *testing.T, ns, name string, until time.Time, while string) {
+	t.Helper()
+	for time.Now().Before(until) {
+		d, err := get(ctx, ns, name)
+		require.NoError(t, err)
+		l, _ := rollout.ReadLedger(d)
+		require.Zero(t, l.RolledBackRevision, "rolled back %s: %s", while, describe(ctx, d))
+		time.Sleep(time.Second) // a poll of what must not change, not a synchronisation
+	}
+}
+
+// completesWithoutRollback waits for revision 2 of ns/name to complete and
+// be recorded known-good, with no rollback on the way.
+func completesWithoutRollback(ctx context.Context, t *testing.T, ns, name, when string) {
+	t.Helper()
+	waitDeployment(t, ns, name, "revision 2 did not complete "+when, 5*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
 		n := l.Newest()
 		return l.RolledBackRevision == 0 && n != nil && n.Revision == 2 && completed(d)
 	})
-	assert.Empty(t, guardNotes(ctx, t, ns, "web", vocab.ReasonAutoRollback))
-	t.Logf("completed %s after the registry stopped", time.Since(stopped).Round(time.Second))
+	assert.Empty(t, guardNotes(ctx, t, ns, name, vocab.ReasonAutoRollback))
 }
 
 // A registry that accepts connections and answers nothing, for longer than
@@ -261,20 +275,10 @@ func TestSlowRegistryIsWaitedOut(t *testing.T) {
 	logEvidence(ctx, t, ns)
 	// Silent past the fail-fast window (60s): an ordinary failure would be
 	// rolled back by now.
-	for time.Since(silent) < 100*time.Second {
-		d, err := get(ctx, ns, "web")
-		require.NoError(t, err)
-		l, _ := rollout.ReadLedger(d)
-		require.Zero(t, l.RolledBackRevision, "rolled back while the registry was slow: %s", describe(ctx, d))
-		time.Sleep(time.Second) // a poll of what must not change, not a synchronisation
-	}
+	notRolledBackUntil(ctx, t, ns, "web", silent.Add(100*time.Second), "while the registry was slow")
 	logEvidence(ctx, t, ns)
 	answer()
-	waitDeployment(t, ns, "web", "revision 2 did not complete once the registry answered", 5*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
-		n := l.Newest()
-		return l.RolledBackRevision == 0 && n != nil && n.Revision == 2 && completed(d)
-	})
-	assert.Empty(t, guardNotes(ctx, t, ns, "web", vocab.ReasonAutoRollback))
+	completesWithoutRollback(ctx, t, ns, "web", "once the registry answered")
 	t.Logf("completed %s after the registry went silent", time.Since(silent).Round(time.Second))
 }
 
