@@ -203,16 +203,11 @@ func (n *Node) start(component string, args ...string) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(n.NodeTools, component), args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), "PATH="+n.NodeTools+":"+os.Getenv("PATH"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
+	p, err := startProcess(filepath.Join(n.NodeTools, component), args, append(os.Environ(), "PATH="+n.NodeTools+":"+os.Getenv("PATH")), f)
+	f.Close() // the process has its own descriptor
+	if err != nil {
 		return nil, fmt.Errorf("starting %s: %w", component, err)
 	}
-	p := &Process{cmd: cmd, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait(); f.Close() }()
 	return p, nil
 }
 
