@@ -195,7 +195,7 @@ func finalStage(t *testing.T, s stage, base v1.Config) (v1.Config, []copied) {
 				case "chmod":
 					f.chmod = v
 				default:
-					t.Fatalf("line %d: COPY --%s is not read here", in.line, k)
+					require.FailNowf(t, "COPY flag", "line %d: COPY --%s is not read here", in.line, k)
 				}
 				w = w[1:]
 			}
@@ -209,7 +209,7 @@ func finalStage(t *testing.T, s stage, base v1.Config) (v1.Config, []copied) {
 			}
 			files = append(files, f)
 		default:
-			t.Fatalf("line %d: the final stage's %s is not modelled by test/image: teach the Go image (test/image) and this test what it does", in.line, in.cmd)
+			require.FailNowf(t, "instruction", "line %d: the final stage's %s is not modelled by test/image: teach the Go image (test/image) and this test what it does", in.line, in.cmd)
 		}
 	}
 	return c, files
@@ -275,7 +275,7 @@ func findGoBuild(t *testing.T, s stage, args map[string]string) goBuild {
 				}
 				w = w[2:]
 			default:
-				t.Fatalf("line %d: go build %s is not modelled by test/image.Build: teach it, and image-build's check", in.line, w[0])
+				require.FailNowf(t, "go build flag", "line %d: go build %s is not modelled by test/image.Build: teach it, and image-build's check", in.line, w[0])
 			}
 		}
 		require.Len(t, w, 1, "line %d: one package is built, not %v", in.line, w)

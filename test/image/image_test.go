@@ -122,7 +122,7 @@ func content(t *testing.T, img v1.Image, p string) string {
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			t.Fatalf("%s is not in the image", p)
+			require.FailNowf(t, "not in the image", "%s is not in the image", p)
 		}
 		require.NoError(t, err)
 		if path.Clean("/"+h.Name) == p {
@@ -341,7 +341,7 @@ func rendered(t *testing.T, base string) appsv1.Deployment {
 		require.NoError(t, yaml.Unmarshal(b, &d))
 		return d
 	}
-	t.Fatalf("config/%s renders no Deployment deployguard", base)
+	require.FailNowf(t, "no Deployment", "config/%s renders no Deployment deployguard", base)
 	return appsv1.Deployment{}
 }
 

@@ -43,7 +43,7 @@ func tagEnv(t *testing.T, tag string) map[string]string {
 		}
 		return kv
 	}
-	t.Fatalf("no tag %q in image.AppTags", tag)
+	require.FailNowf(t, "no tag", "no tag %q in image.AppTags", tag)
 	return nil
 }
 

@@ -16,6 +16,7 @@ require (
 	github.com/argoproj/argo-cd/v3 v3.2.12
 	github.com/argoproj/gitops-engine v0.7.1-0.20260512161450-ff8d2f5207dc
 	github.com/sirupsen/logrus v1.9.3
+	github.com/stretchr/testify v1.11.1
 	k8s.io/api v0.34.0
 	k8s.io/apimachinery v0.34.0
 	k8s.io/client-go v0.34.0

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	log "github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,22 +78,16 @@ func stalled(status corev1.ConditionStatus) appsv1.DeploymentCondition {
 func live(t *testing.T, d any) *unstructured.Unstructured {
 	t.Helper()
 	data, err := json.Marshal(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	obj, err := DecodeObject(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return obj
 }
 
 func readFile(t *testing.T, path string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return data
 }
 
@@ -102,9 +98,7 @@ func readFile(t *testing.T, path string) []byte {
 func TestDeploymentHealthScript(t *testing.T) {
 	script := string(readFile(t, scriptPath))
 	fromCM, err := OverridesFromConfigMap(context.Background(), readFile(t, patchPath))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 
 	type verdict struct{ status, message string }
 	cases := []struct {
@@ -204,27 +198,19 @@ func TestDeploymentHealthScript(t *testing.T) {
 			builtin := Evaluate(obj, nil)
 			customized := Evaluate(obj, DeploymentHealthOverride(script))
 			viaConfigMap := Evaluate(obj, fromCM)
-			if builtin == nil || customized == nil || viaConfigMap == nil {
-				t.Fatalf("no verdict: builtin %v, customized %v, argocd-cm %v", builtin, customized, viaConfigMap)
-			}
+			require.True(t, builtin != nil && customized != nil && viaConfigMap != nil,
+				"no verdict: builtin %v, customized %v, argocd-cm %v", builtin, customized, viaConfigMap)
 			for _, v := range []*Verdict{builtin, customized, viaConfigMap} {
-				if v.Error != "" {
-					t.Fatalf("health check failed: %s", v.Error)
-				}
+				require.Empty(t, v.Error, "health check failed")
 			}
 			got := verdict{string(customized.Status), customized.Message}
-			if got != tc.want {
-				t.Errorf("script: got %q, want %q", got, tc.want)
-			}
-			if *viaConfigMap != *customized {
-				t.Errorf("argocd-cm patch: got %+v, the script alone %+v", *viaConfigMap, *customized)
-			}
+			assert.Equal(t, tc.want, got, "script")
+			assert.Equal(t, *customized, *viaConfigMap, "argocd-cm patch against the script alone")
 			builtinGot := verdict{string(builtin.Status), builtin.Message}
-			switch {
-			case tc.guard && builtinGot.status == "Degraded":
-				t.Errorf("built-in check already Degraded (%q): the case does not show what the script adds", builtinGot)
-			case !tc.guard && builtinGot != got:
-				t.Errorf("script %q differs from the built-in check %q", got, builtinGot)
+			if tc.guard {
+				assert.NotEqual(t, "Degraded", builtinGot.status, "built-in check already Degraded (%q): the case does not show what the script adds", builtinGot)
+			} else {
+				assert.Equal(t, builtinGot, got, "the script differs from the built-in check")
 			}
 		})
 	}
@@ -235,34 +221,23 @@ func TestDeploymentHealthScript(t *testing.T) {
 func TestArgoCDConfigMapPatch(t *testing.T) {
 	script := readFile(t, scriptPath)
 	var cm corev1.ConfigMap
-	if err := yaml.UnmarshalStrict(readFile(t, patchPath), &cm); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, yaml.UnmarshalStrict(readFile(t, patchPath), &cm))
 	// No namespace: a patch naming one matches nothing in a kustomization of
 	// Argo CD's install.yaml (namespaceless) with `namespace: argocd`.
-	if cm.APIVersion != "v1" || cm.Kind != "ConfigMap" || cm.Name != "argocd-cm" || cm.Namespace != "" {
-		t.Errorf("the patch is %s %s %s/%s, want v1 ConfigMap argocd-cm in no namespace", cm.APIVersion, cm.Kind, cm.Namespace, cm.Name)
-	}
-	if len(cm.Data) != 1 || len(cm.BinaryData) != 0 {
-		t.Errorf("the patch sets %d keys, want only %s", len(cm.Data)+len(cm.BinaryData), configMapKey)
-	}
+	assert.Equal(t, [4]string{"v1", "ConfigMap", "", "argocd-cm"}, [4]string{cm.APIVersion, cm.Kind, cm.Namespace, cm.Name},
+		"the patch: want v1 ConfigMap argocd-cm in no namespace")
+	assert.Len(t, cm.Data, 1, "the patch sets only %s", configMapKey)
+	assert.Empty(t, cm.BinaryData, "the patch sets only %s", configMapKey)
 	got, ok := cm.Data[configMapKey]
-	if !ok {
-		t.Fatalf("the patch has no key %s", configMapKey)
-	}
-	if !bytes.Equal([]byte(got), script) {
-		t.Errorf("the patch's script differs from %s at byte %d: copy the script under the key again, "+
-			"each non-empty line indented by four spaces (sed 's/^\\(.\\)/    \\1/')", scriptPath, firstDiff([]byte(got), script))
-	}
+	require.True(t, ok, "the patch has no key %s", configMapKey)
+	assert.True(t, bytes.Equal([]byte(got), script), "the patch's script differs from %s at byte %d: copy the script under the key again, "+
+		"each non-empty line indented by four spaces (sed 's/^\\(.\\)/    \\1/')", scriptPath, firstDiff([]byte(got), script))
 	// What Argo CD's settings manager makes of it.
 	overrides, err := OverridesFromConfigMap(context.Background(), readFile(t, patchPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o := overrides["apps/Deployment"]; o.HealthLua != string(script) || o.UseOpenLibs {
-		t.Errorf("Argo CD's settings manager does not read the script as the apps/Deployment health check "+
-			"(%d bytes of health Lua, useOpenLibs %v)", len(o.HealthLua), o.UseOpenLibs)
-	}
+	require.NoError(t, err)
+	o := overrides["apps/Deployment"]
+	assert.True(t, o.HealthLua == string(script) && !o.UseOpenLibs, "Argo CD's settings manager does not read the script as the apps/Deployment health check "+
+		"(%d bytes of health Lua, useOpenLibs %v)", len(o.HealthLua), o.UseOpenLibs)
 }
 
 func firstDiff(a, b []byte) int {
@@ -279,36 +254,21 @@ func TestCommand(t *testing.T) {
 	obj, err := json.Marshal(deployment(func(d *appsv1.Deployment) {
 		d.Status.Conditions = append(d.Status.Conditions, stalled(corev1.ConditionTrue))
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, args := range [][2]string{{scriptPath, ""}, {"", patchPath}} {
 		var out bytes.Buffer
-		if err := run(args[0], args[1], "-", bytes.NewReader(obj), &out); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, run(args[0], args[1], "-", bytes.NewReader(obj), &out))
 		var res Result
-		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-			t.Fatalf("%v\n%s", err, out.String())
-		}
-		if res.Builtin == nil || res.Builtin.Status != "Healthy" ||
-			res.Customized == nil || res.Customized.Status != "Degraded" || !strings.HasPrefix(res.Customized.Message, "AutoRollback: ") {
-			t.Errorf("got %s", out.String())
-		}
-		if !strings.HasPrefix(res.ArgoCD, "v3.") {
-			t.Errorf("argocd version %q", res.ArgoCD)
-		}
+		require.NoError(t, json.Unmarshal(out.Bytes(), &res), out.String())
+		assert.True(t, res.Builtin != nil && res.Builtin.Status == "Healthy" &&
+			res.Customized != nil && res.Customized.Status == "Degraded" && strings.HasPrefix(res.Customized.Message, "AutoRollback: "),
+			"got %s", out.String())
+		assert.True(t, strings.HasPrefix(res.ArgoCD, "v3."), "argocd version %q", res.ArgoCD)
 	}
 	// Without a customization both verdicts are the built-in check's.
 	var out bytes.Buffer
-	if err := run("", "", "-", bytes.NewReader(obj), &out); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, run("", "", "-", bytes.NewReader(obj), &out))
 	var res Result
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatal(err)
-	}
-	if *res.Builtin != *res.Customized {
-		t.Errorf("without a customization: %s", out.String())
-	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &res))
+	assert.Equal(t, *res.Builtin, *res.Customized, "without a customization: %s", out.String())
 }

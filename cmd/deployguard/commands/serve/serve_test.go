@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/cli"
 )
@@ -48,9 +49,7 @@ func TestServeRefusesABadConfigFile(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "guard.yaml")
 			if tt.file != "" {
-				if err := os.WriteFile(p, []byte(tt.file), 0o600); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.WriteFile(p, []byte(tt.file), 0o600))
 			}
 			var stdout, stderr bytes.Buffer
 			// --kubeconfig points nowhere: the config must fail first.

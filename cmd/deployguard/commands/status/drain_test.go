@@ -1,9 +1,9 @@
 package status
 
 import (
-	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,9 +55,9 @@ func TestEvictionRefusal(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, reason, never, refused := evictionRefusal(tc.pod, tc.budgets)
-			if refused != tc.refused || never != tc.never || !strings.Contains(reason, tc.want) {
-				t.Errorf("refused %v never %v reason %q; want refused %v never %v, reason with %q", refused, never, reason, tc.refused, tc.never, tc.want)
-			}
+			assert.Equal(t, tc.refused, refused, "refused")
+			assert.Equal(t, tc.never, never, "refused at any health")
+			assert.Contains(t, reason, tc.want)
 		})
 	}
 }
