@@ -55,43 +55,30 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := collectors.NewRegistration(reg, "reconciler metrics")
 	m := &Metrics{
-		rollbacks: collectors.Add(r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "deployguard_rollbacks_total",
-			Help: "Decisions about Deployments whose rollout exceeded its progress deadline, by result: rolled_back, no_known_good, loop_stopped, failed, conflict.",
-		}, []string{"result"})),
-		knownGoodMarked: collectors.Add(r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "deployguard_known_good_marked_total",
-			Help: "ReplicaSets marked known-good after their rollout completed.",
-		})),
-		rollbackReaction: collectors.Add(r, prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "deployguard_rollback_reaction_seconds",
-			Help: "Time from the ProgressDeadlineExceeded condition's lastTransitionTime (one-second resolution) to the rollback write.",
-			// The target is under a second; the condition's timestamp is truncated
-			// to the second, so the low buckets stay coarse.
-			Buckets: []float64{0.1, 0.25, 0.5, 1, 1.5, 2, 5, 10, 30, 60, 300},
-		})),
-		cleanupSteps: collectors.Add(r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "deployguard_cleanup_steps_total",
-			Help: "Cleanup steps of Deployments being deleted whose finalizer the guard removed, by step (drain, record, unknown) and result (completed, timed_out, skipped, failed).",
-		}, []string{"step", "result"})),
-		cleanupDuration: collectors.Add(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "deployguard_cleanup_step_duration_seconds",
-			Help:    "Duration of completed or timed-out cleanup steps: for drain, from the drain-started annotation (so across restarts) to the removal of its finalizer; for record, the reconcile that wrote it.",
-			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600},
-		}, []string{"step"})),
-		failFastReaction: collectors.Add(r, prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "deployguard_failfast_reaction_seconds",
-			Help:    "Time from the first failure evidence the guard saw on a rollout's new pods to the rollback write (the fail-fast window, and the guard's reaction after it).",
-			Buckets: []float64{5, 10, 20, 30, 45, 60, 75, 90, 120, 180, 300, 600},
-		})),
-		failFastDecisions: collectors.Add(r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "deployguard_failfast_decisions_total",
-			Help: "Rollouts fail-fast found failing, by the first failing pod's reason (ImagePullBackOff, CrashLoopBackOff, …) and result (rolled_back, no_known_good, reported).",
-		}, []string{"reason", "result"})),
-		recordsExpired: collectors.Add(r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "deployguard_cleanup_records_expired_total",
-			Help: "Record ConfigMaps of deleted Deployments deleted by the guard after their retention.",
-		})),
+		rollbacks: r.CounterVec("deployguard_rollbacks_total",
+			"Decisions about Deployments whose rollout exceeded its progress deadline, by result: rolled_back, no_known_good, loop_stopped, failed, conflict.",
+			"result"),
+		knownGoodMarked: r.Counter("deployguard_known_good_marked_total",
+			"ReplicaSets marked known-good after their rollout completed."),
+		// The target is under a second; the condition's timestamp is truncated
+		// to the second, so the low buckets stay coarse.
+		rollbackReaction: r.Histogram("deployguard_rollback_reaction_seconds",
+			"Time from the ProgressDeadlineExceeded condition's lastTransitionTime (one-second resolution) to the rollback write.",
+			[]float64{0.1, 0.25, 0.5, 1, 1.5, 2, 5, 10, 30, 60, 300}),
+		cleanupSteps: r.CounterVec("deployguard_cleanup_steps_total",
+			"Cleanup steps of Deployments being deleted whose finalizer the guard removed, by step (drain, record, unknown) and result (completed, timed_out, skipped, failed).",
+			"step", "result"),
+		cleanupDuration: r.HistogramVec("deployguard_cleanup_step_duration_seconds",
+			"Duration of completed or timed-out cleanup steps: for drain, from the drain-started annotation (so across restarts) to the removal of its finalizer; for record, the reconcile that wrote it.",
+			[]float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600}, "step"),
+		failFastReaction: r.Histogram("deployguard_failfast_reaction_seconds",
+			"Time from the first failure evidence the guard saw on a rollout's new pods to the rollback write (the fail-fast window, and the guard's reaction after it).",
+			[]float64{5, 10, 20, 30, 45, 60, 75, 90, 120, 180, 300, 600}),
+		failFastDecisions: r.CounterVec("deployguard_failfast_decisions_total",
+			"Rollouts fail-fast found failing, by the first failing pod's reason (ImagePullBackOff, CrashLoopBackOff, …) and result (rolled_back, no_known_good, reported).",
+			"reason", "result"),
+		recordsExpired: r.Counter("deployguard_cleanup_records_expired_total",
+			"Record ConfigMaps of deleted Deployments deleted by the guard after their retention."),
 	}
 	if err := r.Err(); err != nil {
 		return nil, err

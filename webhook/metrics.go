@@ -22,20 +22,18 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := collectors.NewRegistration(reg, "admission metrics")
 	m := &Metrics{
-		requests: collectors.Add(r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "deployguard_admission_requests_total",
-			Help: "Admission requests for Deployments (webhook mutating, validating; verdict for their status writes) and PodDisruptionBudgets (webhook disruption-budget) by webhook, " +
-				"operation, result (allowed, patched, denied, error) " +
-				"and reason: none when allowed or patched; otherwise what refused it, one of malformed, selector, overlap, strategy, revision-history, " +
+		requests: r.CounterVec("deployguard_admission_requests_total",
+			"Admission requests for Deployments (webhook mutating, validating; verdict for their status writes) and PodDisruptionBudgets (webhook disruption-budget) by webhook, "+
+				"operation, result (allowed, patched, denied, error) "+
+				"and reason: none when allowed or patched; otherwise what refused it, one of malformed, selector, overlap, strategy, revision-history, "+
 				"progress-deadline, finalizers, quarantine, protected, policy, disruption-budget, internal (denials by policy: deployguard_policy_decisions_total).",
-		}, []string{"webhook", "operation", "result", "reason"})),
-		latency: collectors.Add(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "deployguard_admission_duration_seconds",
-			Help: "Time to admit a Deployment (or, webhook disruption-budget, a PodDisruptionBudget), from decoded request to response, by webhook and operation.",
-			// Fine below 5 ms, where admissions are, so that a p99 can be read
-			// from the buckets; up to the webhooks' 3 s timeout.
-			Buckets: []float64{.00005, .0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
-		}, []string{"webhook", "operation"})),
+			"webhook", "operation", "result", "reason"),
+		// Fine below 5 ms, where admissions are, so that a p99 can be read
+		// from the buckets; up to the webhooks' 3 s timeout.
+		latency: r.HistogramVec("deployguard_admission_duration_seconds",
+			"Time to admit a Deployment (or, webhook disruption-budget, a PodDisruptionBudget), from decoded request to response, by webhook and operation.",
+			[]float64{.00005, .0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
+			"webhook", "operation"),
 	}
 	if err := r.Err(); err != nil {
 		return nil, err

@@ -13,7 +13,9 @@ import (
 
 // Registration registers one component's collectors with a registry, and
 // keeps the first error, so that the component builds all of them and
-// checks once.
+// checks once. Its Counter, Gauge and Histogram methods (and their …Vec
+// forms) build a collector from its name, help and labels or buckets and
+// Add it, so that each metric is one short declaration.
 type Registration struct {
 	reg  prometheus.Registerer
 	what string
@@ -51,3 +53,33 @@ func Add[C prometheus.Collector](r *Registration, c C) C {
 
 // Err is the first error Add met, nil when every collector is registered.
 func (r *Registration) Err() error { return r.err }
+
+// Counter registers a counter without labels.
+func (r *Registration) Counter(name, help string) prometheus.Counter {
+	return Add(r, prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}))
+}
+
+// CounterVec registers a counter with labels.
+func (r *Registration) CounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return Add(r, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+}
+
+// Gauge registers a gauge without labels.
+func (r *Registration) Gauge(name, help string) prometheus.Gauge {
+	return Add(r, prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help}))
+}
+
+// GaugeVec registers a gauge with labels.
+func (r *Registration) GaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return Add(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels))
+}
+
+// Histogram registers a histogram without labels.
+func (r *Registration) Histogram(name, help string, buckets []float64) prometheus.Histogram {
+	return Add(r, prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}))
+}
+
+// HistogramVec registers a histogram with labels.
+func (r *Registration) HistogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return Add(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels))
+}

@@ -70,3 +70,40 @@ func TestAddAfterAnError(t *testing.T) {
 		assert.NotEqual(t, "deployguard_later_total", f.GetName(), "nothing registered after the error")
 	}
 }
+
+func TestConstructors(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := NewRegistration(reg, "test metrics")
+	r.Counter("deployguard_c_total", "A counter.").Inc()
+	r.CounterVec("deployguard_cv_total", "A counter with labels.", "a", "b").WithLabelValues("x", "y").Inc()
+	r.Gauge("deployguard_g", "A gauge.").Set(1)
+	r.GaugeVec("deployguard_gv", "A gauge with labels.", "a").WithLabelValues("x").Set(1)
+	r.Histogram("deployguard_h_seconds", "A histogram.", []float64{1, 2}).Observe(1)
+	r.HistogramVec("deployguard_hv_seconds", "A histogram with labels.", []float64{1, 2, 3}, "a").WithLabelValues("x").Observe(1)
+	require.NoError(t, r.Err())
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	type family struct {
+		help    string
+		labels  []string
+		buckets int
+	}
+	got := map[string]family{}
+	for _, f := range families {
+		m := f.GetMetric()[0]
+		var labels []string
+		for _, l := range m.GetLabel() {
+			labels = append(labels, l.GetName())
+		}
+		got[f.GetName()] = family{help: f.GetHelp(), labels: labels, buckets: len(m.GetHistogram().GetBucket())}
+	}
+	assert.Equal(t, map[string]family{
+		"deployguard_c_total":    {help: "A counter."},
+		"deployguard_cv_total":   {help: "A counter with labels.", labels: []string{"a", "b"}},
+		"deployguard_g":          {help: "A gauge."},
+		"deployguard_gv":         {help: "A gauge with labels.", labels: []string{"a"}},
+		"deployguard_h_seconds":  {help: "A histogram.", buckets: 2},
+		"deployguard_hv_seconds": {help: "A histogram with labels.", labels: []string{"a"}, buckets: 3},
+	}, got)
+}

@@ -20,23 +20,16 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	r := collectors.NewRegistration(reg, "audit metrics")
 	m := &Metrics{
-		results: collectors.Add(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "deployguard_audit_results",
-			Help: "Results of the last audit of every guarded Deployment, by policy and result (pass, fail, warn, error, skip).",
-		}, []string{"policy", "result"})),
-		duration: collectors.Add(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "deployguard_audit_pass_duration_seconds",
-			Help:    "Duration of an audit pass, rate limit included; scope is full (every Deployment, every check), policies (the policies a new policy set changed, on every Deployment) or partial (Deployments that changed).",
-			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}, []string{"scope"})),
-		writes: collectors.Add(r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "deployguard_audit_report_writes_total",
-			Help: "Report creations, updates and deletions; a report is written only when its content changed.",
-		})),
-		reportsDisabled: collectors.Add(r, prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "deployguard_audit_reports_disabled",
-			Help: "1 when the report CRD is missing and the audit writes no reports.",
-		})),
+		results: r.GaugeVec("deployguard_audit_results",
+			"Results of the last audit of every guarded Deployment, by policy and result (pass, fail, warn, error, skip).",
+			"policy", "result"),
+		duration: r.HistogramVec("deployguard_audit_pass_duration_seconds",
+			"Duration of an audit pass, rate limit included; scope is full (every Deployment, every check), policies (the policies a new policy set changed, on every Deployment) or partial (Deployments that changed).",
+			prometheus.ExponentialBuckets(0.01, 4, 10), "scope"),
+		writes: r.Counter("deployguard_audit_report_writes_total",
+			"Report creations, updates and deletions; a report is written only when its content changed."),
+		reportsDisabled: r.Gauge("deployguard_audit_reports_disabled",
+			"1 when the report CRD is missing and the audit writes no reports."),
 	}
 	if err := r.Err(); err != nil {
 		return nil, err
