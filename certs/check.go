@@ -169,28 +169,41 @@ func verifyTarget(leaf *x509.Certificate, t target, now time.Time) string {
 	return ""
 }
 
-// targets reads the guard's webhook configurations.
+// targets reads the guard's webhook configurations, mutating then validating.
 func (c *ServingCheck) targets(ctx context.Context) ([]target, error) {
 	var out []target
-	if c.MutatingName != "" {
-		m := &admissionregistrationv1.MutatingWebhookConfiguration{}
-		if err := c.get(ctx, c.MutatingName, m); err != nil {
+	for _, obj := range []client.Object{
+		named(&admissionregistrationv1.MutatingWebhookConfiguration{}, c.MutatingName),
+		named(&admissionregistrationv1.ValidatingWebhookConfiguration{}, c.ValidatingName),
+	} {
+		if obj.GetName() == "" {
+			continue
+		}
+		if err := c.get(ctx, obj.GetName(), obj); err != nil {
 			return nil, err
 		}
-		for _, w := range m.Webhooks {
-			out = append(out, targetOf("MutatingWebhookConfiguration", m.Name, w.Name, w.ClientConfig, m.Annotations[AnnotationInjectCAFrom]))
-		}
-	}
-	if c.ValidatingName != "" {
-		v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-		if err := c.get(ctx, c.ValidatingName, v); err != nil {
-			return nil, err
-		}
-		for _, w := range v.Webhooks {
-			out = append(out, targetOf("ValidatingWebhookConfiguration", v.Name, w.Name, w.ClientConfig, v.Annotations[AnnotationInjectCAFrom]))
-		}
+		out = append(out, targetsOf(obj)...)
 	}
 	return out, nil
+}
+
+// targetsOf is every webhook of a configuration, as a target.
+func targetsOf(obj client.Object) []target {
+	var out []target
+	add := func(webhook string, cc admissionregistrationv1.WebhookClientConfig) {
+		out = append(out, targetOf(kindOf(obj), obj.GetName(), webhook, cc, obj.GetAnnotations()[AnnotationInjectCAFrom]))
+	}
+	switch o := obj.(type) {
+	case *admissionregistrationv1.MutatingWebhookConfiguration:
+		for _, w := range o.Webhooks {
+			add(w.Name, w.ClientConfig)
+		}
+	case *admissionregistrationv1.ValidatingWebhookConfiguration:
+		for _, w := range o.Webhooks {
+			add(w.Name, w.ClientConfig)
+		}
+	}
+	return out
 }
 
 func (c *ServingCheck) get(ctx context.Context, name string, obj client.Object) error {
