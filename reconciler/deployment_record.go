@@ -89,14 +89,19 @@ func RecordOf(cm *corev1.ConfigMap) (types.NamespacedName, bool) {
 // RecordAction is what the record step does now.
 type RecordAction string
 
+// The actions that write the record.
 const (
-	// RecordSkip: the namespace is terminating, and refuses new ConfigMaps.
-	RecordSkip RecordAction = "Skip"
 	// RecordCreate creates the record.
 	RecordCreate RecordAction = "Create"
 	// RecordReplace overwrites the record of an earlier Deployment of the same
 	// name (another UID) with this one's.
 	RecordReplace RecordAction = "Replace"
+)
+
+// The actions that write nothing: the step ends, or is given up.
+const (
+	// RecordSkip: the namespace is terminating, and refuses new ConfigMaps.
+	RecordSkip RecordAction = "Skip"
 	// RecordDone: this Deployment's record exists (a guard restarted between
 	// writing it and removing the finalizer).
 	RecordDone RecordAction = "Done"

@@ -136,7 +136,7 @@ func IsGuardFinalizer(f string) bool {
 	return len(f) > len(Domain)+1 && f[:len(Domain)+1] == Domain+"/"
 }
 
-// Annotations on Deployments.
+// Annotations on Deployments, then those of earlier releases.
 const (
 	// AnnotationDefaulted lists, comma-separated, the fields the mutating webhook
 	// filled in, so a user can see why the stored object differs from the manifest.
@@ -180,15 +180,14 @@ const (
 	// of it: the Deployment no longer reads as failed. The revision, not
 	// "true", so that a value kept in a manifest never hides the next failure.
 	AnnotationAcceptRollback = Domain + "/accept-rollback"
-)
 
-// Annotations of earlier releases, which kept the reconciler's facts where
-// any tenant can write them and where upstream copies them (the Deployment
-// controller onto new ReplicaSets, `kubectl rollout undo` back onto the
-// Deployment). This release keeps them in the Deployment's status
-// (ConditionLedger) and reads these only once, to adopt an earlier release's
-// history (reconciler.AdoptLegacy); it never writes them.
-const (
+	// Annotations of earlier releases, which kept the reconciler's facts where
+	// any tenant can write them and where upstream copies them (the Deployment
+	// controller onto new ReplicaSets, `kubectl rollout undo` back onto the
+	// Deployment). This release keeps them in the Deployment's status
+	// (ConditionLedger) and reads these only once, to adopt an earlier release's
+	// history (reconciler.AdoptLegacy); it never writes them.
+	//
 	// On ReplicaSets: the RFC 3339 time the rollout completed, and the
 	// ReplicaSet's own pod-template-hash (which told the mark from a copy).
 	LegacyAnnotationKnownGood     = Domain + "/known-good"
@@ -229,15 +228,12 @@ const (
 	AnnotationRecordExpires = Domain + "/record-expires"
 )
 
-// Config snapshots: immutable copies of the ConfigMaps (and Secrets) a
-// known-good revision ran with, in its namespace, owned by its ReplicaSet
-// (package reconciler/snapshot). Tenants can write these too: the guard
-// trusts a snapshot only by its name and recomputed content hash, recorded
-// in its ledger.
+// Annotations on config snapshots (LabelSnapshot): immutable copies of the
+// ConfigMaps (and Secrets) a known-good revision ran with, in its namespace,
+// owned by its ReplicaSet (package reconciler/snapshot). Tenants can write
+// these too: the guard trusts a snapshot only by its name and recomputed
+// content hash, recorded in its ledger.
 const (
-	// LabelSnapshot set to "true" marks a snapshot (kubectl get cm -l
-	// deployguard.io/snapshot lists them).
-	LabelSnapshot = Domain + "/snapshot"
 	// AnnotationSnapshotOf names the object a snapshot was taken of.
 	AnnotationSnapshotOf = Domain + "/snapshot-of"
 	// AnnotationSnapshotHash is the content hash of its data, for people:
@@ -275,6 +271,9 @@ const (
 	// reads and sweeps records in its own namespace only: the label on a
 	// ConfigMap elsewhere, which a tenant can write, makes nothing of it.
 	LabelRecord = Domain + "/record"
+	// LabelSnapshot set to "true" marks a config snapshot (kubectl get cm -l
+	// deployguard.io/snapshot lists them).
+	LabelSnapshot = Domain + "/snapshot"
 )
 
 // Upstream Deployment condition reasons (k8s.io/kubernetes
