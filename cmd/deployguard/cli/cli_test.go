@@ -34,15 +34,14 @@ func command(t *testing.T, args ...string) (ns, name string, err error) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(path, []byte(kubeconfig), 0o600))
-	var cluster *Cluster
-	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, &cobra.Command{
+	cluster := NewCluster()
+	cmd := NewClusterCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, cluster, &cobra.Command{
 		Use: "status",
 		RunE: func(_ *cobra.Command, args []string) error {
 			ns, name, err = NamespacedName(args, cluster)
 			return nil
 		},
 	})
-	cluster = AddClusterFlags(cmd)
 	assert.Equal(t, ExitOK, ExitCode(cmd, append(args, "--kubeconfig", path), &bytes.Buffer{}))
 	return ns, name, err
 }
@@ -81,8 +80,8 @@ func TestNamespacedNameAsKubectl(t *testing.T) {
 func TestClusterFlagsReachTheClient(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(path, []byte(kubeconfig), 0o600))
-	var cluster *Cluster
-	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, &cobra.Command{
+	cluster := NewCluster()
+	cmd := NewClusterCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, cluster, &cobra.Command{
 		Use: "audit",
 		RunE: func(*cobra.Command, []string) error {
 			cfg, err := cluster.RestConfig()
@@ -94,7 +93,6 @@ func TestClusterFlagsReachTheClient(t *testing.T) {
 			return nil
 		},
 	})
-	cluster = AddClusterFlags(cmd)
 	assert.Equal(t, ExitOK, ExitCode(cmd, []string{"--kubeconfig", path, "--as", "system:serviceaccount:shop:ci", "--as-group", "deployers"}, &bytes.Buffer{}))
 }
 
@@ -131,15 +129,14 @@ func TestNamespacedNameOfABrokenKubeconfig(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(path, []byte("current-context: [nope"), 0o600))
 	var stderr bytes.Buffer
-	var cluster *Cluster
-	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &stderr}, &cobra.Command{
+	cluster := NewCluster()
+	cmd := NewClusterCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &stderr}, cluster, &cobra.Command{
 		Use: "status",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			_, _, err := NamespacedName(args, cluster)
 			return ArgsError(cmd, err)
 		},
 	})
-	cluster = AddClusterFlags(cmd)
 	assert.Equal(t, ExitFailed, ExitCode(cmd, []string{"web", "--kubeconfig", path}, &stderr))
 }
 
@@ -147,8 +144,8 @@ func TestNamespacedNameOfABrokenKubeconfig(t *testing.T) {
 func TestNoClientSideRateLimit(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(path, []byte(kubeconfig), 0o600))
-	var cluster *Cluster
-	cmd := NewCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, &cobra.Command{
+	cluster := NewCluster()
+	cmd := NewClusterCommand(Streams{Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}, cluster, &cobra.Command{
 		Use: "uninstall",
 		RunE: func(*cobra.Command, []string) error {
 			cfg, err := cluster.RestConfig()
@@ -157,7 +154,6 @@ func TestNoClientSideRateLimit(t *testing.T) {
 			return nil
 		},
 	})
-	cluster = AddClusterFlags(cmd)
 	assert.Equal(t, ExitOK, ExitCode(cmd, []string{"--kubeconfig", path}, &bytes.Buffer{}))
 }
 

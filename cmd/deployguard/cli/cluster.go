@@ -31,11 +31,24 @@ type Cluster struct {
 	flags *genericclioptions.ConfigFlags
 }
 
-// AddClusterFlags gives cmd kubectl's flags for reaching a cluster.
-func AddClusterFlags(cmd *cobra.Command) *Cluster {
-	f := genericclioptions.NewConfigFlags(true)
+// NewCluster is a Cluster to give a verb with NewClusterCommand: made before
+// the verb's command, so that the command's completions and RunE can use it.
+func NewCluster() *Cluster {
+	return &Cluster{flags: genericclioptions.NewConfigFlags(true)}
+}
+
+// NewClusterCommand is NewCommand for a verb that talks to cluster: cmd gets
+// kubectl's flags for reaching it.
+func NewClusterCommand(s Streams, cluster *Cluster, cmd *cobra.Command) *cobra.Command {
+	cluster.addFlags(NewCommand(s, cmd))
+	return cmd
+}
+
+// addFlags gives cmd kubectl's flags for reaching c, and completes the
+// namespaces and contexts they name.
+func (c *Cluster) addFlags(cmd *cobra.Command) {
+	f := c.flags
 	f.AddFlags(cmd.Flags())
-	c := &Cluster{flags: f}
 	_ = cmd.RegisterFlagCompletionFunc("namespace", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return c.names(&corev1.NamespaceList{}, ""), cobra.ShellCompDirectiveNoFileComp
 	})
@@ -46,7 +59,6 @@ func AddClusterFlags(cmd *cobra.Command) *Cluster {
 		}
 		return slices.Sorted(maps.Keys(raw.Contexts)), cobra.ShellCompDirectiveNoFileComp
 	})
-	return c
 }
 
 // CompleteDeployment completes a command's one Deployment argument: the

@@ -23,12 +23,6 @@ import (
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
-const (
-	// APIVersion and Kind identify the file, so that a wrong file is caught early.
-	APIVersion = "deployguard.io/v1alpha1"
-	Kind       = "GuardConfig"
-)
-
 // Config is the guard's configuration file.
 type Config struct {
 	APIVersion string `yaml:"apiVersion"`
@@ -231,6 +225,12 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes the duration back as a string.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+const (
+	// APIVersion and Kind identify the file, so that a wrong file is caught early.
+	APIVersion = "deployguard.io/v1alpha1"
+	Kind       = "GuardConfig"
+)
 
 // Default returns the configuration used when no file is given; a file only
 // needs to name what it changes.

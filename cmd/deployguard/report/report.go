@@ -68,12 +68,10 @@ type sarifLog struct {
 }
 
 type sarifRun struct {
-	Tool    sarifTool     `json:"tool"`
+	Tool struct {
+		Driver sarifDriver `json:"driver"`
+	} `json:"tool"`
 	Results []sarifResult `json:"results"`
-}
-
-type sarifTool struct {
-	Driver sarifDriver `json:"driver"`
 }
 
 type sarifDriver struct {
@@ -167,10 +165,9 @@ func WriteSARIF(w io.Writer, tool Tool, results []Result) error {
 	if out == nil {
 		out = []sarifResult{}
 	}
-	log := sarifLog{Schema: SARIFSchema, Version: SARIFVersion, Runs: []sarifRun{{
-		Tool:    sarifTool{Driver: sarifDriver{Name: tool.Name, Version: tool.Version, InformationURI: tool.InformationURI, Rules: rules}},
-		Results: out,
-	}}}
+	run := sarifRun{Results: out}
+	run.Tool.Driver = sarifDriver{Name: tool.Name, Version: tool.Version, InformationURI: tool.InformationURI, Rules: rules}
+	log := sarifLog{Schema: SARIFSchema, Version: SARIFVersion, Runs: []sarifRun{run}}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)

@@ -24,9 +24,9 @@ func NewCommand(s cli.Streams) *cobra.Command {
 	var (
 		output, format, exceptionsNS string
 		expiryWarning                time.Duration
-		cluster                      *cli.Cluster
 	)
-	cmd := cli.NewCommand(s, &cobra.Command{
+	cluster := cli.NewCluster()
+	cmd := cli.NewClusterCommand(s, cluster, &cobra.Command{
 		Use:   "audit [flags]",
 		Short: "what the background audit found in existing Deployments, by policy then namespace",
 		Long: `Prints what the guard's audit reports say about the Deployments already in
@@ -63,7 +63,6 @@ Every namespace's report, unless -n names one.`,
 	cmd.Flags().DurationVar(&expiryWarning, "expiry-warning", 7*24*time.Hour, "an exception this close to its expiry is listed as expiring (the config's exceptions.expiryWarning)")
 	cli.CompleteWords(cmd, "output", "text", "json")
 	cli.CompleteWords(cmd, "format", guardaudit.FormatPolicyReport, guardaudit.FormatOpenReports)
-	cluster = cli.AddClusterFlags(cmd)
 	return cmd
 }
 

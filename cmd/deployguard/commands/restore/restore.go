@@ -23,24 +23,11 @@ import (
 // (`deployguard serve --namespace`).
 const defaultGuardNamespace = "deployguard-system"
 
-// options are what one restore needs.
-type options struct {
-	// guardNamespace is where the guard keeps its records.
-	guardNamespace string
-	// namespace and name are the Deployment's.
-	namespace, name string
-	knownGood       bool
-	// legacyRecord: without a record in guardNamespace, read an earlier
-	// release's, in the Deployment's own namespace.
-	legacyRecord bool
-}
-
 // NewCommand is `deployguard restore NAMESPACE/NAME`: it recreates a
 // deleted Deployment from the record the guard saved when it was deleted.
 func NewCommand(s cli.Streams) *cobra.Command {
-	o := options{}
-	var cluster *cli.Cluster
-	cmd := cli.NewCommand(s, &cobra.Command{
+	o := options{cluster: cli.NewCluster()}
+	cmd := cli.NewClusterCommand(s, o.cluster, &cobra.Command{
 		Use:   "restore [flags] NAMESPACE/NAME",
 		Short: "recreate a deleted Deployment from the guard's record of it",
 		Long: `Recreates a deleted Deployment in NAMESPACE from the record deployguard saved
@@ -60,7 +47,7 @@ first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml`,
   kubectl deployguard restore web -n shop --known-good`,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ns, name, err := cli.NamespacedName(args, cluster)
+			ns, name, err := cli.NamespacedName(args, o.cluster)
 			if err == nil && o.guardNamespace == "" {
 				err = errors.New("give a --guard-namespace")
 			}
@@ -68,7 +55,7 @@ first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml`,
 				return cli.ArgsError(cmd, err)
 			}
 			o.namespace, o.name = ns, name
-			return cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {
+			return o.cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {
 				return restoreDeployment(ctx, c, o, s.Out, s.ErrOut)
 			})
 		},
@@ -76,8 +63,21 @@ first: kubectl get configmap deployguard-record-NAME -n NAMESPACE -o yaml`,
 	cmd.Flags().BoolVar(&o.knownGood, "known-good", false, "restore the pod template of the last revision that completed its rollout, instead of the template the Deployment had when it was deleted")
 	cmd.Flags().StringVar(&o.guardNamespace, "guard-namespace", defaultGuardNamespace, "the guard's own namespace (deployguard serve --namespace), where its records are")
 	cmd.Flags().BoolVar(&o.legacyRecord, "legacy-record", false, "when the guard's namespace holds no record, read one an earlier release saved in the Deployment's own namespace, where anyone who may write ConfigMaps there can have written it (a warning says so)")
-	cluster = cli.AddClusterFlags(cmd)
 	return cmd
+}
+
+// options are what one restore needs.
+type options struct {
+	// cluster is where the Deployment was, as kubectl's flags name it.
+	cluster *cli.Cluster
+	// guardNamespace is where the guard keeps its records.
+	guardNamespace string
+	// namespace and name are the Deployment's.
+	namespace, name string
+	knownGood       bool
+	// legacyRecord: without a record in guardNamespace, read an earlier
+	// release's, in the Deployment's own namespace.
+	legacyRecord bool
 }
 
 // restoreDeployment recreates the Deployment o names from its record; a

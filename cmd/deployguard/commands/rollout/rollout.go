@@ -61,9 +61,9 @@ func newStatusCommand(s cli.Streams) *cobra.Command {
 	var (
 		timeout time.Duration
 		output  string
-		cluster *cli.Cluster
 	)
-	cmd := cli.NewCommand(s, &cobra.Command{
+	cluster := cli.NewCluster()
+	cmd := cli.NewClusterCommand(s, cluster, &cobra.Command{
 		Use:   "status [flags] [deployment/]NAME",
 		Short: "wait for a rollout, and fail when it did not succeed in the guard's words",
 		Long: `Waits for the rollout of a Deployment to finish, as kubectl rollout status
@@ -101,7 +101,6 @@ the Deployment.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "how long to wait before giving up (exit 1); 0 waits for ever")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text, or json (one object at the end)")
 	cli.CompleteWords(cmd, "output", "text", "json")
-	cluster = cli.AddClusterFlags(cmd)
 	return cmd
 }
 

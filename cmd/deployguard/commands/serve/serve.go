@@ -63,8 +63,8 @@ type serveFlags struct {
 
 	webhookHost string
 	webhookPort int
-	certDir     string
 	http2       bool
+	certDir     string
 	clientCA    string
 	clientNames string
 
@@ -130,8 +130,8 @@ func bindServeFlags(fs *flag.FlagSet) (*serveFlags, *zap.Options) {
 	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies (*.rego) to load besides the built-in library")
 	fs.StringVar(&f.webhookHost, "webhook-host", "", "address the webhook server listens on (all when empty)")
 	fs.IntVar(&f.webhookPort, "webhook-port", 9443, "port of the webhook server")
-	fs.StringVar(&f.certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key; reloaded when they change")
 	fs.BoolVar(&f.http2, "enable-http2", false, "serve webhooks over HTTP/2 too (off: the HTTP/2 Rapid Reset advisories)")
+	fs.StringVar(&f.certDir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "directory holding tls.crt and tls.key; reloaded when they change")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "PEM CA bundle: when set, the webhooks answer only clients presenting a certificate it verifies (the API server's, from its admission configuration's kubeconfig); others get 403 before any admission work")
 	fs.StringVar(&f.clientNames, "client-names", "", "with --client-ca-file: comma-separated names (subject common name or DNS name) one of which the client certificate must carry; any verified certificate when empty")
 	fs.StringVar(&f.certMode, "cert-mode", "files", "where the serving certificate comes from: files (mounted, e.g. by cert-manager) or self-managed (the guard issues its own CA and certificate)")

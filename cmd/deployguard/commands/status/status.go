@@ -605,8 +605,8 @@ func orNone(s string) string {
 // deployguard status`).
 func NewCommand(s cli.Streams) *cobra.Command {
 	var output, drain, guardNamespace string
-	var cluster *cli.Cluster
-	cmd := cli.NewCommand(s, &cobra.Command{
+	cluster := cli.NewCluster()
+	cmd := cli.NewClusterCommand(s, cluster, &cobra.Command{
 		Use:   "status [flags] NAMESPACE/NAME | NAME -n NAMESPACE | --drain NODE",
 		Short: "revisions, known-good and failed ones, quarantine, rollout and cleanup of a Deployment",
 		Long: `Shows what deployguard knows about a Deployment: its revisions (which are
@@ -656,7 +656,6 @@ than one budget on a pod), and why: where a drain of the node would stop.`,
 	cmd.Flags().StringVar(&drain, "drain", "", "a node: list the Deployments whose pods on it cannot be evicted now, and why")
 	cmd.Flags().StringVar(&guardNamespace, "guard-namespace", "deployguard-system", "the guard's own namespace (deployguard serve --namespace), where the records of deleted Deployments are")
 	cli.CompleteWords(cmd, "output", "text", "json")
-	cluster = cli.AddClusterFlags(cmd)
 	return cmd
 }
 

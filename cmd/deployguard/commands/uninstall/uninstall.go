@@ -27,6 +27,8 @@ import (
 
 // uninstallOptions are the flags of `deployguard uninstall`.
 type uninstallOptions struct {
+	// cluster is the cluster to uninstall from, as kubectl's flags name it.
+	cluster        *cli.Cluster
 	mutatingName   string
 	validatingName string
 	namespace      string
@@ -36,9 +38,8 @@ type uninstallOptions struct {
 // NewCommand is `deployguard uninstall`: it takes the guard out of the
 // cluster's way, so that every Deployment can be deleted without it.
 func NewCommand(s cli.Streams) *cobra.Command {
-	o := uninstallOptions{}
-	var cluster *cli.Cluster
-	cmd := cli.NewCommand(s, &cobra.Command{
+	o := uninstallOptions{cluster: cli.NewCluster()}
+	cmd := cli.NewClusterCommand(s, o.cluster, &cobra.Command{
 		Use:   "uninstall [flags]",
 		Short: "remove the webhooks, then the guard's finalizers from every Deployment",
 		Long: `Removes the guard's webhook configurations and native policies (with their
@@ -64,10 +65,10 @@ a CRD deletes every object of its kind, so that is left to kubectl delete crd.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// -n is the guard's namespace here, not the kubeconfig context's.
 			o.namespace = defaultGuardNamespace
-			if ns, given, err := cluster.Namespace(); err == nil && given {
+			if ns, given, err := o.cluster.Namespace(); err == nil && given {
 				o.namespace = ns
 			}
-			return cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {
+			return o.cluster.Do(cmd, cli.Timeout, func(ctx context.Context, c client.Client) error {
 				return uninstallGuard(ctx, c, o, s.Out)
 			})
 		},
@@ -75,7 +76,6 @@ a CRD deletes every object of its kind, so that is left to kubectl delete crd.`,
 	cmd.Flags().StringVar(&o.mutatingName, "mutating-webhook-configuration", "deployguard-mutating", "the guard's MutatingWebhookConfiguration")
 	cmd.Flags().StringVar(&o.validatingName, "validating-webhook-configuration", "deployguard-validating", "the guard's ValidatingWebhookConfiguration")
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
-	cluster = cli.AddClusterFlags(cmd)
 	cmd.Flags().Lookup("namespace").Usage = "the guard's namespace (default " + defaultGuardNamespace + "), which holds the native policies' params and the records of deleted Deployments"
 	return cmd
 }
@@ -260,93 +260,83 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 }
 
 // removeLedger removes the guard's ledger condition from one Deployment's
-// status: a patch conditional on the resourceVersion read, retried on
-// conflict. It reports whether there was one to remove.
+// status. It reports whether there was one to remove.
 func removeLedger(ctx context.Context, c client.Client, key client.ObjectKey) (bool, error) {
-	removed := false
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		removed = false
-		d := &appsv1.Deployment{}
-		if err := c.Get(ctx, key, d); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	return changeDeployment(ctx, c, key, func(d *appsv1.Deployment) (bool, error) {
+		patch := lockedPatch(d)
 		if !rollout.RemoveLedger(&d.Status) {
-			return nil
+			return false, nil
 		}
-		if err := c.Status().Patch(ctx, d, patch); err != nil {
-			return client.IgnoreNotFound(err)
-		}
-		removed = true
-		return nil
+		return true, c.Status().Patch(ctx, d, patch)
 	})
-	return removed, err
 }
 
 // removeGuardFinalizers removes the guard's finalizers, and only those, from
-// one Deployment: a patch conditional on the resourceVersion read, read again
-// and retried on conflict. It returns the finalizers removed (none if the
-// Deployment is gone or has none left).
+// one Deployment. It returns the finalizers removed (none if the Deployment
+// is gone or has none left).
 func removeGuardFinalizers(ctx context.Context, c client.Client, key client.ObjectKey) ([]string, error) {
-	var removed []string
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		removed = nil
-		d := &appsv1.Deployment{}
-		if err := c.Get(ctx, key, d); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-			return err
-		}
+	return changeDeployment(ctx, c, key, func(d *appsv1.Deployment) ([]string, error) {
 		mine := guardFinalizersOf(d)
 		if len(mine) == 0 {
-			return nil
+			return nil, nil
 		}
-		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		patch := lockedPatch(d)
 		d.Finalizers = reconciler.WithoutGuardFinalizers(d.Finalizers)
-		if err := c.Patch(ctx, d, patch); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-			return err
-		}
-		removed = mine
-		return nil
+		return mine, c.Patch(ctx, d, patch)
 	})
-	return removed, err
 }
 
 // endVerdict removes the rollback's label first, then the Stalled condition
-// and the guard's ledger (which needs patch on deployments/status): patches conditional
-// on the resourceVersion read, retried on conflict. It reports whether the
-// Deployment was there to end it on.
+// and the guard's ledger (which needs patch on deployments/status). It
+// reports whether the Deployment was there to end it on.
 func endVerdict(ctx context.Context, c client.Client, key client.ObjectKey) (bool, error) {
-	there := false
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		there = false
-		d := &appsv1.Deployment{}
-		if err := c.Get(ctx, key, d); err != nil {
-			return client.IgnoreNotFound(err)
-		}
+	return changeDeployment(ctx, c, key, func(d *appsv1.Deployment) (bool, error) {
 		if _, labelled := d.Labels[vocab.LabelRolledBack]; labelled {
-			patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			patch := lockedPatch(d)
 			delete(d.Labels, vocab.LabelRolledBack)
 			if err := c.Patch(ctx, d, patch); err != nil {
-				return client.IgnoreNotFound(err)
+				return false, err
 			}
 		}
-		patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		patch := lockedPatch(d)
 		// The verdict and the guard's ledger go together: nothing is left
 		// that the guard wrote.
 		if stalled, ledger := rollout.RemoveStalled(&d.Status), rollout.RemoveLedger(&d.Status); stalled || ledger {
 			if err := c.Status().Patch(ctx, d, patch); err != nil {
-				return client.IgnoreNotFound(err)
+				return false, err
 			}
 		}
-		there = true
-		return nil
+		return true, nil
 	})
-	return there, err
+}
+
+// changeDeployment reads the Deployment key names and hands it to change,
+// whose patches are conditional on the resourceVersion read (lockedPatch):
+// on a conflict someone wrote it meanwhile, and it is read and changed
+// again. A Deployment that is gone, when read or patched, has nothing to
+// change: the zero T and no error. Otherwise it returns what change
+// returns, the zero T with an error.
+func changeDeployment[T any](ctx context.Context, c client.Client, key client.ObjectKey, change func(*appsv1.Deployment) (T, error)) (T, error) {
+	var result T
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		d := &appsv1.Deployment{}
+		err := c.Get(ctx, key, d)
+		if err == nil {
+			result, err = change(d)
+		}
+		if err != nil {
+			var none T
+			result = none
+		}
+		return client.IgnoreNotFound(err)
+	})
+	return result, err
+}
+
+// lockedPatch is a merge patch from d as read that the API server applies
+// only if d's resourceVersion is still the one read.
+func lockedPatch(d *appsv1.Deployment) client.Patch {
+	return client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
 }
 
 func guardFinalizersOf(d *appsv1.Deployment) []string {
