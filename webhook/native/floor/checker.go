@@ -66,12 +66,12 @@ func Setup(ctx context.Context, r client.Reader, w client.Client, o Options) (*C
 		opts.Native = review.NewNativeEnforcement(false)
 		metrics := collectors.NewRegistration(o.Metrics, "native floor metrics")
 		enforced := metrics.Gauge("deployguard_native_policies_enforced",
-			"1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not " +
-				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, " +
+			"1 when kube-apiserver enforces deployguard's native refusals (config/native) as this replica would; 0 when it does not "+
+				"(missing, edited, other params, or not readable), so that this replica's webhook evaluates them itself and, with the guard down, "+
 				"nobody does. Checked every --native-check-period; absent when nativePolicies.installed is false.")
 		conclusive := metrics.Gauge("deployguard_native_probe_conclusive",
-			"1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver " +
-				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering " +
+			"1 when this replica's last floor probe (a dry-run create that deployguard-refusals refuses) told whether kube-apiserver "+
+				"enforces the native refusals; 0 when it could not tell (RBAC, nativePolicies.probeNamespace, a webhook or policy answering "+
 				"first), and the replica keeps its last conclusive finding. Absent when nativePolicies.installed is false.")
 		if err := metrics.Err(); err != nil {
 			return nil, err
