@@ -20,7 +20,7 @@ import (
 )
 
 // SnapshotOptions say what the guard keeps of the config a known-good
-// revision ran with (package snapshot; README "Config snapshots").
+// revision ran with (package snapshot; its README).
 type SnapshotOptions struct {
 	// ConfigMaps: keep snapshots of the ConfigMaps a known-good revision
 	// references, and restore them on rollback. Needs get, create and patch
