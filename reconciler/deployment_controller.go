@@ -160,9 +160,10 @@ type DeploymentReconciler struct {
 
 // RollbackJudge judges the Deployment a rollback would leave (restored, an
 // update of current) and returns the policies' refusals, one line each;
-// none when they admit it.
+// none when they admit it. An error means it cannot judge yet (the policies
+// in force are not known): the rollback waits, and nothing is written.
 type RollbackJudge interface {
-	JudgeRollback(ctx context.Context, restored, current *appsv1.Deployment) []string
+	JudgeRollback(ctx context.Context, restored, current *appsv1.Deployment) ([]string, error)
 }
 
 // IndexFields registers the cache index the reconciler reads (ReplicaSets by
@@ -383,6 +384,11 @@ func namespaceChanged() predicate.Funcs {
 // conflictRetry is when a request whose write lost a race is decided again.
 // The watch event of the winning write usually brings it back sooner.
 const conflictRetry = 250 * time.Millisecond
+
+// judgeRetry is when a rollback waiting for the policies in force (a leader
+// started before the policy ConfigMaps loaded, which takes milliseconds) is
+// decided again.
+const judgeRetry = time.Second
 
 // requeueOnConflict turns a conflict into a quiet requeue: someone wrote first,
 // an ordinary race decided again from a fresh read, not an error for the logs.

@@ -325,7 +325,15 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		restored := d.DeepCopy()
 		restored.Spec.Template = *dec.Template
 		restored.Annotations = RollbackAnnotations(d, dec.Target)
-		if refusals := r.Judge.JudgeRollback(ctx, restored, d); len(refusals) > 0 {
+		refusals, err := r.Judge.JudgeRollback(ctx, restored, d)
+		if err != nil {
+			// Nothing is written before the judge can tell: a rollback
+			// restored under the guard's identity, judged by fewer policies
+			// than are in force, could bring back what one refuses.
+			log.Info("The rollback waits for the policies in force", "reason", "PoliciesNotLoaded", "error", err.Error())
+			return judgeRetry, nil
+		}
+		if len(refusals) > 0 {
 			dec = dec.refusedByPolicy(refusals)
 		}
 	}

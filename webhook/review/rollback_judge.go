@@ -2,6 +2,7 @@ package review
 
 import (
 	"context"
+	"errors"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -18,12 +19,27 @@ const RollbackUsername = "deployguard:rollback"
 // with the policies in force, as the validating webhook judges an update of
 // the tenant's: the guard restores a template under its own identity, which
 // no admission policy sees, so it asks them first.
-type RollbackJudge struct{ Reviewer *Reviewer }
+type RollbackJudge struct {
+	Reviewer *Reviewer
+	// Loaded reports whether the platform's policy ConfigMaps are in the set
+	// yet; nil means always. Until they are, the policies in force are not
+	// known: a leader that starts before they load would judge with the
+	// built-in library alone and could restore a template an enforced
+	// policy refuses.
+	Loaded func() bool
+}
+
+// ErrPoliciesNotLoaded says the rollback cannot be judged yet.
+var ErrPoliciesNotLoaded = errors.New("the policy ConfigMaps are not loaded yet")
 
 // JudgeRollback returns the policies' refusals of restored (the update of
 // current that the rollback would make), one line each as the API server
-// would print them; none when the policies admit it.
-func (j RollbackJudge) JudgeRollback(ctx context.Context, restored, current *appsv1.Deployment) []string {
+// would print them; none when the policies admit it. ErrPoliciesNotLoaded
+// until the policies in force are known.
+func (j RollbackJudge) JudgeRollback(ctx context.Context, restored, current *appsv1.Deployment) ([]string, error) {
+	if j.Loaded != nil && !j.Loaded() {
+		return nil, ErrPoliciesNotLoaded
+	}
 	rev := j.Reviewer.Review(ctx, Request{
 		Operation: admissionv1.Update, Object: restored, OldObject: current,
 		UserInfo: authenticationv1.UserInfo{Username: RollbackUsername},
@@ -34,5 +50,5 @@ func (j RollbackJudge) JudgeRollback(ctx context.Context, restored, current *app
 			out = append(out, f.Line())
 		}
 	}
-	return out
+	return out, nil
 }

@@ -245,7 +245,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	if err != nil {
 		return err
 	}
-	terms, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, review.RollbackJudge{Reviewer: adm.reviewer})
+	terms, ignored, err := setupReconcilers(ctx, mgr, f, cfg, restCfg, scheme, review.RollbackJudge{Reviewer: adm.reviewer, Loaded: adm.policiesLoaded})
 	if err != nil {
 		return err
 	}
