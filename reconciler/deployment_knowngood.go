@@ -66,38 +66,40 @@ func KnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.Rep
 }
 
 // FindKnownGoodTarget returns the ReplicaSet to roll back to: the one of the
-// ledger's newest known-good entry whose template is not the Deployment's
-// current one. Only that one: when its ReplicaSet is gone, being deleted (a
-// rollback to it would race the deletion), replaced (another UID) or its
-// template changed since it completed, there is no target, and why says so.
-// Falling back to an older entry would let whoever deletes or edits one
-// ReplicaSet (a tenant may) choose which older template the guard restores
-// under its own identity.
+// ledger's newest known-good entry. Only that one: when its ReplicaSet is
+// gone, being deleted (a rollback to it would race the deletion), replaced
+// (another UID) or its template changed since it completed, there is no
+// target, and why says so. When the Deployment's template is that entry's
+// already (the newest known-good revision is the one failing now, or its
+// ReplicaSet was deleted and made again by the Deployment controller), there
+// is no target either: a rollback could only go to an older entry. Falling
+// back to an older entry would let whoever writes the Deployment's template or
+// deletes or edits one ReplicaSet (a tenant may) choose which older template
+// the guard restores under its own identity.
 func FindKnownGoodTarget(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (target *appsv1.ReplicaSet, why string) {
 	l, _ := rollout.ReadLedger(d)
-	current := rollout.TemplateHash(&d.Spec.Template)
-	for i := len(l.KnownGood) - 1; i >= 0; i-- {
-		e := l.KnownGood[i]
-		if e.Template == current {
+	e := l.Newest()
+	if e == nil {
+		return nil, ""
+	}
+	if e.Template == rollout.TemplateHash(&d.Spec.Template) {
+		return nil, fmt.Sprintf("the Deployment's template is already that of the newest known-good ReplicaSet %s (revision %d), and the guard never falls back to an older one", e.ReplicaSet, e.Revision)
+	}
+	for _, rs := range rss {
+		if rs.Name != e.ReplicaSet {
 			continue
 		}
-		for _, rs := range rss {
-			if rs.Name != e.ReplicaSet {
-				continue
-			}
-			switch {
-			case rs.UID != e.UID:
-				return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) was deleted and created again since it completed", e.ReplicaSet, e.Revision)
-			case rollout.TemplateHash(&rs.Spec.Template) != e.Template:
-				return nil, fmt.Sprintf("the template of known-good ReplicaSet %s (revision %d) changed since it completed", e.ReplicaSet, e.Revision)
-			case rs.DeletionTimestamp != nil:
-				return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is being deleted", e.ReplicaSet, e.Revision)
-			}
-			return rs, ""
+		switch {
+		case rs.UID != e.UID:
+			return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) was deleted and created again since it completed", e.ReplicaSet, e.Revision)
+		case rollout.TemplateHash(&rs.Spec.Template) != e.Template:
+			return nil, fmt.Sprintf("the template of known-good ReplicaSet %s (revision %d) changed since it completed", e.ReplicaSet, e.Revision)
+		case rs.DeletionTimestamp != nil:
+			return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is being deleted", e.ReplicaSet, e.Revision)
 		}
-		return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is gone", e.ReplicaSet, e.Revision)
+		return rs, ""
 	}
-	return nil, ""
+	return nil, fmt.Sprintf("known-good ReplicaSet %s (revision %d) is gone", e.ReplicaSet, e.Revision)
 }
 
 // reconcileLedger writes the first ledger of a Deployment that existed before

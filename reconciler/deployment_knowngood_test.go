@@ -135,10 +135,10 @@ func cachedCopy(rs *appsv1.ReplicaSet) *appsv1.ReplicaSet {
 	return c
 }
 
-// The target is the ReplicaSet of the ledger's newest known-good entry whose
-// template is not the Deployment's; when that ReplicaSet is gone, being
-// deleted, replaced or changed, there is none, and the reason says why: never
-// an older entry.
+// The target is the ReplicaSet of the ledger's newest known-good entry; when
+// that entry's template is the Deployment's already, or its ReplicaSet is gone,
+// being deleted, replaced or changed, there is none, and the reason says why:
+// never an older entry.
 func TestFindKnownGoodTarget(t *testing.T) {
 	d := deployment()
 	rs1 := replicaSet(d, 1, "web:v1")
@@ -149,6 +149,7 @@ func TestFindKnownGoodTarget(t *testing.T) {
 	rs2again := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.UID = "uid-rs-h2-again" })
 	rs2edited := replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) { rs.Spec.Template.Spec.Containers[0].Image = "web:evil" })
 	rs2forged := replicaSet(d, 2, "web:v2", legacyKnownGood)
+	rs3again := replicaSet(d, 3, "web:v3", func(rs *appsv1.ReplicaSet) { rs.UID = "uid-rs-h3-again" })
 
 	tests := []struct {
 		name      string
@@ -166,9 +167,18 @@ func TestFindKnownGoodTarget(t *testing.T) {
 		{name: "no ledger", rss: []*appsv1.ReplicaSet{rs1, rs2, rs4, rs3}},
 		{name: "an earlier release's (or a forged) mark is no entry", knownGood: []*appsv1.ReplicaSet{rs1},
 			rss: []*appsv1.ReplicaSet{rs1, rs2forged, rs3}, want: rs1},
-		{name: "the newRS itself is never the target", knownGood: []*appsv1.ReplicaSet{rs3}, rss: []*appsv1.ReplicaSet{rs3}},
-		{name: "an entry with the current template is passed over", knownGood: []*appsv1.ReplicaSet{rs1, rs3},
-			rss: []*appsv1.ReplicaSet{rs1, rs3}, want: rs1},
+		{name: "the newRS itself is never the target", knownGood: []*appsv1.ReplicaSet{rs3}, rss: []*appsv1.ReplicaSet{rs3},
+			wantWhy: "the Deployment's template is already that of the newest known-good ReplicaSet web-h3 (revision 3), and the guard never falls back to an older one"},
+		// The newest known-good revision failing now: nothing, not the
+		// older entry (a tenant who writes the template back to the newest
+		// one's, or deletes its ReplicaSet for the Deployment controller to
+		// make again, would otherwise choose an older template).
+		{name: "the newest entry has the current template: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs3},
+			rss: []*appsv1.ReplicaSet{rs1, rs3},
+			wantWhy: "the Deployment's template is already that of the newest known-good ReplicaSet web-h3 (revision 3), and the guard never falls back to an older one"},
+		{name: "the newest entry's ReplicaSet made again with the current template: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs3},
+			rss: []*appsv1.ReplicaSet{rs1, rs3again},
+			wantWhy: "the Deployment's template is already that of the newest known-good ReplicaSet web-h3 (revision 3), and the guard never falls back to an older one"},
 		{name: "the newest being deleted: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
 			rss: []*appsv1.ReplicaSet{rs1, rs2deleting, rs3}, wantWhy: "known-good ReplicaSet web-h2 (revision 2) is being deleted"},
 		{name: "the newest gone: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
