@@ -174,10 +174,10 @@ func TestFindKnownGoodTarget(t *testing.T) {
 		// one's, or deletes its ReplicaSet for the Deployment controller to
 		// make again, would otherwise choose an older template).
 		{name: "the newest entry has the current template: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs3},
-			rss: []*appsv1.ReplicaSet{rs1, rs3},
+			rss:     []*appsv1.ReplicaSet{rs1, rs3},
 			wantWhy: "the Deployment's template is already that of the newest known-good ReplicaSet web-h3 (revision 3), and the guard never falls back to an older one"},
 		{name: "the newest entry's ReplicaSet made again with the current template: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs3},
-			rss: []*appsv1.ReplicaSet{rs1, rs3again},
+			rss:     []*appsv1.ReplicaSet{rs1, rs3again},
 			wantWhy: "the Deployment's template is already that of the newest known-good ReplicaSet web-h3 (revision 3), and the guard never falls back to an older one"},
 		{name: "the newest being deleted: none, not an older one", knownGood: []*appsv1.ReplicaSet{rs1, rs2},
 			rss: []*appsv1.ReplicaSet{rs1, rs2deleting, rs3}, wantWhy: "known-good ReplicaSet web-h2 (revision 2) is being deleted"},
