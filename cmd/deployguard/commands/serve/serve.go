@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -83,6 +84,7 @@ type serveFlags struct {
 	nativeCheckPeriod time.Duration
 
 	metricsAddr    string
+	metricsSecure  bool
 	probeAddr      string
 	pprofAddr      string
 	leaderElect    bool
@@ -146,6 +148,7 @@ func bindServeFlags(fs *flag.FlagSet) (*serveFlags, *zap.Options) {
 	fs.DurationVar(&f.nativeCheckPeriod, "native-check-period", 30*time.Second, "how often every replica checks that the API server still enforces the native policies (config/native) as it would; until a check finds them gone, nobody refuses what they refuse")
 	fs.DurationVar(&f.certCheckPeriod, "cert-check-period", time.Minute, "how often the served certificate's expiry is read (metric deployguard_serving_certificate_expiry_seconds, warning event)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (0 to disable)")
+	fs.BoolVar(&f.metricsSecure, "metrics-secure", true, "serve /metrics over HTTPS (the --cert-dir certificate) to clients the API server authenticates (TokenReview) and authorizes for GET /metrics (SubjectAccessReview; config/rbac/metrics_reader_role.yaml); false serves it in plain HTTP to anyone who reaches the port")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles, for finding where the guard's CPU and memory go (off when empty)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", true, "elect a leader for the reconciler, so that several replicas can serve the webhooks")
@@ -323,7 +326,7 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
 			Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
 		}),
-		Metrics: metricsserver.Options{BindAddress: f.metricsAddr},
+		Metrics: metricsOptions(f),
 		// Probes are served by health.Probes, which says why a check fails.
 		HealthProbeBindAddress: "0",
 		PprofBindAddress:       f.pprofAddr,
@@ -336,6 +339,29 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 		return nil, fmt.Errorf("creating the manager: %w", err)
 	}
 	return mgr, nil
+}
+
+// metricsOptions serve /metrics as kubebuilder scaffolds it: over TLS, to
+// callers the API server authenticates and authorizes for GET /metrics.
+// The certificate is the webhook's (--cert-dir, reloaded when it changes), so
+// that Prometheus verifies it with the CA it can already read
+// (deployguard-webhook-tls's ca.crt) instead of skipping verification of a
+// self-signed one while it sends its token.
+func metricsOptions(f *serveFlags) metricsserver.Options {
+	if !f.metricsSecure {
+		return metricsserver.Options{BindAddress: f.metricsAddr}
+	}
+	return metricsserver.Options{
+		BindAddress:    f.metricsAddr,
+		SecureServing:  true,
+		FilterProvider: filters.WithAuthenticationAndAuthorization,
+		CertDir:        f.certDir,
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) {
+			c.MinVersion = tls.VersionTLS12
+			// HTTP/2 off, as on the webhook port (the Rapid Reset advisories).
+			c.NextProtos = []string{"http/1.1"}
+		}},
+	}
 }
 
 // admissionParts are what the webhooks built that other parts share.
