@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +23,8 @@ import (
 )
 
 // Cluster is a full local cluster: etcd, kube-apiserver, kube-controller-manager
-// (every controller: Deployments roll out for real), kube-scheduler, and kwok
+// (every controller: Deployments roll out for real; each controller under its
+// own service account, as on kubeadm), kube-scheduler, and kwok
 // simulating nodes and pods, all as local processes started by kwokctl.
 type Cluster struct {
 	Name       string
@@ -55,6 +57,10 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		return nil, err
 	}
 	_ = c.kwokctl(ctx, "delete", "cluster")
+	controllers := filepath.Join(workDir, "kwokctl-controllers.yaml")
+	if err := os.WriteFile(controllers, []byte(controllersKwokctlConfig), 0o644); err != nil {
+		return nil, err
+	}
 	err = c.kwokctl(ctx, append([]string{"create", "cluster",
 		"--runtime", "binary",
 		"--kube-apiserver-binary", filepath.Join(tools, "kube-apiserver"),
@@ -67,11 +73,18 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		// harness can add its own (StagesDir) beside kwok's defaults.
 		"--enable-crds", "Stage",
 		"--wait", "2m",
+		// First: kwokctl merges the configurations of later --config flags
+		// (a caller's, in kwokctlArgs) into it, component by component.
+		"--config", controllers,
 	}, kwokctlArgs...)...,
 	)
 	if err != nil {
 		_ = c.Stop()
 		return nil, fmt.Errorf("creating the local cluster: %w", err)
+	}
+	if err := c.waitControllerIdentities(ctx); err != nil {
+		_ = c.Stop()
+		return nil, err
 	}
 	// Before any node exists, so that every node and pod meets the full set.
 	if err := c.applyStages(ctx, stageDirs); err != nil {
@@ -90,6 +103,59 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		return nil, fmt.Errorf("waiting for the kwok nodes to be Ready: %w", err)
 	}
 	return c, nil
+}
+
+// controllersKwokctlConfig runs kube-controller-manager as kubeadm and the
+// managed offerings do: each controller with the credentials of its own
+// service account in kube-system (deployment-controller,
+// generic-garbage-collector, namespace-controller, ...), so that the
+// webhooks and native policies see a controller's write under the name a
+// real cluster sends, and what they exempt by that name is what is tested.
+// kwokctl already gives it --service-account-private-key-file and the API
+// server the matching keys; the controllers' ClusterRoles
+// (system:controller:*) are the API server's bootstrap RBAC.
+const controllersKwokctlConfig = `apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+componentsPatches:
+- name: kube-controller-manager
+  extraArgs:
+  - key: use-service-account-credentials
+    value: "true"
+`
+
+// ControllerIdentity is the username the Deployment controller writes
+// with on this cluster, as on kubeadm's.
+const ControllerIdentity = "system:serviceaccount:kube-system:deployment-controller"
+
+// waitControllerIdentities waits until kube-controller-manager has created
+// the service accounts its controllers act as: proof that it runs with
+// --use-service-account-credentials (a configuration kwokctl did not merge
+// would leave every controller acting as the admin, and every exemption of
+// the webhooks untested).
+func (c *Cluster) waitControllerIdentities(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	want := []string{"deployment-controller", "generic-garbage-collector", "namespace-controller", "replicaset-controller"}
+	var last string
+	for {
+		out, err := c.Kubectl(ctx, c.Kubeconfig, "get", "serviceaccounts", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}")
+		if err == nil {
+			have := strings.Fields(out)
+			missing := slices.DeleteFunc(slices.Clone(want), func(n string) bool { return slices.Contains(have, n) })
+			if len(missing) == 0 {
+				return nil
+			}
+			last = fmt.Sprintf("missing %v", missing)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-controller-manager does not act as its controllers' service accounts (%s): is --use-service-account-credentials set?\n--- end of its log ---\n%s",
+				last, c.ComponentLog(context.Background(), "kube-controller-manager", 3000))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // StagesDir holds the kwok stages every local cluster gets on top of kwok's
@@ -231,6 +297,9 @@ func (c *Cluster) GuardKubeconfig(ctx context.Context, cl client.Client, path st
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["local"] = cluster
 	cfg.AuthInfos["deployguard"] = &clientcmdapi.AuthInfo{Token: strings.TrimSpace(token)}
+	if err := c.addMetricsScraper(ctx, cl, cfg); err != nil {
+		return err
+	}
 	cfg.Contexts["deployguard"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "deployguard", Namespace: GuardNamespace}
 	cfg.CurrentContext = "deployguard"
 	return clientcmd.WriteToFile(*cfg, path)

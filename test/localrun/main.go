@@ -84,7 +84,8 @@ deployguard is running and guarding the local cluster.
   kubeconfig: %[1]s
   kubectl:    %[2]s   (the cluster's own version)
   guard logs: %[3]s
-  metrics:    http://%[4]s/metrics
+  metrics:    https://%[4]s/metrics   (with a token allowed to read them:
+              curl -sk -H "Authorization: Bearer $(%[2]s --kubeconfig %[1]s create token deployguard-metrics-scraper -n deployguard-system)" https://%[4]s/metrics)
 
 Try:
   export KUBECONFIG=%[1]s

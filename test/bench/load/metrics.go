@@ -6,30 +6,32 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/deployguard/deployguard/test/harness"
 )
 
 // Metrics are the families of one scrape of a /metrics endpoint.
 type Metrics map[string]*dto.MetricFamily
 
-// Scrape reads http://addr/metrics.
-func Scrape(addr string) (Metrics, error) {
-	hc := &http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Get("http://" + addr + "/metrics")
+// Scrape reads the guard's /metrics, as Prometheus does (harness.Guard.Scrape:
+// over TLS, with a token allowed to read them, unless the guard serves them
+// in plain HTTP).
+func Scrape(g *harness.Guard) (Metrics, error) {
+	code, body, err := g.Scrape()
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return nil, fmt.Errorf("GET /metrics: %s: %s", resp.Status, b)
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: HTTP %d: %s", code, body)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(resp.Body)
+	return p.TextToMetricFamilies(strings.NewReader(body))
 }
 
 // Sum adds the values of every series of a counter or gauge family whose

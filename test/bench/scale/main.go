@@ -311,7 +311,7 @@ func (b *bench) count(ctx context.Context, listKind string) (int, error) {
 // memory has stopped growing.
 func (b *bench) settle(ctx context.Context) error {
 	return wait.PollUntilContextTimeout(ctx, time.Second, 20*time.Minute, false, func(ctx context.Context) (bool, error) {
-		m, err := load.Scrape(b.l.Guard.Metrics)
+		m, err := load.Scrape(b.l.Guard)
 		if err != nil {
 			return false, nil
 		}
@@ -324,14 +324,14 @@ func (b *bench) settle(ctx context.Context) error {
 // profile is kept, for `go tool pprof`.
 func (b *bench) memory(label string) (rss, heap, live int64) {
 	rss, _ = load.RSS(b.l.Guard.Pid)
-	if m, err := load.Scrape(b.l.Guard.Metrics); err == nil {
+	if m, err := load.Scrape(b.l.Guard); err == nil {
 		heap = int64(m.Sum("go_memstats_heap_inuse_bytes", nil))
 	}
 	if b.pprof == "" {
 		return rss, heap, 0
 	}
 	if err := load.SaveURL(fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", b.pprof), filepath.Join(b.work, "guard-heap-"+label+".pprof")); err == nil {
-		if m, err := load.Scrape(b.l.Guard.Metrics); err == nil {
+		if m, err := load.Scrape(b.l.Guard); err == nil {
 			live = int64(m.Sum("go_memstats_heap_inuse_bytes", nil))
 		}
 	}
@@ -349,7 +349,7 @@ func (b *bench) measureAt(ctx context.Context, n int) (step, error) {
 	}
 	s := step{Deployments: n, FillSeconds: took.Seconds()}
 	s.ReplicaSets, _ = b.count(ctx, "ReplicaSetList")
-	before, err := load.Scrape(b.l.Guard.Metrics)
+	before, err := load.Scrape(b.l.Guard)
 	if err != nil {
 		return step{}, err
 	}
@@ -364,7 +364,7 @@ func (b *bench) measureAt(ctx context.Context, n int) (step, error) {
 		return b.c.Patch(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name(i * n / b.o.probe)}},
 			client.RawPatch(types.MergePatchType, patch), client.DryRunAll)
 	})
-	after, err := load.Scrape(b.l.Guard.Metrics)
+	after, err := load.Scrape(b.l.Guard)
 	if err != nil {
 		return step{}, err
 	}
@@ -413,7 +413,7 @@ func (b *bench) restartAndRollouts(ctx context.Context) (restart, error) {
 	}
 	r.Ready = time.Since(start)
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
-		m, err := load.Scrape(g.Metrics)
+		m, err := load.Scrape(g)
 		if err != nil {
 			return false, nil
 		}
@@ -525,7 +525,7 @@ func (b *bench) auditPass(ctx context.Context) (auditResult, error) {
 	fmt.Printf("Waiting for the audit's start-up pass over %d Deployments …\n", b.created)
 	var before load.Metrics
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Minute, true, func(context.Context) (bool, error) {
-		m, err := load.Scrape(g.Metrics)
+		m, err := load.Scrape(g)
 		if err != nil {
 			return false, nil
 		}
@@ -560,7 +560,7 @@ deny contains {"msg": "every Deployment needs an owner label", "field": "metadat
 	// Done when the audit counts a failure of the new policy on every
 	// Deployment: polled each 250 ms, hot reload included.
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Minute, false, func(context.Context) (bool, error) {
-		m, err := load.Scrape(g.Metrics)
+		m, err := load.Scrape(g)
 		if err != nil {
 			return false, nil
 		}
