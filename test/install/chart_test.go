@@ -305,6 +305,9 @@ func valueSets() []valueSet {
 			ns := objs["Namespace//deployguard-system"]
 			require.NotNil(t, ns, "the release namespace, rendered")
 			assert.Equal(t, "disabled", str(ns, "metadata", "labels", "deployguard.io/guard"))
+			for _, mode := range []string{"enforce", "audit", "warn"} {
+				assert.Equal(t, "restricted", str(ns, "metadata", "labels", "pod-security.kubernetes.io/"+mode), "Pod Security %s", mode)
+			}
 		},
 	}, {
 		name: "cert-manager in a namespace of its own", namespace: "guard-cm",
@@ -336,6 +339,14 @@ func valueSets() []valueSet {
 				assert.Contains(t, str(dig(wh, "matchConditions").([]any)[0], "expression"), `"platform-guard"`, kind)
 			}
 			assert.Equal(t, "platform-guard", str(objs["ClusterRoleBinding//deployguard"]["subjects"].([]any)[0], "namespace"))
+			assert.Equal(t, "platform-guard", str(objs["ClusterRoleBinding//deployguard-metrics-auth"]["subjects"].([]any)[0], "namespace"))
+			// PolicyExceptions are read in the release namespace only.
+			exRole := objs["Role/platform-guard/deployguard-exceptions-reader"]
+			require.NotNil(t, exRole, "the exceptions Role, in the release namespace")
+			assert.Equal(t, []any{"list", "watch"}, dig(dig(exRole, "rules").([]any)[0], "verbs"))
+			for _, rule := range dig(objs["ClusterRole//deployguard"], "rules").([]any) {
+				assert.NotContains(t, dig(rule, "resources"), "policyexceptions", "no cluster-wide PolicyException rights")
+			}
 		},
 	}, {
 		name: "sized and tuned with a team policy", namespace: harness.GuardNamespace,
@@ -393,11 +404,23 @@ func valueSets() []valueSet {
 		name: "monitoring for a kube-prometheus-stack", namespace: harness.GuardNamespace,
 		values: []string{"--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
 			"--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.prometheusRule.labels.release=kube-prometheus-stack",
-			"--set", "metrics.dashboard.enabled=true"},
+			"--set", "metrics.dashboard.enabled=true",
+			"--set", "metrics.readers[0].name=prometheus-k8s", "--set", "metrics.readers[0].namespace=monitoring"},
 		check: func(t *testing.T, objs map[string]object) {
 			sm := objs["ServiceMonitor/deployguard-system/deployguard"]
 			require.NotNil(t, sm)
 			assert.Equal(t, "kube-prometheus-stack", str(sm, "metadata", "labels", "release"))
+			ep := dig(sm, "spec", "endpoints").([]any)[0]
+			assert.Equal(t, "https", str(ep, "scheme"), "metrics behind TLS")
+			assert.Equal(t, "/var/run/secrets/kubernetes.io/serviceaccount/token", str(ep, "bearerTokenFile"), "Prometheus sends its ServiceAccount token")
+			assert.Equal(t, "deployguard-webhook.deployguard-system.svc", str(ep, "tlsConfig", "serverName"), "the name on the webhook's certificate")
+			assert.Equal(t, "deployguard-webhook-tls", str(ep, "tlsConfig", "ca", "secret", "name"))
+			assert.Equal(t, "ca.crt", str(ep, "tlsConfig", "ca", "secret", "key"))
+			assert.NotContains(t, container(t, objs, harness.GuardNamespace).Args, "--metrics-secure=false")
+			assert.Contains(t, objs, "ClusterRole//deployguard-metrics-reader")
+			crb := objs["ClusterRoleBinding//deployguard-metrics-reader"]
+			require.NotNil(t, crb, "metrics.readers bound to the reader role")
+			assert.Equal(t, []any{map[string]any{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}}, dig(crb, "subjects"))
 			svc := objs["Service/deployguard-system/deployguard-metrics"]
 			require.NotNil(t, svc, "the ServiceMonitor's Service")
 			for k, v := range dig(sm, "spec", "selector", "matchLabels").(map[string]any) {
@@ -405,6 +428,24 @@ func valueSets() []valueSet {
 			}
 			assert.Equal(t, "kube-prometheus-stack", str(objs["PrometheusRule/deployguard-system/deployguard"], "metadata", "labels", "release"))
 			assert.Equal(t, "1", str(objs["ConfigMap/deployguard-system/deployguard-dashboard"], "metadata", "labels", "grafana_dashboard"))
+		},
+	}, {
+		name: "metrics in plain HTTP, for a Prometheus without tokens; exceptions in another namespace", namespace: harness.GuardNamespace,
+		values: []string{"--set", "metrics.secure=false", "--set", "metrics.serviceMonitor.enabled=true",
+			"--set", "config.exceptions.namespace=default"},
+		check: func(t *testing.T, objs map[string]object) {
+			assert.Contains(t, container(t, objs, harness.GuardNamespace).Args, "--metrics-secure=false")
+			ep := dig(objs["ServiceMonitor/deployguard-system/deployguard"], "spec", "endpoints").([]any)[0]
+			assert.Empty(t, str(ep, "scheme"), "plain HTTP")
+			assert.Nil(t, dig(ep, "tlsConfig"))
+			assert.Empty(t, str(ep, "bearerTokenFile"))
+			assert.NotContains(t, objs, "ClusterRole//deployguard-metrics-auth", "no token to review")
+			assert.NotContains(t, objs, "ClusterRoleBinding//deployguard-metrics-auth")
+			assert.Contains(t, objs, "Role/default/deployguard-exceptions-reader", "the exceptions Role follows exceptions.namespace")
+			rb := objs["RoleBinding/default/deployguard-exceptions-reader"]
+			require.NotNil(t, rb)
+			assert.Equal(t, harness.GuardNamespace, str(dig(rb, "subjects").([]any)[0], "namespace"))
+			assert.NotContains(t, objs, "Role/deployguard-system/deployguard-exceptions-reader")
 		},
 	}, {
 		name: "a network policy: the API server's nodes and a tunnel's pods, metrics from the monitoring namespace", namespace: "platform-guard",
@@ -524,6 +565,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"a probe namespace that is not a namespace name", "config.nativePolicies.probeNamespace=Team_A", "/config/nativePolicies/probeNamespace"},
 		// It would shut the API server out, and the enforce entry fails closed.
 		{"a network policy that admits no one to the webhook port", "networkPolicy.enabled=true", "networkPolicy.webhook.cidrs"},
+		{"a metrics reader without its namespace", "metrics.readers[0].name=prometheus", "/metrics/readers/0"},
 		{"a network policy source that is not a CIDR", "networkPolicy.webhook.cidrs={10.0.0.1}", "/networkPolicy/webhook/cidrs/0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -178,9 +178,11 @@ func ignoreExists(err error) error {
 
 func ptr[T any](v T) *T { return &v }
 
-// scrape reads the guard's /metrics and kube-apiserver's.
+// scrape reads the guard's /metrics, as Prometheus does (over TLS, with the
+// token of a ServiceAccount bound to deployguard-metrics-reader), and
+// kube-apiserver's.
 func scrape(ctx context.Context) (map[string]*dto.MetricFamily, error) {
-	code, guard, err := local.Guard.Get(local.Guard.Metrics, "/metrics")
+	code, guard, err := local.Guard.Scrape()
 	if err != nil {
 		return nil, fmt.Errorf("the guard's /metrics: %w", err)
 	}
