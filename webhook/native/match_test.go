@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -59,6 +60,8 @@ func TestTheMatchConditionSkipsOnlyWhatIsAdmitted(t *testing.T) {
 		&user.DefaultInfo{Name: guard.GuardUsername},
 		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"},
 		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:deployment-controller"},
+		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:generic-garbage-collector"},
+		&user.DefaultInfo{Name: "admin", Groups: []string{"system:masters"}},
 	}
 	params := []runtime.Object{guard.ConfigMap("deployguard-system"), native.Settings{}.ConfigMap("deployguard-system")}
 
@@ -138,6 +141,7 @@ func TestTheSelectorPolicyLabelsEveryCreateTheRefusalsRefuse(t *testing.T) {
 		&user.DefaultInfo{Name: "ci-bot"},
 		&user.DefaultInfo{Name: settings[0].GuardUsername},
 		&user.DefaultInfo{Name: "system:serviceaccount:kube-system:deployment-controller"},
+		&user.DefaultInfo{Name: "admin", Groups: []string{"system:masters"}},
 	}
 	ctx := context.Background()
 	compared, refused, plainCreates, plainUnlabelled := 0, 0, 0, 0
@@ -250,7 +254,7 @@ func plain(d *appsv1.Deployment) bool {
 
 // requests are the writes of d the refusals tell apart: its create, updates
 // that change it (or not) from a varied stored object, one while it is being
-// deleted, and its deletion.
+// deleted, its deletion, and the owners it has added to it.
 func requests(rng *rand.Rand, d *appsv1.Deployment) []native.Request {
 	d = d.DeepCopy()
 	old := d.DeepCopy()
@@ -266,18 +270,25 @@ func requests(rng *rand.Rand, d *appsv1.Deployment) []native.Request {
 	removed := deleting.DeepCopy()
 	removed.DeletionTimestamp = &deletedAt
 	removed.Finalizers = removed.Finalizers[:len(removed.Finalizers)-rng.IntN(3)]
-	return []native.Request{
+	reqs := []native.Request{
 		{Operation: admission.Create, Object: d},
 		{Operation: admission.Update, Object: d, OldObject: old},
 		{Operation: admission.Update, Object: d, OldObject: d.DeepCopy()},
 		{Operation: admission.Update, Object: removed, OldObject: deleting},
 		{Operation: admission.Delete, OldObject: d},
 	}
+	if len(d.OwnerReferences) > 0 {
+		// The owners added to the same Deployment.
+		unowned := d.DeepCopy()
+		unowned.OwnerReferences = nil
+		reqs = append(reqs, native.Request{Operation: admission.Update, Object: d, OldObject: unowned})
+	}
+	return reqs
 }
 
 // varied is a Deployment with what the refusals read drawn at random:
 // replicas, strategy, finalizers, the cleanup, protection and selector
-// marks.
+// marks, the deprecated rollback annotation, owners.
 func varied(rng *rand.Rand, i int) *appsv1.Deployment {
 	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
 	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("v-%d", i)}}
@@ -311,8 +322,20 @@ func varied(rng *rand.Rand, i int) *appsv1.Deployment {
 	if rng.IntN(4) == 0 {
 		a[vocab.AnnotationProtected] = pick("true", "false", "")
 	}
+	if rng.IntN(8) == 0 {
+		a[appsv1.DeprecatedRollbackTo] = pick("0", "1", "3")
+	}
 	if len(a) > 0 {
 		d.Annotations = a
+	}
+	if rng.IntN(4) == 0 {
+		// Owners drawn from a small set, so that an update keeps, adds or
+		// removes one.
+		for _, uid := range []string{"u1", "u2"}[:1+rng.IntN(2)] {
+			if rng.IntN(2) == 0 {
+				d.OwnerReferences = append(d.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "owner-" + uid, UID: types.UID(uid)})
+			}
+		}
 	}
 	labels := map[string]string{"app": "web"}
 	if rng.IntN(6) == 0 {

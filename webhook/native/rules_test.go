@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -164,6 +165,132 @@ func TestDeletionProtection(t *testing.T) {
 	}
 	assert.Empty(t, evaluate(t, Request{Operation: admission.Delete, OldObject: d,
 		User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:namespace-controller"}}, defaults, Refusals), "the namespace controller")
+	// The garbage collector deletes a Deployment whose owners are gone: not
+	// a protected one, whoever added the owner.
+	fs = evaluate(t, Request{Operation: admission.Delete, OldObject: d,
+		User: &user.DefaultInfo{Name: "system:serviceaccount:kube-system:generic-garbage-collector"}}, defaults, Refusals)
+	if assert.Len(t, fs, 1, "the garbage collector deletes a protected Deployment: %+v", fs) {
+		assert.Contains(t, fs[0].Message, "removing its owner references")
+	}
+}
+
+// An owner reference lets the garbage collector delete the Deployment once
+// the owner goes: adding one to a protected Deployment is refused as its
+// deletion is, to everyone but the control plane.
+func TestOwnerOfAProtectedDeployment(t *testing.T) {
+	owner := func(name, uid string) metav1.OwnerReference {
+		return metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: name, UID: types.UID(uid)}
+	}
+	deployment := func(protected string, owners ...metav1.OwnerReference) *appsv1.Deployment {
+		d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+		if protected != "" {
+			d.Annotations = map[string]string{vocab.AnnotationProtected: protected}
+		}
+		d.OwnerReferences = owners
+		return d
+	}
+	gc := &user.DefaultInfo{Name: "system:serviceaccount:kube-system:generic-garbage-collector"}
+	s := defaults
+	s.ExemptUsernames = []string{"ci-bot"}
+	s.BreakGlassGroups = []string{"platform-admins"}
+	for _, tc := range []struct {
+		name     string
+		op       admission.Operation
+		old, cur *appsv1.Deployment
+		who      user.Info
+		refused  string // in the message; "" admitted
+	}{
+		{"an owner added to a protected Deployment", admission.Update, deployment("true"), deployment("true", owner("bait", "u1")), nil,
+			"an owner reference to ConfigMap bait lets the garbage collector delete it"},
+		{"a second owner added", admission.Update, deployment("true", owner("a", "u1")), deployment("true", owner("a", "u1"), owner("bait", "u2")), nil,
+			"ConfigMap bait"},
+		{"an owner's uid changed", admission.Update, deployment("true", owner("a", "u1")), deployment("true", owner("a", "u2")), nil,
+			"ConfigMap a"},
+		{"by an exempt user", admission.Update, deployment("true"), deployment("true", owner("bait", "u1")), &user.DefaultInfo{Name: "ci-bot"},
+			"kubectl annotate deployment web -n shop deployguard.io/protected-"},
+		{"by a break-glass group", admission.Update, deployment("true"), deployment("true", owner("bait", "u1")),
+			&user.DefaultInfo{Name: "bob", Groups: []string{"platform-admins"}}, "lets the garbage collector"},
+		{"by the guard", admission.Update, deployment("true"), deployment("true", owner("bait", "u1")), &user.DefaultInfo{Name: s.GuardUsername},
+			"lets the garbage collector"},
+		{"a protected Deployment created with an owner", admission.Create, nil, deployment("true", owner("op", "u1")), nil, "ConfigMap op"},
+		{"an owner of an unprotected Deployment", admission.Update, deployment(""), deployment("", owner("bait", "u1")), nil, ""},
+		{"protection set to false", admission.Update, deployment("false"), deployment("false", owner("bait", "u1")), nil, ""},
+		{"an operator creates an unprotected Deployment it owns", admission.Create, nil, deployment("", owner("op", "u1")), nil, ""},
+		{"protection lifted as the owner is added", admission.Update, deployment("true"), deployment("", owner("bait", "u1")), nil, ""},
+		{"protection set on an owned Deployment", admission.Update, deployment("", owner("a", "u1")), deployment("true", owner("a", "u1")), nil, ""},
+		{"an owner removed", admission.Update, deployment("true", owner("a", "u1"), owner("b", "u2")), deployment("true", owner("b", "u2")), nil, ""},
+		{"the garbage collector orphans it", admission.Update, deployment("true", owner("a", "u1")), deployment("true"), gc, ""},
+		{"the control plane adds an owner", admission.Update, deployment("true"), deployment("true", owner("a", "u1")), gc, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := evaluate(t, Request{Operation: tc.op, Object: tc.cur, OldObject: tc.old, User: tc.who}, s, Refusals)
+			if tc.refused == "" {
+				assert.Empty(t, fs)
+				return
+			}
+			if assert.Len(t, fs, 1, "%+v", fs) {
+				assert.Equal(t, "metadata.ownerReferences", fs[0].Field)
+				assert.Equal(t, metav1.StatusReasonForbidden, fs[0].Reason)
+				assert.Contains(t, fs[0].Message, tc.refused)
+			}
+		})
+	}
+}
+
+// deprecated.deployment.rollback.to makes the Deployment controller copy a
+// ReplicaSet's template into the Deployment as itself: refused to all but
+// the control plane and system:masters, with the command that rolls back
+// as the user.
+func TestDeprecatedRollbackAnnotation(t *testing.T) {
+	with := func(rev string) *appsv1.Deployment {
+		d := rolling(1, intstr.FromString("25%"), intstr.FromString("25%"))
+		if rev != "" {
+			d.Annotations = map[string]string{appsv1.DeprecatedRollbackTo: rev}
+		}
+		return d
+	}
+	s := defaults
+	s.ExemptUsernames = []string{"ci-bot"}
+	s.ExemptNamespaces = []string{"shop"}
+	s.BreakGlassGroups = []string{"platform-admins"}
+	controller := &user.DefaultInfo{Name: "system:serviceaccount:kube-system:deployment-controller"}
+	for _, tc := range []struct {
+		name     string
+		op       admission.Operation
+		old, cur *appsv1.Deployment
+		who      user.Info
+		refused  string // in the message; "" admitted
+	}{
+		{"set by a tenant", admission.Update, with(""), with("3"), nil,
+			"the ReplicaSet of revision 3 into this Deployment under its own identity, where no policy judges it; remove the annotation and roll back with: kubectl rollout undo deployment/web -n shop --to-revision=3"},
+		{"revision 0, the previous one", admission.Update, with(""), with("0"), nil,
+			"the previous revision's ReplicaSet into this Deployment under its own identity, where no policy judges it; remove the annotation and roll back with: kubectl rollout undo deployment/web -n shop"},
+		{"changed", admission.Update, with("2"), with("3"), nil, "revision 3"},
+		{"on a create", admission.Create, nil, with("1"), nil, "revision 1"},
+		{"by an exempt user in an exempt namespace", admission.Update, with(""), with("3"), &user.DefaultInfo{Name: "ci-bot"}, "revision 3"},
+		{"by a break-glass group", admission.Update, with(""), with("3"), &user.DefaultInfo{Name: "bob", Groups: []string{"platform-admins"}}, "revision 3"},
+		{"by the guard", admission.Update, with(""), with("3"), &user.DefaultInfo{Name: s.GuardUsername}, "revision 3"},
+		{"by system:masters", admission.Update, with(""), with("3"), &user.DefaultInfo{Name: "admin", Groups: []string{"system:masters"}}, ""},
+		{"the controller clears it", admission.Update, with("3"), with(""), controller, ""},
+		{"the controller's rollback write", admission.Update, with("3"), with("3"), controller, ""},
+		{"the single-identity controller manager", admission.Update, with(""), with("3"), &user.DefaultInfo{Name: "system:kube-controller-manager"}, ""},
+		{"an update that keeps a stored value", admission.Update, with("3"), with("3"), nil, ""},
+		{"an update that removes it", admission.Update, with("3"), with(""), nil, ""},
+		{"a DELETE", admission.Delete, with("3"), nil, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := evaluate(t, Request{Operation: tc.op, Object: tc.cur, OldObject: tc.old, User: tc.who}, s, Refusals)
+			if tc.refused == "" {
+				assert.Empty(t, fs)
+				return
+			}
+			if assert.Len(t, fs, 1, "%+v", fs) {
+				assert.Equal(t, "metadata.annotations[deprecated.deployment.rollback.to]", fs[0].Field)
+				assert.Equal(t, metav1.StatusReasonForbidden, fs[0].Reason)
+				assert.Contains(t, fs[0].Message, tc.refused)
+			}
+		})
+	}
 }
 
 // The policies name the guard's finalizers and annotations as the reconciler
