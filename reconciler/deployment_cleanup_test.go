@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"strconv"
 	"testing"
 	"time"
 
@@ -221,11 +222,18 @@ func TestRecordRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "deployguard-record-shop.web", cm.Name)
 	assert.Equal(t, guardNamespace, cm.Namespace, "in the guard's namespace, where tenants cannot write")
-	assert.Equal(t, "true", cm.Labels[vocab.LabelRecord])
+	assert.Equal(t, map[string]string{vocab.LabelRecord: "true", vocab.LabelRecordNamespace: "shop"}, cm.Labels,
+		"the namespace in a label too: its records are listed by it, metadata only, for their budget")
 	assert.Equal(t, map[string]string{
 		vocab.AnnotationRecordNamespace: "shop", vocab.AnnotationRecordOf: "web", vocab.AnnotationRecordUID: "uid-web",
 		vocab.AnnotationRecordExpires: t0.Add(time.Hour).Format(time.RFC3339),
+		vocab.AnnotationRecordBytes:   strconv.FormatInt(RecordBytes(cm), 10),
 	}, cm.Annotations)
+	var size int
+	for k, v := range cm.Data {
+		size += len(k) + len(v)
+	}
+	assert.EqualValues(t, size, RecordBytes(cm), "the data's keys and values, as the API server counts them")
 	of, ok := RecordOf(cm)
 	assert.True(t, ok)
 	assert.Equal(t, types.NamespacedName{Namespace: "shop", Name: "web"}, of)

@@ -81,6 +81,9 @@ type Options struct {
 	// RecordRetention is how long the record of a deleted Deployment is kept
 	// before the guard deletes it. Zero or less means DefaultRecordRetention.
 	RecordRetention time.Duration
+	// RecordBudget bounds the records the deletions of one namespace keep in
+	// RecordNamespace (count, bytes, and the size of one record).
+	RecordBudget RecordBudget
 	// Snapshots say what the guard keeps of the config a known-good revision
 	// ran with, and restores on rollback.
 	Snapshots SnapshotOptions

@@ -173,7 +173,7 @@ func (e *env) writeCount() int { return len(e.patches) + len(e.statusPatches) + 
 
 // kindOf names the kind of a typed object.
 func kindOf(obj client.Object) string {
-	switch obj.(type) {
+	switch o := obj.(type) {
 	case *appsv1.Deployment:
 		return "Deployment"
 	case *appsv1.ReplicaSet:
@@ -182,6 +182,8 @@ func kindOf(obj client.Object) string {
 		return "ConfigMap"
 	case *corev1.Pod:
 		return "Pod"
+	case *metav1.PartialObjectMetadata:
+		return o.Kind
 	default:
 		return fmt.Sprintf("%T", obj)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -226,7 +227,7 @@ func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, namespace strin
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      RecordName(d.Namespace, d.Name),
 			Namespace: namespace,
-			Labels:    map[string]string{vocab.LabelRecord: "true"},
+			Labels:    map[string]string{vocab.LabelRecord: "true", vocab.LabelRecordNamespace: d.Namespace},
 			Annotations: map[string]string{
 				vocab.AnnotationRecordNamespace: d.Namespace,
 				vocab.AnnotationRecordOf:        d.Name,
@@ -247,6 +248,7 @@ func BuildRecord(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, namespace strin
 		cm.Data[RecordKeyKnownGoodTemplate] = string(tmpl)
 		cm.Data[RecordKeyKnownGoodRevision] = rollout.FormatRevision(revision)
 	}
+	cm.Annotations[vocab.AnnotationRecordBytes] = strconv.FormatInt(RecordBytes(cm), 10)
 	return cm, nil
 }
 
@@ -320,6 +322,7 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 	}
 
 	expires := r.Clock.Now().Add(r.Options.recordRetention())
+	budget := r.Options.RecordBudget.withDefaults()
 	action := DecideRecord(existing, client.ObjectKeyFromObject(d), d.UID, ns.Terminating)
 	switch action {
 	case RecordSkip:
@@ -336,6 +339,11 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 			recordNS, name, of.String(), vocab.AnnotationRecordNamespace, vocab.AnnotationRecordOf), nil
 	case RecordDone:
 		expires = recordExpiresOr(existing, expires)
+		// A guard stopped between writing the record and making room for it
+		// makes room now.
+		if err := r.keepWithinBudget(ctx, d, ns, name, recordBytesOf(existing, budget)); err != nil {
+			return stepOutcome{}, err
+		}
 	case RecordCreate, RecordReplace:
 		full, rss, err := r.wholeForRecord(ctx, d)
 		if err != nil {
@@ -343,6 +351,15 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 		}
 		rec, err := BuildRecord(full, rss, recordNS, expires)
 		if err != nil {
+			return stepOutcome{}, err
+		}
+		size := RecordBytes(rec)
+		if size > budget.RecordBytes {
+			// Refused, not cut: a record that restores part of a Deployment
+			// would restore something nobody wrote. The deletion goes on.
+			return failed("No record saved: it would hold %d bytes, more than the %d bytes one record may hold (cleanup.maxRecordBytes), so the Deployment cannot be restored with deployguard restore.", size, budget.RecordBytes), nil
+		}
+		if err := r.keepWithinBudget(ctx, d, ns, name, size); err != nil {
 			return stepOutcome{}, err
 		}
 		if action == RecordCreate {
@@ -363,11 +380,27 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 		case err != nil:
 			return stepOutcome{}, fmt.Errorf("writing record %s/%s: %w", recordNS, name, err)
 		}
-		ctrl.LoggerFrom(ctx).Info("Record saved", "configMap", klog.KObj(rec), "action", action)
+		ctrl.LoggerFrom(ctx).Info("Record saved", "configMap", klog.KObj(rec), "action", action, "bytes", size)
+		// Again once written: a record of the same namespace written at the
+		// same time is seen now.
+		if err := r.keepWithinBudget(ctx, d, ns, name, size); err != nil {
+			return stepOutcome{}, err
+		}
 	}
 	msg := fmt.Sprintf("Saved a record of the Deployment in ConfigMap %s/%s, kept until %s; restore it with: deployguard restore %s/%s",
 		recordNS, name, expires.UTC().Format(time.RFC3339), d.Namespace, d.Name)
 	return stepOutcome{done: true, result: resultCompleted, duration: r.Clock.Since(begin), eventType: corev1.EventTypeNormal, reason: vocab.ReasonRecorded, message: msg}, nil
+}
+
+// keepWithinBudget deletes the oldest records of the Deployment's namespace
+// past its budget (makeRoomForRecord), keeping record name of size bytes, and
+// says so in a Warning Event about the Deployment being deleted.
+func (r *DeploymentReconciler) keepWithinBudget(ctx context.Context, d *appsv1.Deployment, ns namespaceState, name string, size int64) error {
+	gone, err := r.makeRoomForRecord(ctx, d.Namespace, name, size)
+	if len(gone) > 0 {
+		r.emitCleanupEvent(d, ns, corev1.EventTypeWarning, vocab.ReasonRecordsEvicted, actionRecord, r.evictedMessage(d.Namespace, gone))
+	}
+	return err
 }
 
 // wholeForRecord reads what a record keeps from the API server: the
@@ -405,7 +438,7 @@ func (r *DeploymentReconciler) wholeForRecord(ctx context.Context, d *appsv1.Dep
 }
 
 // recordExpiresOr returns the record's expiry, or def if it has none.
-func recordExpiresOr(cm *corev1.ConfigMap, def time.Time) time.Time {
+func recordExpiresOr(cm metav1.Object, def time.Time) time.Time {
 	if t, ok := RecordExpiry(cm); ok {
 		return t
 	}

@@ -42,6 +42,7 @@ type Metrics struct {
 	cleanupSteps     *prometheus.CounterVec
 	cleanupDuration  *prometheus.HistogramVec
 	recordsExpired   prometheus.Counter
+	recordsEvicted   prometheus.Counter
 	// Fail-fast.
 	failFastReaction  prometheus.Histogram
 	failFastDecisions *prometheus.CounterVec
@@ -79,6 +80,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"reason", "result"),
 		recordsExpired: r.Counter("deployguard_cleanup_records_expired_total",
 			"Record ConfigMaps of deleted Deployments deleted by the guard after their retention."),
+		recordsEvicted: r.Counter("deployguard_cleanup_records_evicted_total",
+			"Record ConfigMaps of deleted Deployments deleted by the guard before their retention, the oldest of their namespace, to keep its records within their budget (count and bytes)."),
 	}
 	if err := r.Err(); err != nil {
 		return nil, err

@@ -226,6 +226,15 @@ const (
 	// AnnotationRecordExpires is the RFC 3339 time after which the guard deletes
 	// the record (the configured retention after it was made).
 	AnnotationRecordExpires = Domain + "/record-expires"
+	// AnnotationRecordBytes is the size of the record's data in bytes (keys
+	// and values, as the API server counts a ConfigMap's): what the record
+	// takes of its namespace's budget, read from a metadata-only list.
+	AnnotationRecordBytes = Domain + "/record-bytes"
+	// LabelRecordNamespace, on a record, is the namespace of the Deployment
+	// it was made of (as AnnotationRecordNamespace), so that the records of
+	// one namespace are listed by a label selector, metadata only, to keep
+	// them within their budget. Records of earlier releases have none.
+	LabelRecordNamespace = Domain + "/record-namespace"
 )
 
 // Annotations on config snapshots (LabelSnapshot): immutable copies of the
@@ -336,6 +345,7 @@ const (
 	ReasonDrainSkipped     = "DrainSkipped"
 	ReasonRecorded         = "Recorded"
 	ReasonRecordFailed     = "RecordFailed"
+	ReasonRecordsEvicted   = "RecordsEvicted"
 	ReasonCleanupSkipped   = "CleanupSkipped"
 	ReasonCleanupShortened = "CleanupShortened"
 	ReasonUnknownFinalizer = "UnknownFinalizerRemoved"

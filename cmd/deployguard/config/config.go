@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/internal/yamlpath"
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/webhook/review"
 )
@@ -181,6 +182,13 @@ type Cleanup struct {
 	Steps           []string `yaml:"steps"`
 	DrainTimeout    Duration `yaml:"drainTimeout"`
 	RecordRetention Duration `yaml:"recordRetention"`
+	// The budget of the records one namespace's deletions keep in the
+	// guard's namespace, where no tenant's quota applies: past the count or
+	// the bytes, the oldest of that namespace go; a record larger than
+	// MaxRecordBytes is not written (reconciler.RecordBudget).
+	RecordsPerNamespace     int   `yaml:"recordsPerNamespace"`
+	RecordBytesPerNamespace int64 `yaml:"recordBytesPerNamespace"`
+	MaxRecordBytes          int64 `yaml:"maxRecordBytes"`
 }
 
 // Policy configures the Rego policy layer.
@@ -257,6 +265,10 @@ func Default() Config {
 		Cleanup: Cleanup{
 			DrainTimeout:    Duration{2 * time.Minute},
 			RecordRetention: Duration{7 * 24 * time.Hour},
+
+			RecordsPerNamespace:     reconciler.DefaultRecordsPerNamespace,
+			RecordBytesPerNamespace: reconciler.DefaultRecordBytesPerNamespace,
+			MaxRecordBytes:          reconciler.DefaultMaxRecordBytes,
 		},
 		Policy:     Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
 		Exceptions: Exceptions{MaxDuration: Duration{90 * 24 * time.Hour}, ExpiryWarning: Duration{7 * 24 * time.Hour}},
@@ -449,6 +461,16 @@ func (c *Config) Validate() field.ErrorList {
 	}
 	if c.Cleanup.RecordRetention.Duration <= 0 {
 		errs = append(errs, field.Invalid(cl.Child("recordRetention"), c.Cleanup.RecordRetention.String(), "must be positive"))
+	}
+	if c.Cleanup.RecordsPerNamespace <= 0 {
+		errs = append(errs, field.Invalid(cl.Child("recordsPerNamespace"), c.Cleanup.RecordsPerNamespace, "must be positive"))
+	}
+	if c.Cleanup.MaxRecordBytes <= 0 || c.Cleanup.MaxRecordBytes > reconciler.MaxConfigMapBytes {
+		errs = append(errs, field.Invalid(cl.Child("maxRecordBytes"), c.Cleanup.MaxRecordBytes,
+			fmt.Sprintf("must be positive and at most %d (the most data a ConfigMap holds)", reconciler.MaxConfigMapBytes)))
+	}
+	if c.Cleanup.RecordBytesPerNamespace < c.Cleanup.MaxRecordBytes {
+		errs = append(errs, field.Invalid(cl.Child("recordBytesPerNamespace"), c.Cleanup.RecordBytesPerNamespace, "must be at least maxRecordBytes"))
 	}
 
 	a := field.NewPath("audit")

@@ -102,6 +102,23 @@ exemptions:
 			wantErr: []string{"line 4: cleanup.steps", `unknown cleanup step "backup"`},
 		},
 		{
+			name: "the record budget: defaults, and overrides",
+			doc:  "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  recordsPerNamespace: 3\n  maxRecordBytes: 1000\n",
+			check: func(t *testing.T, c Config) {
+				assert.Equal(t, reconciler.RecordBudget{Records: 3, Bytes: reconciler.DefaultRecordBytesPerNamespace, RecordBytes: 1000}, c.RecordBudget())
+			},
+		},
+		{
+			name:    "a record larger than a ConfigMap holds is refused",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  maxRecordBytes: 2000000\n",
+			wantErr: []string{"line 4: cleanup.maxRecordBytes", "at most 1048576"},
+		},
+		{
+			name:    "a namespace's bytes smaller than one record are refused",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  recordBytesPerNamespace: 1000\n  recordsPerNamespace: 0\n",
+			wantErr: []string{"cleanup.recordBytesPerNamespace", "at least maxRecordBytes", "cleanup.recordsPerNamespace", "must be positive"},
+		},
+		{
 			name:    "addFinalizers beside cleanup.steps is refused",
 			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ndefaults:\n  addFinalizers: true\ncleanup:\n  steps: [record]\n",
 			wantErr: []string{"line 4: defaults.addFinalizers", "replaced by cleanup.steps"},

@@ -76,6 +76,16 @@ func (c Config) FailFastOptions() reconciler.FailFastOptions {
 	return o
 }
 
+// RecordBudget is the budget of the records one namespace's deletions keep
+// in the guard's namespace.
+func (c Config) RecordBudget() reconciler.RecordBudget {
+	return reconciler.RecordBudget{
+		Records:     c.Cleanup.RecordsPerNamespace,
+		Bytes:       c.Cleanup.RecordBytesPerNamespace,
+		RecordBytes: c.Cleanup.MaxRecordBytes,
+	}
+}
+
 // ExceptionsNamespace is the namespace PolicyExceptions are honoured in:
 // exceptions.namespace, or the guard's own.
 func (c Config) ExceptionsNamespace(guardNamespace string) string {

@@ -1,0 +1,164 @@
+package reconciler
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/vocab"
+)
+
+// recordMeta is a record's metadata as a metadata-only list returns it.
+func recordMeta(name string, expires time.Time, bytes string) metav1.PartialObjectMetadata {
+	m := metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
+		vocab.AnnotationRecordExpires: expires.UTC().Format(time.RFC3339),
+	}}}
+	if bytes != "" {
+		m.Annotations[vocab.AnnotationRecordBytes] = bytes
+	}
+	return m
+}
+
+func TestRecordsToEvict(t *testing.T) {
+	budget := RecordBudget{Records: 3, Bytes: 1000, RecordBytes: 500}
+	unreadable := recordMeta("odd", t0, "100")
+	unreadable.Annotations[vocab.AnnotationRecordExpires] = "soon"
+	tests := []struct {
+		name      string
+		records   []metav1.PartialObjectMetadata
+		keepBytes int64
+		want      []string
+	}{
+		{name: "within the budget: none", keepBytes: 100,
+			records: []metav1.PartialObjectMetadata{recordMeta("a", t0, "100"), recordMeta("b", t0.Add(time.Hour), "100")}},
+		{name: "one too many: the oldest goes", keepBytes: 100,
+			records: []metav1.PartialObjectMetadata{recordMeta("b", t0.Add(time.Hour), "100"), recordMeta("a", t0, "100"), recordMeta("c", t0.Add(2*time.Hour), "100")},
+			want:    []string{"a"}},
+		{name: "over the bytes: the oldest go until it fits", keepBytes: 500,
+			records: []metav1.PartialObjectMetadata{recordMeta("a", t0, "300"), recordMeta("b", t0.Add(time.Hour), "300")},
+			want:    []string{"a"}},
+		{name: "the record kept is never evicted, and counted once", keepBytes: 400,
+			records: []metav1.PartialObjectMetadata{recordMeta("keep", t0, "400"), recordMeta("a", t0.Add(time.Hour), "500")}},
+		{name: "a record without a readable size counts as the largest", keepBytes: 100,
+			records: []metav1.PartialObjectMetadata{recordMeta("a", t0, ""), recordMeta("b", t0.Add(time.Hour), "forged")},
+			want:    []string{"a"}},
+		{name: "a record without a readable expiry goes first", keepBytes: 100,
+			records: []metav1.PartialObjectMetadata{recordMeta("a", t0, "100"), recordMeta("b", t0.Add(time.Hour), "100"), recordMeta("c", t0.Add(2*time.Hour), "100"), unreadable},
+			want:    []string{"odd", "a"}},
+		{name: "same expiry: by name, so that two guards choose alike", keepBytes: 100,
+			records: []metav1.PartialObjectMetadata{recordMeta("z", t0, "100"), recordMeta("y", t0, "100"), recordMeta("x", t0, "100")},
+			want:    []string{"x"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, m := range RecordsToEvict(tt.records, "keep", tt.keepBytes, budget) {
+				got = append(got, m.Name)
+			}
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestRecordBudgetDefaults(t *testing.T) {
+	assert.Equal(t, RecordBudget{Records: DefaultRecordsPerNamespace, Bytes: DefaultRecordBytesPerNamespace, RecordBytes: MaxConfigMapBytes}, RecordBudget{}.withDefaults())
+	assert.Equal(t, RecordBudget{Records: 2, Bytes: 10, RecordBytes: 5}, RecordBudget{Records: 2, Bytes: 10, RecordBytes: 5}.withDefaults())
+}
+
+// recordOf is the record the guard wrote of Deployment namespace/name,
+// expiring at expires.
+func recordOf(t *testing.T, namespace, name string, expires time.Time) *corev1.ConfigMap {
+	t.Helper()
+	d := deployment(func(d *appsv1.Deployment) { d.Namespace, d.Name, d.UID = namespace, name, types.UID("uid-"+namespace+"-"+name) })
+	cm, err := BuildRecord(d, nil, guardNamespace, expires)
+	require.NoError(t, err)
+	return cm
+}
+
+// The deletions of one namespace keep at most its budget of records in the
+// guard's namespace: the oldest of that namespace go (and the user is told),
+// those of other namespaces stay, and the deletion is never held for it.
+func TestRecordBudgetEvictsTheOldestOfTheNamespace(t *testing.T) {
+	oldest := recordOf(t, "shop", "a", t0.Add(time.Hour))
+	older := recordOf(t, "shop", "b", t0.Add(2*time.Hour))
+	otherNS := recordOf(t, "blog", "a", t0)
+	d := deployment(deleting(vocab.FinalizerRecord))
+	e := newEnv(t, namespace(nil), d, oldest, older, otherNS)
+	e.r.Options.RecordBudget = RecordBudget{Records: 2}
+
+	e.reconcileResult()
+
+	assert.Equal(t, []string{"delete ConfigMap deployguard-record-shop.a", "create ConfigMap deployguard-record-shop.web"}, e.writes,
+		"made room first, by metadata only, then wrote")
+	var left corev1.ConfigMapList
+	require.NoError(t, e.client.List(context.Background(), &left, client.InNamespace(guardNamespace)))
+	var names []string
+	for _, cm := range left.Items {
+		names = append(names, cm.Name)
+	}
+	assert.ElementsMatch(t, []string{"deployguard-record-shop.b", "deployguard-record-shop.web", "deployguard-record-blog.a"}, names)
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonRecordsEvicted, vocab.ReasonRecorded}, eventReasons(evs))
+	assert.Contains(t, evs[0], "Warning")
+	assert.Contains(t, evs[0], "shop/a")
+	assert.Equal(t, 1.0, counterValue(t, e.r.Metrics.recordsEvicted))
+	e.assertDeleted()
+
+	rec := e.record()
+	assert.Equal(t, "shop", rec.Labels[vocab.LabelRecordNamespace])
+	assert.Equal(t, strconv.FormatInt(RecordBytes(rec), 10), rec.Annotations[vocab.AnnotationRecordBytes])
+}
+
+// A record larger than one record may be is not written; the user is told,
+// and the deletion goes on.
+func TestRecordTooLargeIsNotWritten(t *testing.T) {
+	d := deployment(deleting(vocab.FinalizerRecord), func(d *appsv1.Deployment) {
+		d.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: strings.Repeat("x", 4096)}}
+	})
+	kept := recordOf(t, "shop", "a", t0.Add(time.Hour))
+	e := newEnv(t, namespace(nil), d, kept)
+	e.r.Options.RecordBudget = RecordBudget{RecordBytes: 2048}
+
+	e.reconcileResult()
+
+	assert.Empty(t, e.writes, "no record written, none evicted for it")
+	evs := e.events()
+	assert.Equal(t, []string{vocab.ReasonRecordFailed}, eventReasons(evs))
+	assert.Contains(t, evs[0], "more than the 2048 bytes one record may hold (cleanup.maxRecordBytes)")
+	assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultFailed))
+	e.assertDeleted()
+}
+
+// A guard stopped after writing a record, before making room for it, makes
+// room when it finds the record done.
+func TestRecordBudgetAfterRestart(t *testing.T) {
+	d := deployment(deleting(vocab.FinalizerRecord))
+	done, err := BuildRecord(d, nil, guardNamespace, t0.Add(3*time.Hour))
+	require.NoError(t, err)
+	e := newEnv(t, namespace(nil), d, done, recordOf(t, "shop", "a", t0.Add(time.Hour)), recordOf(t, "shop", "b", t0.Add(2*time.Hour)))
+	e.r.Options.RecordBudget = RecordBudget{Records: 2}
+
+	e.reconcileResult()
+
+	assert.Equal(t, []string{"delete ConfigMap deployguard-record-shop.a"}, e.writes)
+	assert.Equal(t, []string{vocab.ReasonRecordsEvicted, vocab.ReasonRecorded}, eventReasons(e.events()))
+}
+
+// assertDeleted checks that the Deployment being deleted is gone: its
+// finalizers were removed, and the deletion went on.
+func (e *env) assertDeleted() {
+	e.t.Helper()
+	err := e.client.Get(context.Background(), webKey, &appsv1.Deployment{})
+	assert.True(e.t, apierrors.IsNotFound(err), "the deletion goes on: %v", err)
+}
