@@ -166,6 +166,7 @@ func (w *Reviewer) Review(ctx context.Context, req Request, stage Stage) Result 
 	// Policies run even when a Go check failed: the user sees every problem of
 	// the request at once.
 	w.policies(ctx, req, stage, &r)
+	w.ownersAsDeletion(ctx, req, stage, &r)
 	w.except(d, r.Findings)
 	return r
 }
