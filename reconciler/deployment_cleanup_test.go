@@ -3,8 +3,8 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"strings"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 

@@ -80,7 +80,9 @@ func TestRecordBudgetDefaults(t *testing.T) {
 // expiring at expires.
 func recordOf(t *testing.T, namespace, name string, expires time.Time) *corev1.ConfigMap {
 	t.Helper()
-	d := deployment(func(d *appsv1.Deployment) { d.Namespace, d.Name, d.UID = namespace, name, types.UID("uid-"+namespace+"-"+name) })
+	d := deployment(func(d *appsv1.Deployment) {
+		d.Namespace, d.Name, d.UID = namespace, name, types.UID("uid-"+namespace+"-"+name)
+	})
 	cm, err := BuildRecord(d, nil, guardNamespace, expires)
 	require.NoError(t, err)
 	return cm
