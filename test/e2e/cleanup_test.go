@@ -484,12 +484,6 @@ func TestProtectedDeploymentSurvivesKubectlDelete(t *testing.T) {
 // (the namespace controller deletes them) and saves no record (a Deployment
 // deleted with its namespace is not recorded), and says so in Events about
 // the Namespace, which land in the default namespace.
-//
-// In this cluster the kube-controller-manager runs with the admin kubeconfig,
-// so the namespace controller's DELETE of a protected Deployment would reach
-// the validating webhook as the admin, not as
-// system:serviceaccount:kube-system:namespace-controller, and be refused: these
-// Deployments are not protected (see reconciler/CLEANUP.md).
 func TestDeletingNamespaceOfGuardedDeploymentsCompletes(t *testing.T) {
 	ctx := context.Background()
 	ns := harness.NewNamespace(t, local.Client)
