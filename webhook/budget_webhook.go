@@ -26,7 +26,7 @@ var budgetGK = policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudget").Group
 // fails open: a guard that is down never blocks a budget.
 func (h *Hooks) BudgetHandler(m *Metrics) *admission.Webhook {
 	handler := instrument("disruption-budget", budgetKind, h.handleBudget, m)
-	return &admission.Webhook{Handler: admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
+	return newWebhook(admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		resp := handler.Handle(ctx, req)
 		if resp.Allowed || h.Reviewer.Options.DisruptionBudgets == review.BudgetsEnforce {
 			return resp
@@ -39,7 +39,7 @@ func (h *Hooks) BudgetHandler(m *Metrics) *admission.Webhook {
 			msg = resp.Result.Message
 		}
 		return admission.Allowed("").WithWarnings("deployguard could not judge this PodDisruptionBudget: " + msg)
-	})}
+	}))
 }
 
 func (h *Hooks) handleBudget(_ context.Context, req admission.Request) (admission.Response, string) {

@@ -4,7 +4,28 @@ import (
 	"crypto/x509"
 	"net/http"
 	"slices"
+
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 )
+
+// RequireClientOn returns srv with every handler registered on it, by
+// whatever registers it (the Deployment webhooks, the PolicyException
+// webhook, the not-found answer of every other path), behind
+// RequireClient(names): no admission path of the port can be left out of
+// the client certificate check. Only a handler put on srv.WebhookMux()
+// directly is not; the guard puts none there.
+func RequireClientOn(srv ctrlwebhook.Server, names []string) ctrlwebhook.Server {
+	return clientServer{Server: srv, names: names}
+}
+
+type clientServer struct {
+	ctrlwebhook.Server
+	names []string
+}
+
+func (s clientServer) Register(path string, h http.Handler) {
+	s.Server.Register(path, RequireClient(s.names, h))
+}
 
 // RequireClient answers 403, before anything else is done, every request
 // whose TLS client did not present a certificate that the server verified

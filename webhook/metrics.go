@@ -1,12 +1,15 @@
 package webhook
 
 import (
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/reconciler/collectors"
+	"github.com/deployguard/deployguard/webhook/origin"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
@@ -24,14 +27,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		requests: r.CounterVec("deployguard_admission_requests_total",
 			"Admission requests for Deployments (webhook mutating, validating; verdict for their status writes) and PodDisruptionBudgets (webhook disruption-budget) by webhook, "+
-				"operation, result (allowed, patched, denied, error) "+
+				"operation (CREATE, UPDATE, DELETE, CONNECT; unknown for any other), result (allowed, patched, denied, error) "+
 				"and reason: none when allowed or patched; otherwise what refused it, one of malformed, selector, overlap, strategy, revision-history, "+
 				"progress-deadline, finalizers, quarantine, protected, policy, disruption-budget, internal (denials by policy: deployguard_policy_decisions_total).",
 			"webhook", "operation", "result", "reason"),
 		// Fine below 5 ms, where admissions are, so that a p99 can be read
 		// from the buckets; up to the webhooks' 3 s timeout.
 		latency: r.HistogramVec("deployguard_admission_duration_seconds",
-			"Time to admit a Deployment (or, webhook disruption-budget, a PodDisruptionBudget), from decoded request to response, by webhook and operation.",
+			"Time to admit a Deployment (or, webhook disruption-budget, a PodDisruptionBudget), from decoded request to response, by webhook and operation (as deployguard_admission_requests_total's).",
 			[]float64{.00005, .0001, .00025, .0005, .00075, .001, .0015, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1, 3},
 			"webhook", "operation"),
 	}
@@ -41,12 +44,41 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-func (m *Metrics) observe(webhook, operation, result, reason string, d time.Duration) {
+// observe counts and times one admission. Every label value is one of a
+// fixed set, whatever the request held: each distinct value is a series
+// kept until the process ends, and whoever reaches the port chooses the
+// request's strings.
+func (m *Metrics) observe(webhook string, operation admissionv1.Operation, result, reason string, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(webhook, operation, result, reason).Inc()
-	m.latency.WithLabelValues(webhook, operation).Observe(d.Seconds())
+	op := operationLabel(operation)
+	m.requests.WithLabelValues(webhook, op, result, reasonLabel(reason)).Inc()
+	m.latency.WithLabelValues(webhook, op).Observe(d.Seconds())
+}
+
+// operationUnknown is the operation label of a request whose operation is
+// none the API server sends.
+const operationUnknown = "unknown"
+
+// operationLabel is op when the API server may send it, and otherwise
+// operationUnknown.
+func operationLabel(op admissionv1.Operation) string {
+	switch op {
+	case admissionv1.Create, admissionv1.Update, admissionv1.Delete, admissionv1.Connect:
+		return string(op)
+	}
+	return operationUnknown
+}
+
+// reasonLabel is r when it is one of the reasons (reasonNone,
+// reasonMalformed, a check's name), and otherwise origin.Internal: a reason
+// outside the set would be the guard's own mistake.
+func reasonLabel(r string) string {
+	if r == reasonNone || r == reasonMalformed || slices.Contains(origin.Checks(), r) {
+		return r
+	}
+	return origin.Internal
 }
 
 // The reason label of deployguard_admission_requests_total and the reason

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/deployguard/deployguard/webhook/boundedlog"
 	"github.com/deployguard/deployguard/webhook/review"
 )
 
@@ -51,8 +52,8 @@ type Hooks struct {
 // Handlers returns the mutating and validating handlers, instrumented, ready to
 // be registered on a webhook server or called in-process.
 func (h *Hooks) Handlers(m *Metrics) (mutating, validating *Endpoint) {
-	mutating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("mutating", deploymentKind, mutator{reviewer: h.Reviewer}.handle, m)}, Deployments: true, BodyTimeout: h.BodyTimeout}
-	validating = &Endpoint{Webhook: &admission.Webhook{Handler: instrument("validating", deploymentKind, validator{reviewer: h.Reviewer}.handle, m)},
+	mutating = &Endpoint{Webhook: newWebhook(instrument("mutating", deploymentKind, mutator{reviewer: h.Reviewer}.handle, m)), Deployments: true, BodyTimeout: h.BodyTimeout}
+	validating = &Endpoint{Webhook: newWebhook(instrument("validating", deploymentKind, validator{reviewer: h.Reviewer}.handle, m)),
 		Deployments: true, SkipCreatePodSpec: true, BodyTimeout: h.BodyTimeout}
 	return mutating, validating
 }
@@ -60,8 +61,14 @@ func (h *Hooks) Handlers(m *Metrics) (mutating, validating *Endpoint) {
 // VerdictHandler returns the status webhook's handler (see verdict),
 // instrumented.
 func (h *Hooks) VerdictHandler(m *Metrics) *Endpoint {
-	return &Endpoint{Webhook: &admission.Webhook{Handler: neverRefuse(instrument("verdict", deploymentKind, verdict{}.handle, m))},
+	return &Endpoint{Webhook: newWebhook(neverRefuse(instrument("verdict", deploymentKind, verdict{}.handle, m))),
 		Deployments: true, BodyTimeout: h.BodyTimeout}
+}
+
+// newWebhook serves h as controller-runtime does, every line it logs
+// bounded (boundedlog): the request's strings are the client's.
+func newWebhook(h admission.Handler) *admission.Webhook {
+	return &admission.Webhook{Handler: h, LogConstructor: boundedlog.Constructor}
 }
 
 // neverRefuse admits, unchanged, whatever next refuses or fails on
@@ -117,6 +124,10 @@ var (
 // instrument refuses what is not of the webhook's kind before decoding, counts and times
 // every admission, and logs every refusal with its reason. next answers a
 // request and says why it refused (reasonNone when it did not).
+//
+// What the request holds is the client's choice: it is counted under labels
+// of a fixed set (Metrics.observe), logged through the bounded logger the
+// Webhook puts in ctx (boundedlog), and kept nowhere.
 func instrument(name string, kind admittedKind, next func(context.Context, admission.Request) (admission.Response, string), m *Metrics) admission.Handler {
 	return admission.HandlerFunc(func(ctx context.Context, req admission.Request) admission.Response {
 		start := time.Now()
@@ -130,6 +141,10 @@ func instrument(name string, kind admittedKind, next func(context.Context, admis
 			resp, reason = malformed(fmt.Errorf("the body holds no AdmissionReview request"))
 		case req.Kind != kind.gvk:
 			resp, reason = malformed(fmt.Errorf("deployguard admits %s only here, got %s", kind.name, gvkString(req.Kind)))
+		case operationLabel(req.Operation) == operationUnknown:
+			// No API server sends it: the webhook configurations name
+			// their operations.
+			resp, reason = malformed(fmt.Errorf("the request's operation is none of CREATE, UPDATE, DELETE, CONNECT"))
 		case req.Operation != admissionv1.Delete && len(req.Object.Raw) == 0:
 			resp, reason = malformed(fmt.Errorf("the request carries no object to admit"))
 		case req.Operation == admissionv1.Update && len(req.OldObject.Raw) == 0,
@@ -139,13 +154,13 @@ func instrument(name string, kind admittedKind, next func(context.Context, admis
 			resp, reason = next(ctx, req)
 		}
 
-		m.observe(name, string(req.Operation), resultOf(resp), reason, time.Since(start))
+		m.observe(name, req.Operation, resultOf(resp), reason, time.Since(start))
 		if !resp.Allowed {
 			status, msg := "", ""
 			if resp.Result != nil {
 				status, msg = string(resp.Result.Reason), resp.Result.Message
 			}
-			ctrl.LoggerFrom(ctx).Info("refused", "webhook", name, "operation", req.Operation,
+			boundedlog.Logger(ctrl.LoggerFrom(ctx)).Info("refused", "webhook", name, "operation", req.Operation,
 				strings.ToLower(kind.gvk.Kind), klog.KRef(req.Namespace, req.Name), "user", req.UserInfo.Username, "uid", req.UID,
 				"reason", reason, "message", msg, "statusReason", status, "code", codeOf(resp), "dryRun", req.DryRun != nil && *req.DryRun)
 		}

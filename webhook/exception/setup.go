@@ -13,15 +13,19 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/deployguard/deployguard/webhook/boundedlog"
 )
 
 // SetupWithManager serves the PolicyException webhook on mgr's webhook
-// server (wrapped by wrap, when set) and returns an index of the exceptions
-// of namespace, fed by mgr's informer: an exception takes effect at
-// admission as soon as the watch delivers it. Without the CRD it returns a
+// server (wrapped by wrap, when set; the client certificate check, when
+// configured, is the server's own: webhook.RequireClientOn) and returns an
+// index of the exceptions of namespace, fed by mgr's informer: an exception
+// takes effect at admission as soon as the watch delivers it. Without the CRD it returns a
 // nil index and says so: the guard runs without exceptions.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, namespace string, limits func() Limits, wrap func(http.Handler) http.Handler) (*Index, error) {
-	var h http.Handler = &admission.Webhook{Handler: &Validator{Limits: limits}}
+	// Every line it logs is bounded: the request's strings are the client's.
+	var h http.Handler = &admission.Webhook{Handler: &Validator{Limits: limits}, LogConstructor: boundedlog.Constructor}
 	if wrap != nil {
 		h = wrap(h)
 	}

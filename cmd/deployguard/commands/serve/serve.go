@@ -321,11 +321,17 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 			c.ClientCAs, c.ClientAuth = pool, tls.VerifyClientCertIfGiven
 		})
 	}
+	webhooks := ctrlwebhook.NewServer(ctrlwebhook.Options{
+		Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
+	})
+	if f.clientCA != "" {
+		// On the server, not on each handler: every path registered on it,
+		// the PolicyException webhook's and the not-found answer included,
+		// is behind the check.
+		webhooks = guardwebhook.RequireClientOn(webhooks, vocab.SplitList(f.clientNames))
+	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme: scheme,
-		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
-			Host: f.webhookHost, Port: f.webhookPort, CertDir: f.certDir, TLSOpts: tlsOpts,
-		}),
+		Scheme:  scheme,
 		Metrics: metricsOptions(f),
 		// Probes are served by health.Probes, which says why a check fails.
 		HealthProbeBindAddress: "0",
@@ -334,6 +340,7 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 		// not stop the webhooks.
 		LeaderElection: false,
 		Cache:          cacheOptions(f.namespace, exceptions),
+		WebhookServer:  webhooks,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the manager: %w", err)
@@ -434,12 +441,9 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *
 	// Registered through CloseConnections: once stopping, every answer
 	// closes its connection, so the API server never writes a request on a
 	// kept-alive connection the draining server is about to close.
-	wrap := stop.CloseConnections
-	if f.clientCA != "" {
-		names := vocab.SplitList(f.clientNames)
-		wrap = func(h http.Handler) http.Handler { return stop.CloseConnections(guardwebhook.RequireClient(names, h)) }
-	}
-	hooks.SetupWithManager(mgr, wm, wrap)
+	// (The client certificate check, when configured, is the server's:
+	// newManager.)
+	hooks.SetupWithManager(mgr, wm, stop.CloseConnections)
 	// Any other path is not found, once its body has come or its time is
 	// up: Go's server reads a refused request's body on, to reuse the
 	// connection, and would wait for a stalled one for ever.
