@@ -28,25 +28,81 @@ func CacheOptions() map[client.Object]cache.ByObject {
 	}
 }
 
+// MaxCachedAnnotationBytes is the longest annotation value of the guard's
+// domain (and, on ReplicaSets, of any annotation kept) that the cache keeps;
+// a longer one is dropped, as if absent. Every value the guard reads is far
+// shorter: the longest it writes, rollback-status, is a few sentences;
+// quarantined-templates holds at most QuarantineLimit hashes; the others are
+// a word, a number, a time or a hash. 4 KiB is ten times the longest of them,
+// and bounds what a tenant's annotation costs on each of the ReplicaSets the
+// Deployment controller copies it to (one per revision kept).
+//
+// Dropping one never lets a tenant steer the guard: what the guard acts on
+// lives in its ledger (a status condition), not in annotations; the
+// annotations it reads are the user's own choices about their Deployment
+// (an opt-out, a window, cleanup steps), whose absence is the platform's
+// default, or the guard's own words, which it writes again; an earlier
+// release's marks that are dropped are not adopted, which is the safe side.
+const MaxCachedAnnotationBytes = 4 << 10
+
+// cachedGuardAnnotations are the annotations of the guard's domain that the
+// cache keeps: those this release reads (vocab), and the ones it reads once,
+// or tells are ignored (LegacyAnnotations). Any other deployguard.io/* key is
+// read by nothing, and not kept.
+var cachedGuardAnnotations = func() map[string]bool {
+	m := map[string]bool{}
+	for _, k := range []string{
+		vocab.AnnotationDefaulted, vocab.AnnotationAutoRollback, vocab.AnnotationRollbackStatus,
+		vocab.AnnotationQuarantinedTemplates, vocab.AnnotationAllowTemplate, vocab.AnnotationProtected,
+		vocab.AnnotationFailFast, vocab.AnnotationCleanup, vocab.AnnotationSkipCleanup,
+		vocab.AnnotationDrainStarted, vocab.AnnotationDrainReplicas, vocab.AnnotationAcceptRollback,
+	} {
+		m[k] = true
+	}
+	for _, k := range LegacyAnnotations {
+		m[k] = true
+	}
+	return m
+}()
+
+// keepGuardAnnotation: a key of the guard's domain is kept when this release
+// reads it, and its value is short.
+func keepGuardAnnotation(k, v string) bool {
+	return cachedGuardAnnotations[k] && len(v) <= MaxCachedAnnotationBytes
+}
+
 // StripForCache is the cache transform of Deployments and ReplicaSets (see
 // CacheOptions); other objects only lose their managedFields.
 func StripForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *appsv1.Deployment:
 		stripMeta(&o.ObjectMeta)
-		delete(o.Annotations, corev1.LastAppliedConfigAnnotation)
 		rollout.StripTemplate(&o.Spec.Template)
+		// The annotations of the guard's domain it reads, short; the others
+		// stay but kubectl's last-applied configuration (a copy of the whole
+		// object): the audit's policies may read any of the user's
+		// annotations, which the API server bounds to 256 KiB an object.
+		o.Annotations = keepOnlyKV(o.Annotations, func(k, v string) bool {
+			switch {
+			case k == corev1.LastAppliedConfigAnnotation:
+				return false
+			case strings.HasPrefix(k, vocab.Domain+"/"):
+				return keepGuardAnnotation(k, v)
+			}
+			return true
+		})
 	case *appsv1.ReplicaSet:
 		stripMeta(&o.ObjectMeta)
 		rollout.StripTemplate(&o.Spec.Template)
 		// The reconciler reads a cached ReplicaSet's identity, owner, revision,
-		// pod-template-hash and the guard's marks; a drain reads its
+		// pod-template-hash and an earlier release's marks; a drain reads its
 		// ReplicaSets from the API server. The rest is a third of what the
 		// cache would hold at scale (30,000 ReplicaSets for 10,000
-		// Deployments).
+		// Deployments), and every annotation of a Deployment, whatever its
+		// size, is copied onto each of its new ReplicaSets.
 		o.Labels = keepOnly(o.Labels, func(k string) bool { return k == appsv1.DefaultDeploymentUniqueLabelKey })
-		o.Annotations = keepOnly(o.Annotations, func(k string) bool {
-			return k == vocab.RevisionAnnotation || strings.HasPrefix(k, vocab.Domain+"/")
+		o.Annotations = keepOnlyKV(o.Annotations, func(k, v string) bool {
+			return (k == vocab.RevisionAnnotation && len(v) <= MaxCachedAnnotationBytes) || keepGuardAnnotation(k, v)
 		})
 		o.Spec.Selector = nil
 		o.Spec.Template.Labels = nil
@@ -62,9 +118,16 @@ func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
 // keepOnly returns the entries of m whose key keep accepts, in a map of its
 // own sized to them (nil when none).
 func keepOnly(m map[string]string, keep func(string) bool) map[string]string {
+	return keepOnlyKV(m, func(k, _ string) bool { return keep(k) })
+}
+
+// keepOnlyKV returns the entries of m that keep accepts, in a map of its own
+// sized to them (nil when none): the values dropped are not held by the map
+// the informer keeps.
+func keepOnlyKV(m map[string]string, keep func(k, v string) bool) map[string]string {
 	n := 0
-	for k := range m {
-		if keep(k) {
+	for k, v := range m {
+		if keep(k, v) {
 			n++
 		}
 	}
@@ -73,7 +136,7 @@ func keepOnly(m map[string]string, keep func(string) bool) map[string]string {
 	}
 	out := make(map[string]string, n)
 	for k, v := range m {
-		if keep(k) {
+		if keep(k, v) {
 			out[k] = v
 		}
 	}

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"runtime"
 	"strings"
 	"testing"
@@ -94,11 +95,65 @@ func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
 	}
 }
 
+// The cache keeps, of a Deployment's or ReplicaSet's annotations, what the
+// guard reads, each at most MaxCachedAnnotationBytes long: a tenant's
+// annotation of the guard's domain that nothing reads, or one too long, costs
+// no memory on the object or on the ReplicaSets it is copied to.
+func TestStripForCacheKeepsOnlyTheAnnotationsTheGuardReads(t *testing.T) {
+	long := strings.Repeat("x", MaxCachedAnnotationBytes+1)
+	short := strings.Repeat("x", MaxCachedAnnotationBytes)
+	in := map[string]string{
+		vocab.Domain + "/notes":            strings.Repeat("x", 200_000), // read by nothing
+		vocab.Domain + "/unknown":          "1",                          // read by nothing
+		vocab.AnnotationAutoRollback:       "false",
+		vocab.AnnotationFailFast:           long, // read, but too long
+		vocab.AnnotationRollbackStatus:     short,
+		vocab.LegacyAnnotationKnownGood:    "2026-01-01T00:00:00Z",
+		vocab.RevisionAnnotation:           "3",
+		corev1.LastAppliedConfigAnnotation: "{}",
+		"kubernetes.io/change-cause":       "release 3",
+		"team.example/owner":               "shop",
+	}
+	tests := []struct {
+		name string
+		obj  func() (client.Object, *metav1.ObjectMeta)
+		want map[string]string
+	}{
+		{name: "Deployment: the guard's it reads, short, and the user's (policies may read them)",
+			obj: func() (client.Object, *metav1.ObjectMeta) { d := deployment(); return d, &d.ObjectMeta },
+			want: map[string]string{
+				vocab.AnnotationAutoRollback: "false", vocab.AnnotationRollbackStatus: short,
+				vocab.LegacyAnnotationKnownGood: "2026-01-01T00:00:00Z", vocab.RevisionAnnotation: "3",
+				"kubernetes.io/change-cause": "release 3", "team.example/owner": "shop",
+			}},
+		{name: "ReplicaSet: its revision and the guard's it reads, short",
+			obj: func() (client.Object, *metav1.ObjectMeta) {
+				rs := replicaSet(deployment(), 3, "web:v3")
+				return rs, &rs.ObjectMeta
+			},
+			want: map[string]string{
+				vocab.AnnotationAutoRollback: "false", vocab.AnnotationRollbackStatus: short,
+				vocab.LegacyAnnotationKnownGood: "2026-01-01T00:00:00Z", vocab.RevisionAnnotation: "3",
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obj, meta := tt.obj()
+			meta.Annotations = maps.Clone(in)
+			_, err := StripForCache(obj)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, meta.Annotations)
+		})
+	}
+}
+
 // BenchmarkCacheOfLargeTemplates measures what the cache keeps of a
-// Deployment with an 800 KB pod template, as the informer gets it (decoded
-// from JSON, then StripForCache), with and without the annotation that an
-// earlier release's cache trusted: retained-B/op is the heap the kept object
-// holds (a few KB of noise at small counts). Run:
+// Deployment or ReplicaSet with an 800 KB pod template, as the informer gets
+// it (decoded from JSON, then StripForCache): plain; with the annotation that
+// an earlier release's cache trusted (forged=hash); and with a 200 KB
+// deployguard.io/* annotation a tenant wrote (forged=annotation), which the
+// Deployment controller copies onto every new ReplicaSet. retained-B/op is
+// the heap the kept object holds (a few KB of noise at small counts). Run:
 // go test -run XXX -bench CacheOfLargeTemplates -benchtime 1000x ./reconciler/
 func BenchmarkCacheOfLargeTemplates(b *testing.B) {
 	spec := bigPodSpec()
@@ -106,38 +161,57 @@ func BenchmarkCacheOfLargeTemplates(b *testing.B) {
 	for i := range 800 {
 		spec.Containers[0].Env = append(spec.Containers[0].Env, corev1.EnvVar{Name: fmt.Sprintf("BIG_%d", i), Value: strings.Repeat("x", 1000)})
 	}
-	for _, forged := range []bool{false, true} {
-		b.Run(fmt.Sprintf("forged=%t", forged), func(b *testing.B) {
+	objects := []struct {
+		kind   string
+		build  func() (client.Object, *metav1.ObjectMeta, *corev1.PodTemplateSpec)
+		decode func() client.Object
+	}{
+		{"Deployment", func() (client.Object, *metav1.ObjectMeta, *corev1.PodTemplateSpec) {
 			d := deployment()
-			d.Spec.Template.Spec = spec
-			if forged {
-				d.Annotations[vocab.Domain+"/cached-template-hash"] = "forged"
-				d.Spec.Template.Annotations = map[string]string{vocab.Domain + "/cached-template-hash": "forged"}
-			}
-			raw, err := json.Marshal(d)
-			require.NoError(b, err)
-			kept := make([]any, 0, b.N)
-			runtime.GC()
-			var before, after runtime.MemStats
-			runtime.ReadMemStats(&before)
-			b.ResetTimer()
-			for range b.N {
-				o := &appsv1.Deployment{}
-				if err := json.Unmarshal(raw, o); err != nil {
-					b.Fatal(err)
+			return d, &d.ObjectMeta, &d.Spec.Template
+		}, func() client.Object { return &appsv1.Deployment{} }},
+		{"ReplicaSet", func() (client.Object, *metav1.ObjectMeta, *corev1.PodTemplateSpec) {
+			rs := replicaSet(deployment(), 2, "web:v2")
+			return rs, &rs.ObjectMeta, &rs.Spec.Template
+		}, func() client.Object { return &appsv1.ReplicaSet{} }},
+	}
+	for _, o := range objects {
+		for _, forged := range []string{"none", "hash", "annotation"} {
+			b.Run(fmt.Sprintf("%s/forged=%s", o.kind, forged), func(b *testing.B) {
+				obj, meta, tmpl := o.build()
+				tmpl.Spec = spec
+				switch forged {
+				case "hash":
+					meta.Annotations[vocab.Domain+"/cached-template-hash"] = "forged"
+					tmpl.Annotations = map[string]string{vocab.Domain + "/cached-template-hash": "forged"}
+				case "annotation":
+					meta.Annotations[vocab.Domain+"/notes"] = strings.Repeat("x", 200_000)
 				}
-				s, err := StripForCache(o)
-				if err != nil {
-					b.Fatal(err)
+				raw, err := json.Marshal(obj)
+				require.NoError(b, err)
+				kept := make([]any, 0, b.N)
+				runtime.GC()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				b.ResetTimer()
+				for range b.N {
+					o := o.decode()
+					if err := json.Unmarshal(raw, o); err != nil {
+						b.Fatal(err)
+					}
+					s, err := StripForCache(o)
+					if err != nil {
+						b.Fatal(err)
+					}
+					kept = append(kept, s)
 				}
-				kept = append(kept, s)
-			}
-			b.StopTimer()
-			runtime.GC()
-			runtime.ReadMemStats(&after)
-			b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), "retained-B/op")
-			b.ReportMetric(float64(len(raw)), "object-B")
-			runtime.KeepAlive(kept)
-		})
+				b.StopTimer()
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(b.N), "retained-B/op")
+				b.ReportMetric(float64(len(raw)), "object-B")
+				runtime.KeepAlive(kept)
+			})
+		}
 	}
 }
