@@ -544,19 +544,25 @@ func TestTakeoverFromAnEarlierReleaseKeepsItsHistory(t *testing.T) {
 	key := client.ObjectKey{Namespace: harness.GuardNamespace, Name: reconciler.LedgerSinceConfigMap}
 	require.NoError(t, local.Client.Get(ctx, key, since))
 	was := since.Data["since"]
-	setSince := func(v string) {
+	// The platform team asks for the takeover (reconciler.LedgerAdoptKey):
+	// without it, nothing is adopted.
+	setSince := func(v string, adopt bool) {
 		require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			cm := &corev1.ConfigMap{}
 			if err := local.Client.Get(ctx, key, cm); err != nil {
 				return err
 			}
 			cm.Data["since"] = v
+			delete(cm.Data, reconciler.LedgerAdoptKey)
+			if adopt {
+				cm.Data[reconciler.LedgerAdoptKey] = "true"
+			}
 			return local.Client.Update(ctx, cm)
 		}))
 	}
-	setSince(time.Now().UTC().Add(time.Second).Format(time.RFC3339))
+	setSince(time.Now().UTC().Add(time.Second).Format(time.RFC3339), true)
 	t.Cleanup(func() {
-		setSince(was)
+		setSince(was, false)
 		require.NoError(t, local.RestartGuard(context.Background()))
 	})
 	// Restarted first, so that it reads the new time before it sees the

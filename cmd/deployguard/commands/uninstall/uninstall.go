@@ -254,9 +254,39 @@ func uninstallGuard(ctx context.Context, c client.Client, o uninstallOptions, ou
 	case verdicts > 0:
 		fmt.Fprintf(out, "Ended the rollback verdict on %d Deployments: they no longer read as failed.\n", verdicts)
 	}
+	// Last, once the ledgers are gone: with it goes any platform team's
+	// leave to adopt an earlier release's annotations, so that a guard
+	// installed again adopts nothing a tenant wrote meanwhile (or since the
+	// takeover) as its state on the Deployments whose ledgers were removed.
+	errs = append(errs, closeAdoption(ctx, c, o, out, deleted))
 	fmt.Fprintf(out, "Records of deleted Deployments are kept in namespace %s, and go when it is deleted; to save them: kubectl get configmaps -n %s -l %s=true -o yaml\n",
 		o.namespace, o.namespace, vocab.LabelRecord)
 	return errors.Join(errs...)
+}
+
+// closeAdoption deletes the ConfigMap that says when the guard's ledger began
+// and whether it adopts an earlier release's annotations
+// (reconciler.LedgerSince): a guard installed again starts a ledger of its
+// own, adopting nothing.
+func closeAdoption(ctx context.Context, c client.Client, o uninstallOptions, out io.Writer, deleted string) error {
+	cm := &corev1.ConfigMap{}
+	cm.SetName(reconciler.LedgerSinceConfigMap)
+	cm.SetNamespace(o.namespace)
+	kind := "configmap/" + cm.Name
+	var err error
+	if o.dryRun {
+		err = c.Get(ctx, client.ObjectKeyFromObject(cm), cm)
+	} else {
+		err = c.Delete(ctx, cm)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("removing %s in %s: %w", kind, o.namespace, err)
+	}
+	fmt.Fprintf(out, "%s %s in %s (when the ledger began: a guard installed again adopts no annotations)\n", deleted, kind, o.namespace)
+	return nil
 }
 
 // removeLedger removes the guard's ledger condition from one Deployment's

@@ -3,6 +3,8 @@ package uninstall
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/commands/internal/fixtures"
+	"github.com/deployguard/deployguard/reconciler"
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -104,7 +107,8 @@ func TestUninstall(t *testing.T) {
 
 	require.GreaterOrEqual(t, len(*ops), len(admission))
 	assert.Equal(t, admission, (*ops)[:len(admission)], "the webhooks and native policies go first")
-	assert.ElementsMatch(t, []string{"patch guarded", "patch shared", "patch stuck"}, (*ops)[len(admission):], "only Deployments with the guard's finalizers are written")
+	assert.ElementsMatch(t, []string{"patch guarded", "patch shared", "patch stuck"}, (*ops)[len(admission):len(*ops)-1], "only Deployments with the guard's finalizers are written")
+	assert.Equal(t, "delete deployguard-ledger", (*ops)[len(*ops)-1], "when the ledger began goes last")
 	err := c.Get(context.Background(), client.ObjectKey{Name: "deployguard-validating"}, &admissionregistrationv1.ValidatingWebhookConfiguration{})
 	assert.True(t, apierrors.IsNotFound(err))
 
@@ -133,7 +137,7 @@ func TestUninstall(t *testing.T) {
 	out.Reset()
 	*ops = nil
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "deployguard-mutating", validatingName: "deployguard-validating"}, &out))
-	assert.Equal(t, admission, *ops)
+	assert.Equal(t, append(slices.Clone(admission), "delete deployguard-ledger"), *ops)
 	assert.Contains(t, out.String(), "mutatingwebhookconfiguration/deployguard-mutating not found (already removed)")
 	assert.Contains(t, out.String(), "Removed the guard's finalizers from 0 Deployments.")
 }
@@ -151,6 +155,32 @@ func TestUninstallDryRun(t *testing.T) {
 	assert.Contains(t, out.String(), "3 Deployments carry the guard's finalizers; nothing was changed (dry run).")
 	f, _ := finalizersOf(t, c, "guarded")
 	assert.Equal(t, []string{vocab.FinalizerDrain, vocab.FinalizerRecord}, f)
+}
+
+// Uninstall deletes the ConfigMap that says when the guard's ledger began,
+// and whether a platform team let it adopt an earlier release's annotations:
+// a guard installed again adopts nothing, so that nothing a tenant wrote on
+// the Deployments whose ledgers uninstall removed is taken as its state.
+func TestUninstallClosesAdoption(t *testing.T) {
+	for _, dryRun := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dry run %t", dryRun), func(t *testing.T) {
+			since := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "deployguard-system", Name: reconciler.LedgerSinceConfigMap},
+				Data: map[string]string{"since": "2026-01-01T00:00:00Z", reconciler.LedgerAdoptKey: "true"}}
+			c, _ := uninstallEnv(t, []client.Object{since}, nil)
+			var out bytes.Buffer
+
+			require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "m", validatingName: "v", namespace: "deployguard-system", dryRun: dryRun}, &out))
+
+			err := c.Get(context.Background(), client.ObjectKeyFromObject(since), &corev1.ConfigMap{})
+			if dryRun {
+				require.NoError(t, err, "a dry run deletes nothing")
+				assert.Contains(t, out.String(), "would delete configmap/deployguard-ledger in deployguard-system")
+				return
+			}
+			assert.True(t, apierrors.IsNotFound(err), "%v", err)
+			assert.Contains(t, out.String(), "deleted configmap/deployguard-ledger in deployguard-system (when the ledger began: a guard installed again adopts no annotations)")
+		})
+	}
 }
 
 // Another controller adds its finalizer between uninstall's read and write:
@@ -172,7 +202,7 @@ func TestUninstallRetriesOnConflict(t *testing.T) {
 
 	require.NoError(t, uninstallGuard(context.Background(), c, uninstallOptions{mutatingName: "m", validatingName: "v"}, &out))
 
-	assert.Equal(t, append(append([]string{"delete m", "delete v"}, admission[2:]...), "patch guarded", "patch guarded"), *ops, "retried once")
+	assert.Equal(t, append(append([]string{"delete m", "delete v"}, admission[2:]...), "patch guarded", "patch guarded", "delete deployguard-ledger"), *ops, "retried once")
 	f, _ := finalizersOf(t, c, "guarded")
 	assert.Equal(t, []string{otherFinalizer}, f)
 }
