@@ -47,8 +47,10 @@ bindings and params) first, so nothing adds or defends the guard's finalizers
 any more, then removes the guard's finalizers, and only
 those, from every Deployment in the cluster, and ends the guard's rollback
 verdicts (its Stalled condition, label and annotation), which nothing would
-end once it is gone. Run it before deleting the guard
-itself. Record ConfigMaps of deleted Deployments are kept, in the guard's
+end once it is gone, and removes its ledgers. Last, it deletes the ConfigMap
+deployguard-ledger, so that a guard installed again adopts no earlier
+release's annotations (a tenant may have written them). Run it before
+deleting the guard itself. Record ConfigMaps of deleted Deployments are kept, in the guard's
 namespace (-n/--namespace, deployguard-system unless given): they go when
 that namespace is deleted, so save them first if you may want them back.
 The CRDs are kept with their objects (PolicyExceptions, reports): deleting
