@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 )
 
 // Cluster is a full local cluster: etcd, kube-apiserver, kube-controller-manager
@@ -57,8 +58,8 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		return nil, err
 	}
 	_ = c.kwokctl(ctx, "delete", "cluster")
-	controllers := filepath.Join(workDir, "kwokctl-controllers.yaml")
-	if err := os.WriteFile(controllers, []byte(controllersKwokctlConfig), 0o644); err != nil {
+	kwokctlArgs, err = withControllerIdentities(kwokctlArgs, workDir)
+	if err != nil {
 		return nil, err
 	}
 	err = c.kwokctl(ctx, append([]string{"create", "cluster",
@@ -73,9 +74,6 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		// harness can add its own (StagesDir) beside kwok's defaults.
 		"--enable-crds", "Stage",
 		"--wait", "2m",
-		// First: kwokctl merges the configurations of later --config flags
-		// (a caller's, in kwokctlArgs) into it, component by component.
-		"--config", controllers,
 	}, kwokctlArgs...)...,
 	)
 	if err != nil {
@@ -103,6 +101,62 @@ func StartClusterWith(ctx context.Context, tools, name, workDir string, nodes in
 		return nil, fmt.Errorf("waiting for the kwok nodes to be Ready: %w", err)
 	}
 	return c, nil
+}
+
+// withControllerIdentities are kwokctlArgs with controllersKwokctlConfig's
+// argument in the kwokctl configuration they name, or in one of its own
+// (written in dir) if they name none. kwokctl merges several --config files
+// by replacing their componentsPatches lists whole, so a caller's patch of
+// kube-controller-manager (the node tier's) and this one must be one entry
+// of one file.
+func withControllerIdentities(kwokctlArgs []string, dir string) ([]string, error) {
+	args := slices.Clone(kwokctlArgs)
+	for i := 0; i < len(args)-1; i++ {
+		if args[i] != "--config" && args[i] != "-c" {
+			continue
+		}
+		raw, err := os.ReadFile(args[i+1])
+		if err != nil {
+			return nil, fmt.Errorf("reading the kwokctl configuration: %w", err)
+		}
+		var cfg map[string]any
+		if err := yaml.Unmarshal(raw, &cfg); err != nil {
+			return nil, fmt.Errorf("reading the kwokctl configuration %s: %w", args[i+1], err)
+		}
+		if cfg["kind"] != "KwokctlConfiguration" {
+			continue
+		}
+		patches, _ := cfg["componentsPatches"].([]any)
+		kcm := -1
+		for j, p := range patches {
+			if m, _ := p.(map[string]any); m != nil && m["name"] == "kube-controller-manager" {
+				kcm = j
+			}
+		}
+		if kcm < 0 {
+			patches = append(patches, map[string]any{"name": "kube-controller-manager"})
+			kcm = len(patches) - 1
+		}
+		m := patches[kcm].(map[string]any)
+		extra, _ := m["extraArgs"].([]any)
+		m["extraArgs"] = append(extra, map[string]any{"key": "use-service-account-credentials", "value": "true"})
+		cfg["componentsPatches"] = patches
+		out, err := yaml.Marshal(cfg)
+		if err != nil {
+			return nil, err
+		}
+		merged := filepath.Join(dir, "kwokctl-"+filepath.Base(args[i+1]))
+		if err := os.WriteFile(merged, out, 0o644); err != nil {
+			return nil, err
+		}
+		args[i+1] = merged
+		return args, nil
+	}
+	own := filepath.Join(dir, "kwokctl-controllers.yaml")
+	if err := os.WriteFile(own, []byte(controllersKwokctlConfig), 0o644); err != nil {
+		return nil, err
+	}
+	return append(args, "--config", own), nil
 }
 
 // controllersKwokctlConfig runs kube-controller-manager as kubeadm and the
