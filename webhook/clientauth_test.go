@@ -110,7 +110,7 @@ type webhookManager struct {
 }
 
 func (m webhookManager) GetWebhookServer() ctrlwebhook.Server { return m.server }
-func (m webhookManager) GetRESTMapper() meta.RESTMapper      { return meta.NewDefaultRESTMapper(nil) }
+func (m webhookManager) GetRESTMapper() meta.RESTMapper       { return meta.NewDefaultRESTMapper(nil) }
 
 func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()

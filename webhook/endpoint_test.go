@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,14 +22,17 @@ import (
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/test/harness"
+	"github.com/deployguard/deployguard/webhook/bodylimit"
 	"github.com/deployguard/deployguard/webhook/review"
 	"github.com/deployguard/deployguard/webhook/review/reviewtest"
 )
 
 // TestEndpointAnswersAsTheWebhook: the one-pass decoding changes nothing a
-// client sees. Every body, well-formed or not, of the one version the API
-// server sends or another, gets the same status and the same bytes from the
-// Endpoint as from the controller-runtime Webhook it wraps.
+// client sees. Every JSON object, well-formed or not, of the one version the
+// API server sends or another, and a body over the limit, get the same
+// status and the same bytes from the Endpoint as from the controller-runtime
+// Webhook it wraps. (What is not a JSON object is answered by the Endpoint
+// in its own words: TestNotJSONIsRefusedWithoutTheWebhook.)
 func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 	mutating, validating := servers(t)
 	d := reviewtest.Stored()
@@ -44,13 +48,12 @@ func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 		"v1beta1":                bytes.Replace(v1, []byte(`"apiVersion":"admission.k8s.io/v1"`), []byte(`"apiVersion":"admission.k8s.io/v1beta1"`), 1),
 		"no kind":                bytes.Replace(v1, []byte(`"kind":"AdmissionReview",`), nil, 1),
 		"no request":             []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`),
-		"not JSON":               []byte(`apiVersion: admission.k8s.io/v1`),
-		"truncated":              v1[:len(v1)/2],
 		"empty":                  nil,
+		"only spaces":            []byte(" \n"),
 		"object of another kind": []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","object":{"kind":"Deployment","apiVersion":"apps/v1","spec":null}}}`),
 		// The Webhook's limit: a body of that size or more is refused.
-		"at the limit":    append(bytes.Repeat([]byte(" "), maxReviewBytes-len(v1)), v1...),
-		"under the limit": append(bytes.Repeat([]byte(" "), maxReviewBytes-1-len(v1)), v1...),
+		"at the limit":    append(bytes.Repeat([]byte(" "), MaxReviewBytes-len(v1)), v1...),
+		"under the limit": append(bytes.Repeat([]byte(" "), MaxReviewBytes-1-len(v1)), v1...),
 	}
 	same := func(what string, h *Endpoint, contentType string, body func() io.Reader) {
 		t.Helper()
@@ -75,6 +78,52 @@ func TestEndpointAnswersAsTheWebhook(t *testing.T) {
 	same("a read that fails half-way", validating.(*Endpoint), "application/json", func() io.Reader {
 		return io.MultiReader(bytes.NewReader(v1[:100]), failingReader{errors.New("connection reset by peer")})
 	})
+}
+
+// TestNotJSONIsRefusedWithoutTheWebhook: a body that is not a JSON object is
+// refused as the Webhook refuses it (400), without the Webhook's decoding,
+// which reads it as YAML at many times the cost of a review of its size;
+// a body of the limit or more (413) is refused without reading it again.
+func TestNotJSONIsRefusedWithoutTheWebhook(t *testing.T) {
+	v1 := reviewBody(t, admissionv1.Create, reviewtest.Stored(), nil)
+	tests := []struct {
+		name     string
+		body     []byte
+		limit    int64
+		wantCode int32
+		wantMsg  string
+	}{
+		{name: "YAML", body: []byte(`apiVersion: admission.k8s.io/v1`), wantCode: http.StatusBadRequest, wantMsg: bodylimit.ErrNotJSONObject.Error()},
+		{name: "a YAML flow mapping", body: []byte(`{apiVersion: admission.k8s.io/v1}`), wantCode: http.StatusBadRequest, wantMsg: bodylimit.ErrNotJSONObject.Error()},
+		{name: "truncated JSON", body: v1[:len(v1)/2], wantCode: http.StatusBadRequest, wantMsg: bodylimit.ErrNotJSONObject.Error()},
+		{name: "a JSON array", body: []byte(` [1, 2, 3]`), wantCode: http.StatusBadRequest, wantMsg: bodylimit.ErrNotJSONObject.Error()},
+		{name: "1 MiB of YAML", body: append([]byte("a: ["), bytes.Repeat([]byte("1, "), 350000)...), wantCode: http.StatusBadRequest, wantMsg: bodylimit.ErrNotJSONObject.Error()},
+		{name: "a review at a lower limit", body: v1, limit: int64(len(v1)), wantCode: http.StatusRequestEntityTooLarge,
+			wantMsg: fmt.Sprintf("request entity is too large; limit is %d bytes", len(v1))},
+		{name: "a review under a lower limit", body: v1, limit: int64(len(v1)) + 1, wantCode: 0},
+	}
+	_, validating := servers(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ep := *validating.(*Endpoint)
+			ep.MaxBodyBytes = tt.limit
+			w := post(&ep, tt.body)
+			require.Equal(t, http.StatusOK, w.Code)
+			resp := decodeResponse(t, w)
+			if tt.wantCode == 0 { // judged: the review refuses it (an overlap), not the size
+				require.NotNil(t, resp.Result)
+				assert.Equal(t, int32(http.StatusUnprocessableEntity), resp.Result.Code, resp.Result.Message)
+				return
+			}
+			require.NotNil(t, resp.Result)
+			assert.Equal(t, tt.wantCode, resp.Result.Code)
+			assert.Equal(t, tt.wantMsg, resp.Result.Message)
+			if tt.limit == 0 {
+				// The Webhook refuses it too, with the same code.
+				assert.Equal(t, tt.wantCode, decodeResponse(t, post(ep.Webhook, tt.body)).Result.Code)
+			}
+		})
+	}
 }
 
 // TestValidatingReadsNoPodSpecOfACreate: the validating webhook leaves a
@@ -147,12 +196,12 @@ func BenchmarkEndpointDecoding(b *testing.B) {
 // the bytes arrive.
 func TestReadBody(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 3000)
-	for _, announced := range []int64{-1, 0, 10, 3000, 3001, maxReviewBytes + 1} {
+	for _, announced := range []int64{-1, 0, 10, 3000, 3001, MaxReviewBytes + 1} {
 		b, err := readBody(bytes.NewReader(body), announced)
 		assert.NoError(t, err, "announced %d", announced)
 		assert.Equal(t, body, b, "announced %d", announced)
 	}
-	b, err := readBody(bytes.NewReader(body), maxReviewBytes-1)
+	b, err := readBody(bytes.NewReader(body), MaxReviewBytes-1)
 	assert.NoError(t, err)
 	assert.LessOrEqual(t, cap(b), maxPresized+1, "a large announced length is not allocated up front")
 	_, err = readBody(io.MultiReader(bytes.NewReader(body), failingReader{errors.New("reset")}), 3000)

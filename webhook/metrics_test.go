@@ -3,9 +3,16 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -13,11 +20,14 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -144,4 +154,98 @@ func TestAdmissionsCountedByReason(t *testing.T) {
 	}
 	// Each request once, under its own labels, and nothing else.
 	assert.Equal(t, len(tests), testutil.CollectAndCount(m.requests))
+}
+
+func TestLabelsFromAFixedSet(t *testing.T) {
+	tests := []struct {
+		name, op, reason        string
+		wantOp, wantReasonLabel string
+	}{
+		{name: "the API server's operations", op: "DELETE", reason: origin.Protected, wantOp: "DELETE", wantReasonLabel: origin.Protected},
+		{name: "CONNECT", op: "CONNECT", reason: reasonNone, wantOp: "CONNECT", wantReasonLabel: reasonNone},
+		{name: "no operation", op: "", reason: reasonMalformed, wantOp: operationUnknown, wantReasonLabel: reasonMalformed},
+		{name: "another case", op: "create", reason: reasonMalformed, wantOp: operationUnknown, wantReasonLabel: reasonMalformed},
+		{name: "junk", op: strings.Repeat("x", 1<<16), reason: "free text", wantOp: operationUnknown, wantReasonLabel: origin.Internal},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.wantOp, operationLabel(admissionv1.Operation(tt.op)))
+			assert.Equal(t, tt.wantReasonLabel, reasonLabel(tt.reason))
+		})
+	}
+}
+
+// Requests that no API server sends, each with strings of its own (junk
+// operations, huge ones, unknown kinds), are answered as malformed and add
+// no series: the admission metrics hold the same series after a thousand of
+// them as after one, and no label carries anything the requests chose.
+func TestJunkOnThePortKeepsNoSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	hooks := &Hooks{Reviewer: &review.Reviewer{Options: reviewtest.Options(), Budgets: review.NewBudgetIndex(review.NewOverlapIndex(nil))}}
+	mutating, validating := hooks.Handlers(m)
+	handlers := map[string]http.Handler{"mutating": mutating, "validating": validating,
+		"verdict": hooks.VerdictHandler(m), "disruption-budget": &Endpoint{Webhook: hooks.BudgetHandler(m)}}
+	d, err := json.Marshal(reviewtest.Stored())
+	require.NoError(t, err)
+	junk := func(i int) [][]byte {
+		op := fmt.Sprintf("JUNK-%d-%s", i, strings.Repeat("o", i%7*1000))
+		return [][]byte{
+			envelope(op, d, d),
+			bytes.Replace(envelope("CREATE", d, nil), []byte(`"kind":"Deployment"},`), fmt.Appendf(nil, `"kind":"JunkKind%d"},`, i), 1),
+			bytes.Replace(envelope(op, d, nil), []byte(`"group":"apps"`), fmt.Appendf(nil, `"group":"junk%d.example.com"`, i), 1),
+		}
+	}
+	series := func() (n int, labels string) {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			for _, mt := range mf.GetMetric() {
+				n++
+				for _, l := range mt.GetLabel() {
+					labels += l.GetName() + "=" + l.GetValue() + " "
+				}
+			}
+		}
+		return n, labels
+	}
+	for name, h := range handlers {
+		for _, body := range junk(0) {
+			resp := decodeResponse(t, post(h, body))
+			if name != "verdict" && name != "disruption-budget" { // they never refuse
+				assert.False(t, resp.Allowed, "%s: %s", name, body)
+			}
+		}
+	}
+	before, _ := series()
+	for i := 1; i <= 1000; i++ {
+		for _, h := range handlers {
+			for _, body := range junk(i) {
+				post(h, body)
+			}
+		}
+	}
+	after, labels := series()
+	assert.Equal(t, before, after, "no series for junk")
+	// Not assert.NotContains: on failure it would print every label.
+	assert.False(t, strings.Contains(labels, "JUNK") || strings.Contains(labels, "junk"), "a label carries junk")
+	assert.Contains(t, labels, "operation="+operationUnknown)
+}
+
+// A refusal's log line is bounded whatever the request held.
+func TestRefusalLogLineIsBounded(t *testing.T) {
+	var lines []string
+	ctx := logr.NewContext(context.Background(), funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{}))
+	junk := strings.Repeat("j", 1<<20)
+	_, validating := (&Hooks{Reviewer: &review.Reviewer{Options: reviewtest.Options()}}).Handlers(nil)
+	// The handler itself: the Webhook would log through its own logger
+	// (bounded too: boundedlog.Constructor).
+	validating.Handler.Handle(ctx, admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: types.UID(junk), Kind: deploymentKind.gvk, Operation: admissionv1.Operation(junk), Name: junk, Namespace: junk,
+		UserInfo: authenticationv1.UserInfo{Username: junk},
+	}})
+	require.Len(t, lines, 1)
+	assert.Contains(t, lines[0], `"reason"="malformed"`)
+	assert.Less(t, len(lines[0]), 8*1024, "a line of at most a few values of 512 bytes")
 }

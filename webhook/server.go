@@ -140,7 +140,8 @@ func instrument(name string, kind admittedKind, next func(context.Context, admis
 		case req.Operation == "" && req.Kind == (metav1.GroupVersionKind{}):
 			resp, reason = malformed(fmt.Errorf("the body holds no AdmissionReview request"))
 		case req.Kind != kind.gvk:
-			resp, reason = malformed(fmt.Errorf("deployguard admits %s only here, got %s", kind.name, gvkString(req.Kind)))
+			// The kind is the client's: echoed cut, as it is logged.
+			resp, reason = malformed(fmt.Errorf("deployguard admits %s only here, got %s", kind.name, boundedlog.String(gvkString(req.Kind))))
 		case operationLabel(req.Operation) == operationUnknown:
 			// No API server sends it: the webhook configurations name
 			// their operations.

@@ -27,14 +27,24 @@ import (
 // few problems fit; a junk operation or a megabyte of message does not.
 const MaxValue = 512
 
-// Constructor is an admission.Webhook's LogConstructor: controller-runtime's
-// default one (the object, namespace, name, resource, user and request ID of
-// each request) through a bounded logger, so that the Webhook's own lines
-// (a body it cannot read, a Content-Type it refuses) and the handlers' lines,
-// which log through the logger the Webhook puts in the request's context,
-// are bounded too.
+// Constructor is an admission.Webhook's LogConstructor: the values of
+// controller-runtime's default one (the object, namespace, name, resource,
+// user and request ID of each request), through a bounded logger, so that
+// the Webhook's own lines (a body it cannot read, a Content-Type it
+// refuses) and the handlers' lines, which log through the logger the
+// Webhook puts in the request's context, are bounded too.
+//
+// The request's values are added when a line is logged, not when the
+// logger is made, once per request: most requests log nothing, and binding
+// them costs every request a copy of the logger (zap encodes them at once;
+// controller-runtime's logger, before its SetLogger, keeps each such copy
+// until then, for ever in a test or a fuzzing worker).
 func Constructor(base logr.Logger, req *admission.Request) logr.Logger {
-	return admission.DefaultLogConstructor(Logger(base), req)
+	l := Logger(base)
+	if req == nil {
+		return l
+	}
+	return l.WithSink(&sink{next: l.GetSink().(*sink).next, req: req})
 }
 
 // Logger returns l with every value, key-value pair and error cut to
@@ -47,26 +57,26 @@ func Logger(l logr.Logger) logr.Logger {
 	if _, ok := s.(*sink); ok {
 		return l
 	}
-	// One frame more between the caller and the sink: ours.
-	if cd, ok := s.(logr.CallDepthLogSink); ok {
-		s = cd.WithCallDepth(1)
-	}
 	return l.WithSink(&sink{next: s})
 }
 
-// sink bounds every value before next sees it.
-type sink struct{ next logr.LogSink }
+// sink bounds every value before next sees it. req, when set, is the
+// request whose values go first on every line (Constructor).
+type sink struct {
+	next logr.LogSink
+	req  *admission.Request
+}
 
 var _ logr.CallDepthLogSink = &sink{}
 
 func (s *sink) Init(info logr.RuntimeInfo) { s.next.Init(info) }
 func (s *sink) Enabled(level int) bool     { return s.next.Enabled(level) }
 func (s *sink) WithName(name string) logr.LogSink {
-	return &sink{next: s.next.WithName(String(name))}
+	return &sink{next: s.next.WithName(String(name)), req: s.req}
 }
 
 func (s *sink) Info(level int, msg string, kv ...any) {
-	s.next.Info(level, String(msg), values(kv)...)
+	s.logger().Info(level, String(msg), s.values(kv)...)
 }
 
 func (s *sink) Error(err error, msg string, kv ...any) {
@@ -75,18 +85,41 @@ func (s *sink) Error(err error, msg string, kv ...any) {
 			err = errors.New(String(text))
 		}
 	}
-	s.next.Error(err, String(msg), values(kv)...)
+	s.logger().Error(err, String(msg), s.values(kv)...)
 }
 
 func (s *sink) WithValues(kv ...any) logr.LogSink {
-	return &sink{next: s.next.WithValues(values(kv)...)}
+	if len(kv) == 0 {
+		return s
+	}
+	// The request's values stay before the ones added after them.
+	return &sink{next: s.next.WithValues(s.values(kv)...)}
 }
 
 func (s *sink) WithCallDepth(depth int) logr.LogSink {
 	if cd, ok := s.next.(logr.CallDepthLogSink); ok {
-		return &sink{next: cd.WithCallDepth(depth)}
+		return &sink{next: cd.WithCallDepth(depth), req: s.req}
 	}
 	return s
+}
+
+// logger is next, one frame deeper: ours, between the caller and next.
+func (s *sink) logger() logr.LogSink {
+	if cd, ok := s.next.(logr.CallDepthLogSink); ok {
+		return cd.WithCallDepth(1)
+	}
+	return s.next
+}
+
+// values returns the request's values (as admission.DefaultLogConstructor
+// gives them), then kv, each bounded, in a new slice: kv may be the caller's.
+func (s *sink) values(kv []any) []any {
+	if s.req == nil {
+		return values(kv)
+	}
+	r := s.req
+	return values(append([]any{"object", klog.KRef(r.Namespace, r.Name), "namespace", r.Namespace, "name", r.Name,
+		"resource", r.Resource, "user", r.UserInfo.Username, "requestID", r.UID}, kv...))
 }
 
 // values returns kv with each value bounded, in a new slice: kv may be the

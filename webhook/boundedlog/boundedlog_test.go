@@ -126,3 +126,51 @@ func TestCallerIsKept(t *testing.T) {
 	Logger(l).Info("here")
 	assert.Equal(t, "boundedlog_test.go", caller.File)
 }
+
+// For a request within the bounds, a line reads as with controller-runtime's
+// own constructor: the same keys, in the same order, the same values.
+func TestConstructorLogsAsTheDefault(t *testing.T) {
+	req := &admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "0d1f", Name: "web", Namespace: "shop", Operation: admissionv1.Create,
+		Resource: metav1.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"},
+		UserInfo: authenticationv1.UserInfo{Username: "alice"},
+	}}
+	tests := []struct {
+		name string
+		log  func(logr.Logger)
+	}{
+		{name: "a line", log: func(l logr.Logger) { l.Info("refused", "reason", "policy") }},
+		{name: "an error", log: func(l logr.Logger) { l.Error(errors.New("boom"), "unable to encode response") }},
+		{name: "values added after", log: func(l logr.Logger) { l.WithValues("deployment", "web").WithName("x").Info("done", "n", 1) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got, want []string
+			tt.log(Constructor(funcr.New(func(prefix, args string) { got = append(got, prefix+" "+args) }, funcr.Options{}), req))
+			tt.log(admission.DefaultLogConstructor(funcr.New(func(prefix, args string) { want = append(want, prefix+" "+args) }, funcr.Options{}), req))
+			assert.Equal(t, want, got)
+		})
+	}
+}
+
+// The logger made for each request copies nothing of the base logger until
+// a line is logged: most requests log nothing.
+func TestConstructorBindsNothingPerRequest(t *testing.T) {
+	base := &countingSink{}
+	req := &admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Name: "web", Namespace: "shop"}}
+	for range 100 {
+		Constructor(logr.New(base), req)
+	}
+	assert.Zero(t, base.withValues, "no copy of the logger per request")
+	Constructor(logr.New(base), req).Info("refused")
+	assert.Equal(t, 1, base.lines)
+}
+
+type countingSink struct{ withValues, lines int }
+
+func (c *countingSink) Init(logr.RuntimeInfo)          {}
+func (c *countingSink) Enabled(int) bool               { return true }
+func (c *countingSink) Info(int, string, ...any)       { c.lines++ }
+func (c *countingSink) Error(error, string, ...any)    { c.lines++ }
+func (c *countingSink) WithValues(...any) logr.LogSink { c.withValues++; return c }
+func (c *countingSink) WithName(string) logr.LogSink   { return c }

@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/deployguard/deployguard/webhook/bodylimit"
 	"github.com/deployguard/deployguard/webhook/boundedlog"
 )
 
@@ -24,8 +25,9 @@ import (
 // takes effect at admission as soon as the watch delivers it. Without the CRD it returns a
 // nil index and says so: the guard runs without exceptions.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, namespace string, limits func() Limits, wrap func(http.Handler) http.Handler) (*Index, error) {
-	// Every line it logs is bounded: the request's strings are the client's.
-	var h http.Handler = &admission.Webhook{Handler: &Validator{Limits: limits}, LogConstructor: boundedlog.Constructor}
+	// Every line it logs is bounded, and a body it would read as YAML, or
+	// too large, is refused first: the request's bytes are the client's.
+	h := bodylimit.Handler(&admission.Webhook{Handler: &Validator{Limits: limits}, LogConstructor: boundedlog.Constructor})
 	if wrap != nil {
 		h = wrap(h)
 	}
