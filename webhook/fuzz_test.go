@@ -1,11 +1,16 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -23,14 +28,21 @@ import (
 
 // FuzzHandlers feeds both webhooks arbitrary request bodies: each must answer
 // with an AdmissionReview (a refusal or a 4xx for bad input), never panic and
-// never fail with a 5xx. `make fuzz` explores it; `make test` replays the seeds
-// and testdata/fuzz/FuzzHandlers.
+// never fail with a 5xx, and keep nothing of what it was sent: the admission
+// metrics never hold more series than their fixed label sets allow, however
+// many distinct inputs came. `make fuzz` explores it; `make test` replays the
+// seeds and testdata/fuzz/FuzzHandlers.
+//
+// The seeds include what anyone who reaches the port can send: junk and huge
+// operations, unknown kinds, YAML, a body over the size limit (lowered to
+// fuzzBodyLimit here, so that the seed that crosses it stays small).
 func FuzzHandlers(f *testing.F) {
 	d := reviewtest.Stored()
 	bad := d.DeepCopy()
 	bad.Spec.Selector = nil
 	bad.Spec.Template.Labels = map[string]string{"version": "1"}
-	f.Add(reviewBody(f, admissionv1.Create, d, nil))
+	create := reviewBody(f, admissionv1.Create, d, nil)
+	f.Add(create)
 	f.Add(reviewBody(f, admissionv1.Update, d, reviewtest.Guarded()))
 	f.Add(reviewBody(f, admissionv1.Delete, nil, d))
 	f.Add(reviewBody(f, admissionv1.Create, bad, nil))
@@ -38,11 +50,36 @@ func FuzzHandlers(f *testing.F) {
 	f.Add([]byte(`{"request":{"kind":{"group":"apps","version":"v1","kind":"Deployment"},"operation":"UPDATE","object":{},"oldObject":{"metadata":{"finalizers":["deployguard.io/x"]}}}}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(``))
-	mutating, validating := servers(f)
+	// The port's junk.
+	for _, op := range []string{"JUNK", "create", "CONNECT", "CREATE\u0000", strings.Repeat("o", 16<<10)} {
+		f.Add(bytes.Replace(create, []byte(`"operation":"CREATE"`), []byte(`"operation":"`+op+`"`), 1))
+	}
+	f.Add(bytes.Replace(create, []byte(`"kind":"Deployment"},`), []byte(`"kind":"JunkKind"},`), 1))
+	f.Add(bytes.Replace(create, []byte(`"group":"apps"`), []byte(`"group":"junk.example.com"`), 1))
+	f.Add([]byte("apiVersion: admission.k8s.io/v1\nkind: AdmissionReview\n"))
+	f.Add([]byte(`[{"request":{}}]`))
+	f.Add(append(bytes.Repeat([]byte(" "), fuzzBodyLimit-len(create)), create...))
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(f, err)
+	mutating, validating := (&Hooks{Reviewer: fuzzReviewer(nil)}).Handlers(m)
+	no := false
+	for _, e := range []*Endpoint{mutating, validating} {
+		e.RecoverPanic, e.MaxBodyBytes = &no, fuzzBodyLimit
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		answers(t, body, mutating, validating)
+		require.LessOrEqual(t, testutil.CollectAndCount(m.requests), maxAdmissionSeries, "a series per input")
 	})
 }
+
+// fuzzBodyLimit is FuzzHandlers' body size limit (Endpoint.MaxBodyBytes).
+const fuzzBodyLimit = 32 << 10
+
+// maxAdmissionSeries is how many series deployguard_admission_requests_total
+// may hold for two webhooks: its label values are fixed sets (webhook,
+// operation, result, reason: 2, 5, 4 and 13 values).
+const maxAdmissionSeries = 2 * 5 * 4 * 13
 
 // FuzzDeployment builds a well-formed AdmissionReview around an arbitrary
 // operation, object and oldObject, so that the fuzzer spends its time inside

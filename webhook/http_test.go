@@ -47,11 +47,16 @@ func servers(t testing.TB) (mutating, validating http.Handler) {
 
 func serversWith(t testing.TB, p review.Policies) (mutating, validating http.Handler) {
 	t.Helper()
-	w := &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(reviewtest.Guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
-	m, v := (&Hooks{Reviewer: w}).Handlers(nil)
+	m, v := (&Hooks{Reviewer: fuzzReviewer(p)}).Handlers(nil)
 	no := false
 	m.RecoverPanic, v.RecoverPanic = &no, &no
 	return m, v
+}
+
+// fuzzReviewer is the handlers' reviewer in the handler tests: the test
+// options, with one other Deployment to overlap with.
+func fuzzReviewer(p review.Policies) *review.Reviewer {
+	return &review.Reviewer{Options: reviewtest.Options(), Overlaps: reviewtest.Index(reviewtest.Guarded(func(d *appsv1.Deployment) { d.Name = "other" })), Policies: p}
 }
 
 // realistic is a Deployment of the size and shape seen in production: several
