@@ -61,8 +61,11 @@ func (p *Probes) Server(addr string) (*manager.Server, error) {
 		return nil, fmt.Errorf("listening for health probes on %s: %w", addr, err)
 	}
 	return &manager.Server{
-		Name:     "health probe",
-		Server:   &http.Server{Handler: p.handler(), ReadHeaderTimeout: 10 * time.Second},
+		Name: "health probe",
+		// Whoever reaches the port: a request (a kubelet's probe is a few
+		// hundred bytes) is read within 10 s, its headers at most 16 KiB.
+		Server: &http.Server{Handler: p.handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+			MaxHeaderBytes: 16 << 10, IdleTimeout: 90 * time.Second},
 		Listener: l,
 	}, nil
 }
