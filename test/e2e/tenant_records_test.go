@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -81,13 +80,15 @@ func (tn *tenant) tenantEvent(t *testing.T, name, reason string) string {
 	t.Helper()
 	var note string
 	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("the tenant sees no %s event about %s", reason, name), func(ctx context.Context) (bool, string, error) {
-		var list eventsv1.EventList
+		// The core API's view of Events, which `kubectl get events` and the
+		// built-in roles read.
+		var list corev1.EventList
 		if err := tn.c.List(ctx, &list, client.InNamespace(tn.ns)); err != nil {
 			return false, "", err
 		}
 		for _, e := range list.Items {
-			if e.Regarding.Name == name && e.Reason == reason && strings.Contains(e.ReportingController, "deployguard") {
-				note = e.Note + " (" + e.Type + ")"
+			if e.InvolvedObject.Name == name && e.Reason == reason && strings.Contains(e.ReportingController, "deployguard") {
+				note = e.Message + " (" + e.Type + ")"
 				return true, "", nil
 			}
 		}
