@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,8 +14,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -163,4 +169,33 @@ func (e *env) assertDeleted() {
 	e.t.Helper()
 	err := e.client.Get(context.Background(), webKey, &appsv1.Deployment{})
 	assert.True(e.t, apierrors.IsNotFound(err), "the deletion goes on: %v", err)
+}
+
+// Neither the sweeper nor the record step ever lists whole records: their
+// data (up to 1 MiB each, as many as tenants deleted) is never read to
+// bound or sweep them.
+func TestRecordsAreListedByMetadataOnly(t *testing.T) {
+	var listed []string
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	objs := []client.Object{recordOf(t, "shop", "a", t0), recordOf(t, "shop", "b", t0.Add(time.Hour))}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			listed = append(listed, fmt.Sprintf("%T", list))
+			return c.List(ctx, list, opts...)
+		},
+	}).Build()
+
+	s := &RecordSweeper{Namespace: guardNamespace, Reader: reader, Client: reader, Clock: clocktesting.NewFakeClock(t0.Add(30 * time.Minute)), Interval: 10 * time.Minute, Metrics: newEnv(t).r.Metrics}
+	_, err := s.Sweep(context.Background())
+	require.NoError(t, err)
+
+	e := newEnv(t)
+	e.r.APIReader, e.r.Client = reader, reader
+	e.r.Options.RecordBudget = RecordBudget{Records: 1}
+	gone, err := e.r.makeRoomForRecord(context.Background(), "shop", "deployguard-record-shop.web", 10)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"shop/b"}, gone, "the one the sweeper left, to make room")
+
+	assert.Equal(t, []string{"*v1.PartialObjectMetadataList", "*v1.PartialObjectMetadataList"}, listed)
 }
