@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,8 +68,24 @@ func FuzzHandlers(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		answers(t, body, mutating, validating)
-		require.LessOrEqual(t, testutil.CollectAndCount(m.requests), maxAdmissionSeries, "a series per input")
+		require.LessOrEqual(t, seriesOf(m.requests), maxAdmissionSeries, "a series per input")
 	})
+}
+
+// seriesOf counts c's series as a scrape would find them, without
+// encoding them (testutil.CollectAndCount's encoding was a quarter of
+// FuzzHandlers' time per input).
+func seriesOf(c prometheus.Collector) int {
+	ch := make(chan prometheus.Metric)
+	go func() {
+		c.Collect(ch)
+		close(ch)
+	}()
+	n := 0
+	for range ch {
+		n++
+	}
+	return n
 }
 
 // fuzzBodyLimit is FuzzHandlers' body size limit (Endpoint.MaxBodyBytes).
