@@ -41,10 +41,11 @@ const MaxValue = 512
 // until then, for ever in a test or a fuzzing worker).
 func Constructor(base logr.Logger, req *admission.Request) logr.Logger {
 	l := Logger(base)
-	if req == nil {
+	s, ok := l.GetSink().(*sink)
+	if req == nil || !ok { // no sink: a logger that discards
 		return l
 	}
-	return l.WithSink(&sink{next: l.GetSink().(*sink).next, req: req})
+	return l.WithSink(&sink{next: s.next, req: req})
 }
 
 // Logger returns l with every value, key-value pair and error cut to

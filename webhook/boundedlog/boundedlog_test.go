@@ -174,3 +174,8 @@ func (c *countingSink) Info(int, string, ...any)       { c.lines++ }
 func (c *countingSink) Error(error, string, ...any)    { c.lines++ }
 func (c *countingSink) WithValues(...any) logr.LogSink { c.withValues++; return c }
 func (c *countingSink) WithName(string) logr.LogSink   { return c }
+
+func TestConstructorOfADiscardingLogger(t *testing.T) {
+	req := &admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Name: "web"}}
+	assert.NotPanics(t, func() { Constructor(logr.Discard(), req).Info("refused", "name", "web") })
+}
