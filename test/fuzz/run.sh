@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for FUZZTIME each and prints, per target, the inputs
-# run, the rate and the result. A crash stops nothing else: Go writes the
-# failing input to the package's testdata/fuzz/<target>/, where `make test`
-# replays it for ever once it is committed with its fix.
+# run, the rate (over FUZZTIME, and over the time spent fuzzing once the
+# corpus's baseline coverage is gathered) and the result. A crash stops
+# nothing else: Go writes the failing input to the package's
+# testdata/fuzz/<target>/, where `make test` replays it for ever once it is
+# committed with its fix.
 #
 # -fuzzminimizetime is bounded in iterations: Go's minimizer is quadratic in
 # the input's length, and with its default budget (60 s per new interesting
@@ -43,9 +45,14 @@ for t in "${targets[@]}"; do
 		tail -30 "$log"
 	fi
 	rate=$(awk -v e="${execs:-0}" -v f="$fuzztime" 'BEGIN { s = f + 0; if (f ~ /m$/) s *= 60; if (s > 0) printf "%d", e / s; else print 0 }')
-	summary+=("$(printf '%-18s %-26s %10s %8s/s %7s  %s' "$fn" "${pkg#./}" "${execs:-0}" "$rate" "${corpus:-0}" "$result")")
+	# Go counts inputs once the corpus has been run for its baseline
+	# coverage, which takes a good part of a short run once the cache holds
+	# a few hundred inputs: the rate while fuzzing is over the time after it.
+	baseline=$(grep -o 'elapsed: [0-9ms.]*, gathering baseline coverage: .*now fuzzing' "$log" | tail -1 | grep -o 'elapsed: [0-9ms.]*' | sed 's/elapsed: //')
+	fuzzing=$(awk -v e="${execs:-0}" -v f="$fuzztime" -v b="${baseline:-0s}" 'function secs(d,  m) { m = 0; if (d ~ /m/) { m = d; sub(/m.*/, "", m); sub(/^[0-9]+m/, "", d) } return m * 60 + d } BEGIN { s = secs(f) - secs(b); if (s > 0) printf "%d", e / s; else print 0 }')
+	summary+=("$(printf '%-18s %-26s %10s %8s/s %8s/s %7s  %s' "$fn" "${pkg#./}" "${execs:-0}" "$rate" "$fuzzing" "${corpus:-0}" "$result")")
 done
 echo
-printf '%-18s %-26s %10s %10s %7s  %s\n' TARGET PACKAGE INPUTS RATE CORPUS RESULT
+printf '%-18s %-26s %10s %10s %10s %7s  %s\n' TARGET PACKAGE INPUTS RATE FUZZING CORPUS RESULT
 printf '%s\n' "${summary[@]}"
 exit "$failed"
