@@ -152,8 +152,10 @@ func nativeOrigin(f string) string {
 		return origin.RevisionHistory
 	case f == "spec.progressDeadlineSeconds":
 		return origin.ProgressDeadline
-	case strings.Contains(f, vocab.AnnotationProtected):
+	case strings.Contains(f, vocab.AnnotationProtected), f == "metadata.ownerReferences":
 		return origin.Protected
 	}
+	// The finalizer rules, and the other rules of the metadata that judge
+	// writes alone (deprecated.deployment.rollback.to).
 	return origin.Finalizers
 }

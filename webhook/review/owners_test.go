@@ -141,3 +141,36 @@ func TestIsControlPlaneIsTheManifests(t *testing.T) {
 	}
 	assert.False(t, slices.ContainsFunc([]string{"alice", "system:serviceaccount:kube-system:replicaset-controller", "system:masters"}, review.IsControlPlane))
 }
+
+// Where the guard evaluates the native refusals itself, an owner added to a
+// protected Deployment counts as deletion protection and the rollback
+// annotation with the other rules of the metadata: the audit, which judges
+// what is stored, reports neither (they judge writes).
+func TestNativeMetadataRulesOrigins(t *testing.T) {
+	protected := reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations["deployguard.io/protected"] = "true" })
+	owned := protected.DeepCopy()
+	owned.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "bait", UID: "u1"}}
+	rollback := reviewtest.Guarded(func(d *appsv1.Deployment) { d.Annotations[appsv1.DeprecatedRollbackTo] = "2" })
+	alice := authenticationv1.UserInfo{Username: "alice"}
+	for _, tc := range []struct {
+		name     string
+		old, cur *appsv1.Deployment
+		origin   string
+	}{
+		{"an owner of a protected Deployment", protected, owned, "protected"},
+		{"the rollback annotation", reviewtest.Guarded(), rollback, "finalizers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := reviewtest.Options()
+			req := review.Request{Operation: admissionv1.Update, Object: tc.cur, OldObject: tc.old, UserInfo: alice}
+			fs := o.NativeChecks(context.Background(), req, "deployguard-refusals")
+			if assert.Len(t, fs, 1, "%+v", fs) {
+				assert.Equal(t, tc.origin, fs[0].Origin)
+				assert.Equal(t, review.SeverityError, fs[0].Severity)
+			}
+			w := &review.Reviewer{Options: o}
+			audit := w.Review(context.Background(), review.Request{Operation: admissionv1.Update, Object: tc.cur, UserInfo: alice}, review.Audit)
+			assert.Empty(t, audit.Findings.Refusals(), "the audit judges what is stored, not the write")
+		})
+	}
+}
