@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -313,4 +314,41 @@ func TestStalledBodyIsCutOffOverHTTP2(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(out), "also selects the pods of Deployment")
 	assert.True(t, reused, "the next request opened a new connection")
+}
+
+// TestMalformedCostsNoMoreThanAGoodReview: whoever reaches the port can send
+// anything; what the guard cannot read allocates no more than a good review
+// of the same size (a production-sized CREATE) costs it.
+func TestMalformedCostsNoMoreThanAGoodReview(t *testing.T) {
+	_, validating := servers(t)
+	good := reviewBody(t, admissionv1.Create, realistic(), nil)
+	pad := strings.Repeat("x", len(good)/2)
+	tests := []struct {
+		name string
+		body []byte
+	}{
+		{name: "a junk operation", body: bytes.Replace(good, []byte(`"operation":"CREATE"`), []byte(`"operation":"`+pad+`"`), 1)},
+		{name: "a junk kind", body: bytes.Replace(good, []byte(`"kind":"Deployment"},`), []byte(`"kind":"`+pad+`"},`), 1)},
+		{name: "an object that does not decode", body: bytes.Replace(good, []byte(`"replicas":3`), []byte(`"replicas":"3"`), 1)},
+		{name: "YAML", body: append([]byte("a: ["), bytes.Repeat([]byte("1, "), len(good)/3)...)},
+		{name: "truncated JSON", body: good[:len(good)-3]},
+		{name: "not JSON", body: append([]byte("x"), good...)},
+	}
+	allocated := func(body []byte) uint64 {
+		var before, after goruntime.MemStats
+		post(validating, body) // warm
+		goruntime.ReadMemStats(&before)
+		for range 20 {
+			post(validating, body)
+		}
+		goruntime.ReadMemStats(&after)
+		return (after.TotalAlloc - before.TotalAlloc) / 20
+	}
+	want := allocated(good)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.InDelta(t, len(good), len(tt.body), float64(len(good))/2, "about the size of the good review")
+			assert.LessOrEqual(t, allocated(tt.body), want, "bytes allocated per request, against %d for a good review", want)
+		})
+	}
 }
