@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,6 +65,22 @@ func tenantRecords(ctx context.Context, t *testing.T, ns string) (names []string
 	return names, bytes
 }
 
+// waitEdit waits until the tenant's `edit` binding lets it write
+// Deployments: at a cluster's start the controller manager aggregates the
+// built-in roles a moment after the API server serves them.
+func (tn *tenant) waitEdit(t *testing.T) {
+	t.Helper()
+	harness.WaitFor(t, time.Minute, "the tenant's edit role does not let it create Deployments", func(ctx context.Context) (bool, string, error) {
+		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: tn.ns, Verb: "create", Group: "apps", Resource: "deployments"},
+		}}
+		if err := tn.c.Create(ctx, review); err != nil {
+			return false, "", err
+		}
+		return review.Status.Allowed, review.Status.Reason, nil
+	})
+}
+
 // createAndDelete creates the Deployment as the tenant and deletes it as the
 // tenant: the delete is never refused, and the Deployment goes.
 func (tn *tenant) createAndDelete(t *testing.T, d *appsv1.Deployment) {
@@ -104,6 +121,7 @@ func (tn *tenant) tenantEvent(t *testing.T, name, reason string) string {
 func TestTenantRecordFloodStaysWithinItsBytesBudget(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
+	tn.waitEdit(t)
 	const payload, n = 500_000, 10
 	fits := reconciler.DefaultRecordBytesPerNamespace / payload // records that fit, at most
 	for i := range n {
@@ -136,6 +154,7 @@ func TestTenantRecordFloodStaysWithinItsBytesBudget(t *testing.T) {
 func TestTenantRecordFloodStaysWithinItsCountBudget(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
+	tn.waitEdit(t)
 	n := reconciler.DefaultRecordsPerNamespace + 4
 	for i := range n {
 		require.NoError(t, tn.c.Create(ctx, recordedDeployment(tn.ns, fmt.Sprintf("small-%d", i), 0)))
@@ -165,6 +184,7 @@ func TestTenantRecordFloodStaysWithinItsCountBudget(t *testing.T) {
 func TestTenantRecordTooLargeIsNotWritten(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
+	tn.waitEdit(t)
 	kept := recordedDeployment(tn.ns, "kept", 1000)
 	tn.createAndDelete(t, kept)
 	d := recordedDeployment(tn.ns, "huge", reconciler.DefaultMaxRecordBytes+10_000)

@@ -29,6 +29,7 @@ import (
 func TestReinstalledGuardAdoptsNoTenantsAnnotations(t *testing.T) {
 	ctx := context.Background()
 	tn := newTenant(t)
+	tn.waitEdit(t)
 	// No guard looks at the namespace while the tenant writes.
 	setOptOut := func(on bool) {
 		require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
