@@ -1,0 +1,174 @@
+// Package promscope scopes a tenant's PromQL query to its own namespace and
+// fills in the query's template (the Deployment's namespace and name, the new
+// revision's pod-template-hash).
+//
+// Scoping works on the parsed expression, as prom-label-proxy's injectproxy
+// does: every vector selector (also inside a range selector, a subquery, a
+// function, an aggregation or either side of a binary operation) gets the
+// matcher namespace="<ns>", and a query that already matches on namespace in
+// any other way is refused. The query is never edited as a string. It uses
+// Prometheus' promql/parser directly rather than injectproxy, whose package
+// also serves Alertmanager's API and would add 58 more packages (go-openapi,
+// mongo's bson, Alertmanager's client) to the guard's binary.
+package promscope
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// NamespaceLabel is the label Prometheus' Kubernetes discovery (and
+// kube-prometheus-stack's relabelling) puts the pod's namespace in.
+const NamespaceLabel = "namespace"
+
+// ErrOtherNamespace is wrapped by the error for a query whose selector
+// matches on the namespace label other than namespace="<its own>".
+var ErrOtherNamespace = errors.New("the query names a namespace other than its own")
+
+// promqlParser has Prometheus' default options: no experimental functions,
+// so that what the guard accepts any Prometheus accepts.
+func promqlParser() parser.Parser { return parser.NewParser(parser.Options{}) }
+
+// EnforceNamespace parses query and returns it with namespace="<namespace>"
+// on every selector. A selector that already has exactly that matcher is
+// left as it is; one with any other matcher on the namespace label
+// (another value, a regular expression, a negation) is refused with
+// ErrOtherNamespace: rewriting it would change what its author asked for
+// without saying so.
+func EnforceNamespace(query, namespace string) (string, error) {
+	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+		return "", fmt.Errorf("namespace %q: %s", namespace, strings.Join(errs, "; "))
+	}
+	expr, err := promqlParser().ParseExpr(query)
+	if err != nil {
+		return "", fmt.Errorf("parsing the query: %w", err)
+	}
+	want, err := labels.NewMatcher(labels.MatchEqual, NamespaceLabel, namespace)
+	if err != nil {
+		return "", fmt.Errorf("namespace matcher: %w", err)
+	}
+	if err := parser.Walk(enforcer{want: want}, expr, nil); err != nil {
+		return "", err
+	}
+	return expr.String(), nil
+}
+
+// enforcer is a parser.Visitor that stops the walk at the first refusal.
+type enforcer struct{ want *labels.Matcher }
+
+func (e enforcer) Visit(node parser.Node, _ []parser.Node) (parser.Visitor, error) {
+	vs, ok := node.(*parser.VectorSelector)
+	if !ok {
+		return e, nil
+	}
+	found := false
+	for _, m := range vs.LabelMatchers {
+		if m.Name != NamespaceLabel {
+			continue
+		}
+		if m.Type != labels.MatchEqual || m.Value != e.want.Value {
+			return nil, fmt.Errorf("selector %s: matcher %s: %w %q", vs, m, ErrOtherNamespace, e.want.Value)
+		}
+		found = true
+	}
+	if !found {
+		vs.LabelMatchers = append(vs.LabelMatchers, e.want)
+	}
+	return e, nil
+}
+
+// Vars are what a query's template can name.
+type Vars struct {
+	// Namespace and Name of the Deployment.
+	Namespace string
+	Name      string
+	// PodTemplateHash is the new ReplicaSet's pod-template-hash label: the
+	// query measures the new pods only.
+	PodTemplateHash string
+}
+
+func (v Vars) validate() error {
+	var errs []string
+	for _, msg := range validation.IsDNS1123Label(v.Namespace) {
+		errs = append(errs, "namespace: "+msg)
+	}
+	for _, msg := range validation.IsDNS1123Subdomain(v.Name) {
+		errs = append(errs, "name: "+msg)
+	}
+	// The hash is a label value (rand.SafeEncodeString of the template's hash).
+	for _, msg := range validation.IsValidLabelValue(v.PodTemplateHash) {
+		errs = append(errs, "pod-template-hash: "+msg)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("template values: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// escaped returns v with every value escaped for the inside of a
+// double-quoted PromQL string literal. The values are Kubernetes names and
+// label values, so this changes nothing today; it keeps a quote or a
+// backslash from ever ending the literal early should those rules widen.
+func (v Vars) escaped() Vars {
+	return Vars{
+		Namespace:       escapeString(v.Namespace),
+		Name:            escapeString(v.Name),
+		PodTemplateHash: escapeString(v.PodTemplateHash),
+	}
+}
+
+var stringEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+func escapeString(s string) string { return stringEscaper.Replace(s) }
+
+// Query is a tenant's query template, parsed once when the configuration is
+// loaded and rendered for each revision it measures.
+type Query struct {
+	text string
+	tmpl *template.Template
+}
+
+// exampleVars fill the template when it is parsed, so that a query that is
+// not PromQL once rendered is refused at load time.
+var exampleVars = Vars{Namespace: "example", Name: "example", PodTemplateHash: "5d8f9c7b6"}
+
+// Parse parses the query template (text/template, {{ .Namespace }},
+// {{ .Name }}, {{ .PodTemplateHash }}; any other name is an error) and checks
+// that it renders to PromQL.
+func Parse(text string) (*Query, error) {
+	tmpl, err := template.New("query").Option("missingkey=error").Parse(text)
+	if err != nil {
+		return nil, fmt.Errorf("query template: %w", err)
+	}
+	q := &Query{text: text, tmpl: tmpl}
+	if _, err := q.Render(exampleVars); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// String is the template as written.
+func (q *Query) String() string { return q.text }
+
+// Render fills in the template with v (escaped for PromQL string literals)
+// and scopes the result to v.Namespace (EnforceNamespace).
+func (q *Query) Render(v Vars) (string, error) {
+	if err := v.validate(); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if err := q.tmpl.Execute(&b, v.escaped()); err != nil {
+		return "", fmt.Errorf("query template: %w", err)
+	}
+	scoped, err := EnforceNamespace(b.String(), v.Namespace)
+	if err != nil {
+		return "", fmt.Errorf("query %q: %w", b.String(), err)
+	}
+	return scoped, nil
+}
