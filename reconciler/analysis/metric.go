@@ -84,11 +84,14 @@ func valueOr(p *int32, def int32) int32 {
 
 // ErrNoCondition is the reason a metric with neither condition is refused.
 //
-// Argo's code (EvaluateResult) makes such a measurement Successful whatever
-// the result, and its docs describe conditions as what decides a measurement.
-// A check that can never fail protects nothing, and a platform team that
-// forgets both conditions would believe its releases are checked: the guard
-// refuses it when the configuration is loaded instead of passing it forever.
+// Argo's code and docs disagree about such a metric: EvaluateResult makes
+// every measurement Successful ("Always return success unless there is an
+// error"), while docs/features/analysis.md ("Inconclusive Runs") says a
+// metric with no conditions is how a run becomes Inconclusive. Neither is
+// safe to copy: Successful marks a release checked when nothing was checked,
+// and Inconclusive never rolls back either. A check that can never fail
+// protects nothing, so the guard refuses it when the configuration is loaded
+// (reconciler/analysis/README.md, "No condition").
 const ErrNoCondition = "at least one of successCondition and failureCondition is required: a metric without conditions can never fail (Argo Rollouts would count every measurement Successful)"
 
 // Validate returns every problem with the metric at once, each against its
@@ -133,17 +136,17 @@ func validateFields(m Metric, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(path.Child(f.name), *f.v, "must not be negative"))
 		}
 	}
+	// Argo's ValidateMetric: "interval must be specified when count > 1",
+	// "count must be >= failureLimit", "count must be >= inconclusiveLimit".
 	if m.Count != nil && *m.Count > 1 && m.Interval.Duration == 0 {
 		errs = append(errs, field.Required(path.Child("interval"), fmt.Sprintf("count %d needs an interval between the measurements", *m.Count)))
 	}
-	// Argo refuses a count that the limits can never be reached within
-	// (analysis ValidateMetric: "count must be >= failureLimit").
-	if count, bounded := m.EffectiveCount(); bounded && m.Count != nil {
-		if m.failureLimit() > count {
-			errs = append(errs, field.Invalid(path.Child("failureLimit"), m.failureLimit(), fmt.Sprintf("must not exceed count (%d)", count)))
+	if m.Count != nil && *m.Count > 0 {
+		if m.failureLimit() > *m.Count {
+			errs = append(errs, field.Invalid(path.Child("failureLimit"), m.failureLimit(), fmt.Sprintf("must not exceed count (%d)", *m.Count)))
 		}
-		if m.inconclusiveLimit() > count {
-			errs = append(errs, field.Invalid(path.Child("inconclusiveLimit"), m.inconclusiveLimit(), fmt.Sprintf("must not exceed count (%d)", count)))
+		if m.inconclusiveLimit() > *m.Count {
+			errs = append(errs, field.Invalid(path.Child("inconclusiveLimit"), m.inconclusiveLimit(), fmt.Sprintf("must not exceed count (%d)", *m.Count)))
 		}
 	}
 	return errs

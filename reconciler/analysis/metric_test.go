@@ -32,6 +32,7 @@ func TestMetricValidate(t *testing.T) {
 		{name: "count without interval", metric: with(func(m *Metric) { m.Interval.Duration = 0; m.Count = i32(3) }), want: []string{"FieldValueRequired m.interval"}},
 		{name: "limits past count", metric: with(func(m *Metric) { m.Count = i32(2); m.FailureLimit = i32(3); m.InconclusiveLimit = i32(3) }),
 			want: []string{"FieldValueInvalid m.failureLimit", "FieldValueInvalid m.inconclusiveLimit"}},
+		{name: "limits with count 0 (unbounded) are fine", metric: with(func(m *Metric) { m.Count = i32(0); m.FailureLimit = i32(3) })},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
