@@ -103,8 +103,8 @@ func TestArgoCompatTally(t *testing.T) {
 		{name: "a measurement resets consecutive errors", metric: Metric{Interval: every}, phases: []Phase{E, E, E, E, S, E, E, E, E}, want: PhaseRunning},
 		{name: "consecutiveErrorLimit 0: first error is Error", metric: Metric{Interval: every, ConsecutiveErrorLimit: i32(0)}, phases: []Phase{E}, want: E},
 		{name: "consecutiveErrorLimit at its bound", metric: Metric{Interval: every, ConsecutiveErrorLimit: i32(2)}, phases: []Phase{E, E}, want: PhaseRunning},
-		{name: "inconclusive outranks failed in the same assessment", metric: Metric{Interval: every, FailureLimit: i32(0), InconclusiveLimit: i32(0)}, phases: []Phase{F}, want: F, rollback: true},
-		{name: "error outranks failed when both limits pass at once", metric: Metric{Interval: every, FailureLimit: i32(0), ConsecutiveErrorLimit: i32(0)}, phases: []Phase{E, F}, want: E},
+		{name: "the first limit passed decides: error before a failure", metric: Metric{Interval: every, FailureLimit: i32(0), ConsecutiveErrorLimit: i32(0)}, phases: []Phase{E, F}, want: E},
+		{name: "the first limit passed decides: failure before inconclusive", metric: Metric{Interval: every}, phases: []Phase{F, I}, want: F, rollback: true},
 		{name: "the first complete verdict stands", metric: Metric{Interval: every, Count: i32(2)}, phases: []Phase{S, S, F}, want: S},
 		{name: "dry run: Failed reported, no rollback", metric: Metric{Interval: every, DryRun: true}, phases: []Phase{F}, want: F, message: "failed (1) > failureLimit (0)"},
 		{name: "dry run: Successful stays Successful", metric: Metric{DryRun: true}, phases: []Phase{S}, want: S},
@@ -120,6 +120,27 @@ func TestArgoCompatTally(t *testing.T) {
 			}
 			assert.Equal(t, tc.rollback, v.RollsBack())
 			assert.Equal(t, tc.metric.DryRun, v.DryRun)
+		})
+	}
+}
+
+// When several limits are past in one assessment (counters that were not
+// built one measurement at a time), the last of Argo's assignments stands:
+// Error over Inconclusive over Failed.
+func TestArgoCompatLimitPrecedence(t *testing.T) {
+	cases := []struct {
+		name   string
+		counts Counts
+		want   Phase
+	}{
+		{name: "failed alone", counts: Counts{Count: 1, Failed: 1}, want: PhaseFailed},
+		{name: "inconclusive over failed", counts: Counts{Count: 2, Failed: 1, Inconclusive: 1}, want: PhaseInconclusive},
+		{name: "error over inconclusive and failed", counts: Counts{Count: 2, Failed: 1, Inconclusive: 1, Error: 5, ConsecutiveError: 5}, want: PhaseError},
+		{name: "none past: count reached", counts: Counts{Count: 1, Successful: 1}, want: PhaseSuccessful},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, assess(Metric{}, tc.counts).Phase)
 		})
 	}
 }
