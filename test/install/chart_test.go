@@ -430,7 +430,7 @@ func valueSets() []valueSet {
 			assert.Equal(t, "1", str(objs["ConfigMap/deployguard-system/deployguard-dashboard"], "metadata", "labels", "grafana_dashboard"))
 		},
 	}, {
-		name: "metrics in plain HTTP, for a Prometheus without tokens; exceptions in another namespace", namespace: harness.GuardNamespace,
+		name: "metrics in plain HTTP and exceptions in another namespace", namespace: harness.GuardNamespace,
 		values: []string{"--set", "metrics.secure=false", "--set", "metrics.serviceMonitor.enabled=true",
 			"--set", "config.exceptions.namespace=default"},
 		check: func(t *testing.T, objs map[string]object) {

@@ -32,7 +32,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -349,7 +348,8 @@ func newManager(f *serveFlags, restCfg *rest.Config, scheme *runtime.Scheme, exc
 }
 
 // metricsOptions serve /metrics as kubebuilder scaffolds it: over TLS, to
-// callers the API server authenticates and authorizes for GET /metrics.
+// callers the API server authenticates and authorizes for GET /metrics
+// (metricsAuthFilter: controller-runtime's filter, but 401 for a bad token).
 // The certificate is the webhook's (--cert-dir, reloaded when it changes), so
 // that Prometheus verifies it with the CA it can already read
 // (deployguard-webhook-tls's ca.crt) instead of skipping verification of a
@@ -361,7 +361,7 @@ func metricsOptions(f *serveFlags) metricsserver.Options {
 	return metricsserver.Options{
 		BindAddress:    f.metricsAddr,
 		SecureServing:  true,
-		FilterProvider: filters.WithAuthenticationAndAuthorization,
+		FilterProvider: metricsAuthFilter,
 		CertDir:        f.certDir,
 		TLSOpts: []func(*tls.Config){func(c *tls.Config) {
 			c.MinVersion = tls.VersionTLS12
