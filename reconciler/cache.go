@@ -1,6 +1,10 @@
 package reconciler
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -78,19 +82,7 @@ func StripForCache(obj any) (any, error) {
 	case *appsv1.Deployment:
 		stripMeta(&o.ObjectMeta)
 		rollout.StripTemplate(&o.Spec.Template)
-		// The annotations of the guard's domain it reads, short; the others
-		// stay but kubectl's last-applied configuration (a copy of the whole
-		// object): the audit's policies may read any of the user's
-		// annotations, which the API server bounds to 256 KiB an object.
-		o.Annotations = keepOnlyKV(o.Annotations, func(k, v string) bool {
-			switch {
-			case k == corev1.LastAppliedConfigAnnotation:
-				return false
-			case strings.HasPrefix(k, vocab.Domain+"/"):
-				return keepGuardAnnotation(k, v)
-			}
-			return true
-		})
+		o.Annotations = trimDeploymentAnnotations(o.Annotations)
 	case *appsv1.ReplicaSet:
 		stripMeta(&o.ObjectMeta)
 		rollout.StripTemplate(&o.Spec.Template)
@@ -114,6 +106,66 @@ func StripForCache(obj any) (any, error) {
 }
 
 func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
+
+// MaxCachedOtherAnnotationBytes bounds what a cached Deployment keeps of the
+// annotations outside the guard's domain, keys and values together; each
+// value is also at most MaxCachedAnnotationBytes. The guard reads none of
+// them: only the audit's policies may, and the audit reads a Deployment the
+// cache trimmed from the API server (rollout.CacheTrimmed). The annotations
+// tools write (the Deployment controller's revision, Helm's release, Argo
+// CD's tracking id, change-cause) take a few hundred bytes; 8 KiB keeps them
+// whole and bounds 10,000 Deployments to 80 MiB, where the API server's
+// 256 KiB an object would be 2.5 GiB.
+const MaxCachedOtherAnnotationBytes = 8 << 10
+
+// trimDeploymentAnnotations returns what the cache keeps of a Deployment's
+// annotations: of the guard's domain those this release reads, short; of
+// the others, short ones in key order up to MaxCachedOtherAnnotationBytes;
+// never kubectl's last-applied configuration (a copy of the whole object).
+// When it drops anything, it sets rollout.CacheTrimmed to a hash of what it
+// dropped. An incoming rollout.CacheTrimmed is dropped first, whoever wrote
+// it, and is not part of the hash: only this function sets it.
+func trimDeploymentAnnotations(m map[string]string) map[string]string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		if k != rollout.CacheTrimmed {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	keep := make(map[string]bool, len(keys))
+	dropped := sha256.New()
+	trimmed := false
+	other := 0
+	for _, k := range keys {
+		v := m[k]
+		ok := false
+		switch {
+		case k == corev1.LastAppliedConfigAnnotation:
+		case strings.HasPrefix(k, vocab.Domain+"/"):
+			ok = keepGuardAnnotation(k, v)
+		case len(v) <= MaxCachedAnnotationBytes && other+len(k)+len(v) <= MaxCachedOtherAnnotationBytes:
+			ok = true
+			other += len(k) + len(v)
+		}
+		if ok {
+			keep[k] = true
+			continue
+		}
+		trimmed = true
+		// Length-prefixed: no two sets of dropped annotations hash alike by
+		// moving bytes between a key and a value.
+		_, _ = fmt.Fprintf(dropped, "%d:%s%d:%s", len(k), k, len(v), v)
+	}
+	out := keepOnlyKV(m, func(k, _ string) bool { return keep[k] })
+	if trimmed {
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[rollout.CacheTrimmed] = hex.EncodeToString(dropped.Sum(nil)[:8])
+	}
+	return out
+}
 
 // keepOnly returns the entries of m whose key keep accepts, in a map of its
 // own sized to them (nil when none).

@@ -115,12 +115,14 @@ func TestStripForCacheKeepsOnlyTheAnnotationsTheGuardReads(t *testing.T) {
 		"team.example/owner":               "shop",
 	}
 	tests := []struct {
-		name string
-		obj  func() (client.Object, *metav1.ObjectMeta)
-		want map[string]string
+		name    string
+		obj     func() (client.Object, *metav1.ObjectMeta)
+		want    map[string]string
+		trimmed bool
 	}{
-		{name: "Deployment: the guard's it reads, short, and the user's (policies may read them)",
-			obj: func() (client.Object, *metav1.ObjectMeta) { d := deployment(); return d, &d.ObjectMeta },
+		{name: "Deployment: the guard's it reads, short, and the user's (policies may read them), marked trimmed",
+			trimmed: true,
+			obj:     func() (client.Object, *metav1.ObjectMeta) { d := deployment(); return d, &d.ObjectMeta },
 			want: map[string]string{
 				vocab.AnnotationAutoRollback: "false", vocab.AnnotationRollbackStatus: short,
 				vocab.LegacyAnnotationKnownGood: "2026-01-01T00:00:00Z", vocab.RevisionAnnotation: "3",
@@ -142,9 +144,111 @@ func TestStripForCacheKeepsOnlyTheAnnotationsTheGuardReads(t *testing.T) {
 			meta.Annotations = maps.Clone(in)
 			_, err := StripForCache(obj)
 			require.NoError(t, err)
-			assert.Equal(t, tt.want, meta.Annotations)
+			got := maps.Clone(meta.Annotations)
+			_, marked := got[rollout.CacheTrimmed]
+			delete(got, rollout.CacheTrimmed)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.trimmed, marked, "marked trimmed")
 		})
 	}
+}
+
+// The cache keeps a bounded part of a Deployment's other annotations (each
+// value at most MaxCachedAnnotationBytes, all of them at most
+// MaxCachedOtherAnnotationBytes) and marks a copy it trimmed with a hash of
+// what it dropped; an incoming marker, a tenant's, never survives.
+func TestStripForCacheBoundsADeploymentsOtherAnnotations(t *testing.T) {
+	value := func(n int) string { return strings.Repeat("v", n) }
+	// Four values that fill the total to the byte, with their keys.
+	const key = "team.example/a"
+	fill := MaxCachedOtherAnnotationBytes/4 - len(key)
+	fourFull := map[string]string{}
+	for _, k := range []string{"team.example/a", "team.example/b", "team.example/c", "team.example/d"} {
+		fourFull[k] = value(fill)
+	}
+	tests := []struct {
+		name    string
+		in      map[string]string
+		want    map[string]string
+		trimmed bool
+	}{
+		{name: "none", in: nil, want: nil},
+		{name: "short ones are kept whole, unmarked",
+			in:   map[string]string{"team.example/owner": "shop", vocab.RevisionAnnotation: "3"},
+			want: map[string]string{"team.example/owner": "shop", vocab.RevisionAnnotation: "3"}},
+		{name: "a value at the cap is kept", in: map[string]string{key: value(MaxCachedAnnotationBytes)},
+			want: map[string]string{key: value(MaxCachedAnnotationBytes)}},
+		{name: "a value over the cap is dropped, marked",
+			in:      map[string]string{key: value(MaxCachedAnnotationBytes + 1), "team.example/owner": "shop"},
+			want:    map[string]string{"team.example/owner": "shop"},
+			trimmed: true},
+		{name: "a 250 KB one is dropped, marked", in: map[string]string{key: value(250_000)}, want: map[string]string{}, trimmed: true},
+		{name: "the total to the byte is kept", in: fourFull, want: fourFull},
+		{name: "past the total, the later keys are dropped, marked",
+			in:      func() map[string]string { m := maps.Clone(fourFull); m["team.example/e"] = "x"; return m }(),
+			want:    fourFull,
+			trimmed: true},
+		{name: "kubectl's last-applied configuration is dropped, marked",
+			in:      map[string]string{corev1.LastAppliedConfigAnnotation: "{}", "team.example/owner": "shop"},
+			want:    map[string]string{"team.example/owner": "shop"},
+			trimmed: true},
+		{name: "a tenant's marker is dropped, and marks nothing",
+			in:   map[string]string{rollout.CacheTrimmed: "forged", "team.example/owner": "shop"},
+			want: map[string]string{"team.example/owner": "shop"}},
+		{name: "a tenant's marker alone leaves nothing", in: map[string]string{rollout.CacheTrimmed: ""}, want: nil},
+		{name: "a tenant's marker on a trimmed object is replaced by the transform's",
+			in:      map[string]string{rollout.CacheTrimmed: "forged", key: value(250_000)},
+			want:    map[string]string{},
+			trimmed: true},
+		{name: "the guard's annotations do not count against the total",
+			in: func() map[string]string {
+				m := maps.Clone(fourFull)
+				m[vocab.AnnotationRollbackStatus] = value(MaxCachedAnnotationBytes)
+				return m
+			}(),
+			want: func() map[string]string {
+				m := maps.Clone(fourFull)
+				m[vocab.AnnotationRollbackStatus] = value(MaxCachedAnnotationBytes)
+				return m
+			}()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := deployment()
+			d.Annotations = maps.Clone(tt.in)
+			_, err := StripForCache(d)
+			require.NoError(t, err)
+			got := maps.Clone(d.Annotations)
+			mark, marked := got[rollout.CacheTrimmed]
+			delete(got, rollout.CacheTrimmed)
+			if len(tt.want) == 0 {
+				assert.Empty(t, got)
+			} else {
+				assert.Equal(t, tt.want, got)
+			}
+			assert.Equal(t, tt.trimmed, marked, "marked trimmed")
+			if marked {
+				assert.NotEqual(t, "forged", mark)
+				assert.Len(t, mark, 16, "the marker is a short hash")
+			}
+		})
+	}
+}
+
+// The marker changes with what was dropped: a change of a dropped annotation
+// is a change of the cached copy (the audit judges the Deployment again).
+func TestStripForCacheMarkerFollowsWhatWasDropped(t *testing.T) {
+	mark := func(v string) string {
+		d := deployment()
+		d.Annotations = map[string]string{"team.example/notes": v}
+		_, err := StripForCache(d)
+		require.NoError(t, err)
+		return d.Annotations[rollout.CacheTrimmed]
+	}
+	a, b := mark(strings.Repeat("a", 250_000)), mark(strings.Repeat("b", 250_000))
+	require.NotEmpty(t, a)
+	assert.NotEqual(t, a, b)
+	assert.Equal(t, a, mark(strings.Repeat("a", 250_000)), "the same annotations, the same marker")
 }
 
 // BenchmarkCacheOfLargeTemplates measures what the cache keeps of a
@@ -152,7 +256,8 @@ func TestStripForCacheKeepsOnlyTheAnnotationsTheGuardReads(t *testing.T) {
 // it (decoded from JSON, then StripForCache): plain; with the annotation that
 // an earlier release's cache trusted (forged=hash); and with a 200 KB
 // deployguard.io/* annotation a tenant wrote (forged=annotation), which the
-// Deployment controller copies onto every new ReplicaSet. retained-B/op is
+// Deployment controller copies onto every new ReplicaSet; and with 250 KB of
+// ordinary annotations (forged=ordinary), five of 50 KB. retained-B/op is
 // the heap the kept object holds (a few KB of noise at small counts). Run:
 // go test -run XXX -bench CacheOfLargeTemplates -benchtime 1000x ./reconciler/
 func BenchmarkCacheOfLargeTemplates(b *testing.B) {
@@ -176,7 +281,7 @@ func BenchmarkCacheOfLargeTemplates(b *testing.B) {
 		}, func() client.Object { return &appsv1.ReplicaSet{} }},
 	}
 	for _, o := range objects {
-		for _, forged := range []string{"none", "hash", "annotation"} {
+		for _, forged := range []string{"none", "hash", "annotation", "ordinary"} {
 			b.Run(fmt.Sprintf("%s/forged=%s", o.kind, forged), func(b *testing.B) {
 				obj, meta, tmpl := o.build()
 				tmpl.Spec = spec
@@ -186,6 +291,12 @@ func BenchmarkCacheOfLargeTemplates(b *testing.B) {
 					tmpl.Annotations = map[string]string{vocab.Domain + "/cached-template-hash": "forged"}
 				case "annotation":
 					meta.Annotations[vocab.Domain+"/notes"] = strings.Repeat("x", 200_000)
+				case "ordinary":
+					// 250 KB of a tenant's own annotations, under the API
+					// server's 256 KiB: what a policy may read.
+					for i := range 5 {
+						meta.Annotations[fmt.Sprintf("team.example/notes-%d", i)] = strings.Repeat("x", 50_000)
+					}
 				}
 				raw, err := json.Marshal(obj)
 				require.NoError(b, err)

@@ -47,7 +47,12 @@ type Options struct {
 // changes. It reads Deployments from the shared cache, never from the
 // admission path, and evaluates at most Rate of them a second.
 type Runner struct {
-	Client    client.Client // reads from the cache, writes to the API server
+	Client client.Client // reads from the cache, writes to the API server
+	// APIReader reads from the API server a Deployment whose cached copy
+	// lacks what a policy may read (rollout.Incomplete: its pod template, or
+	// annotations the cache trimmed), at the audit's rate. Nil judges the
+	// cached copy as it is: a cache without the guard's transform.
+	APIReader client.Reader
 	Cache     cache.Cache
 	Evaluator *Evaluator
 	Metrics   *Metrics
@@ -459,6 +464,16 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 		if err := limiter.Wait(ctx); err != nil {
 			return err
 		}
+		full, err := r.whole(ctx, d)
+		switch {
+		case err != nil:
+			return err
+		case full == nil:
+			delete(r.known[d.Namespace], d.Name)
+			touched[d.Namespace] = true
+			return nil
+		}
+		d = full
 		if r.known[d.Namespace] == nil {
 			r.known[d.Namespace] = map[string]entry{}
 		}
@@ -489,6 +504,13 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 			if d := &list.Items[i]; !r.ignored(d.Namespace) {
 				if err := limiter.Wait(ctx); err != nil {
 					return err
+				}
+				d, err := r.whole(ctx, d)
+				if err != nil {
+					return err
+				}
+				if d == nil {
+					continue
 				}
 				if r.known[d.Namespace] == nil {
 					r.known[d.Namespace] = map[string]entry{}
@@ -555,6 +577,26 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 	return errors.Join(errs...)
 }
 
+// whole returns d as policies may read it: the cached copy when it is
+// complete, else the Deployment read from the API server (nil when it is
+// gone: the informer's deletion marks it for a new audit). What decides is
+// only what the cache transform left, never an annotation a tenant wrote
+// (rollout.CacheTrimmed is the transform's own).
+func (r *Runner) whole(ctx context.Context, d *appsv1.Deployment) (*appsv1.Deployment, error) {
+	if r.APIReader == nil || !rollout.Incomplete(d) {
+		return d, nil
+	}
+	full := &appsv1.Deployment{}
+	err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(d), full)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading Deployment %s/%s from the API server: %w", d.Namespace, d.Name, err)
+	}
+	return full, nil
+}
+
 // refreshPolicies re-evaluates, on every Deployment, the policies the active
 // set changed (new module, library or mode, or new policy) and drops the
 // results of the policies it removed; the other results stand. Deployments
@@ -594,6 +636,13 @@ func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dir
 		}
 		if err := limiter.Wait(ctx); err != nil {
 			return n, err
+		}
+		d, err := r.whole(ctx, d)
+		if err != nil {
+			return n, err
+		}
+		if d == nil {
+			continue
 		}
 		if r.known[d.Namespace] == nil {
 			r.known[d.Namespace] = map[string]entry{}

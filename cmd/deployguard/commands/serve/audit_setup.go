@@ -38,6 +38,9 @@ func setupAudit(mgr ctrl.Manager, pr *health.Probes, terms *leader.Terms, cfg co
 	terms.Setup = append(terms.Setup, func(_ context.Context, lm ctrl.Manager) error {
 		r := &audit.Runner{
 			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,
+			// The cache's Deployments lack their pod templates and trimmed
+			// annotations: the audit judges them as the API server has them.
+			APIReader: lm.GetAPIReader(),
 			Options: audit.Options{
 				Period: cfg.Audit.Period.Duration, Rate: cfg.Audit.Rate, Format: cfg.Audit.ReportFormat,
 				IgnoredNamespaces: ignored,
