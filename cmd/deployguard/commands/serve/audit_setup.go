@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
@@ -36,11 +37,17 @@ func setupAudit(mgr ctrl.Manager, pr *health.Probes, terms *leader.Terms, cfg co
 		ev.Exceptions = exceptions
 	}
 	terms.Setup = append(terms.Setup, func(_ context.Context, lm ctrl.Manager) error {
+		// The cache's Deployments lack their pod templates and trimmed
+		// annotations: the audit judges them as the API server has them,
+		// through a reader of its own, so that a full pass's reads never
+		// wait behind (or hold up) the reconciler's on a client-side limit.
+		reader, err := client.New(lm.GetConfig(), client.Options{Scheme: lm.GetScheme(), Mapper: lm.GetRESTMapper()})
+		if err != nil {
+			return fmt.Errorf("the audit's API reader: %w", err)
+		}
 		r := &audit.Runner{
 			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,
-			// The cache's Deployments lack their pod templates and trimmed
-			// annotations: the audit judges them as the API server has them.
-			APIReader: lm.GetAPIReader(),
+			APIReader: reader,
 			Options: audit.Options{
 				Period: cfg.Audit.Period.Duration, Rate: cfg.Audit.Rate, Format: cfg.Audit.ReportFormat,
 				IgnoredNamespaces: ignored,
