@@ -69,9 +69,9 @@ deny contains {"msg": "no legacy images", "field": "spec.template.spec.container
 			}
 			failing := slices.Clone(p.Namespaces[0].Failing)
 			slices.Sort(failing)
-			return slices.Equal(failing, []string{"legacy", "notes-bad"}), out, nil
+			return slices.Equal(failing, []string{"legacy", "notes-bad"}), fmt.Sprintf("failing: %v", failing), nil
 		}
-		return false, out, nil
+		return false, "no results of deployguard.e2etrimmed yet: " + out, nil
 	})
 	text, err := guard(ctx, t, "audit", "-n", ns)
 	require.NoError(t, err, text)
