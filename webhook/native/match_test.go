@@ -254,7 +254,8 @@ func plain(d *appsv1.Deployment) bool {
 
 // requests are the writes of d the refusals tell apart: its create, updates
 // that change it (or not) from a varied stored object, one while it is being
-// deleted, its deletion, and the owners it has added to it.
+// deleted, its deletion, and the owners it has added to it (or rewritten
+// around their uids).
 func requests(rng *rand.Rand, d *appsv1.Deployment) []native.Request {
 	d = d.DeepCopy()
 	old := d.DeepCopy()
@@ -282,6 +283,19 @@ func requests(rng *rand.Rand, d *appsv1.Deployment) []native.Request {
 		unowned := d.DeepCopy()
 		unowned.OwnerReferences = nil
 		reqs = append(reqs, native.Request{Operation: admission.Update, Object: d, OldObject: unowned})
+		// An owner rewritten around its uid: the same uid, and another
+		// name, kind or apiVersion than the stored one.
+		rewritten := d.DeepCopy()
+		r := &rewritten.OwnerReferences[rng.IntN(len(rewritten.OwnerReferences))]
+		switch rng.IntN(3) {
+		case 0:
+			r.Name += "-was"
+		case 1:
+			r.Kind = "Secret"
+		default:
+			r.APIVersion = "example.com/v1"
+		}
+		reqs = append(reqs, native.Request{Operation: admission.Update, Object: d, OldObject: rewritten})
 	}
 	return reqs
 }

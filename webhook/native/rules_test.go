@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 )
@@ -189,6 +190,10 @@ func TestOwnerOfAProtectedDeployment(t *testing.T) {
 		d.OwnerReferences = owners
 		return d
 	}
+	with := func(r metav1.OwnerReference, f func(*metav1.OwnerReference)) metav1.OwnerReference {
+		f(&r)
+		return r
+	}
 	gc := &user.DefaultInfo{Name: "system:serviceaccount:kube-system:generic-garbage-collector"}
 	s := defaults
 	s.ExemptUsernames = []string{"ci-bot"}
@@ -212,7 +217,19 @@ func TestOwnerOfAProtectedDeployment(t *testing.T) {
 			&user.DefaultInfo{Name: "bob", Groups: []string{"platform-admins"}}, "lets the garbage collector"},
 		{"by the guard", admission.Update, deployment("true"), deployment("true", owner("bait", "u1")), &user.DefaultInfo{Name: s.GuardUsername},
 			"lets the garbage collector"},
-		{"a protected Deployment created with an owner", admission.Create, nil, deployment("true", owner("op", "u1")), nil, "ConfigMap op"},
+		// The same uid naming another owner: the garbage collector finds
+		// none by those coordinates, and deletes the Deployment.
+		{"an owner's name rewritten, its uid kept", admission.Update, deployment("true", owner("a", "u1")), deployment("true", owner("gone", "u1")), nil,
+			"ConfigMap gone"},
+		{"an owner's kind rewritten, its uid kept", admission.Update, deployment("true", owner("a", "u1")),
+			deployment("true", with(owner("a", "u1"), func(r *metav1.OwnerReference) { r.Kind = "Secret" })), nil, "Secret a"},
+		{"an owner's apiVersion rewritten, its uid kept", admission.Update, deployment("true", owner("a", "u1")),
+			deployment("true", with(owner("a", "u1"), func(r *metav1.OwnerReference) { r.APIVersion = "example.com/v1" })), nil, "ConfigMap a"},
+		{"an owner's controller flag set", admission.Update, deployment("true", owner("a", "u1")),
+			deployment("true", with(owner("a", "u1"), func(r *metav1.OwnerReference) { r.Controller = ptr.To(true) })), nil, ""},
+		// A CREATE makes no existing Deployment deletable, and the garbage
+		// collector's DELETE of a protected one is refused anyway.
+		{"an operator creates a protected Deployment it owns", admission.Create, nil, deployment("true", owner("op", "u1")), nil, ""},
 		{"an owner of an unprotected Deployment", admission.Update, deployment(""), deployment("", owner("bait", "u1")), nil, ""},
 		{"protection set to false", admission.Update, deployment("false"), deployment("false", owner("bait", "u1")), nil, ""},
 		{"an operator creates an unprotected Deployment it owns", admission.Create, nil, deployment("", owner("op", "u1")), nil, ""},

@@ -20,9 +20,13 @@ import (
 // webhooks exempt. So a write that adds an owner to a Deployment is judged,
 // by the enforced Rego policies, as the DELETE of that Deployment by the
 // same user: if they may not delete it, they may not give the garbage
-// collector the means to. Deletion protection holds the same way in the
-// native policies (config/native, ownersAllowed), and there also against
-// the garbage collector's own DELETE of a protected Deployment.
+// collector the means to. On a CREATE too: an enforced policy's refusal of
+// the DELETE has no other net (the garbage collector's own DELETE is
+// exempt), so a tenant may not create a Deployment it may not delete owned
+// by something it may delete. Deletion protection holds the same way in
+// the native policies (config/native, ownersAllowed), on UPDATEs only,
+// since there the garbage collector's own DELETE of a protected Deployment
+// is refused too.
 
 // IsControlPlane reports whether username is one of the control plane's own
 // controllers that the webhook configurations and the native policies
@@ -40,19 +44,29 @@ func IsControlPlane(username string) bool {
 	return false
 }
 
-// OwnersAdded are the owner references of d whose uid old (nil on a
-// CREATE) does not have.
+// OwnersAdded are the owner references of d that old (nil on a CREATE:
+// every owner is added) does not have: a reference counts as the same only
+// if equal in uid, name, kind and apiVersion. The garbage collector looks
+// an owner up by its apiVersion, kind and name, and takes one whose uid
+// differs, or that is not found, as gone: a reference rewritten around a
+// kept uid is an owner added.
 func OwnersAdded(d, old *appsv1.Deployment) []metav1.OwnerReference {
 	if d == nil {
 		return nil
 	}
 	var added []metav1.OwnerReference
 	for _, r := range d.OwnerReferences {
-		if old == nil || !slices.ContainsFunc(old.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == r.UID }) {
+		if old == nil || !slices.ContainsFunc(old.OwnerReferences, func(o metav1.OwnerReference) bool { return sameOwner(o, r) }) {
 			added = append(added, r)
 		}
 	}
 	return added
+}
+
+// sameOwner: a and b name the same owner, as the garbage collector finds it
+// (and as config/native's ownersAdded compares them).
+func sameOwner(a, b metav1.OwnerReference) bool {
+	return a.UID == b.UID && a.Name == b.Name && a.Kind == b.Kind && a.APIVersion == b.APIVersion
 }
 
 // ownersAsDeletion judges the owners that req adds to its Deployment as

@@ -16,6 +16,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/webhook/exception"
@@ -36,6 +37,13 @@ func TestAnOwnerIsJudgedAsADeletion(t *testing.T) {
 			}
 		}
 	}
+	// rewritten: owner u1 as bait-u1 becomes, but for f.
+	rewritten := func(f func(*metav1.OwnerReference)) func(*appsv1.Deployment) {
+		return func(d *appsv1.Deployment) {
+			owned("u1")(d)
+			f(&d.OwnerReferences[len(d.OwnerReferences)-1])
+		}
+	}
 	enforce := []policy.Source{reviewtest.CriticalPolicy("critical", "enforce")}
 	const refusal = `metadata.ownerReferences: Forbidden: an owner reference to ConfigMap bait-u1 lets the garbage collector delete this Deployment once that owner is deleted, and you may not delete it: [policy critical] a tier: critical Deployment may not be deleted: remove the label first if it is no longer critical. Remove the owner reference, or have it added by someone who may delete the Deployment`
 	tests := []struct {
@@ -54,6 +62,20 @@ func TestAnOwnerIsJudgedAsADeletion(t *testing.T) {
 			cur: reviewtest.Guarded(critical, owned("u1")), refused: refusal},
 		{name: "a second owner", policies: enforce, op: admissionv1.Update,
 			old: reviewtest.Guarded(critical, owned("u0")), cur: reviewtest.Guarded(critical, owned("u0", "u1")), refused: refusal},
+		// The same uid under other coordinates: the garbage collector finds
+		// no owner by them, and deletes the Deployment.
+		{name: "an owner's name rewritten, its uid kept", policies: enforce, op: admissionv1.Update,
+			old: reviewtest.Guarded(critical, rewritten(func(r *metav1.OwnerReference) { r.Name = "kept" })),
+			cur: reviewtest.Guarded(critical, owned("u1")), refused: refusal},
+		{name: "an owner's kind rewritten, its uid kept", policies: enforce, op: admissionv1.Update,
+			old: reviewtest.Guarded(critical, rewritten(func(r *metav1.OwnerReference) { r.Kind = "Secret" })),
+			cur: reviewtest.Guarded(critical, owned("u1")), refused: refusal},
+		{name: "an owner's apiVersion rewritten, its uid kept", policies: enforce, op: admissionv1.Update,
+			old: reviewtest.Guarded(critical, rewritten(func(r *metav1.OwnerReference) { r.APIVersion = "example.com/v1" })),
+			cur: reviewtest.Guarded(critical, owned("u1")), refused: refusal},
+		{name: "an owner's controller flag set: the same owner", policies: enforce, op: admissionv1.Update,
+			old: reviewtest.Guarded(critical, owned("u1")),
+			cur: reviewtest.Guarded(critical, rewritten(func(r *metav1.OwnerReference) { r.Controller = ptr.To(true) }))},
 		{name: "an owner the stored Deployment has", policies: enforce, op: admissionv1.Update,
 			old: reviewtest.Guarded(critical, owned("u1")), cur: reviewtest.Guarded(critical, owned("u1"))},
 		{name: "an owner removed", policies: enforce, op: admissionv1.Update,
@@ -173,4 +195,67 @@ func TestNativeMetadataRulesOrigins(t *testing.T) {
 			assert.Empty(t, audit.Findings.Refusals(), "the audit judges what is stored, not the write")
 		})
 	}
+}
+
+// OwnersAdded and the native refusals' ownersAdded (config/native) count
+// the same owners as added: on an UPDATE of a protected Deployment, the
+// native rule refuses exactly when OwnersAdded finds one, for every pair of
+// owner lists drawn from references that share a uid and differ in one
+// coordinate. On a CREATE, OwnersAdded counts every owner (for the Rego
+// policies) and the native rule judges none.
+func TestOwnersAddedIsTheNativeRule(t *testing.T) {
+	base := metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "a", UID: "u1"}
+	variants := []metav1.OwnerReference{base}
+	for _, f := range []func(*metav1.OwnerReference){
+		func(r *metav1.OwnerReference) { r.Name = "b" },
+		func(r *metav1.OwnerReference) { r.Kind = "Secret" },
+		func(r *metav1.OwnerReference) { r.APIVersion = "example.com/v1" },
+		func(r *metav1.OwnerReference) { r.UID = "u2" },
+		func(r *metav1.OwnerReference) { r.Controller = ptr.To(true) },
+	} {
+		r := base
+		f(&r)
+		variants = append(variants, r)
+	}
+	// Every list of at most two variants.
+	lists := [][]metav1.OwnerReference{nil}
+	for i := range variants {
+		lists = append(lists, []metav1.OwnerReference{variants[i]})
+		for j := range variants {
+			if i != j {
+				lists = append(lists, []metav1.OwnerReference{variants[i], variants[j]})
+			}
+		}
+	}
+	protected := func(owners []metav1.OwnerReference) *appsv1.Deployment {
+		return reviewtest.Guarded(func(d *appsv1.Deployment) {
+			d.Annotations["deployguard.io/protected"] = "true"
+			d.OwnerReferences = owners
+		})
+	}
+	o := reviewtest.Options()
+	alice := authenticationv1.UserInfo{Username: "alice"}
+	refusedBy := func(req review.Request) bool {
+		for _, f := range o.NativeChecks(context.Background(), req, "deployguard-refusals") {
+			if f.Field == "metadata.ownerReferences" && f.Severity == review.SeverityError {
+				return true
+			}
+		}
+		return false
+	}
+	added := 0
+	for _, old := range lists {
+		for _, cur := range lists {
+			req := review.Request{Operation: admissionv1.Update, Object: protected(cur), OldObject: protected(old), UserInfo: alice}
+			want := review.OwnersAdded(req.Object, req.OldObject)
+			if len(want) > 0 {
+				added++
+			}
+			assert.Equal(t, len(want) > 0, refusedBy(req), "UPDATE from %+v to %+v: OwnersAdded %+v", old, cur, want)
+		}
+		create := review.Request{Operation: admissionv1.Create, Object: protected(old), UserInfo: alice}
+		assert.Len(t, review.OwnersAdded(create.Object, nil), len(old), "a CREATE adds every owner")
+		assert.False(t, refusedBy(create), "the native rule judges no CREATE: %+v", old)
+	}
+	assert.NotZero(t, added, "no owner added in the pairs")
 }
