@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"net/http"
 	"slices"
+	"time"
 
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 )
@@ -32,6 +33,8 @@ func (s clientServer) Register(path string, h http.Handler) {
 // against its client CA (tls.Config.ClientCAs, with
 // tls.VerifyClientCertIfGiven), or one named by none of names (its subject's
 // common name or a DNS name; any verified certificate when names is empty).
+// The refusal closes the connection without reading the rest of the body
+// (Refuse): it runs before any body deadline is set.
 // Where the API server presents a client certificate to webhooks (its
 // admission configuration's kubeconfig), only it then reaches the guard's
 // admission code: a pod that can reach the port gets a refusal that costs a
@@ -41,11 +44,29 @@ func (s clientServer) Register(path string, h http.Handler) {
 func RequireClient(names []string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || !clientNamed(r.TLS.VerifiedChains[0][0], names) {
-			http.Error(w, "deployguard: a client certificate of the API server is required", http.StatusForbidden)
+			Refuse(w, r, http.StatusForbidden, "deployguard: a client certificate of the API server is required")
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// Refuse answers code with msg and ends the connection without reading
+// what is left of the request's body. Left to itself, Go's server reads up
+// to 256 KiB of an unread body after the handler, to reuse the connection,
+// before it even writes the answer, and a server without ReadTimeout (the
+// webhook and metrics servers have only ReadHeaderTimeout) reads it with no
+// deadline: a client that declares a body and stalls would hold the
+// goroutine and its TLS connection for good. "Connection: close" stops the
+// read before the answer; a read deadline already past stops the one when
+// the body is closed after the handler, which happens regardless.
+func Refuse(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	w.Header().Set("Connection", "close")
+	if r.Body != nil && r.Body != http.NoBody {
+		// ErrNotSupported only where there is no connection (a recorder).
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
+	http.Error(w, msg, code)
 }
 
 func clientNamed(c *x509.Certificate, names []string) bool {

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -8,8 +9,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -86,6 +89,66 @@ func TestEveryPathRequiresTheClientCertificate(t *testing.T) {
 					assert.NotEqual(t, http.StatusForbidden, resp.StatusCode, "%s: %s", path, body)
 				}
 			}
+		})
+	}
+}
+
+// TestRefusalDoesNotWaitForTheBody: a client without a certificate that
+// declares a body and stalls after a few bytes of it gets its 403 and the
+// connection closed at once, whatever the path; Go's server would otherwise
+// read the rest of the body, with no deadline, before answering (it reads
+// up to 256 KiB of an unread body to reuse the connection), and hold the
+// goroutine and the TLS connection for as long as the client liked.
+func TestRefusalDoesNotWaitForTheBody(t *testing.T) {
+	ca, _ := newCA(t, "webhook clients")
+	srv := RequireClientOn(ctrlwebhook.NewServer(ctrlwebhook.Options{}), []string{"kube-apiserver"})
+	reached := make(chan string, 8)
+	srv.Register(MutatePath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached <- r.URL.Path }))
+	srv.Register("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached <- r.URL.Path }))
+	ts := httptest.NewUnstartedServer(srv.WebhookMux())
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	ts.TLS = &tls.Config{ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	clientTLS := ts.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+
+	tests := []struct {
+		name    string
+		path    string
+		headers string // the body's framing
+		body    string // all the client sends of it
+	}{
+		{name: "any path, 10 of 1000 bytes", path: "/anything", headers: "Content-Length: 1000\r\n", body: "0123456789"},
+		{name: "an admission path, 10 of 1000 bytes", path: MutatePath, headers: "Content-Length: 1000\r\n", body: "0123456789"},
+		{name: "chunked, one chunk and no end", path: "/anything", headers: "Transfer-Encoding: chunked\r\n", body: "a\r\n0123456789\r\n"},
+		{name: "more declared than the server would read", path: "/anything", headers: "Content-Length: 2097152\r\n", body: "0123456789"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, err := tls.Dial("tcp", ts.Listener.Addr().String(), clientTLS)
+			require.NoError(t, err)
+			defer conn.Close()
+			// The test's own bound: reaching it is the failure.
+			require.NoError(t, conn.SetDeadline(time.Now().Add(5*time.Second)))
+			_, err = io.WriteString(conn, "POST "+tt.path+" HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"+tt.headers+"\r\n"+tt.body)
+			require.NoError(t, err)
+
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err, "the 403 must not wait for the body")
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+			assert.Contains(t, string(body), "a client certificate of the API server is required")
+			assert.True(t, resp.Close, "the answer says the connection ends")
+
+			_, err = br.ReadByte()
+			var ne net.Error
+			require.False(t, errors.As(err, &ne) && ne.Timeout(), "the server must close the connection, not wait for the body: %v", err)
+			assert.ErrorIs(t, err, io.EOF)
+			assert.Empty(t, reached, "no handler is reached")
 		})
 	}
 }
