@@ -76,6 +76,9 @@ type Runner struct {
 	judgedWith map[string]string
 	policies   bool // a new policy set is waiting to be audited
 	kick       chan struct{}
+	// unread is how many Deployments the last pass could not read: marked
+	// again, their previous results standing, and retried after a wait.
+	unread int
 
 	missing     atomic.Bool // the report CRD is not installed
 	everMissing atomic.Bool
@@ -86,6 +89,10 @@ var _ manager.LeaderElectionRunnable = &Runner{}
 
 // batchWindow gathers the Deployment changes of one second into one pass.
 const batchWindow = time.Second
+
+// maxRetryWait bounds the wait before Deployments a pass could not read are
+// read again.
+const maxRetryWait = 5 * time.Minute
 
 // NeedLeaderElection: one replica writes the reports.
 func (r *Runner) NeedLeaderElection() bool { return true }
@@ -403,6 +410,11 @@ func (r *Runner) Start(ctx context.Context) error {
 	// policy change during a pass or a batch wait closes the channel taken
 	// before it, and must not be lost by taking the next one.
 	changed := r.Evaluator.Engine.Changed()
+	// retry wakes the loop for the Deployments a pass could not read, after
+	// a wait that doubles while reads keep failing (any trigger sooner
+	// retries them too).
+	var retry <-chan time.Time
+	retryWait := batchWindow
 	for {
 		select {
 		case <-changed:
@@ -423,6 +435,13 @@ func (r *Runner) Start(ctx context.Context) error {
 				r.policies = r.policies || policies
 				r.Log.Error(err, "audit pass failed; the next trigger retries", "reason", "AuditFailed")
 			}
+			switch {
+			case r.unread > 0:
+				retry = time.After(retryWait)
+				retryWait = min(2*retryWait, maxRetryWait)
+			case ctx.Err() == nil:
+				retryWait = batchWindow
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -439,6 +458,8 @@ func (r *Runner) Start(ctx context.Context) error {
 			}
 		case <-changed:
 			// Marked at the top of the loop, where the channel is renewed.
+		case <-retry:
+			retry = nil
 		case <-period.C:
 			r.mark(client.ObjectKey{})
 		}
@@ -454,26 +475,41 @@ func equalMeta(a, b *appsv1.Deployment) bool {
 
 // pass audits the dirty Deployments (the zero key: every one), and after a
 // policy-set change the policies it changed on every Deployment, then writes
-// the reports of the namespaces it touched.
+// the reports of the namespaces it touched. A Deployment it cannot read
+// keeps its previous results and is marked to be audited again: one failed
+// read never costs the others' results.
 func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool, policies bool) error {
 	start := time.Now()
 	full := dirty[client.ObjectKey{}] || (policies && r.judgedWith == nil)
 	scope := "partial"
 	touched := map[string]bool{}
+	r.unread = 0
+	var unread []client.ObjectKey
+	var unreadErr error
+	failed := func(key client.ObjectKey, err error) {
+		unread = append(unread, key)
+		if unreadErr == nil {
+			unreadErr = err
+		}
+	}
 	evaluate := func(d *appsv1.Deployment) error {
 		if err := limiter.Wait(ctx); err != nil {
 			return err
 		}
-		full, err := r.whole(ctx, d)
+		whole, err := r.whole(ctx, d)
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
 		case err != nil:
-			return err
-		case full == nil:
+			// Its previous results stand until it is read.
+			failed(client.ObjectKeyFromObject(d), err)
+			return nil
+		case whole == nil:
 			delete(r.known[d.Namespace], d.Name)
 			touched[d.Namespace] = true
 			return nil
 		}
-		d = full
+		d = whole
 		if r.known[d.Namespace] == nil {
 			r.known[d.Namespace] = map[string]entry{}
 		}
@@ -498,32 +534,38 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 		for ns := range r.known {
 			touched[ns] = true // emptied namespaces lose their report
 		}
-		r.known = map[string]map[string]entry{}
-		r.judgedWith = nil
+		// Built aside and swapped in once complete: a pass that stops
+		// half-way leaves the previous results whole.
+		known := map[string]map[string]entry{}
 		for i := range list.Items {
 			if d := &list.Items[i]; !r.ignored(d.Namespace) {
 				if err := limiter.Wait(ctx); err != nil {
 					return err
 				}
+				key := client.ObjectKeyFromObject(d)
 				d, err := r.whole(ctx, d)
-				if err != nil {
-					return err
-				}
-				if d == nil {
+				switch {
+				case err != nil && ctx.Err() != nil:
+					return ctx.Err()
+				case err != nil:
+					// Its previous results stand until it is read.
+					if e, ok := r.known[key.Namespace][key.Name]; ok {
+						put(known, key, e)
+					}
+					failed(key, err)
+					continue
+				case d == nil:
 					continue
 				}
-				if r.known[d.Namespace] == nil {
-					r.known[d.Namespace] = map[string]entry{}
-				}
-				r.known[d.Namespace][d.Name] = newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true))
+				put(known, key, newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true)))
 				touched[d.Namespace] = true
 				n++
 			}
 		}
-		r.judgedWith = digests(set)
+		r.known, r.judgedWith = known, digests(set)
 	case policies:
 		scope = "policies"
-		m, err := r.refreshPolicies(ctx, limiter, dirty, touched)
+		m, err := r.refreshPolicies(ctx, limiter, dirty, touched, failed)
 		n += m
 		if err != nil {
 			return err
@@ -542,7 +584,8 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 				touched[key.Namespace] = true
 				continue
 			case err != nil:
-				return fmt.Errorf("reading Deployment %s: %w", key, err)
+				failed(key, fmt.Errorf("reading Deployment %s from the cache: %w", key, err))
+				continue
 			}
 			if err := evaluate(d); err != nil {
 				return err
@@ -570,11 +613,40 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 			errs = append(errs, err)
 		}
 	}
+	r.markUnread(unread, unreadErr)
 	if r.Metrics != nil {
 		r.Metrics.observePass(time.Since(start), scope, r.known)
 	}
 	r.Log.V(1).Info("audit pass", "deployments", n, "namespaces", len(touched), "scope", scope, "duration", time.Since(start))
 	return errors.Join(errs...)
+}
+
+// markUnread marks the Deployments a pass could not read to be audited
+// again, without a kick: the run loop retries them after a wait (or at any
+// trigger sooner), and says what failed.
+func (r *Runner) markUnread(keys []client.ObjectKey, err error) {
+	r.unread = len(keys)
+	if len(keys) == 0 {
+		return
+	}
+	r.mu.Lock()
+	if r.dirty == nil {
+		r.dirty = map[client.ObjectKey]bool{}
+	}
+	for _, key := range keys {
+		r.dirty[key] = true
+	}
+	r.mu.Unlock()
+	r.Log.Error(err, "audit: Deployments not read; their previous results stand and they are read again",
+		"reason", "AuditReadFailed", "deployments", len(keys), "first", keys[0].String())
+}
+
+// put sets a Deployment's entry in known.
+func put(known map[string]map[string]entry, key client.ObjectKey, e entry) {
+	if known[key.Namespace] == nil {
+		known[key.Namespace] = map[string]entry{}
+	}
+	known[key.Namespace][key.Name] = e
 }
 
 // whole returns d as policies may read it: the cached copy when it is
@@ -601,8 +673,9 @@ func (r *Runner) whole(ctx context.Context, d *appsv1.Deployment) (*appsv1.Deplo
 // set changed (new module, library or mode, or new policy) and drops the
 // results of the policies it removed; the other results stand. Deployments
 // in dirty are left to the full evaluation that follows, and a Deployment
-// never audited is evaluated whole.
-func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool, touched map[string]bool) (int, error) {
+// never audited is evaluated whole. One it cannot read keeps its previous
+// results and is handed to failed, to be audited whole again.
+func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool, touched map[string]bool, failed func(client.ObjectKey, error)) (int, error) {
 	set := r.Evaluator.active()
 	now := digests(set)
 	changed := map[string]bool{}
@@ -637,11 +710,15 @@ func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dir
 		if err := limiter.Wait(ctx); err != nil {
 			return n, err
 		}
+		key := client.ObjectKeyFromObject(d)
 		d, err := r.whole(ctx, d)
-		if err != nil {
-			return n, err
-		}
-		if d == nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return n, ctx.Err()
+		case err != nil:
+			failed(key, err)
+			continue
+		case d == nil:
 			continue
 		}
 		if r.known[d.Namespace] == nil {

@@ -1,0 +1,182 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/review"
+)
+
+// ownerPolicy is the policy a new set adds.
+const ownerPolicy = `# METADATA
+# custom:
+#   mode: audit
+package deployguard.owner
+
+import rego.v1
+
+deny contains "needs an owner label" if {
+	not input.object.metadata.labels.owner
+}
+`
+
+// TestAuditKeepsResultsOfUnreadDeployments: one Deployment the API server
+// fails to return, in any pass, keeps its previous results, and every other
+// Deployment keeps or gets its own: the reports and the results metric lose
+// nothing. It is marked to be audited again, and the next pass reads it
+// and reports what it is now.
+func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	gvk, err := GVK(FormatPolicyReport)
+	require.NoError(t, err)
+	scheme.AddKnownTypeWithName(gvk, &unstructured.Unstructured{})
+	scheme.AddKnownTypeWithName(gvk.GroupVersion().WithKind(gvk.Kind+"List"), &unstructured.UnstructuredList{})
+	deployment := func(ns, name, image string) *appsv1.Deployment {
+		return sound(func(d *appsv1.Deployment) {
+			d.Namespace, d.Name, d.UID = ns, name, types.UID("uid-"+name)
+			d.Spec.Template.Spec.Containers[0].Image = image
+		})
+	}
+	apiKey := client.ObjectKey{Namespace: "shop", Name: "api"}
+	tests := []struct {
+		name     string
+		dirty    map[client.ObjectKey]bool
+		policies []policy.Source // the set loaded before the failing pass; nil: unchanged
+		// The failures in shop's report, and deployguard.owner's in the
+		// results metric, after the failing pass and after the retry; the
+		// failures in tools' report after the failing pass.
+		shopFails, shopFailsAfter   int64
+		toolsFails                  int64
+		ownerFails, ownerFailsAfter float64
+	}{
+		{name: "the period's full pass", dirty: map[client.ObjectKey]bool{{}: true}, shopFails: 1, toolsFails: 1},
+		{name: "a partial pass (the Deployment changed)", dirty: map[client.ObjectKey]bool{apiKey: true}, shopFails: 1, toolsFails: 1},
+		// api keeps its old results (no owner result yet); web, db and
+		// tools/ci are judged by the new policy. The retry judges api whole.
+		{name: "a policies pass (a new policy set)", dirty: map[client.ObjectKey]bool{},
+			policies:  []policy.Source{{Name: "notes.rego", Module: notesPolicy}, {Name: "owner.rego", Module: ownerPolicy}},
+			shopFails: 3, shopFailsAfter: 3, toolsFails: 2, ownerFails: 3, ownerFailsAfter: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			eng, err := policy.New(policy.Options{})
+			require.NoError(t, err)
+			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
+			stored := []*appsv1.Deployment{
+				deployment("shop", "web", "web:1.0"),
+				deployment("shop", "api", "api:latest"),
+				deployment("shop", "db", "db:1.0"),
+				deployment("tools", "ci", "ci:latest"),
+			}
+			// The cache keeps no template: every Deployment is read whole.
+			cb := fake.NewClientBuilder().WithScheme(scheme)
+			ab := fake.NewClientBuilder().WithScheme(scheme)
+			for _, d := range stored {
+				cb = cb.WithObjects(cachedCopy(d))
+				ab = ab.WithObjects(d.DeepCopy())
+			}
+			cached := cb.Build()
+			var failing atomic.Bool
+			var apiReads atomic.Int32
+			api := ab.WithInterceptorFuncs(interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if key == apiKey {
+					apiReads.Add(1)
+					if failing.Load() {
+						return errors.New("http2: client connection lost")
+					}
+				}
+				return c.Get(ctx, key, obj, opts...)
+			}}).Build()
+			am, err := NewMetrics(prometheus.NewRegistry())
+			require.NoError(t, err)
+			r := &Runner{Client: cached, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng}, Metrics: am,
+				Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{}}
+			limiter := rate.NewLimiter(rate.Inf, 1)
+			summary := func(ns string) map[string]any {
+				t.Helper()
+				u := &unstructured.Unstructured{}
+				u.SetGroupVersionKind(gvk)
+				require.NoError(t, cached.Get(ctx, client.ObjectKey{Namespace: ns, Name: ReportName}, u))
+				s, _, _ := unstructured.NestedMap(u.Object, "summary")
+				return s
+			}
+			fails := func(p string) float64 { return testutil.ToFloat64(am.results.WithLabelValues(p, ResultFail)) }
+
+			require.NoError(t, r.pass(ctx, limiter, map[client.ObjectKey]bool{{}: true}, false), "the first full pass")
+			require.Len(t, r.known["shop"], 3)
+			before := r.known["shop"]["api"]
+			require.Len(t, resultsOf(before, "deployguard.notes"), 1, "api's latest image fails")
+			assert.Equal(t, int64(1), summary("shop")["fail"])
+			assert.Equal(t, int64(1), summary("tools")["fail"])
+			assert.Equal(t, 2.0, fails("deployguard.notes"))
+
+			if tt.policies != nil {
+				require.NoError(t, eng.Load(ctx, tt.policies))
+			}
+			failing.Store(true)
+			reads := apiReads.Load()
+			assert.NoError(t, r.pass(ctx, limiter, tt.dirty, tt.policies != nil), "one failed read does not fail the pass")
+			assert.Equal(t, reads+1, apiReads.Load(), "api was read")
+			assert.Equal(t, before, r.known["shop"]["api"], "api's previous results stand")
+			assert.Len(t, r.known["shop"], 3, "shop's other Deployments keep their results")
+			assert.Len(t, r.known["tools"], 1)
+			assert.Equal(t, tt.shopFails, summary("shop")["fail"], "shop's report keeps api's failure")
+			assert.Equal(t, tt.toolsFails, summary("tools")["fail"])
+			assert.Equal(t, 2.0, fails("deployguard.notes"), "the results metric keeps every Deployment's")
+			assert.Equal(t, tt.ownerFails, fails("deployguard.owner"))
+			assert.Equal(t, map[client.ObjectKey]bool{apiKey: true}, r.dirty, "api is marked to be audited again")
+			assert.Equal(t, 1, r.unread)
+
+			// api is fixed meanwhile, and the API server answers again: the
+			// next pass (the run loop takes what is marked) reads it and
+			// reports it as it is now.
+			failing.Store(false)
+			fixed := &appsv1.Deployment{}
+			require.NoError(t, api.Get(ctx, apiKey, fixed))
+			fixed.Spec.Template.Spec.Containers[0].Image = "api:2.0"
+			require.NoError(t, api.Update(ctx, fixed))
+			reads = apiReads.Load()
+			dirty := r.dirty
+			r.dirty = map[client.ObjectKey]bool{}
+			require.NoError(t, r.pass(ctx, limiter, dirty, false))
+			assert.Equal(t, reads+1, apiReads.Load(), "api was read again")
+			assert.Empty(t, r.dirty)
+			assert.Equal(t, 0, r.unread)
+			assert.Empty(t, resultsOf(r.known["shop"]["api"], "deployguard.notes"), "api read whole: no failure left")
+			assert.Equal(t, 1.0, fails("deployguard.notes"), "only tools/ci's latest image fails")
+			assert.Equal(t, tt.ownerFailsAfter, fails("deployguard.owner"))
+			assert.Equal(t, tt.shopFailsAfter, summary("shop")["fail"])
+		})
+	}
+}
+
+// resultsOf are e's results of one policy that are not a pass.
+func resultsOf(e entry, policy string) []Result {
+	var out []Result
+	for _, r := range e.results {
+		if r.Policy == policy {
+			out = append(out, r)
+		}
+	}
+	return out
+}
