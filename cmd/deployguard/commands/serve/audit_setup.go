@@ -36,15 +36,16 @@ func setupAudit(mgr ctrl.Manager, pr *health.Probes, terms *leader.Terms, cfg co
 	if exceptions != nil {
 		ev.Exceptions = exceptions
 	}
+	// The cache's Deployments lack their pod templates and trimmed
+	// annotations: the audit judges them as the API server has them, through
+	// a reader of its own, so that a full pass's reads never wait behind (or
+	// hold up) the reconciler's on a client-side limit. Made once: its
+	// transport serves every term, as the process's own clients do.
+	reader, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+	if err != nil {
+		return fmt.Errorf("the audit's API reader: %w", err)
+	}
 	terms.Setup = append(terms.Setup, func(_ context.Context, lm ctrl.Manager) error {
-		// The cache's Deployments lack their pod templates and trimmed
-		// annotations: the audit judges them as the API server has them,
-		// through a reader of its own, so that a full pass's reads never
-		// wait behind (or hold up) the reconciler's on a client-side limit.
-		reader, err := client.New(lm.GetConfig(), client.Options{Scheme: lm.GetScheme(), Mapper: lm.GetRESTMapper()})
-		if err != nil {
-			return fmt.Errorf("the audit's API reader: %w", err)
-		}
 		r := &audit.Runner{
 			Client: lm.GetClient(), Cache: lm.GetCache(), Evaluator: ev, Metrics: am,
 			APIReader: reader,
