@@ -75,6 +75,20 @@ func keepGuardAnnotation(k, v string) bool {
 	return cachedGuardAnnotations[k] && len(v) <= MaxCachedAnnotationBytes
 }
 
+// cachedReadAnnotations are the annotations outside the guard's domain that
+// the guard itself reads from a cached Deployment or ReplicaSet: the
+// Deployment controller's revision (rollout.Revision, ReadRollout). Nothing
+// else outside deployguard.io/* is read from the cache (a rollback and a
+// record read the ReplicaSet's other annotations from the API server).
+var cachedReadAnnotations = map[string]bool{vocab.RevisionAnnotation: true}
+
+// keepReadAnnotation: an annotation outside the guard's domain that the
+// guard reads is kept when its value is short, whatever else the object
+// carries: it never competes with the others for their total.
+func keepReadAnnotation(k, v string) bool {
+	return cachedReadAnnotations[k] && len(v) <= MaxCachedAnnotationBytes
+}
+
 // StripForCache is the cache transform of Deployments and ReplicaSets (see
 // CacheOptions); other objects only lose their managedFields.
 func StripForCache(obj any) (any, error) {
@@ -94,7 +108,7 @@ func StripForCache(obj any) (any, error) {
 		// size, is copied onto each of its new ReplicaSets.
 		o.Labels = keepOnly(o.Labels, func(k string) bool { return k == appsv1.DefaultDeploymentUniqueLabelKey })
 		o.Annotations = keepOnlyKV(o.Annotations, func(k, v string) bool {
-			return (k == vocab.RevisionAnnotation && len(v) <= MaxCachedAnnotationBytes) || keepGuardAnnotation(k, v)
+			return keepReadAnnotation(k, v) || keepGuardAnnotation(k, v)
 		})
 		o.Spec.Selector = nil
 		o.Spec.Template.Labels = nil
@@ -110,8 +124,9 @@ func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
 // MaxCachedOtherAnnotationBytes bounds what a cached Deployment keeps of the
 // annotations outside the guard's domain, keys and values together; each
 // value is also at most MaxCachedAnnotationBytes. The guard reads none of
-// them: only the audit's policies may, and the audit reads a Deployment the
-// cache trimmed from the API server (rollout.CacheTrimmed). The annotations
+// them (those it reads, cachedReadAnnotations, are kept apart and not
+// counted): only the audit's policies may, and the audit reads a Deployment
+// the cache trimmed from the API server (rollout.CacheTrimmed). The annotations
 // tools write (the Deployment controller's revision, Helm's release, Argo
 // CD's tracking id, change-cause) take a few hundred bytes; 8 KiB keeps them
 // whole and bounds 10,000 Deployments to 80 MiB, where the API server's
@@ -119,8 +134,9 @@ func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
 const MaxCachedOtherAnnotationBytes = 8 << 10
 
 // trimDeploymentAnnotations returns what the cache keeps of a Deployment's
-// annotations: of the guard's domain those this release reads, short; of
-// the others, short ones in key order up to MaxCachedOtherAnnotationBytes;
+// annotations: of the guard's domain those this release reads, short; the
+// revision (cachedReadAnnotations), short, whatever sorts before it; of the
+// others, short ones in key order up to MaxCachedOtherAnnotationBytes;
 // never kubectl's last-applied configuration (a copy of the whole object).
 // When it drops anything, it sets rollout.CacheTrimmed to a hash of what it
 // dropped. An incoming rollout.CacheTrimmed is dropped first, whoever wrote
@@ -144,6 +160,8 @@ func trimDeploymentAnnotations(m map[string]string) map[string]string {
 		case k == corev1.LastAppliedConfigAnnotation:
 		case strings.HasPrefix(k, vocab.Domain+"/"):
 			ok = keepGuardAnnotation(k, v)
+		case cachedReadAnnotations[k]:
+			ok = keepReadAnnotation(k, v)
 		case len(v) <= MaxCachedAnnotationBytes && other+len(k)+len(v) <= MaxCachedOtherAnnotationBytes:
 			ok = true
 			other += len(k) + len(v)

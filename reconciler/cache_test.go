@@ -200,6 +200,25 @@ func TestStripForCacheBoundsADeploymentsOtherAnnotations(t *testing.T) {
 			in:      map[string]string{rollout.CacheTrimmed: "forged", key: value(250_000)},
 			want:    map[string]string{},
 			trimmed: true},
+		{name: "the revision is kept, and not counted, whatever sorts before it",
+			in: func() map[string]string {
+				m := map[string]string{vocab.RevisionAnnotation: "3"}
+				for k, v := range fourFull {
+					m["app.example/"+strings.TrimPrefix(k, "team.example/")] = v
+				}
+				return m
+			}(),
+			want: func() map[string]string {
+				m := map[string]string{vocab.RevisionAnnotation: "3"}
+				for k, v := range fourFull {
+					m["app.example/"+strings.TrimPrefix(k, "team.example/")] = v
+				}
+				return m
+			}()},
+		{name: "a revision over the cap is dropped, marked",
+			in:      map[string]string{vocab.RevisionAnnotation: value(MaxCachedAnnotationBytes + 1)},
+			want:    map[string]string{},
+			trimmed: true},
 		{name: "the guard's annotations do not count against the total",
 			in: func() map[string]string {
 				m := maps.Clone(fourFull)
