@@ -341,8 +341,8 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 		expires = recordExpiresOr(existing, expires)
 		// A guard stopped between writing the record and making room for it
 		// makes room now.
-		if err := r.keepWithinBudget(ctx, d, ns, name, recordBytesOf(existing, budget)); err != nil {
-			return stepOutcome{}, err
+		if r.keepWithinBudget(ctx, d, ns, name, expires, recordBytesOf(existing, budget)) {
+			return r.ownRecordEvicted(d, recordNS, name), nil
 		}
 	case RecordCreate, RecordReplace:
 		full, rss, err := r.wholeForRecord(ctx, d)
@@ -359,9 +359,8 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 			// would restore something nobody wrote. The deletion goes on.
 			return failed("No record saved: it would hold %d bytes, more than the %d bytes one record may hold (cleanup.maxRecordBytes), so the Deployment cannot be restored with deployguard restore.", size, budget.RecordBytes), nil
 		}
-		if err := r.keepWithinBudget(ctx, d, ns, name, size); err != nil {
-			return stepOutcome{}, err
-		}
+		// Room is made once the record is written, not before: a write that
+		// fails evicts nothing.
 		if action == RecordCreate {
 			err = r.Client.Create(ctx, rec)
 		} else {
@@ -381,10 +380,11 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 			return stepOutcome{}, fmt.Errorf("writing record %s/%s: %w", recordNS, name, err)
 		}
 		ctrl.LoggerFrom(ctx).Info("Record saved", "configMap", klog.KObj(rec), "action", action, "bytes", size)
-		// Again once written: a record of the same namespace written at the
-		// same time is seen now.
-		if err := r.keepWithinBudget(ctx, d, ns, name, size); err != nil {
-			return stepOutcome{}, err
+		// Room is made now: the oldest go, none newer than this record (a
+		// newer one's own step makes room for it), this record too if it is
+		// among the oldest past the budget (RecordsToEvict).
+		if r.keepWithinBudget(ctx, d, ns, name, expires, size) {
+			return r.ownRecordEvicted(d, recordNS, name), nil
 		}
 	}
 	msg := fmt.Sprintf("Saved a record of the Deployment in ConfigMap %s/%s, kept until %s; restore it with: deployguard restore %s/%s",
@@ -393,14 +393,31 @@ func (r *DeploymentReconciler) reconcileRecord(ctx context.Context, d *appsv1.De
 }
 
 // keepWithinBudget deletes the oldest records of the Deployment's namespace
-// past its budget (makeRoomForRecord), keeping record name of size bytes, and
-// says so in a Warning Event about the Deployment being deleted.
-func (r *DeploymentReconciler) keepWithinBudget(ctx context.Context, d *appsv1.Deployment, ns namespaceState, name string, size int64) error {
-	gone, err := r.makeRoomForRecord(ctx, d.Namespace, name, size)
+// past its budget (makeRoomForRecord), none newer than record name of size
+// bytes expiring at expires, and says so in a Warning Event about the
+// Deployment being deleted. It reports whether record name itself went (the
+// oldest past the budget, newer deletions of the namespace recorded at the
+// same time). A list or delete that fails is logged and told in a Warning
+// Event too, and the step goes on: a deletion is never held for the budget
+// (deletion stays deletion); the namespace's next record catches up.
+func (r *DeploymentReconciler) keepWithinBudget(ctx context.Context, d *appsv1.Deployment, ns namespaceState, name string, expires time.Time, size int64) bool {
+	gone, ownGone, err := r.makeRoomForRecord(ctx, d.Namespace, name, expires, size)
 	if len(gone) > 0 {
 		r.emitCleanupEvent(d, ns, corev1.EventTypeWarning, vocab.ReasonRecordsEvicted, actionRecord, r.evictedMessage(d.Namespace, gone))
 	}
-	return err
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Keeping the namespace's records within their budget; the deletion goes on", "namespace", d.Namespace)
+		r.emitCleanupEvent(d, ns, corev1.EventTypeWarning, vocab.ReasonRecordsEvicted, actionRecord, r.budgetFailedMessage(d.Namespace, err))
+	}
+	return ownGone
+}
+
+// ownRecordEvicted is the outcome of a record step whose record was the
+// oldest of its namespace's past the budget once written.
+func (r *DeploymentReconciler) ownRecordEvicted(d *appsv1.Deployment, recordNS, name string) stepOutcome {
+	return stepOutcome{done: true, result: resultFailed, eventType: corev1.EventTypeWarning, reason: vocab.ReasonRecordFailed,
+		message: fmt.Sprintf("No record kept: ConfigMap %s/%s was written, then deleted as the oldest of namespace %s's records past their budget (newer deletions of the namespace were recorded at the same time), so the Deployment cannot be restored with deployguard restore.",
+			recordNS, name, d.Namespace)}
 }
 
 // wholeForRecord reads what a record keeps from the API server: the

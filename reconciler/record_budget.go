@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -87,67 +88,96 @@ func recordBytesOf(m metav1.Object, budget RecordBudget) int64 {
 }
 
 // RecordsToEvict returns the records (of one namespace) to delete, oldest
-// first, so that they fit budget together with the record named keep of
-// keepBytes bytes, which is never among them (written now, or about to be).
-// The oldest is the first to expire (every record is kept for the same
-// retention from when it was written); a record without a readable expiry
-// counts as the oldest, then by name, so that two guards choose alike.
-func RecordsToEvict(records []metav1.PartialObjectMetadata, keep string, keepBytes int64, budget RecordBudget) []*metav1.PartialObjectMetadata {
+// first, so that they fit budget together with own, the record of own
+// bytes, expiring at ownExpires, that the pass has just written (or found
+// written). The oldest is the first to expire (every record is kept for the
+// same retention from when it was written); a record without a readable
+// expiry counts as the oldest, then by name, so that two guards choose
+// alike.
+//
+// A pass never deletes a record newer than its own: that is the record of
+// a deletion made since, whose own pass makes room for it. Two deletions of
+// a namespace recorded at once thus never evict each other's record (the
+// newer one's pass evicts for both), and the config requires room for two
+// records of the largest size (cleanup.recordBytesPerNamespace and
+// recordsPerNamespace), so that the two newest always fit together. When
+// the records older than own are gone and the namespace is still past its
+// budget, own itself is the oldest past it, and goes too (when records
+// holds it): records written in another order than their age (a flood of
+// deletions, several workers) still end within the budget, the newest
+// kept, whichever pass runs last.
+func RecordsToEvict(records []metav1.PartialObjectMetadata, own string, ownExpires time.Time, ownBytes int64, budget RecordBudget) []*metav1.PartialObjectMetadata {
 	budget = budget.withDefaults()
 	others := make([]*metav1.PartialObjectMetadata, 0, len(records))
-	count, bytes := 1, keepBytes
+	var listed *metav1.PartialObjectMetadata
+	count, bytes := 1, ownBytes
 	for i := range records {
-		if records[i].Name == keep {
+		if records[i].Name == own {
+			listed = &records[i]
 			continue
 		}
 		others = append(others, &records[i])
 		count++
 		bytes += recordBytesOf(&records[i], budget)
 	}
-	slices.SortFunc(others, func(a, b *metav1.PartialObjectMetadata) int {
-		ta, aok := RecordExpiry(a)
-		tb, bok := RecordExpiry(b)
-		switch {
-		case aok && bok && !ta.Equal(tb):
-			return ta.Compare(tb)
-		case aok != bok:
-			if !aok {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(others, compareRecordAge)
+	ownAge := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: own, Annotations: map[string]string{
+		vocab.AnnotationRecordExpires: ownExpires.UTC().Format(time.RFC3339),
+	}}}
+	fits := func() bool { return count <= budget.Records && bytes <= budget.Bytes }
 	var evict []*metav1.PartialObjectMetadata
 	for _, m := range others {
-		if count <= budget.Records && bytes <= budget.Bytes {
+		if fits() || compareRecordAge(m, ownAge) >= 0 {
+			// Within the budget, or newer than own: all that follow are.
 			break
 		}
 		evict = append(evict, m)
 		count--
 		bytes -= recordBytesOf(m, budget)
 	}
+	if !fits() && listed != nil {
+		evict = append(evict, listed)
+	}
 	return evict
 }
 
+// compareRecordAge orders records oldest first: by expiry, a record without
+// a readable one first, then by name.
+func compareRecordAge(a, b *metav1.PartialObjectMetadata) int {
+	ta, aok := RecordExpiry(a)
+	tb, bok := RecordExpiry(b)
+	switch {
+	case aok && bok && !ta.Equal(tb):
+		return ta.Compare(tb)
+	case aok != bok:
+		if !aok {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.Name, b.Name)
+}
+
 // makeRoomForRecord deletes the oldest records of Deployments of namespace ns
-// (by their label, read as metadata only from the API server) until they fit
-// the budget with record keep of keepBytes bytes. It is run before the record
-// is written and again after, so that two deletions in the same namespace
-// written at once end within the budget too (each sees the other's record
-// then). Every delete is conditional on the UID and resourceVersion listed: a
-// record replaced meanwhile is decided again at the next pass. It returns the
-// Deployments whose records went.
-func (r *DeploymentReconciler) makeRoomForRecord(ctx context.Context, ns, keep string, keepBytes int64) ([]string, error) {
+// (by their label, read as metadata only from the API server), none newer
+// than record keep of keepBytes bytes expiring at keepExpires, until they
+// fit the budget (RecordsToEvict). It is run once the record is written, so
+// that a failed write evicts nothing and deletions of the same namespace
+// recorded at once end within the budget too (the last pass sees every
+// record). Every delete is conditional on the UID and resourceVersion
+// listed: a record replaced meanwhile is decided again at the next pass. It
+// returns the Deployments whose records went, whether keep was among them
+// (RecordsToEvict), and the first error, after trying the other deletes.
+func (r *DeploymentReconciler) makeRoomForRecord(ctx context.Context, ns, keep string, keepExpires time.Time, keepBytes int64) (gone []string, ownGone bool, err error) {
 	recordNS := r.Options.RecordNamespace
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMapList"))
 	if err := r.APIReader.List(ctx, list, client.InNamespace(recordNS),
 		client.MatchingLabels{vocab.LabelRecord: "true", vocab.LabelRecordNamespace: ns}); err != nil {
-		return nil, fmt.Errorf("listing the records of namespace %s: %w", ns, err)
+		return nil, false, fmt.Errorf("listing the records of namespace %s: %w", ns, err)
 	}
-	var gone []string
-	for _, m := range RecordsToEvict(list.Items, keep, keepBytes, r.Options.RecordBudget) {
+	var first error
+	for _, m := range RecordsToEvict(list.Items, keep, keepExpires, keepBytes, r.Options.RecordBudget) {
 		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
 		uid, rv := m.UID, m.ResourceVersion
 		switch err := r.Client.Delete(ctx, m, client.Preconditions{UID: &uid, ResourceVersion: &rv}); {
@@ -155,14 +185,15 @@ func (r *DeploymentReconciler) makeRoomForRecord(ctx context.Context, ns, keep s
 			r.Metrics.recordsEvicted.Inc()
 			of := types.NamespacedName{Namespace: m.Annotations[vocab.AnnotationRecordNamespace], Name: m.Annotations[vocab.AnnotationRecordOf]}
 			gone = append(gone, of.String())
+			ownGone = ownGone || m.Name == keep
 			ctrl.LoggerFrom(ctx).Info("Deleted the oldest record of the namespace to keep its records within their budget", "configMap", klog.KObj(m), "deployment", of.String())
 		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
 			// Gone or replaced meanwhile (the sweeper, or the other pass).
-		default:
-			return gone, fmt.Errorf("deleting record %s/%s to keep namespace %s within its budget: %w", recordNS, m.Name, ns, err)
+		case first == nil:
+			first = fmt.Errorf("deleting record %s/%s to keep namespace %s within its budget: %w", recordNS, m.Name, ns, err)
 		}
 	}
-	return gone, nil
+	return gone, ownGone, first
 }
 
 // evictedMessage says which records went, and why.
@@ -170,4 +201,16 @@ func (r *DeploymentReconciler) evictedMessage(ns string, gone []string) string {
 	b := r.Options.RecordBudget.withDefaults()
 	return fmt.Sprintf("Deleted the oldest records of namespace %s (%s) to keep the records of its deletions within their budget of %d records and %d bytes (cleanup.recordsPerNamespace, cleanup.recordBytesPerNamespace); those Deployments can no longer be restored with deployguard restore.",
 		ns, strings.Join(gone, ", "), b.Records, b.Bytes)
+}
+
+// maxBudgetErrorBytes is what a budget failure's Event keeps of the API
+// server's answer.
+const maxBudgetErrorBytes = 300
+
+// budgetFailedMessage says that the records of namespace ns could not be
+// kept within their budget now, and what happens instead.
+func (r *DeploymentReconciler) budgetFailedMessage(ns string, err error) string {
+	b := r.Options.RecordBudget.withDefaults()
+	return fmt.Sprintf("Could not keep the records of namespace %s within their budget of %d records and %d bytes (cleanup.recordsPerNamespace, cleanup.recordBytesPerNamespace): %s. The deletion goes on; the oldest records go at the namespace's next record.",
+		ns, b.Records, b.Bytes, truncate(err.Error(), maxBudgetErrorBytes))
 }

@@ -69,10 +69,62 @@ func TestRecordsToEvict(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var got []string
-			for _, m := range RecordsToEvict(tt.records, "keep", tt.keepBytes, budget) {
+			for _, m := range RecordsToEvict(tt.records, "keep", t0.Add(24*time.Hour), tt.keepBytes, budget) {
 				got = append(got, m.Name)
 			}
 			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+// Deletions of a namespace recorded at once: each pass evicts only records
+// not newer than its own, so no two evict each other's; every pass chooses
+// the same oldest records, its own among them when it is one of those, so
+// the namespace ends within its budget whichever pass runs last.
+func TestRecordsToEvictTwoNewRecords(t *testing.T) {
+	tests := []struct {
+		name    string
+		budget  RecordBudget
+		records []metav1.PartialObjectMetadata
+		// want is, for each new record's pass, the records it evicts.
+		want map[string][]string
+	}{
+		{name: "the two alone past the budget: both passes evict the older, never the newer",
+			budget:  RecordBudget{Records: 3, Bytes: 1000, RecordBytes: 600},
+			records: []metav1.PartialObjectMetadata{recordMeta("x", t0.Add(time.Hour), "600"), recordMeta("y", t0.Add(2*time.Hour), "600")},
+			want:    map[string][]string{"x": {"x"}, "y": {"x"}}},
+		{name: "the same expiry: the name decides which is older, one way only",
+			budget:  RecordBudget{Records: 3, Bytes: 1000, RecordBytes: 600},
+			records: []metav1.PartialObjectMetadata{recordMeta("y", t0.Add(time.Hour), "600"), recordMeta("x", t0.Add(time.Hour), "600")},
+			want:    map[string][]string{"x": {"x"}, "y": {"x"}}},
+		{name: "a budget the config accepts: both passes evict the older records, both new ones stay",
+			budget: RecordBudget{Records: 2, Bytes: 1000, RecordBytes: 500},
+			records: []metav1.PartialObjectMetadata{recordMeta("old", t0, "300"),
+				recordMeta("x", t0.Add(time.Hour), "500"), recordMeta("y", t0.Add(2*time.Hour), "500")},
+			want: map[string][]string{"x": {"old"}, "y": {"old"}}},
+		{name: "three at once, room for two: every pass evicts the oldest new one",
+			budget: RecordBudget{Records: 2, Bytes: 1000, RecordBytes: 500},
+			records: []metav1.PartialObjectMetadata{recordMeta("x", t0.Add(time.Hour), "100"),
+				recordMeta("y", t0.Add(2*time.Hour), "100"), recordMeta("z", t0.Add(3*time.Hour), "100")},
+			want: map[string][]string{"x": {"x"}, "y": {"x"}, "z": {"x"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for own, want := range tt.want {
+				var ownMeta metav1.PartialObjectMetadata
+				for _, m := range tt.records {
+					if m.Name == own {
+						ownMeta = m
+					}
+				}
+				expires, ok := RecordExpiry(&ownMeta)
+				require.True(t, ok)
+				var got []string
+				for _, m := range RecordsToEvict(tt.records, own, expires, recordBytesOf(&ownMeta, tt.budget), tt.budget) {
+					got = append(got, m.Name)
+				}
+				assert.Equal(t, want, got, "the pass of %s", own)
+			}
 		})
 	}
 }
@@ -107,8 +159,8 @@ func TestRecordBudgetEvictsTheOldestOfTheNamespace(t *testing.T) {
 
 	e.reconcileResult()
 
-	assert.Equal(t, []string{"delete ConfigMap deployguard-record-shop.a", "create ConfigMap deployguard-record-shop.web"}, e.writes,
-		"made room first, by metadata only, then wrote")
+	assert.Equal(t, []string{"create ConfigMap deployguard-record-shop.web", "delete ConfigMap deployguard-record-shop.a"}, e.writes,
+		"wrote, then made room, by metadata only")
 	var left corev1.ConfigMapList
 	require.NoError(t, e.client.List(context.Background(), &left, client.InNamespace(guardNamespace)))
 	var names []string
@@ -193,9 +245,123 @@ func TestRecordsAreListedByMetadataOnly(t *testing.T) {
 	e := newEnv(t)
 	e.r.APIReader, e.r.Client = reader, reader
 	e.r.Options.RecordBudget = RecordBudget{Records: 1}
-	gone, err := e.r.makeRoomForRecord(context.Background(), "shop", "deployguard-record-shop.web", 10)
+	gone, _, err := e.r.makeRoomForRecord(context.Background(), "shop", "deployguard-record-shop.web", t0.Add(3*time.Hour), 10)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"shop/b"}, gone, "the one the sweeper left, to make room")
 
 	assert.Equal(t, []string{"*v1.PartialObjectMetadataList", "*v1.PartialObjectMetadataList"}, listed)
+}
+
+// failingRecords fails the record step's list of records (metadata only),
+// its deletes of records, or its write of the record, with the errors set.
+type failingRecords struct {
+	client.Client
+	list, del, write error
+}
+
+func (f failingRecords) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*metav1.PartialObjectMetadataList); ok && f.list != nil {
+		return f.list
+	}
+	return f.Client.List(ctx, list, opts...)
+}
+
+func (f failingRecords) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	if _, ok := obj.(*metav1.PartialObjectMetadata); ok && f.del != nil {
+		return f.del
+	}
+	return f.Client.Delete(ctx, obj, opts...)
+}
+
+func (f failingRecords) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if _, ok := obj.(*corev1.ConfigMap); ok && f.write != nil {
+		return f.write
+	}
+	return f.Client.Create(ctx, obj, opts...)
+}
+
+// A list or delete of records that fails never holds the deletion: the
+// record is saved, the user is told in a Warning (with a bounded part of the
+// API server's answer), and the finalizer goes.
+func TestRecordBudgetFailureDoesNotHoldTheDeletion(t *testing.T) {
+	long := apierrors.NewInternalError(fmt.Errorf("etcd said %s", strings.Repeat("x", 10_000)))
+	tests := []struct {
+		name      string
+		list, del error
+		// done: the record was written before a restart.
+		done bool
+	}{
+		{name: "the list fails", list: long},
+		{name: "a delete fails", del: apierrors.NewServiceUnavailable("the API server is going away")},
+		{name: "the list fails after a restart, the record written", list: long, done: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := deployment(deleting(vocab.FinalizerRecord))
+			objs := []client.Object{namespace(nil), d, recordOf(t, "shop", "a", t0.Add(time.Hour)), recordOf(t, "shop", "b", t0.Add(2*time.Hour))}
+			if tt.done {
+				rec, err := BuildRecord(d, nil, guardNamespace, t0.Add(3*time.Hour))
+				require.NoError(t, err)
+				objs = append(objs, rec)
+			}
+			e := newEnv(t, objs...)
+			e.r.Options.RecordBudget = RecordBudget{Records: 2}
+			e.r.Client = failingRecords{Client: e.r.Client, list: tt.list, del: tt.del}
+			e.r.APIReader = failingRecords{Client: e.client, list: tt.list, del: tt.del}
+
+			e.reconcileResult()
+
+			for _, w := range e.writes {
+				assert.NotContains(t, w, "delete ConfigMap", "no record evicted")
+			}
+			evs := e.events()
+			require.Equal(t, []string{vocab.ReasonRecordsEvicted, vocab.ReasonRecorded}, eventReasons(evs))
+			assert.Contains(t, evs[0], "Warning")
+			assert.Contains(t, evs[0], "Could not keep the records of namespace shop within their budget")
+			assert.Contains(t, evs[0], "The deletion goes on")
+			assert.Less(t, len(evs[0]), 1000, "the API server's answer is cut")
+			assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultCompleted))
+			assert.Zero(t, counterValue(t, e.r.Metrics.recordsEvicted))
+			e.assertDeleted()
+			assert.NotNil(t, e.record(), "the record is saved")
+		})
+	}
+}
+
+// A write of the record that fails evicts nothing: room is made only once
+// the record is written.
+func TestRecordWriteFailureEvictsNothing(t *testing.T) {
+	d := deployment(deleting(vocab.FinalizerRecord))
+	e := newEnv(t, namespace(nil), d, recordOf(t, "shop", "a", t0.Add(time.Hour)), recordOf(t, "shop", "b", t0.Add(2*time.Hour)))
+	e.r.Options.RecordBudget = RecordBudget{Records: 2}
+	e.r.Client = failingRecords{Client: e.r.Client, write: apierrors.NewServiceUnavailable("the API server is going away")}
+
+	require.Error(t, e.reconcile())
+
+	assert.Empty(t, e.writes, "no record evicted")
+	assert.Zero(t, counterValue(t, e.r.Metrics.recordsEvicted))
+	var left corev1.ConfigMapList
+	require.NoError(t, e.client.List(context.Background(), &left, client.InNamespace(guardNamespace)))
+	assert.Len(t, left.Items, 2, "both records kept")
+}
+
+// A record written after newer ones of its namespace (deletions recorded at
+// once, in another order than their age) is itself the oldest past the
+// budget: it goes, and the step says no record is kept.
+func TestRecordOldestPastTheBudgetGoesItself(t *testing.T) {
+	d := deployment(deleting(vocab.FinalizerRecord))
+	later := t0.Add(365 * 24 * time.Hour)
+	e := newEnv(t, namespace(nil), d, recordOf(t, "shop", "a", later), recordOf(t, "shop", "b", later))
+	e.r.Options.RecordBudget = RecordBudget{Records: 2}
+
+	e.reconcileResult()
+
+	assert.Equal(t, []string{"create ConfigMap deployguard-record-shop.web", "delete ConfigMap deployguard-record-shop.web"}, e.writes,
+		"the newer records stay")
+	evs := e.events()
+	require.Equal(t, []string{vocab.ReasonRecordsEvicted, vocab.ReasonRecordFailed}, eventReasons(evs))
+	assert.Contains(t, evs[0], "shop/web")
+	assert.Contains(t, evs[1], "No record kept")
+	assert.Equal(t, 1.0, e.cleanupSteps(stepRecord, resultFailed))
+	e.assertDeleted()
 }

@@ -185,7 +185,8 @@ type Cleanup struct {
 	// The budget of the records one namespace's deletions keep in the
 	// guard's namespace, where no tenant's quota applies: past the count or
 	// the bytes, the oldest of that namespace go; a record larger than
-	// MaxRecordBytes is not written (reconciler.RecordBudget).
+	// MaxRecordBytes is not written (reconciler.RecordBudget). A namespace's
+	// budget holds at least two records of the largest size.
 	RecordsPerNamespace     int   `yaml:"recordsPerNamespace"`
 	RecordBytesPerNamespace int64 `yaml:"recordBytesPerNamespace"`
 	MaxRecordBytes          int64 `yaml:"maxRecordBytes"`
@@ -462,15 +463,17 @@ func (c *Config) Validate() field.ErrorList {
 	if c.Cleanup.RecordRetention.Duration <= 0 {
 		errs = append(errs, field.Invalid(cl.Child("recordRetention"), c.Cleanup.RecordRetention.String(), "must be positive"))
 	}
-	if c.Cleanup.RecordsPerNamespace <= 0 {
-		errs = append(errs, field.Invalid(cl.Child("recordsPerNamespace"), c.Cleanup.RecordsPerNamespace, "must be positive"))
+	// Two records of the largest size fit a namespace's budget: two
+	// deletions recorded at once never evict each other's record.
+	if c.Cleanup.RecordsPerNamespace < 2 {
+		errs = append(errs, field.Invalid(cl.Child("recordsPerNamespace"), c.Cleanup.RecordsPerNamespace, "must be at least 2 (two records written at once both fit)"))
 	}
 	if c.Cleanup.MaxRecordBytes <= 0 || c.Cleanup.MaxRecordBytes > reconciler.MaxConfigMapBytes {
 		errs = append(errs, field.Invalid(cl.Child("maxRecordBytes"), c.Cleanup.MaxRecordBytes,
 			fmt.Sprintf("must be positive and at most %d (the most data a ConfigMap holds)", reconciler.MaxConfigMapBytes)))
 	}
-	if c.Cleanup.RecordBytesPerNamespace < c.Cleanup.MaxRecordBytes {
-		errs = append(errs, field.Invalid(cl.Child("recordBytesPerNamespace"), c.Cleanup.RecordBytesPerNamespace, "must be at least maxRecordBytes"))
+	if c.Cleanup.RecordBytesPerNamespace < 2*c.Cleanup.MaxRecordBytes {
+		errs = append(errs, field.Invalid(cl.Child("recordBytesPerNamespace"), c.Cleanup.RecordBytesPerNamespace, "must be at least twice maxRecordBytes (two records written at once both fit)"))
 	}
 
 	a := field.NewPath("audit")

@@ -116,7 +116,12 @@ exemptions:
 		{
 			name:    "a namespace's bytes smaller than one record are refused",
 			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  recordBytesPerNamespace: 1000\n  recordsPerNamespace: 0\n",
-			wantErr: []string{"cleanup.recordBytesPerNamespace", "at least maxRecordBytes", "cleanup.recordsPerNamespace", "must be positive"},
+			wantErr: []string{"cleanup.recordBytesPerNamespace", "at least twice maxRecordBytes", "cleanup.recordsPerNamespace", "must be at least 2"},
+		},
+		{
+			name:    "a namespace's budget must hold two records of the largest size",
+			doc:     "apiVersion: deployguard.io/v1alpha1\nkind: GuardConfig\ncleanup:\n  recordBytesPerNamespace: 1500\n  maxRecordBytes: 1000\n  recordsPerNamespace: 1\n",
+			wantErr: []string{"line 4: cleanup.recordBytesPerNamespace", "at least twice maxRecordBytes", "line 6: cleanup.recordsPerNamespace", "must be at least 2"},
 		},
 		{
 			name:    "addFinalizers beside cleanup.steps is refused",
