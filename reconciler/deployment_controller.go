@@ -158,7 +158,10 @@ type DeploymentReconciler struct {
 	// index on the manager's cache: the guard runs a manager per leadership
 	// term over one cache, and an informer takes indexes only before it starts.
 	CacheIndexed bool
-	Options      Options
+	// Checks turns metric checks on: each new revision is measured by the
+	// checks that select its Deployment (deployment_checks.go). Nil: off.
+	Checks  *MetricChecks
+	Options Options
 }
 
 // RollbackJudge judges the Deployment a rollback would leave (restored, an
@@ -287,12 +290,20 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 		r.reconcileFinalizers,
 		r.reconcileLedger,
 		r.reconcilePending,
-		r.reconcileKnownGood,
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, d, allRSs); err != nil {
 			return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 		}
+	}
+	// The metric checks measure the new revision; a completed one is known-good
+	// only once their bake window has passed, with no check failing it.
+	measure, err := r.reconcileChecks(ctx, d, allRSs)
+	if err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while measuring its revision; requeued")
+	}
+	if err := r.reconcileKnownGood(ctx, d, allRSs); err != nil {
+		return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
 	}
 	// Fail-fast declares a failing rollout failed, in upstream's words
 	// (Progressing=False, ProgressDeadlineExceeded); it never rolls back.
@@ -321,7 +332,7 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	if err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while judging its scale-up; requeued")
 	}
-	for _, next := range []time.Duration{held, scale} {
+	for _, next := range []time.Duration{held, scale, measure} {
 		if next > 0 && (again == 0 || next < again) {
 			again = next
 		}

@@ -100,7 +100,12 @@ type Decision struct {
 func ShouldRollBack(d *appsv1.Deployment, rss []*appsv1.ReplicaSet, opts Options) Decision {
 	cond := rollout.ProgressingCondition(d)
 	if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != vocab.ProgressDeadlineExceeded {
-		return Decision{Action: ActionNone, Reason: ReasonRolloutNotFailed}
+		// A metric check's failure is declared in the ledger, not on the
+		// Progressing condition: the Deployment controller would replace
+		// that with NewReplicaSetAvailable on a rollout that completed.
+		if cond = checkFailure(d, rss); cond == nil {
+			return Decision{Action: ActionNone, Reason: ReasonRolloutNotFailed}
+		}
 	}
 	dec := Decision{Action: ActionNone, Deadline: cond}
 	_, dec.Evidence, _ = declaredFailure(cond.Message)
@@ -428,6 +433,11 @@ func (r *DeploymentReconciler) reconcileRollback(ctx context.Context, d *appsv1.
 		r.Metrics.rollbacks.WithLabelValues(resultRolledBack).Inc()
 		if reaction := r.Clock.Since(dec.Deadline.LastTransitionTime.Time); reaction >= 0 {
 			r.Metrics.rollbackReaction.Observe(reaction.Seconds())
+		}
+		if l, _ := rollout.ReadLedger(d); l.Checks != nil {
+			if first, ok := l.Checks.FirstFailedTime(); ok && l.Checks.Revision == dec.FailedRevision {
+				r.Metrics.checkReaction.Observe(r.Clock.Since(first).Seconds())
+			}
 		}
 		log.Info("Rolled back to known-good revision", "targetRevision", dec.TargetRevision, "target", klog.KObj(dec.Target))
 		r.emitRollbackNormalEvent(d, dec.Target, dec.Message)

@@ -46,6 +46,12 @@ type Metrics struct {
 	// Fail-fast.
 	failFastReaction  prometheus.Histogram
 	failFastDecisions *prometheus.CounterVec
+	// Metric checks.
+	checkMeasurements  *prometheus.CounterVec
+	checkVerdicts      *prometheus.CounterVec
+	checkQueryDuration prometheus.Histogram
+	checkThrottled     prometheus.Counter
+	checkReaction      prometheus.Histogram
 }
 
 // NewMetrics creates the reconciler's metrics and registers them with reg
@@ -78,6 +84,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		failFastDecisions: r.CounterVec("deployguard_failfast_decisions_total",
 			"Rollouts fail-fast found failing, by the first failing pod's reason (ImagePullBackOff, CrashLoopBackOff, …) and result (rolled_back, no_known_good, reported).",
 			"reason", "result"),
+		checkMeasurements: r.CounterVec("deployguard_check_measurements_total",
+			"Measurements of metric checks, by the check's kind (cluster, namespaced) and phase (Successful, Failed, Inconclusive, Error).",
+			"kind", "phase"),
+		checkVerdicts: r.CounterVec("deployguard_check_verdicts_total",
+			"Metric checks' verdicts on revisions, by the check's kind (cluster, namespaced), phase (Successful, Failed, Inconclusive, Error) and dry_run (true, false). Only Failed without dry run rolls back.",
+			"kind", "phase", "dry_run"),
+		checkQueryDuration: r.Histogram("deployguard_check_query_duration_seconds",
+			"Duration of the metric checks' Prometheus queries, errors included.",
+			[]float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+		checkThrottled: r.Counter("deployguard_check_measurements_delayed_total",
+			"Measurements put off by the bound on Prometheus queries per second (checks.prometheus.qps): late, not an error."),
+		checkReaction: r.Histogram("deployguard_check_rollback_reaction_seconds",
+			"Time from a revision's first Failed measurement (a check that rolls back) to its rollback write.",
+			[]float64{1, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600}),
 		recordsExpired: r.Counter("deployguard_cleanup_records_expired_total",
 			"Record ConfigMaps of deleted Deployments deleted by the guard after their retention."),
 		recordsEvicted: r.Counter("deployguard_cleanup_records_evicted_total",
@@ -97,5 +117,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	m.cleanupSteps.WithLabelValues(stepDrain, resultTimedOut)
+	for _, kind := range []string{"cluster", "namespaced"} {
+		for _, phase := range []string{"Successful", "Failed", "Inconclusive", "Error"} {
+			m.checkMeasurements.WithLabelValues(kind, phase)
+		}
+	}
 	return m, nil
 }

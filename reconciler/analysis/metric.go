@@ -151,3 +151,15 @@ func validateFields(m Metric, path *field.Path) field.ErrorList {
 	}
 	return errs
 }
+
+// DeepCopy copies m (its limits are pointers).
+func (m Metric) DeepCopy() Metric {
+	out := m
+	for _, p := range []**int32{&out.Count, &out.FailureLimit, &out.InconclusiveLimit, &out.ConsecutiveErrorLimit} {
+		if *p != nil {
+			v := **p
+			*p = &v
+		}
+	}
+	return out
+}

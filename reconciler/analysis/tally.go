@@ -7,12 +7,12 @@ import "fmt"
 // Error, and an Error adds to ConsecutiveError, which any other phase resets
 // (Argo's runMeasurements).
 type Counts struct {
-	Count            int32
-	Successful       int32
-	Failed           int32
-	Inconclusive     int32
-	Error            int32
-	ConsecutiveError int32
+	Count            int32 `json:"count,omitempty"`
+	Successful       int32 `json:"successful,omitempty"`
+	Failed           int32 `json:"failed,omitempty"`
+	Inconclusive     int32 `json:"inconclusive,omitempty"`
+	Error            int32 `json:"error,omitempty"`
+	ConsecutiveError int32 `json:"consecutiveError,omitempty"`
 }
 
 // CountPhases folds the measurement phases, oldest first, into Counts.
@@ -20,23 +20,31 @@ type Counts struct {
 func CountPhases(measurements []Phase) Counts {
 	var c Counts
 	for _, p := range measurements {
-		switch p {
-		case PhaseSuccessful:
-			c.Successful++
-			c.Count++
-			c.ConsecutiveError = 0
-		case PhaseFailed:
-			c.Failed++
-			c.Count++
-			c.ConsecutiveError = 0
-		case PhaseInconclusive:
-			c.Inconclusive++
-			c.Count++
-			c.ConsecutiveError = 0
-		case PhaseError:
-			c.Error++
-			c.ConsecutiveError++
-		}
+		c = c.Add(p)
+	}
+	return c
+}
+
+// Add returns the counts with one more measurement of phase p, so that a
+// caller can keep the counters instead of every phase (Argo keeps them so
+// too, in its MetricResult).
+func (c Counts) Add(p Phase) Counts {
+	switch p {
+	case PhaseSuccessful:
+		c.Successful++
+		c.Count++
+		c.ConsecutiveError = 0
+	case PhaseFailed:
+		c.Failed++
+		c.Count++
+		c.ConsecutiveError = 0
+	case PhaseInconclusive:
+		c.Inconclusive++
+		c.Count++
+		c.ConsecutiveError = 0
+	case PhaseError:
+		c.Error++
+		c.ConsecutiveError++
 	}
 	return c
 }
@@ -87,6 +95,16 @@ func Tally(m Metric, measurements []Phase) Verdict {
 		}
 	}
 	return v
+}
+
+// Assess is the metric's verdict from its counters after a measurement (see
+// Tally, which folds a list of phases through it). The first completed
+// verdict stands: a caller keeping counters stops measuring then.
+func Assess(m Metric, c Counts) Verdict {
+	if c == (Counts{}) {
+		return Verdict{Phase: PhasePending, DryRun: m.DryRun}
+	}
+	return assess(m, c)
 }
 
 func assess(m Metric, c Counts) Verdict {

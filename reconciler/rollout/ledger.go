@@ -109,6 +109,11 @@ type Ledger struct {
 	// IgnoredTold: the guard has said, once, that this Deployment or its
 	// ReplicaSets carry annotations it ignores (LegacyAnnotations).
 	IgnoredTold bool `json:"ignoredTold,omitempty"`
+	// Checks is what the metric checks measured of the newRS's revision
+	// (CheckRun): kept here so that a restart or a new leader resumes the
+	// tally, and so that a revision is recorded known-good only once its
+	// bake window has passed.
+	Checks *CheckRun `json:"checks,omitempty"`
 }
 
 // PendingRollback is a rollback the guard is making: from FailedRevision to

@@ -323,6 +323,19 @@ const (
 	// ReasonRolloutFailing: fail-fast found a rollout failing and did not
 	// roll it back (automatic rollback is off for it).
 	ReasonRolloutFailing = "RolloutFailing"
+	// Metric checks (reconciler/analysis): a check failed a revision
+	// (MetricCheckFailed; rolled back unless in dry run or without a
+	// known-good revision), could not judge it (MetricCheckInconclusive),
+	// could not measure it (MetricCheckError: Prometheus unreachable, a
+	// query that errs; past consecutiveErrorLimit the revision is
+	// unchecked), or measured it and passed (MetricCheckPassed, at the end
+	// of the bake window). A check that selects a Deployment but cannot be
+	// compiled is MetricCheckInvalid. Inconclusive and Error never roll back.
+	ReasonCheckFailed       = "MetricCheckFailed"
+	ReasonCheckInconclusive = "MetricCheckInconclusive"
+	ReasonCheckError        = "MetricCheckError"
+	ReasonCheckPassed       = "MetricCheckPassed"
+	ReasonCheckInvalid      = "MetricCheckInvalid"
 	// ReasonRollbackDeferred: a rollout past its progress deadline whose new
 	// pods fail only transiently (a registry blip) is not rolled back before
 	// the transient window ends.

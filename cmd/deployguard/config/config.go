@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -39,9 +40,38 @@ type Config struct {
 	Exemptions Exemptions `yaml:"exemptions"`
 	Exceptions Exceptions `yaml:"exceptions"`
 	Audit      Audit      `yaml:"audit"`
+	Checks     Checks     `yaml:"checks"`
 
 	DisruptionBudgets DisruptionBudgets `yaml:"disruptionBudgets"`
 	NativePolicies    NativePolicies    `yaml:"nativePolicies"`
+}
+
+// Checks configures metric checks (reconciler/analysis): where Prometheus
+// is and how the guard reaches it, and the default bake window. With no
+// Prometheus URL, no check is measured.
+type Checks struct {
+	Prometheus Prometheus `yaml:"prometheus"`
+	// BakeWindow is how long a completed rollout is still measured before it
+	// is recorded known-good, for checks that set none.
+	BakeWindow Duration `yaml:"bakeWindow"`
+}
+
+// Prometheus is how the guard queries Prometheus.
+type Prometheus struct {
+	// URL is Prometheus's base URL (http or https), e.g.
+	// http://kube-prometheus-stack-prometheus.monitoring:9090.
+	URL string `yaml:"url"`
+	// CAFile verifies an https URL (system roots when empty).
+	CAFile             string `yaml:"caFile"`
+	InsecureSkipVerify bool   `yaml:"insecureSkipVerify"`
+	// BearerTokenFile is sent as a bearer token: a Secret of the guard's
+	// namespace, mounted (the chart's checks.prometheus.tokenSecret).
+	BearerTokenFile string `yaml:"bearerTokenFile"`
+	// Timeout bounds one query.
+	Timeout Duration `yaml:"timeout"`
+	// QPS and Burst bound the guard's queries, cluster-wide.
+	QPS   float64 `yaml:"qps"`
+	Burst int     `yaml:"burst"`
 }
 
 // NativePolicies says whether the guard's ValidatingAdmissionPolicies
@@ -274,6 +304,10 @@ func Default() Config {
 		Policy:     Policy{FailureMode: "deny", EvalTimeout: Duration{250 * time.Millisecond}},
 		Exceptions: Exceptions{MaxDuration: Duration{90 * 24 * time.Hour}, ExpiryWarning: Duration{7 * 24 * time.Hour}},
 		Audit:      Audit{Enabled: true, Period: Duration{time.Hour}, Rate: 200, ReportFormat: "wgpolicyk8s.io/v1alpha2"},
+		Checks: Checks{
+			Prometheus: Prometheus{Timeout: Duration{10 * time.Second}, QPS: 20, Burst: 20},
+			BakeWindow: Duration{reconciler.DefaultBakeWindow},
+		},
 
 		DisruptionBudgets: DisruptionBudgets{Mode: "warn"},
 		NativePolicies:    NativePolicies{Installed: true, ProbeNamespace: "default"},
@@ -429,6 +463,7 @@ func (c *Config) Validate() field.ErrorList {
 	if !oneOf(c.DisruptionBudgets.Mode, "warn", "enforce", "off") {
 		errs = append(errs, field.NotSupported(field.NewPath("disruptionBudgets", "mode"), c.DisruptionBudgets.Mode, []string{"warn", "enforce", "off"}))
 	}
+	errs = append(errs, c.Checks.validate(field.NewPath("checks"))...)
 	ff, ffp := c.Rollback.FailFast, field.NewPath("rollback", "failFast")
 	if ff.Window.Duration < 10*time.Second {
 		errs = append(errs, field.Invalid(ffp.Child("window"), ff.Window.String(),
@@ -576,4 +611,27 @@ func oneOf(v string, allowed ...string) bool {
 		}
 	}
 	return false
+}
+
+func (c Checks) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	p, pp := c.Prometheus, path.Child("prometheus")
+	if p.URL != "" {
+		if u, err := url.Parse(p.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, field.Invalid(pp.Child("url"), p.URL, "must be an http or https URL, e.g. http://prometheus-operated.monitoring:9090"))
+		}
+	}
+	if p.Timeout.Duration <= 0 || p.Timeout.Duration > time.Minute {
+		errs = append(errs, field.Invalid(pp.Child("timeout"), p.Timeout.String(), "must be more than 0s and at most 1m"))
+	}
+	if p.QPS <= 0 {
+		errs = append(errs, field.Invalid(pp.Child("qps"), p.QPS, "must be positive: it bounds the guard's queries when many Deployments roll out at once"))
+	}
+	if p.Burst < 1 {
+		errs = append(errs, field.Invalid(pp.Child("burst"), p.Burst, "must be at least 1"))
+	}
+	if b := c.BakeWindow.Duration; b < 0 || b > 24*time.Hour {
+		errs = append(errs, field.Invalid(path.Child("bakeWindow"), c.BakeWindow.String(), "must be between 0s and 24h"))
+	}
+	return errs
 }

@@ -127,27 +127,44 @@ var stringEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
 func escapeString(s string) string { return stringEscaper.Replace(s) }
 
-// Query is a tenant's query template, parsed once when the configuration is
-// loaded and rendered for each revision it measures.
+// Query is a query template, parsed once when the check is loaded and
+// rendered for each revision it measures. A tenant's is scoped to its
+// namespace; the platform's is not.
 type Query struct {
-	text string
-	tmpl *template.Template
+	text     string
+	tmpl     *template.Template
+	unscoped bool
 }
 
 // exampleVars fill the template when it is parsed, so that a query that is
 // not PromQL once rendered is refused at load time.
 var exampleVars = Vars{Namespace: "example", Name: "example", PodTemplateHash: "5d8f9c7b6"}
 
-// Parse parses the query template (text/template, {{ .Namespace }},
+// Parse parses a tenant's query template (text/template, {{ .Namespace }},
 // {{ .Name }}, {{ .PodTemplateHash }}; any other name is an error) and checks
-// that it renders to PromQL.
-func Parse(text string) (*Query, error) {
+// that it renders to PromQL that can be scoped to a namespace.
+func Parse(text string) (*Query, error) { return parse(text, exampleVars, false) }
+
+// ParseIn is Parse for a query of namespace's own: one that names its own
+// namespace is accepted, one that names another is refused here, when it is
+// written, rather than at its first measurement.
+func ParseIn(text, namespace string) (*Query, error) {
+	v := exampleVars
+	v.Namespace = namespace
+	return parse(text, v, false)
+}
+
+// ParseUnscoped parses the platform's query template: rendered as written,
+// with no namespace matcher added (the platform may read any namespace).
+func ParseUnscoped(text string) (*Query, error) { return parse(text, exampleVars, true) }
+
+func parse(text string, example Vars, unscoped bool) (*Query, error) {
 	tmpl, err := template.New("query").Option("missingkey=error").Parse(text)
 	if err != nil {
 		return nil, fmt.Errorf("query template: %w", err)
 	}
-	q := &Query{text: text, tmpl: tmpl}
-	if _, err := q.Render(exampleVars); err != nil {
+	q := &Query{text: text, tmpl: tmpl, unscoped: unscoped}
+	if _, err := q.Render(example); err != nil {
 		return nil, err
 	}
 	return q, nil
@@ -157,7 +174,8 @@ func Parse(text string) (*Query, error) {
 func (q *Query) String() string { return q.text }
 
 // Render fills in the template with v (escaped for PromQL string literals)
-// and scopes the result to v.Namespace (EnforceNamespace).
+// and, for a tenant's query, scopes the result to v.Namespace
+// (EnforceNamespace). The platform's is only checked to parse.
 func (q *Query) Render(v Vars) (string, error) {
 	if err := v.validate(); err != nil {
 		return "", err
@@ -165,6 +183,12 @@ func (q *Query) Render(v Vars) (string, error) {
 	var b strings.Builder
 	if err := q.tmpl.Execute(&b, v.escaped()); err != nil {
 		return "", fmt.Errorf("query template: %w", err)
+	}
+	if q.unscoped {
+		if _, err := promqlParser().ParseExpr(b.String()); err != nil {
+			return "", fmt.Errorf("query %q: parsing the query: %w", b.String(), err)
+		}
+		return b.String(), nil
 	}
 	scoped, err := EnforceNamespace(b.String(), v.Namespace)
 	if err != nil {
