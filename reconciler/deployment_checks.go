@@ -303,8 +303,8 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	started := !l.Checks.Of(newRS.Name, rev)
 	run := plan.Run
 	type told struct {
-		m checks.Metric
-		v *analysis.Verdict
+		m   checks.Metric
+		v   *analysis.Verdict
 		got Measured
 	}
 	var verdicts []told
