@@ -75,6 +75,28 @@ func TestShouldRollBack(t *testing.T) {
 			wantAction: ActionNone, wantReason: ReasonRolloutNotFailed,
 		},
 		{
+			name: "completed, and a metric check failed it in its bake window: back to the newest known-good revision",
+			d: deployment(completed, withLedger(func(l *rollout.Ledger) {
+				l.Checks = &rollout.CheckRun{ReplicaSet: "web-h3", Revision: 3, Failed: earlier, Evidence: "metric check ClusterDeploymentCheck/errors/rate failed"}
+			})), opts: on,
+			wantAction: ActionRollBack, wantReason: ReasonAutoRollback, wantTarget: "web-h2",
+		},
+		{
+			name: "a metric check's failure once handled is not acted on again",
+			d: deployment(completed, withLedger(func(l *rollout.Ledger) {
+				l.Checks = &rollout.CheckRun{ReplicaSet: "web-h3", Revision: 3, Failed: earlier, Evidence: "metric check x failed"}
+				l.HandledDeadline = earlier
+			})), opts: on,
+			wantAction: ActionNone, wantReason: ReasonDeadlineAlreadyHandled,
+		},
+		{
+			name: "a metric check's failure of another revision is not this one's",
+			d: deployment(completed, withLedger(func(l *rollout.Ledger) {
+				l.Checks = &rollout.CheckRun{ReplicaSet: "web-h2", Revision: 2, Failed: earlier, Evidence: "metric check x failed"}
+			})), opts: on,
+			wantAction: ActionNone, wantReason: ReasonRolloutNotFailed,
+		},
+		{
 			name: "deadline exceeded: back to the newest known-good revision",
 			d:    deployment(failed), opts: on,
 			wantAction: ActionRollBack, wantReason: ReasonAutoRollback, wantTarget: "web-h2",
