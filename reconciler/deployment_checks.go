@@ -365,19 +365,19 @@ func (r *DeploymentReconciler) tellVerdict(ctx context.Context, d *appsv1.Deploy
 	case v.Phase == analysis.PhaseFailed && v.DryRun:
 		log.Info("Metric check failed the revision in dry run; nothing rolled back")
 		r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckFailed, actionMeasure,
-			"Revision %d: %s. Dry run: reported only, nothing is rolled back.", rev, evidence)
+			"Revision %d (ReplicaSet %s): %s. Dry run: reported only, nothing is rolled back.", rev, newRS.Name, evidence)
 	case v.Phase == analysis.PhaseFailed:
 		log.Info("Metric check failed the revision", "evidence", evidence)
 		r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckFailed, actionMeasure,
-			"Revision %d: %s.", rev, evidence)
+			"Revision %d (ReplicaSet %s): %s.", rev, newRS.Name, evidence)
 	case v.Phase == analysis.PhaseInconclusive:
 		log.Info("Metric check inconclusive; not rolling back")
 		r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckInconclusive, actionMeasure,
-			"Revision %d: %s. Inconclusive is never a reason to roll back; this check stops measuring the revision.", rev, evidence)
+			"Revision %d (ReplicaSet %s): %s. Inconclusive is never a reason to roll back; this check stops measuring the revision.", rev, newRS.Name, evidence)
 	case v.Phase == analysis.PhaseError:
 		log.Info("Metric check could not measure the revision; it is unchecked")
 		r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckError, actionMeasure,
-			"Revision %d is unchecked by %s: %s. Never a reason to roll back.", rev, m.Key(), evidence)
+			"Revision %d (ReplicaSet %s) is unchecked by %s: %s. Never a reason to roll back.", rev, newRS.Name, m.Key(), evidence)
 	}
 }
 

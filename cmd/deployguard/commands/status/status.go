@@ -53,7 +53,10 @@ type deploymentStatus struct {
 	Revisions      []revisionStatus    `json:"revisions"`
 	Quarantined    []quarantinedStatus `json:"quarantined"`
 	Rollout        rolloutStatus       `json:"rollout"`
-	Cleanup        *cleanupStatus      `json:"cleanup,omitempty"`
+	// Checks is what the metric checks measured of the newest revision
+	// they measured (the guard's ledger): nil when none did.
+	Checks  *rollout.CheckRun `json:"checks,omitempty"`
+	Cleanup *cleanupStatus    `json:"cleanup,omitempty"`
 	// Events are the guard's events about the Deployment, oldest first.
 	Events []guardEvent `json:"events"`
 	// EventsUnavailable says why the events could not be read (RBAC); the
@@ -179,6 +182,7 @@ var failureReasons = map[string]bool{
 	vocab.ReasonRollbackLoop:        true,
 	vocab.ReasonRolloutFailing:      true,
 	vocab.ReasonRollbackFailed:      true,
+	vocab.ReasonCheckFailed:         true,
 }
 
 // The reconciler's messages name the failed revision's ReplicaSet first:
@@ -247,6 +251,7 @@ func buildStatus(in statusInput) deploymentStatus {
 		})
 	}
 	st.Rollout = rolloutOf(d)
+	st.Checks = ledger.Checks
 	rss := make([]*appsv1.ReplicaSet, 0, len(in.ReplicaSets))
 	for i := range in.ReplicaSets {
 		if metav1.IsControlledBy(&in.ReplicaSets[i], d) {
@@ -372,9 +377,12 @@ func failuresByReplicaSet(events []eventsv1.Event, lastDecision string) map[stri
 	return out
 }
 
-// failedBy tells the progress deadline's decisions from fail-fast's by the
-// words the reconciler uses for each.
+// failedBy tells the progress deadline's decisions from fail-fast's and the
+// metric checks' by the words the reconciler uses for each.
 func failedBy(message string) string {
+	if strings.Contains(message, "metric check ") {
+		return "metric-check"
+	}
 	if strings.Contains(message, "progress deadline") {
 		return "progress-deadline"
 	}
@@ -502,6 +510,10 @@ func printStatus(w io.Writer, st deploymentStatus) {
 	}
 	_ = tw.Flush()
 
+	if c := st.Checks; c != nil {
+		printChecks(w, c)
+	}
+
 	var withConfig []revisionStatus
 	for _, rv := range st.Revisions {
 		if len(rv.Config) > 0 {
@@ -568,6 +580,34 @@ func printStatus(w io.Writer, st deploymentStatus) {
 		for _, e := range st.Events {
 			fmt.Fprintf(w, "  %s  %-7s  %s: %s\n", e.Time, e.Type, e.Reason, e.Message)
 		}
+	}
+}
+
+// printChecks prints what the metric checks measured of a revision: each
+// metric's verdict (or "measuring"), its counts and its last value.
+func printChecks(w io.Writer, c *rollout.CheckRun) {
+	fmt.Fprintf(w, "\nMetric checks of revision %d (%s), measured since %s", c.Revision, c.ReplicaSet, c.Started)
+	if c.BakeUntil != "" {
+		fmt.Fprintf(w, ", baking until %s", c.BakeUntil)
+	}
+	fmt.Fprintln(w, ":")
+	for _, m := range c.Metrics {
+		phase := string(m.Phase)
+		if phase == "" {
+			phase = "measuring"
+		}
+		if m.DryRun {
+			phase += " (dry run)"
+		}
+		fmt.Fprintf(w, "  %s: %s; %d measured (%d successful, %d failed, %d inconclusive), %d errors; last %s at %s",
+			m.Key, phase, m.Counts.Count, m.Counts.Successful, m.Counts.Failed, m.Counts.Inconclusive, m.Counts.Error, orNone(m.Value), m.Last)
+		if m.Message != "" {
+			fmt.Fprintf(w, "; %s", m.Message)
+		}
+		fmt.Fprintln(w)
+	}
+	if c.Evidence != "" {
+		fmt.Fprintf(w, "  failed the revision: %s\n", c.Evidence)
 	}
 }
 
