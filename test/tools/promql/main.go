@@ -12,9 +12,13 @@
 // engine, on scrapes of a running guard's /metrics, and prints whether it
 // fires (test/clients: an alert fires for a rollback).
 //
+// With -serve ADDR it is a stand-in Prometheus for the metric checks' tests
+// (serve.go): the instant query API over a TSDB that tests fill with /load.
+//
 // usage: promql -rules FILE[,FILE] -dashboards FILE[,FILE]
 //
 //	promql -rules FILE -fire ALERT -scrapes FILE,FILE[,…] [-step 30s]
+//	promql -serve 127.0.0.1:0
 package main
 
 import (
@@ -57,7 +61,15 @@ func main() {
 	alert := flag.String("fire", "", "evaluate this alert of -rules on -scrapes instead, and print whether it fires")
 	scrapes := flag.String("scrapes", "", "with -fire: comma-separated /metrics texts, scraped -step apart")
 	step := flag.Duration("step", 30*time.Second, "with -fire: the time between two scrapes")
+	addr := flag.String("serve", "", "serve the query API on this address instead (prints its URL first)")
 	flag.Parse()
+	if *addr != "" {
+		if err := serve(*addr, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *alert != "" {
 		f, err := fire(split(*rules), *alert, split(*scrapes), *step)
 		if err != nil {
