@@ -44,6 +44,8 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/leader"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/analysis/checks"
+	"github.com/deployguard/deployguard/reconciler/analysis/prom"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
 	"github.com/deployguard/deployguard/webhook/exception"
@@ -231,6 +233,7 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(cmapi.AddToScheme(scheme)) // read on the cert-manager path, never cached
 	utilruntime.Must(exception.AddToScheme(scheme))
+	utilruntime.Must(checks.AddToScheme(scheme))
 	// The cache is told where PolicyExceptions live only when their API is
 	// served: naming a kind the API server does not know fails the manager.
 	exceptionsNS := ""
@@ -476,6 +479,10 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 	if err := reconciler.IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return nil, nil, err
 	}
+	metricChecks, err := setupMetricChecks(cfg, restCfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	terms := &leader.Terms{
 		RestConfig: restCfg, Scheme: scheme, Cache: mgr.GetCache(),
 		Elect: f.leaderElect, ID: f.leaderElection, Namespace: f.namespace, Pause: time.Second,
@@ -498,6 +505,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 			Metrics:      rm,
 			Installed:    webhookInstalled(lm.GetClient(), f.mutatingName),
 			Judge:        judge,
+			Checks:       metricChecks,
 			Options:      ropts,
 			CacheIndexed: true,
 		}
@@ -507,6 +515,32 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, f *serveFlags, cfg 
 		return nil
 	})
 	return terms, ropts.IgnoredNamespaces, nil
+}
+
+// setupMetricChecks returns what the reconciler measures new revisions
+// with, or nil when metric checks are off: no Prometheus URL configured, or
+// the checks' CRDs not installed (said in the log: a platform team that
+// configured a URL expects checks to run).
+func setupMetricChecks(cfg config.Config, restCfg *rest.Config) (*reconciler.MetricChecks, error) {
+	p := cfg.Checks.Prometheus
+	log := ctrl.Log.WithName("setup")
+	if p.URL == "" {
+		return nil, nil
+	}
+	if !checks.Served(restCfg) {
+		log.Info("Metric checks are off: the API server does not serve ClusterDeploymentChecks and DeploymentChecks (install their CRDs, config/crd/checks)",
+			"reason", "ChecksNotServed")
+		return nil, nil
+	}
+	client, err := prom.New(prom.Config{
+		URL: p.URL, CAFile: p.CAFile, InsecureSkipVerify: p.InsecureSkipVerify, BearerTokenFile: p.BearerTokenFile,
+		Timeout: p.Timeout.Duration, QPS: p.QPS, Burst: p.Burst,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("config checks.prometheus: %w", err)
+	}
+	log.Info("Metric checks measure new revisions", "prometheus", client.URL(), "qps", p.QPS, "bakeWindow", cfg.Checks.BakeWindow.String())
+	return &reconciler.MetricChecks{Prometheus: client, Library: &checks.Library{}, BakeWindow: cfg.Checks.BakeWindow.Duration}, nil
 }
 
 // setupProbes adds the liveness and readiness checks every part shares and
