@@ -105,17 +105,21 @@ func (s *PromStub) waitReady(deadline <-chan time.Time, logPath string) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		var last string
 		resp, err := s.http.Get(s.url + "/-/ready")
-		if err == nil {
+		if err != nil {
+			last = err.Error()
+		} else {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
+			last = resp.Status
 		}
 		select {
 		case <-tick.C:
 		case <-deadline:
-			return fmt.Errorf("%s/-/ready did not answer 200 within 30s (last: %v); log: %s", s.url, err, tailFile(logPath))
+			return fmt.Errorf("%s/-/ready did not answer 200 within 30s (last: %s); log: %s", s.url, last, tailFile(logPath))
 		}
 		if s.proc.Exited() {
 			return fmt.Errorf("exited: %s", tailFile(logPath))

@@ -2,6 +2,7 @@ package prom
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -125,10 +126,10 @@ func pairValues(p []json.RawMessage) (float64, error) {
 // jsonProblem says what is wrong without quoting the body: a syntax error's
 // offset, or a type mismatch's types.
 func jsonProblem(err error) string {
-	switch e := err.(type) {
-	case *json.SyntaxError:
+	if e, ok := errors.AsType[*json.SyntaxError](err); ok {
 		return fmt.Sprintf("invalid JSON at byte %d", e.Offset)
-	case *json.UnmarshalTypeError:
+	}
+	if e, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 		return fmt.Sprintf("a JSON %s where a %s belongs", e.Value, e.Type)
 	}
 	return "invalid JSON"

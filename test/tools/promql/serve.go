@@ -39,7 +39,7 @@ func serve(addr string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer func() { _ = s.close() }()
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
