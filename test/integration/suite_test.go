@@ -42,9 +42,11 @@ import (
 	"github.com/deployguard/deployguard/cmd/deployguard/config"
 	"github.com/deployguard/deployguard/policy"
 	"github.com/deployguard/deployguard/reconciler"
+	"github.com/deployguard/deployguard/reconciler/analysis/checks"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/checkadmission"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/review"
 )
@@ -85,6 +87,7 @@ func TestMain(m *testing.M) {
 func setup(ctx context.Context, tier *harness.Tier) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(exception.AddToScheme(scheme))
+	utilruntime.Must(checks.AddToScheme(scheme))
 
 	testEnv = &envtest.Environment{
 		BinaryAssetsDirectory: tier.Tools,
@@ -95,7 +98,8 @@ func setup(ctx context.Context, tier *harness.Tier) error {
 		// working when the configured report kind (openreports.io) is absent.
 		CRDInstallOptions: envtest.CRDInstallOptions{
 			Paths: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport", "wgpolicyk8s.io_policyreports.yaml"),
-				filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
+				filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions"),
+				filepath.Join(harness.RepoRoot(), "config", "crd", "checks")},
 			ErrorIfPathMissing: true,
 		},
 	}
@@ -218,6 +222,8 @@ func startGuard(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	// The metric checks' webhook, as serve registers it.
+	checkadmission.Register(mgr.GetWebhookServer(), nil)
 	(&guardwebhook.Hooks{
 		Reviewer: &review.Reviewer{
 			Options:         cfg.WebhookOptions(guardUser),
