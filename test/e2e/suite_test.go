@@ -35,19 +35,41 @@ var (
 	local *harness.Local
 )
 
+// promStub is the Prometheus the guard's metric checks query: the stand-in
+// of test/tools/promql, started before the cluster (its URL is in the
+// guard's config) and fed by the checks' tests.
+var promStub *harness.PromStub
+
 func TestMain(m *testing.M) {
-	os.Exit(harness.RunTier(m, harness.TierOptions{
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	stub, err := harness.LaunchPromStub(ctx, filepath.Join(os.TempDir(), fmt.Sprintf("deployguard-e2e-promql-%d.log", os.Getpid())))
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	promStub = stub
+	code := harness.RunTier(m, harness.TierOptions{
 		Name: "e2e",
 		Local: &harness.LocalOptions{
-			Nodes: 2, GuardConfig: guardConfig, ClientAuth: true,
-			// The audit's report CRDs, as make run and config/ install them.
-			CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport")},
+			Nodes: 2, GuardConfig: guardConfig + checksConfig(stub.URL()), ClientAuth: true,
+			// The audit's report CRDs and the metric checks', as make run
+			// and config/ install them.
+			CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport"), filepath.Join(harness.RepoRoot(), "config", "crd", "checks")},
 		},
 		Setup: func(_ context.Context, tr *harness.Tier) error {
 			tier, local = tr, tr.Local
 			return nil
 		},
-	}))
+	})
+	_ = stub.Stop()
+	os.Exit(code)
+}
+
+// checksConfig points the guard's metric checks at url, with the checks'
+// default bake window short enough for the tests.
+func checksConfig(url string) string {
+	return fmt.Sprintf("checks:\n  prometheus: {url: %q}\n  bakeWindow: 4s\n", url)
 }
 
 // shortDeadline is the tests' Deployments' progress deadline, so that a

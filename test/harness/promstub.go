@@ -59,6 +59,26 @@ func StartPromStub(t testing.TB) *PromStub {
 	return s
 }
 
+// LaunchPromStub is StartPromStub for a tier's TestMain, which has no test
+// to tie it to: the caller stops it (Stop). Its log goes to logPath.
+func LaunchPromStub(ctx context.Context, logPath string) (*PromStub, error) {
+	bin, err := BuildPromStub(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("building the Prometheus stand-in: %w", err)
+	}
+	s, err := startPromStub(bin, logPath)
+	if err != nil {
+		if s != nil {
+			_ = s.proc.Stop()
+		}
+		return nil, fmt.Errorf("starting the Prometheus stand-in: %w", err)
+	}
+	return s, nil
+}
+
+// Stop stops the stand-in.
+func (s *PromStub) Stop() error { return s.proc.Stop() }
+
 func startPromStub(bin, logPath string) (*PromStub, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {

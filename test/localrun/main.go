@@ -62,7 +62,8 @@ func run(tools, guard, workDir string) error {
 	l, err := harness.StartLocal(ctx, harness.LocalOptions{
 		Tools: tools, Guard: guard, Name: "deployguard", WorkDir: workDir, Nodes: 2,
 		GuardConfig: guardConfig, Log: logFile, ClientAuth: true,
-		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport"), filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions")},
+		CRDs: []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport"), filepath.Join(harness.RepoRoot(), "config", "crd", "exceptions"),
+			filepath.Join(harness.RepoRoot(), "config", "crd", "checks")},
 	})
 	if err != nil {
 		return fmt.Errorf("%w (see %s)", err, logPath)
