@@ -48,6 +48,7 @@ import (
 	"github.com/deployguard/deployguard/reconciler/analysis/prom"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	guardwebhook "github.com/deployguard/deployguard/webhook"
+	"github.com/deployguard/deployguard/webhook/checkadmission"
 	"github.com/deployguard/deployguard/webhook/exception"
 	"github.com/deployguard/deployguard/webhook/native/floor"
 	"github.com/deployguard/deployguard/webhook/review"
@@ -402,6 +403,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *
 	if err != nil {
 		return nil, err
 	}
+	checkadmission.Register(mgr.GetWebhookServer(), func(h http.Handler) http.Handler { return stop.CloseConnections(guardwebhook.WithBodyTimeout(0, h)) })
 	// The overlap and drain checks' indexes, fed by the Deployment informer
 	// the reconciler uses too: one watch, and no list of the namespace per
 	// request.
