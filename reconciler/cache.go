@@ -112,7 +112,9 @@ func StripForCache(obj any) (any, error) {
 		})
 		o.Spec.Selector = nil
 		o.Spec.Template.Labels = nil
-		o.Status = appsv1.ReplicaSetStatus{}
+		// Of the status, only whether a new pod is Ready: the metric checks
+		// start measuring a revision then.
+		o.Status = appsv1.ReplicaSetStatus{ReadyReplicas: o.Status.ReadyReplicas}
 	case metav1.Object:
 		o.SetManagedFields(nil)
 	}

@@ -127,7 +127,7 @@ func PlanChecks(in CheckInput) CheckPlan {
 		if mr != nil && mr.Phase.Completed() {
 			continue
 		}
-		wait, measures := time.Duration(0), true
+		wait, measures := untilFirst(m.Check.Metric, run, in.Now), true
 		if mr != nil {
 			wait, measures = untilDue(m.Check.Metric, mr, in.Now)
 		}
@@ -146,6 +146,16 @@ func PlanChecks(in CheckInput) CheckPlan {
 		}
 	}
 	return plan
+}
+
+// untilFirst is how long until the metric's first measurement: its
+// initialDelay after the run started.
+func untilFirst(m analysis.Metric, run *rollout.CheckRun, now time.Time) time.Duration {
+	started, err := time.Parse(time.RFC3339, run.Started)
+	if err != nil || m.InitialDelay.Duration <= 0 {
+		return 0
+	}
+	return started.Add(m.InitialDelay.Duration).Sub(now)
 }
 
 // untilDue is how long until the metric's next measurement: its interval
@@ -262,10 +272,12 @@ func (r *DeploymentReconciler) selectChecks(ctx context.Context, d *appsv1.Deplo
 // (rollout.CheckRun). A check that fails the revision marks the run Failed:
 // the rollback phase, which runs after it, acts on that as on a deadline.
 // Inconclusive and Error never roll back; they are told in Events. It
-// returns when to look again.
-func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (time.Duration, error) {
+// returns when to look again, and whether the newRS is held back from being
+// recorded known-good: checks select the Deployment and its bake window has
+// not passed, or one of them failed it.
+func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.Deployment, rss []*appsv1.ReplicaSet) (again time.Duration, hold bool, err error) {
 	if r.Checks == nil || r.Checks.Prometheus == nil {
-		return 0, nil
+		return 0, false, nil
 	}
 	l, _ := rollout.ReadLedger(d)
 	newRS := rollout.FindNewReplicaSet(d, rss)
@@ -277,20 +289,30 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 		newRS.DeletionTimestamp != nil || l.IsKnownGood(newRS) || l.RolledBackRevision == rev {
 		// Nothing of a new revision to measure: a known-good one proved
 		// itself, a rolled-back one is decided.
-		return 0, nil
+		return 0, false, nil
 	}
 	ms, invalid, err := r.selectChecks(ctx, d)
 	if err != nil {
-		return 0, err
+		return 0, true, err
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "revision", rev)
 	if len(ms) == 0 {
+		for _, c := range invalid {
+			// Said on every pass that finds it, deduplicated by the event
+			// recorder: no valid check is left to measure this revision.
+			r.Recorder.Eventf(d, nil, corev1.EventTypeWarning, vocab.ReasonCheckInvalid, actionMeasure,
+				"%s %s selects this Deployment but is not measured: %s", c.Kind, c.Name, cut(c.Errs.ToAggregate().Error(), maxEvidence))
+		}
+		if _, failed := l.Checks.FailedTime(); failed && l.Checks.Of(newRS.Name, rev) {
+			// A revision a check failed stays failed when the check goes.
+			return 0, true, nil
+		}
 		if l.Checks != nil {
 			// The checks that selected it are gone: known-good as before.
 			_, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger { l.Checks = nil; return l })
-			return 0, err
+			return 0, err != nil, err
 		}
-		return 0, nil
+		return 0, false, nil
 	}
 	now := r.Clock.Now()
 	plan := PlanChecks(CheckInput{
@@ -298,7 +320,8 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 		Ready: newRS.Status.ReadyReplicas > 0, Complete: IsComplete(d), Now: now, Bake: r.Checks.bakeWindow(ms),
 	})
 	if plan.Run == nil {
-		return 0, nil
+		// No new pod Ready yet: nothing measured, nothing proven.
+		return 0, true, nil
 	}
 	started := !l.Checks.Of(newRS.Name, rev)
 	run := plan.Run
@@ -309,7 +332,7 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	}
 	var verdicts []told
 	var firstErrors []told
-	again := plan.Again
+	again = plan.Again
 	vars := promscope.Vars{Namespace: d.Namespace, Name: d.Name, PodTemplateHash: newRS.Labels[appsv1.DefaultDeploymentUniqueLabelKey]}
 	for _, i := range plan.Due {
 		m := ms[i]
@@ -332,7 +355,7 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	}
 	// Unchanged (a baked run, nothing due), updateLedger writes nothing.
 	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger { l.Checks = run; return l }); err != nil {
-		return 0, fmt.Errorf("recording the metric checks of revision %d: %w", rev, err)
+		return 0, true, fmt.Errorf("recording the metric checks of revision %d: %w", rev, err)
 	}
 	// Told after the write, so once.
 	if started {
@@ -353,7 +376,12 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	for _, t := range verdicts {
 		r.tellVerdict(ctx, d, newRS, rev, t.m, *t.v, t.got, run)
 	}
-	return again, nil
+	if plan.Baked && run.Failed == "" {
+		log.Info("Metric checks passed the revision's bake window")
+		r.Metrics.checkBaked.Inc()
+		return again, false, nil
+	}
+	return again, true, nil
 }
 
 // tellVerdict says a metric's verdict in an Event and a metric.
@@ -400,22 +428,6 @@ func (r *DeploymentReconciler) measure(ctx context.Context, m checks.Metric, var
 		return Measured{Phase: analysis.PhaseError, Value: val.String() + ", which the conditions cannot judge: " + err.Error(), Query: q}
 	}
 	return Measured{Phase: phase, Value: val.String(), Query: q}
-}
-
-// bakeHolds reports whether the checks hold the newRS back from being
-// recorded known-good: a check failed it, or its bake window has not passed
-// (or not started). Read from the ledger alone.
-func bakeHolds(d *appsv1.Deployment, newRS *appsv1.ReplicaSet, now time.Time) bool {
-	l, _ := rollout.ReadLedger(d)
-	rev, _ := rollout.Revision(newRS)
-	if !l.Checks.Of(newRS.Name, rev) {
-		return false
-	}
-	if _, failed := l.Checks.FailedTime(); failed {
-		return true
-	}
-	until, ok := l.Checks.BakeUntilTime()
-	return !ok || now.Before(until)
 }
 
 // checkFailure is the failure a check declared on the newRS, as the

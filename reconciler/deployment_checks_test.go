@@ -29,6 +29,7 @@ func testMetric(t *testing.T, m analysis.Metric) checks.Metric {
 func TestPlanChecks(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
 	every30 := testMetric(t, analysis.Metric{Name: "rate", Query: "up", FailureCondition: "result[0] > 0.05", Interval: metav1.Duration{Duration: 30 * time.Second}})
+	delayed := testMetric(t, analysis.Metric{Name: "delayed", Query: "up", FailureCondition: "result[0] > 0.05", Interval: metav1.Duration{Duration: 30 * time.Second}, InitialDelay: metav1.Duration{Duration: 30 * time.Second}})
 	once := testMetric(t, analysis.Metric{Name: "once", Query: "up", SuccessCondition: "result[0] < 1"})
 	at := func(d time.Duration) string { return formatTime(t0.Add(d)) }
 	run := func(mut func(*rollout.CheckRun)) *rollout.CheckRun {
@@ -51,6 +52,10 @@ func TestPlanChecks(t *testing.T) {
 		{name: "no new pod Ready yet: nothing to measure", in: CheckInput{Metrics: []checks.Metric{every30}, NewRS: "web-2", Revision: 2}},
 		{name: "first Ready pod: the run starts and every metric is due", in: CheckInput{Metrics: []checks.Metric{every30, once}, NewRS: "web-2", Revision: 2, Ready: true, Now: t0},
 			wantRun: true, wantDue: []int{0, 1}, wantAgain: 10 * time.Second},
+		{name: "initialDelay: the first measurement waits for it", in: CheckInput{Run: run(nil), Metrics: []checks.Metric{delayed}, NewRS: "web-2", Revision: 2, Ready: true, Now: t0.Add(10 * time.Second)},
+			wantRun: true, wantAgain: 20 * time.Second},
+		{name: "initialDelay passed: due", in: CheckInput{Run: run(nil), Metrics: []checks.Metric{delayed}, NewRS: "web-2", Revision: 2, Ready: true, Now: t0.Add(30 * time.Second)},
+			wantRun: true, wantDue: []int{0}, wantAgain: 30 * time.Second},
 		{name: "measured 10s ago: due in 20s", in: CheckInput{Run: run(func(r *rollout.CheckRun) {
 			r.Metrics = []rollout.MetricRun{{Key: every30.Key(), Counts: analysis.Counts{Count: 1, Successful: 1}, Last: at(0)}}
 		}), Metrics: []checks.Metric{every30}, NewRS: "web-2", Revision: 2, Ready: true, Now: t0.Add(10 * time.Second)},

@@ -298,12 +298,14 @@ func (r *DeploymentReconciler) reconcile(ctx context.Context, d *appsv1.Deployme
 	}
 	// The metric checks measure the new revision; a completed one is known-good
 	// only once their bake window has passed, with no check failing it.
-	measure, err := r.reconcileChecks(ctx, d, allRSs)
+	measure, hold, err := r.reconcileChecks(ctx, d, allRSs)
 	if err != nil {
 		return requeueOnConflict(ctx, err, "Deployment changed while measuring its revision; requeued")
 	}
-	if err := r.reconcileKnownGood(ctx, d, allRSs); err != nil {
-		return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
+	if !hold {
+		if err := r.reconcileKnownGood(ctx, d, allRSs); err != nil {
+			return requeueOnConflict(ctx, err, "Deployment changed while reconciling; requeued")
+		}
 	}
 	// Fail-fast declares a failing rollout failed, in upstream's words
 	// (Progressing=False, ProgressDeadlineExceeded); it never rolls back.

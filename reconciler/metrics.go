@@ -52,6 +52,7 @@ type Metrics struct {
 	checkQueryDuration prometheus.Histogram
 	checkThrottled     prometheus.Counter
 	checkReaction      prometheus.Histogram
+	checkBaked         prometheus.Counter
 }
 
 // NewMetrics creates the reconciler's metrics and registers them with reg
@@ -98,6 +99,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		checkReaction: r.Histogram("deployguard_check_rollback_reaction_seconds",
 			"Time from a revision's first Failed measurement (a check that rolls back) to its rollback write.",
 			[]float64{1, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600}),
+		checkBaked: r.Counter("deployguard_check_baked_total",
+			"Revisions whose bake window passed with no metric check failing them (then recorded known-good)."),
 		recordsExpired: r.Counter("deployguard_cleanup_records_expired_total",
 			"Record ConfigMaps of deleted Deployments deleted by the guard after their retention."),
 		recordsEvicted: r.Counter("deployguard_cleanup_records_evicted_total",

@@ -38,6 +38,10 @@ type Metric struct {
 	FailureCondition string `json:"failureCondition,omitempty"`
 	// Interval between measurements; empty means a single measurement.
 	Interval metav1.Duration `json:"interval,omitempty"`
+	// InitialDelay is how long the first measurement waits after the
+	// measurements start (the new revision's first Ready pod): one scrape
+	// interval gives Prometheus the new pods' first samples.
+	InitialDelay metav1.Duration `json:"initialDelay,omitempty"`
 	// Count is the number of measurements (errors not counted) after which
 	// the metric is Successful; nil or 0 with an interval means measure until
 	// stopped, nil or 0 without one means one measurement (Argo's
@@ -117,6 +121,9 @@ func validateFields(m Metric, path *field.Path) field.ErrorList {
 	}
 	if m.SuccessCondition == "" && m.FailureCondition == "" {
 		errs = append(errs, field.Required(path.Child("successCondition"), ErrNoCondition))
+	}
+	if m.InitialDelay.Duration < 0 {
+		errs = append(errs, field.Invalid(path.Child("initialDelay"), m.InitialDelay.Duration.String(), "must not be negative"))
 	}
 	if m.Interval.Duration < 0 {
 		errs = append(errs, field.Invalid(path.Child("interval"), m.Interval.Duration.String(), "must not be negative"))

@@ -46,6 +46,7 @@ func errorRate(dryRun bool, bake time.Duration) checks.Spec {
 			SuccessCondition: "len(result) > 0 && result[0] <= 0.05",
 			FailureCondition: "len(result) > 0 && result[0] > 0.05",
 			Interval:         metav1.Duration{Duration: checkInterval},
+			InitialDelay:     metav1.Duration{Duration: checkInterval},
 			FailureLimit:     ptr[int32](1),
 			DryRun:           dryRun,
 		}},
@@ -216,17 +217,18 @@ func TestMetricCheckRollsBackAReleaseServingErrors(t *testing.T) {
 		d := get(ctx, t, ns, "web")
 		return rolledBackRevision(d) == 2, describe(d), nil
 	})
+	rolledBack := time.Now()
 	d := waitAvailable(t, ns, "web", time.Minute)
 	assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
 	run := checkLedger(d)
 	require.NotNil(t, run)
 	first, _ := run.FirstFailedTime()
 	started, _ := time.Parse(time.RFC3339, run.Started)
-	t.Logf("first Ready new pod %s, first failed measurement %s, failed %s, rolled back (ledger written) by %s",
-		run.Started, run.FirstFailed, run.Failed, time.Now().UTC().Format(time.RFC3339))
-	// interval × (failureLimit + 1) plus one scrape, at the second's
-	// resolution of the ledger's times.
-	assert.LessOrEqual(t, first.Sub(started), checkInterval+2*time.Second, "the first measurement is at the first Ready pod")
+	t.Logf("first Ready new pod %s, first failed measurement %s, check failed %s, rollback seen by the test %s (%s after the first failed measurement)",
+		run.Started, run.FirstFailed, run.Failed, rolledBack.UTC().Format(time.RFC3339Nano), rolledBack.Sub(first).Round(100*time.Millisecond))
+	// The first measurement is initialDelay (one scrape here) after the
+	// first Ready pod, at the second's resolution of the ledger's times.
+	assert.LessOrEqual(t, first.Sub(started), checkInterval+2*time.Second, "the first measurement is one initialDelay after the first Ready pod")
 
 	msg := guardEvent(t, ns, "web", vocab.ReasonCheckFailed)
 	for _, want := range []string{"ClusterDeploymentCheck/" + ns + "/error-rate", "failed (2) > failureLimit (1)", `pod_template_hash="`, `failureCondition "len(result) > 0 && result[0] > 0.05"`, "returned [0."} {
@@ -254,7 +256,7 @@ func TestMetricCheckBakeWindow(t *testing.T) {
 	t.Parallel()
 	t.Run("degrades inside the window", func(t *testing.T) {
 		t.Parallel()
-		ns := checkedNamespace(t, errorRate(false, 2*time.Minute))
+		ns := checkedNamespace(t, errorRate(false, 30*time.Second))
 		checkedRolloutOnce(t, harness.Deployment(ns, "web", "app:1", slowDeadline))
 		require.NoError(t, update(t, ns, "web", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" }))
 		tr := feed(t, ns, newHash(t, ns, "web", 2), 0)
@@ -313,7 +315,8 @@ func TestMetricCheckOutcomesThatNeverRollBack(t *testing.T) {
 	})
 	t.Run("dry run", func(t *testing.T) {
 		t.Parallel()
-		ns := checkedNamespace(t, errorRate(true, 4*time.Second))
+		// A bake window that outlasts failureLimit + 1 measurements.
+		ns := checkedNamespace(t, errorRate(true, 20*time.Second))
 		checkedRolloutOnce(t, harness.Deployment(ns, "web", "app:1", slowDeadline))
 		require.NoError(t, update(t, ns, "web", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" }))
 		feed(t, ns, newHash(t, ns, "web", 2), 0.3)
@@ -326,15 +329,26 @@ func TestMetricCheckOutcomesThatNeverRollBack(t *testing.T) {
 	})
 	t.Run("first revision", func(t *testing.T) {
 		t.Parallel()
-		ns := checkedNamespace(t, errorRate(false, 30*time.Second))
+		ns := checkedNamespace(t, errorRate(false, 8*time.Second))
 		require.NoError(t, local.Client.Create(context.Background(), harness.Deployment(ns, "web", "app:1", slowDeadline)))
 		feed(t, ns, newHash(t, ns, "web", 1), 0.3)
 		msg := guardEvent(t, ns, "web", vocab.ReasonNoKnownGoodRevision)
 		assert.Contains(t, msg, "metric check ClusterDeploymentCheck/"+ns+"/error-rate failed")
 		assert.Contains(t, msg, "no known-good revision")
+		// Past its bake window (the guard looks again at the window's end),
+		// it is still not known-good, and still runs.
+		run := checkLedger(get(context.Background(), t, ns, "web"))
+		require.NotNil(t, run)
+		require.NotEmpty(t, run.Failed)
+		until, ok := run.BakeUntilTime()
+		require.True(t, ok, "the rollout completed: its bake window is set")
+		harness.WaitFor(t, 30*time.Second, "a revision a check failed became known-good after its bake window", func(ctx context.Context) (bool, string, error) {
+			d := get(ctx, t, ns, "web")
+			return time.Now().After(until.Add(3*time.Second)) && knownGoodRevision(d) == 0, describe(d), nil
+		})
 		d := get(context.Background(), t, ns, "web")
 		assert.Equal(t, "app:1", d.Spec.Template.Spec.Containers[0].Image)
-		assert.Equal(t, int64(0), knownGoodRevision(d), "a revision a check failed is never known-good")
+		assert.Equal(t, int64(0), knownGoodRevision(d))
 	})
 }
 

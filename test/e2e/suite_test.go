@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/deployguard/deployguard/reconciler/analysis/checks"
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
@@ -59,7 +60,7 @@ func TestMain(m *testing.M) {
 		},
 		Setup: func(_ context.Context, tr *harness.Tier) error {
 			tier, local = tr, tr.Local
-			return nil
+			return checks.AddToScheme(local.Scheme)
 		},
 	})
 	_ = stub.Stop()
