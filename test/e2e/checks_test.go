@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -96,6 +97,10 @@ type traffic struct {
 	mu      sync.Mutex
 	share   float64
 	ok, bad float64
+	// latency is every request's duration; buckets counts them per le of
+	// http_request_duration_seconds.
+	latency time.Duration
+	buckets map[string]float64
 	stop    chan struct{}
 	once    sync.Once
 }
@@ -132,9 +137,27 @@ func (tr *traffic) scrape(ns, hash string, secs float64) string {
 	defer tr.mu.Unlock()
 	tr.bad += 10 * secs * tr.share
 	tr.ok += 10 * secs * (1 - tr.share)
-	return fmt.Sprintf("http_requests_total{namespace=%q,pod_template_hash=%q,code=\"200\"} %g\n"+
+	out := fmt.Sprintf("http_requests_total{namespace=%q,pod_template_hash=%q,code=\"200\"} %g\n"+
 		"http_requests_total{namespace=%q,pod_template_hash=%q,code=\"500\"} %g\n", ns, hash, tr.ok, ns, hash, tr.bad)
+	if tr.buckets == nil {
+		tr.buckets = map[string]float64{}
+	}
+	for _, le := range latencyBuckets {
+		bound, _ := strconv.ParseFloat(le, 64)
+		if le == "+Inf" || tr.latency.Seconds() <= bound {
+			tr.buckets[le] += 10 * secs
+		}
+		out += fmt.Sprintf("http_request_duration_seconds_bucket{namespace=%q,pod_template_hash=%q,le=%q} %g\n", ns, hash, le, tr.buckets[le])
+	}
+	return out
 }
+
+// latencyBuckets are the histogram's upper bounds, as a client library's
+// defaults give them.
+var latencyBuckets = []string{"0.05", "0.1", "0.25", "0.5", "1", "+Inf"}
+
+// SetLatency changes every request's duration from now on.
+func (tr *traffic) SetLatency(d time.Duration) { tr.mu.Lock(); tr.latency = d; tr.mu.Unlock() }
 
 // Set changes the share of 5xx from now on.
 func (tr *traffic) Set(share float64) { tr.mu.Lock(); tr.share = share; tr.mu.Unlock() }
@@ -247,6 +270,36 @@ func TestMetricCheckRollsBackAReleaseServingErrors(t *testing.T) {
 	assert.Contains(t, st, "Metric checks of revision 2")
 	assert.Contains(t, st, "error-rate: Failed")
 	assert.Contains(t, st, "metric-check")
+}
+
+// A slow release (its p99 latency, from the histogram, above the
+// condition) is rolled back; the same check passes the fast one before it.
+func TestMetricCheckRollsBackASlowRelease(t *testing.T) {
+	t.Parallel()
+	spec := errorRate(false, 4*time.Second)
+	m := &spec.Metrics[0]
+	m.Name = "p99-latency"
+	m.Query = `histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket{namespace="{{.Namespace}}",pod_template_hash="{{.PodTemplateHash}}"}[30s])))`
+	m.SuccessCondition = "len(result) > 0 && result[0] <= 0.25"
+	m.FailureCondition = "len(result) > 0 && result[0] > 0.25"
+	ns := checkedNamespace(t, spec)
+	require.NoError(t, local.Client.Create(context.Background(), harness.Deployment(ns, "web", "app:1", slowDeadline)))
+	fast := feed(t, ns, newHash(t, ns, "web", 1), 0)
+	fast.SetLatency(40 * time.Millisecond)
+	waitKnownGood(t, ns, "web", 1)
+
+	require.NoError(t, update(t, ns, "web", slowRollout("app:2")))
+	slow := feed(t, ns, newHash(t, ns, "web", 2), 0)
+	slow.SetLatency(400 * time.Millisecond)
+	harness.WaitFor(t, time.Minute, "the slow revision 2 was not rolled back", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "web")
+		return rolledBackRevision(d) == 2, describe(d), nil
+	})
+	msg := guardEvent(t, ns, "web", vocab.ReasonCheckFailed)
+	assert.Contains(t, msg, "ClusterDeploymentCheck/"+ns+"/p99-latency")
+	assert.Contains(t, msg, "histogram_quantile(0.99")
+	assert.Contains(t, msg, `failureCondition "len(result) > 0 && result[0] > 0.25"`)
+	assert.Equal(t, "app:1", waitAvailable(t, ns, "web", time.Minute).Spec.Template.Spec.Containers[0].Image)
 }
 
 // A rollout that completes and degrades inside its bake window is rolled
