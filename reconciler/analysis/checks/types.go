@@ -107,9 +107,9 @@ func (c *ClusterDeploymentCheck) DeepCopy() *ClusterDeploymentCheck {
 		return nil
 	}
 	out := *c
-	c.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	c.DeepCopyInto(&out.ObjectMeta)
 	out.Spec.NamespaceSelector = c.Spec.NamespaceSelector.DeepCopy()
-	c.Spec.Spec.DeepCopyInto(&out.Spec.Spec)
+	c.Spec.DeepCopyInto(&out.Spec.Spec)
 	return &out
 }
 
@@ -122,7 +122,7 @@ func (c *DeploymentCheck) DeepCopy() *DeploymentCheck {
 		return nil
 	}
 	out := *c
-	c.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	c.DeepCopyInto(&out.ObjectMeta)
 	c.Spec.DeepCopyInto(&out.Spec)
 	return &out
 }
@@ -136,7 +136,7 @@ func (l *ClusterDeploymentCheckList) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	out := *l
-	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	l.DeepCopyInto(&out.ListMeta)
 	out.Items = make([]ClusterDeploymentCheck, len(l.Items))
 	for i := range l.Items {
 		out.Items[i] = *l.Items[i].DeepCopy()
@@ -150,7 +150,7 @@ func (l *DeploymentCheckList) DeepCopyObject() runtime.Object {
 		return nil
 	}
 	out := *l
-	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	l.DeepCopyInto(&out.ListMeta)
 	out.Items = make([]DeploymentCheck, len(l.Items))
 	for i := range l.Items {
 		out.Items[i] = *l.Items[i].DeepCopy()
