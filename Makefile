@@ -16,7 +16,7 @@ export DEPLOYGUARD_TOOLS := $(TOOLS_DIR)
 
 PKGS_UNIT := $(shell go list ./... | grep -v '/test/')
 
-.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install test-node node-tools bench bench-apiserver bench-apiserver-min bench-reaction tools-min test-min bench-scale fuzz kustomize clean help
+.PHONY: haproxy xmllint all build lint tools upstream-e2e run test test-unit test-integration test-e2e test-clients test-tls test-upstream test-faults test-install test-node node-tools bench bench-apiserver bench-apiserver-min bench-reaction bench-checks tools-min test-min bench-scale fuzz kustomize clean help
 
 all: build
 
@@ -111,6 +111,9 @@ bench-apiserver: tools build ## requests/s and CPU per request through a real ku
 
 bench-reaction: tools build ## how fast the guard rolls back (on a deadline, by fail-fast), on the e2e tier's cluster and settings
 	go run ./test/bench/reaction -tools $(TOOLS_DIR) -guard $(BIN)
+
+bench-checks: tools build ## metric checks at 1,000 Deployments: guard memory, queries per rollout, the qps bound, rollback reaction (stand-in Prometheus)
+	go run ./test/bench/checks -tools $(TOOLS_DIR) -guard $(BIN)
 
 FUZZTIME ?= 60s
 fuzz: ## run every fuzz target for FUZZTIME each (default 60s); crashes land in testdata/fuzz
