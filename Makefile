@@ -64,12 +64,13 @@ test-clients: tools build ## the tools that deploy (kubectl, the pipeline step, 
 	cd test/tools/argocd && GOWORK=off $(GOTEST) -count=1 ./...
 
 # A real node's parts (containerd, runc, kubelet, kube-proxy, distribution's
-# registry), built from the Go module proxy beside the control plane; the CNI
-# plugins and libseccomp from Debian's packages.
+# registry) and Prometheus (test/node/checks_test.go runs it), built from the
+# Go module proxy beside the control plane; the CNI plugins and libseccomp
+# from Debian's packages.
 NODE_TOOLS_DIR ?= $(CURDIR)/bin/tools/node-$(K8S_VERSION)
 export DEPLOYGUARD_NODE_TOOLS := $(NODE_TOOLS_DIR)
 
-node-tools: $(NODE_TOOLS_DIR)/.complete ## a real node's parts, built from the Go module proxy (about 3 minutes cold, cached)
+node-tools: $(NODE_TOOLS_DIR)/.complete ## a real node's parts and Prometheus, built from the Go module proxy (about 6 minutes cold, cached)
 
 $(NODE_TOOLS_DIR)/.complete: test/tools/build-node.sh test/tools/kube/go.mod test/tools/kube/go.sum
 	bash test/tools/build-node.sh $(NODE_TOOLS_DIR)

@@ -3,7 +3,8 @@
 # version (the Makefile's NODE_TOOLS_DIR), so that a second run is a no-op:
 # containerd v2 and its runc shim, runc (cgo, with seccomp), kubelet and
 # kube-proxy (from the same k8s.io/kubernetes module as the control plane,
-# test/tools/kube), and distribution's registry. The CNI plugins, libseccomp
+# test/tools/kube), distribution's registry, and Prometheus (the metric
+# checks' proof: it scrapes the test app's pods). The CNI plugins, libseccomp
 # and iptables are Debian's packages, installed with apt when missing.
 #
 # usage: test/tools/build-node.sh OUT_DIR
@@ -17,6 +18,9 @@ out="$(cd "$out" && pwd)"
 containerd_version="v2.4.2"
 runc_version="v1.3.6"
 registry_version="v3.1.2"
+# Prometheus's Go module version, test/tools/promql's: its dependencies are
+# in the module cache already.
+prometheus_version="v0.316.0"
 flags=(-trimpath -ldflags "-s -w")
 
 # What the node needs from Debian: runc's build links libseccomp (through
@@ -36,7 +40,7 @@ if ((${#missing[@]})); then
 	$s apt-get update -qq && $s apt-get install -y -qq "${missing[@]}"
 fi
 
-stamp="containerd=$containerd_version runc=$runc_version registry=$registry_version kube=$(cd "$here/kube" && GOWORK=off go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+stamp="containerd=$containerd_version runc=$runc_version registry=$registry_version prometheus=$prometheus_version kube=$(cd "$here/kube" && GOWORK=off go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 if [[ -f "$out/.complete" && "$(cat "$out/.complete")" == "$stamp" ]]; then
 	echo ">> node parts ready in $out"
 	exit 0
@@ -60,6 +64,12 @@ kube_ldflags="$("$here/kube-ldflags.sh" "$here/kube")"
 
 echo ">> building distribution's registry $registry_version"
 GOBIN="$out" CGO_ENABLED=0 go install "${flags[@]}" "github.com/distribution/distribution/v3/cmd/registry@$registry_version"
+
+echo ">> building Prometheus $prometheus_version (about 3 minutes cold)"
+# Only Kubernetes service discovery (the other discoveries' cloud SDKs are
+# most of its build); no -tags builtinassets: the web UI is not needed.
+GOBIN="$out" CGO_ENABLED=0 go install "${flags[@]}" -tags "remove_all_sd enable_kubernetes_sd" \
+	"github.com/prometheus/prometheus/cmd/prometheus@$prometheus_version"
 
 echo "$stamp" >"$out/.complete"
 echo ">> node parts ready in $out"

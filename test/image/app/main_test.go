@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
@@ -10,7 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -58,6 +62,10 @@ func TestEachTagBehavesAsItsPurposeSays(t *testing.T) {
 		{tag: "crash", exits: "APP_BEHAVIOUR=crash: crashing on start, as asked"},
 		{tag: "badconfig", exits: `bad configuration: APP_CONFIG is "bad", want "good"`},
 		{tag: "never-ready", readyCode: http.StatusServiceUnavailable},
+		// Their first answer of / is a success (the errors are spread).
+		{tag: "errors", readyCode: http.StatusOK},
+		{tag: "slow", readyCode: http.StatusOK},
+		{tag: "degrades", readyCode: http.StatusOK},
 	} {
 		t.Run(tc.tag, func(t *testing.T) {
 			kv := tagEnv(t, tc.tag)
@@ -70,6 +78,7 @@ func TestEachTagBehavesAsItsPurposeSays(t *testing.T) {
 			}
 			a, err := configure(env(kv), files(nil))
 			require.NoError(t, err)
+			a.wait = func(context.Context, time.Duration) {}
 			h := a.handler()
 			for p, want := range map[string]int{"/healthz": http.StatusOK, "/readyz": tc.readyCode, "/": http.StatusOK} {
 				rec := httptest.NewRecorder()
@@ -114,6 +123,9 @@ func TestConfigFromAFile(t *testing.T) {
 			err: `bad configuration: APP_CONFIG (from /config/app) is "bad", want "good"`},
 		{name: "the environment wins over the file", env: map[string]string{"APP_CONFIG": "good"}, files: map[string]string{"/etc/testapp/config": "bad"}},
 		{name: "an unknown behaviour", env: map[string]string{"APP_BEHAVIOUR": "sleep"}, err: `APP_BEHAVIOUR="sleep": want serve, crash, never-ready or pause`},
+		{name: "an error share past 1", env: map[string]string{"APP_ERRORS": "30"}, err: `APP_ERRORS="30": want a share of the requests from 0 to 1, such as 0.3`},
+		{name: "a latency without a unit", env: map[string]string{"APP_LATENCY": "300"}, err: `APP_LATENCY="300": want a Go duration such as 300ms or 60s`},
+		{name: "a negative degrade-after", env: map[string]string{"APP_DEGRADE_AFTER": "-1s"}, err: `APP_DEGRADE_AFTER="-1s": want a Go duration such as 300ms or 60s`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := configure(env(tc.env), files(tc.files))
@@ -122,6 +134,75 @@ func TestConfigFromAFile(t *testing.T) {
 			} else {
 				assert.EqualError(t, err, tc.err)
 			}
+		})
+	}
+}
+
+// clock is the app's time as a test moves it: an answer's wait advances it.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time                          { return c.t }
+func (c *clock) wait(_ context.Context, d time.Duration) { c.t = c.t.Add(d) }
+
+// A degraded tag's answers of /, 100 requests after a given time since
+// start, and what /metrics then says about them: the share of 500s Prometheus
+// would compute, and the requests the histogram counts above 250ms.
+func TestDegradedTagsAsAMetricCheckSeesThem(t *testing.T) {
+	for _, tc := range []struct {
+		tag      string
+		after    time.Duration // since start
+		want500  int
+		wantSlow int // answered in more than 250ms
+	}{
+		{tag: "v1", after: time.Hour, want500: 0, wantSlow: 0},
+		{tag: "errors", after: 0, want500: 30, wantSlow: 0},
+		{tag: "slow", after: 0, want500: 0, wantSlow: 100},
+		{tag: "degrades", after: 59 * time.Second, want500: 0, wantSlow: 0},
+		{tag: "degrades", after: 60 * time.Second, want500: 30, wantSlow: 0},
+	} {
+		t.Run(fmt.Sprintf("%s %s after start", tc.tag, tc.after), func(t *testing.T) {
+			a, err := configure(env(tagEnv(t, tc.tag)), files(nil))
+			require.NoError(t, err)
+			c := &clock{t: time.Unix(1000, 0)}
+			a.start, a.now, a.wait = c.t, c.now, c.wait
+			c.t = c.t.Add(tc.after)
+			h := a.handler()
+			codes := map[int]int{}
+			for range 100 {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+				codes[rec.Code]++
+			}
+			assert.Equal(t, tc.want500, codes[http.StatusInternalServerError], "500s of 100")
+			assert.Equal(t, 100-tc.want500, codes[http.StatusOK], "200s of 100")
+			// The probes are not the app's traffic: they pass, uncounted.
+			for _, p := range []string{"/healthz", "/readyz"} {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, p, nil))
+				assert.Equal(t, http.StatusOK, rec.Code, p)
+			}
+
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+			require.Equal(t, http.StatusOK, rec.Code)
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			fams, err := p.TextToMetricFamilies(rec.Body)
+			require.NoError(t, err, "the text format Prometheus scrapes")
+			byCode := map[string]float64{}
+			for _, m := range fams["http_requests_total"].GetMetric() {
+				byCode[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+			assert.Equal(t, map[string]float64{"200": float64(100 - tc.want500), "500": float64(tc.want500)}, byCode,
+				"both codes exported, at 0 when none was served")
+			hist := fams["http_request_duration_seconds"].GetMetric()[0].GetHistogram()
+			assert.Equal(t, uint64(100), hist.GetSampleCount())
+			var upTo250ms uint64
+			for _, b := range hist.GetBucket() {
+				if b.GetUpperBound() == 0.25 {
+					upTo250ms = b.GetCumulativeCount()
+				}
+			}
+			assert.Equal(t, uint64(100-tc.wantSlow), upTo250ms, "answered within 250ms")
 		})
 	}
 }

@@ -1,0 +1,454 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/analysis"
+	"github.com/deployguard/deployguard/reconciler/analysis/checks"
+	"github.com/deployguard/deployguard/reconciler/rollout"
+	"github.com/deployguard/deployguard/reconciler/vocab"
+	"github.com/deployguard/deployguard/test/harness"
+)
+
+// The metric checks of issue 55 proved on the real node: a real Prometheus
+// (built by test/tools/build-node.sh) discovers the test app's pods through
+// the API server, scrapes their /metrics, and the guard, installed by helm,
+// queries it to measure each new revision. The kwok tier's
+// test/e2e/checks_test.go holds the same scenarios on a stand-in fed by
+// the test.
+
+// Each metric is measured every checkInterval; two Failed measurements
+// (failureLimit 1) fail a revision. scrapeInterval is Prometheus's.
+const (
+	checkInterval  = 2 * time.Second
+	failureLimit   = 1
+	scrapeInterval = 2 * time.Second
+	// checkBake keeps measuring a revision this long after its rollout
+	// completes: a real Prometheus sees a new pod's first samples some
+	// seconds after it is Ready (discovery, then two scrapes for a rate).
+	checkBake = 30 * time.Second
+	// A new pod has no samples for its first measurements: each is
+	// Inconclusive (no series, or 0/0 before any request), and past
+	// inconclusiveLimit the metric would stop measuring the revision for
+	// good (Argo's rule). The default, 0, would end the check at its first
+	// measurement, taken at the first Ready pod.
+	checkInconclusiveLimit = 15
+)
+
+// checkLabel selects the namespaces of this file's check.
+const checkLabel = "deployguard.io/node-check"
+
+// revisionScope is the selector of one revision's series, as the
+// Prometheus config below labels them.
+const revisionScope = `namespace="{{.Namespace}}",pod_template_hash="{{.PodTemplateHash}}"`
+
+// errorRateMetric is the docs' check: the new pods' share of 5xx over 30s.
+func errorRateMetric() analysis.Metric {
+	return analysis.Metric{
+		Name: "error-rate",
+		Query: `sum(rate(http_requests_total{` + revisionScope + `,code=~"5.."}[30s]))` +
+			` / sum(rate(http_requests_total{` + revisionScope + `}[30s]))`,
+		SuccessCondition:  "len(result) > 0 && result[0] <= 0.05",
+		FailureCondition:  "len(result) > 0 && result[0] > 0.05",
+		Interval:          metav1.Duration{Duration: checkInterval},
+		FailureLimit:      ptr.To[int32](failureLimit),
+		InconclusiveLimit: ptr.To[int32](checkInconclusiveLimit),
+	}
+}
+
+// latencyMetric fails a revision whose p99 over 30s is above 250ms (the
+// app's histogram has a bucket there).
+func latencyMetric() analysis.Metric {
+	return analysis.Metric{
+		Name:              "p99-latency",
+		Query:             `histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket{` + revisionScope + `}[30s])))`,
+		SuccessCondition:  "len(result) > 0 && result[0] <= 0.25",
+		FailureCondition:  "len(result) > 0 && result[0] > 0.25",
+		Interval:          metav1.Duration{Duration: checkInterval},
+		FailureLimit:      ptr.To[int32](failureLimit),
+		InconclusiveLimit: ptr.To[int32](checkInconclusiveLimit),
+	}
+}
+
+// A release that serves 30% 5xx while Ready, and one that answers in
+// 300ms, each rolled back by the guard on what a real Prometheus scraped
+// from their pods, with the app's traffic sent through its Service.
+func TestMetricCheckOnARealPrometheus(t *testing.T) {
+	ctx := context.Background()
+	key := fmt.Sprint(os.Getpid())
+	nsErrors := harness.NewNamespace(t, cl, harness.NamespaceLabels(map[string]string{checkLabel: key}))
+	nsSlow := harness.NewNamespace(t, cl, harness.NamespaceLabels(map[string]string{checkLabel: key}))
+
+	prom := startPrometheus(t, []string{nsErrors, nsSlow})
+	pointGuardAt(ctx, t, prom.url)
+
+	check := &checks.ClusterDeploymentCheck{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-" + key},
+		Spec: checks.ClusterSpec{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{checkLabel: key}},
+			Spec: checks.Spec{
+				BakeWindow: &metav1.Duration{Duration: checkBake},
+				Metrics:    []analysis.Metric{errorRateMetric(), latencyMetric()},
+			},
+		},
+	}
+	cc := checksClient(t)
+	require.NoError(t, cc.Create(ctx, check))
+	t.Cleanup(func() { _ = cc.Delete(context.Background(), check) })
+	checkKey := "ClusterDeploymentCheck/" + check.Name + "/"
+
+	for _, tc := range []struct {
+		name, ns, tag, metric string
+	}{
+		{name: "serves 30% 5xx", ns: nsErrors, tag: "errors", metric: "error-rate"},
+		{name: "answers in 300ms", ns: nsSlow, tag: "slow", metric: "p99-latency"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rolledBackByCheck(ctx, t, tc.ns, tc.tag, checkKey+tc.metric)
+		})
+	}
+	t.Cleanup(func() {
+		// After the subtests: what Prometheus served the guard.
+		if n, err := prom.queriesServed(); err == nil {
+			t.Logf("Prometheus served %g instant queries (/api/v1/query) in all", n)
+		} else {
+			t.Logf("Prometheus's own metrics: %v", err)
+		}
+	})
+}
+
+// rolledBackByCheck deploys the app at v1 behind a Service with traffic,
+// updates it to tag, and asserts the guard rolls revision 2 back for the
+// metric key, in time.
+func rolledBackByCheck(ctx context.Context, t *testing.T, ns, tag, key string) {
+	// A rollout of one new pod at a time: the old ones keep serving.
+	oneAtATime := func(d *appsv1.Deployment) {
+		d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+			MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}}
+	}
+	d := app(ns, "web", "v1", oneAtATime)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Selector: d.Spec.Selector.MatchLabels,
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}
+	require.NoError(t, cl.Create(ctx, svc))
+	// Through the Service's ClusterIP, as kube-proxy routes it from the
+	// node (this test's network namespace).
+	load := sendLoad(t, "http://"+svc.Spec.ClusterIP+"/")
+	start := time.Now()
+	deployGood(ctx, t, ns, "web", oneAtATime)
+	t.Logf("v1 known-good (after its %s bake) in %s; load so far %s", checkBake, time.Since(start).Round(time.Second), load)
+
+	updated := time.Now()
+	setImage(ctx, t, ns, "web", tag)
+	var seen time.Time
+	final := waitDeployment(t, ns, "web", "revision 2 was not rolled back by its metric check", 3*time.Minute, func(l rollout.Ledger, _ *appsv1.Deployment) bool {
+		if l.RolledBackRevision == 2 && seen.IsZero() {
+			seen = time.Now()
+		}
+		return !seen.IsZero()
+	})
+	run := checkRun(final)
+	require.NotNil(t, run, "the ledger keeps the checks' run of revision 2")
+	t.Logf("ledger checks of revision %d: started (first Ready new pod) %s, first failed measurement %s, failed %s; rollback seen %s; evidence: %s",
+		run.Revision, run.Started, run.FirstFailed, run.Failed, seen.UTC().Format(time.RFC3339), run.Evidence)
+	for _, m := range run.Metrics {
+		t.Logf("metric %s: %+v phase %q %s", m.Key, m.Counts, m.Phase, m.Message)
+		if m.Key != key {
+			assert.NotEqual(t, analysis.PhaseFailed, m.Phase, "%s judges what the release did not break", m.Key)
+		}
+	}
+	rb := rolledBack(ctx, t, ns, "web", 2*time.Minute)
+	t.Logf("AutoRollback: %s", rb)
+	assert.Contains(t, rb, "metric check "+key+" failed")
+
+	first, err := time.Parse(time.RFC3339, run.FirstFailed)
+	require.NoError(t, err, "ledger checks.firstFailed")
+	started, err := time.Parse(time.RFC3339, run.Started)
+	require.NoError(t, err, "ledger checks.started")
+	// The second Failed measurement comes interval after the first; then
+	// the rollback phase acts at once. A scrape, the ledger's second
+	// resolution and this poll are the slack.
+	bound := checkInterval*(failureLimit+1) + scrapeInterval + 3*time.Second
+	// From the first Ready new pod: Prometheus's discovery (it passes new
+	// targets on every 5s), two scrapes for a rate, then the two Failed
+	// measurements; measured at 8-10s.
+	fromReady := 5*time.Second + 2*scrapeInterval + checkInterval*(failureLimit+1) + 8*time.Second
+	t.Logf("update to rollback %s; first Ready new pod to first failed measurement %s (Prometheus's discovery and scrapes); first failed measurement to rollback %s (bound %s); first Ready new pod to rollback %s (bound %s)",
+		seen.Sub(updated).Round(time.Second), first.Sub(started), seen.Sub(first).Round(time.Second), bound, seen.Sub(started).Round(time.Second), fromReady)
+	assert.LessOrEqual(t, seen.Sub(first), bound, "first failed measurement to rollback")
+	assert.LessOrEqual(t, seen.Sub(started), fromReady, "first Ready new pod to rollback")
+
+	notes := guardNotes(ctx, t, ns, "web", vocab.ReasonCheckFailed)
+	require.NotEmpty(t, notes, "a %s Event", vocab.ReasonCheckFailed)
+	t.Logf("%s: %s", vocab.ReasonCheckFailed, notes[0])
+	assert.Contains(t, notes[0], key)
+	assert.Contains(t, notes[0], fmt.Sprintf("failed (2) > failureLimit (%d)", failureLimit))
+	t.Logf("load through the Service: %s", load)
+}
+
+// checksClient writes the checks' kinds, which the tier's client does not
+// know.
+func checksClient(t *testing.T) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	require.NoError(t, checks.AddToScheme(s))
+	cfg, err := node.RESTConfig()
+	require.NoError(t, err)
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	require.NoError(t, err)
+	return c
+}
+
+func checkRun(d *appsv1.Deployment) *rollout.CheckRun {
+	if d == nil {
+		return nil
+	}
+	l, _ := rollout.ReadLedger(d)
+	return l.Checks
+}
+
+// traffic is a stream of requests to one URL, 20 a second, each on a new
+// connection so that kube-proxy spreads them over the Service's pods.
+type traffic struct {
+	ok, failed, errs atomic.Int64
+}
+
+func (l *traffic) String() string {
+	return fmt.Sprintf("%d 2xx, %d 5xx, %d errors", l.ok.Load(), l.failed.Load(), l.errs.Load())
+}
+
+func sendLoad(t *testing.T, url string) *traffic {
+	l := &traffic{}
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			// Not one after the other: a slow release must not slow the
+			// load down.
+			wg.Go(func() {
+				resp, err := c.Get(url)
+				if err != nil {
+					l.errs.Add(1)
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode >= 500 {
+					l.failed.Add(1)
+				} else {
+					l.ok.Add(1)
+				}
+			})
+		}
+	})
+	t.Cleanup(func() { close(stop); wg.Wait() })
+	return l
+}
+
+// prometheus is a Prometheus server the test runs on the node's address.
+type prometheus struct {
+	url string
+	cmd *exec.Cmd
+	log string
+}
+
+// startPrometheus runs Prometheus on NodeIP (pods reach it there, as they
+// reach the API server), discovering the pods of namespaces through the API
+// server with the tier's admin kubeconfig and scraping the app's port.
+func startPrometheus(t *testing.T, namespaces []string) *prometheus {
+	t.Helper()
+	bin := filepath.Join(node.NodeTools, "prometheus")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("Prometheus is missing in %s: run `make node-tools` (test/tools/build-node.sh builds it)", node.NodeTools)
+	}
+	port, err := harness.FreePort()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	require.NoError(t, os.WriteFile(cfg, []byte(prometheusConfig(node.Kubeconfig, namespaces)), 0o644))
+	p := &prometheus{url: fmt.Sprintf("http://%s:%d", harness.NodeIP, port), log: filepath.Join(dir, "prometheus.log")}
+	out, err := os.Create(p.log)
+	require.NoError(t, err)
+	p.cmd = exec.Command(bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		fmt.Sprintf("--web.listen-address=%s:%d", harness.NodeIP, port), "--storage.tsdb.retention.time=1h", "--log.level=info")
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, p.cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait(); out.Close() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("--- end of Prometheus's log ---\n%s", harness.TailFile(p.log, 3000))
+		}
+	})
+	harness.WaitFor(t, time.Minute, "Prometheus never became ready", func(context.Context) (bool, string, error) {
+		select {
+		case err := <-exited:
+			exited <- err
+			return false, "", fmt.Errorf("prometheus exited (%w): %s", err, harness.TailFile(p.log, 2000))
+		default:
+		}
+		resp, err := http.Get(p.url + "/-/ready")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status, nil
+	})
+	return p
+}
+
+// prometheusConfig scrapes the pods of namespaces found by Prometheus's
+// Kubernetes discovery, with the labels a check selects a revision by:
+// namespace, pod and pod_template_hash (the ReplicaSet's label).
+func prometheusConfig(kubeconfig string, namespaces []string) string {
+	return fmt.Sprintf(`global:
+  scrape_interval: %[1]s
+  scrape_timeout: 1s
+scrape_configs:
+- job_name: testapp
+  kubernetes_sd_configs:
+  - role: pod
+    kubeconfig_file: %[2]s
+    namespaces: {names: [%[3]s]}
+  relabel_configs:
+  - {source_labels: [__meta_kubernetes_pod_container_name], regex: app, action: keep}
+  - {source_labels: [__meta_kubernetes_pod_ip], regex: '(.+)', target_label: __address__, replacement: '${1}:%[4]d'}
+  - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
+  - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
+  - {source_labels: [__meta_kubernetes_pod_label_pod_template_hash], target_label: pod_template_hash}
+`, scrapeInterval, kubeconfig, strings.Join(namespaces, ", "), 8080)
+}
+
+// queriesServed is how many instant queries Prometheus answered, from its
+// own metrics.
+func (p *prometheus) queriesServed() (float64, error) {
+	resp, err := http.Get(p.url + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	f, ok := fams["prometheus_http_requests_total"]
+	if !ok {
+		return 0, errors.New("no prometheus_http_requests_total")
+	}
+	var n float64
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "handler" && l.GetValue() == "/api/v1/query" {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n, nil
+}
+
+// pointGuardAt sets the installed guard's checks.prometheus.url by `helm
+// upgrade --reuse-values`, and unsets it when the test ends.
+func pointGuardAt(ctx context.Context, t *testing.T, url string) {
+	t.Helper()
+	set := func(ctx context.Context, url string) result {
+		return helm(ctx, "upgrade", release, chartDir(), "-n", harness.GuardNamespace, "--reuse-values",
+			"--set", "config.checks.prometheus.url="+url, "--wait", "--timeout", "4m")
+	}
+	start := time.Now()
+	r := set(ctx, url)
+	require.Zero(t, r.Code, "helm upgrade: %s", r)
+	waitNewLeader(t)
+	t.Logf("the guard pointed at %s by helm upgrade, its new replicas leading, in %s", url, time.Since(start).Round(time.Second))
+	t.Cleanup(func() {
+		r := set(context.Background(), "")
+		assert.Zero(t, r.Code, "helm upgrade back to no Prometheus: %s", r)
+		waitNewLeader(t)
+	})
+}
+
+// guardLease is the guard's leader election lock.
+var guardLease = client.ObjectKey{Namespace: harness.GuardNamespace, Name: "deployguard.deployguard.io"}
+
+// waitNewLeader waits until the guard's old replicas are gone and one of
+// its new ones holds the lease. helm's --wait ends when the new replicas are
+// Ready, but the old leader, with the old config, acts until it lets the
+// lease go: a first run saw it record two revisions known-good unmeasured
+// 10s after helm returned.
+func waitNewLeader(t *testing.T) {
+	t.Helper()
+	harness.WaitFor(t, 2*time.Minute, "the guard's new replicas never took the lead", func(ctx context.Context) (bool, string, error) {
+		var pods corev1.PodList
+		if err := cl.List(ctx, &pods, client.InNamespace(harness.GuardNamespace), client.MatchingLabels{"app.kubernetes.io/name": "deployguard"}); err != nil {
+			return false, err.Error(), nil
+		}
+		hashes := map[string]bool{}
+		var names []string
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil {
+				return false, p.Name + " is terminating", nil
+			}
+			hashes[p.Labels[appsv1.DefaultDeploymentUniqueLabelKey]] = true
+			names = append(names, p.Name)
+		}
+		if len(hashes) != 1 {
+			return false, fmt.Sprintf("pods of %d templates: %v", len(hashes), names), nil
+		}
+		var lease coordinationv1.Lease
+		if err := cl.Get(ctx, guardLease, &lease); err != nil {
+			return false, err.Error(), nil
+		}
+		holder := ptr.Deref(lease.Spec.HolderIdentity, "")
+		for _, n := range names {
+			if strings.HasPrefix(holder, n+"_") {
+				return true, "", nil
+			}
+		}
+		return false, fmt.Sprintf("lease held by %q, pods %v", holder, names), nil
+	})
+}
