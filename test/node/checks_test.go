@@ -52,12 +52,14 @@ const (
 	// completes: a real Prometheus sees a new pod's first samples some
 	// seconds after it is Ready (discovery, then two scrapes for a rate).
 	checkBake = 30 * time.Second
-	// A new pod has no samples for its first measurements: each is
-	// Inconclusive (no series, or 0/0 before any request), and past
-	// inconclusiveLimit the metric would stop measuring the revision for
-	// good (Argo's rule). The default, 0, would end the check at its first
-	// measurement, taken at the first Ready pod.
-	checkInconclusiveLimit = 15
+	// A new pod has no samples for its first seconds: Prometheus's
+	// discovery passes new targets on every 5s, and a rate needs two
+	// scrapes. The first measurement waits that long (initialDelay);
+	// a measurement before the data is Inconclusive, and past
+	// inconclusiveLimit (Argo's rule) the metric stops measuring the
+	// revision for good, so a small tolerance covers a slow discovery.
+	checkInitialDelay      = 5*time.Second + 2*scrapeInterval + time.Second
+	checkInconclusiveLimit = 2
 )
 
 // checkLabel selects the namespaces of this file's check.
@@ -76,6 +78,7 @@ func errorRateMetric() analysis.Metric {
 		SuccessCondition:  "len(result) > 0 && result[0] <= 0.05",
 		FailureCondition:  "len(result) > 0 && result[0] > 0.05",
 		Interval:          metav1.Duration{Duration: checkInterval},
+		InitialDelay:      metav1.Duration{Duration: checkInitialDelay},
 		FailureLimit:      ptr.To[int32](failureLimit),
 		InconclusiveLimit: ptr.To[int32](checkInconclusiveLimit),
 	}
@@ -90,6 +93,7 @@ func latencyMetric() analysis.Metric {
 		SuccessCondition:  "len(result) > 0 && result[0] <= 0.25",
 		FailureCondition:  "len(result) > 0 && result[0] > 0.25",
 		Interval:          metav1.Duration{Duration: checkInterval},
+		InitialDelay:      metav1.Duration{Duration: checkInitialDelay},
 		FailureLimit:      ptr.To[int32](failureLimit),
 		InconclusiveLimit: ptr.To[int32](checkInconclusiveLimit),
 	}
@@ -199,10 +203,10 @@ func rolledBackByCheck(ctx context.Context, t *testing.T, ns, tag, key string) {
 	// the rollback phase acts at once. A scrape, the ledger's second
 	// resolution and this poll are the slack.
 	bound := checkInterval*(failureLimit+1) + scrapeInterval + 3*time.Second
-	// From the first Ready new pod: Prometheus's discovery (it passes new
-	// targets on every 5s), two scrapes for a rate, then the two Failed
-	// measurements; measured at 8-10s.
-	fromReady := 5*time.Second + 2*scrapeInterval + checkInterval*(failureLimit+1) + 8*time.Second
+	// From the first Ready new pod: initialDelay (discovery and two
+	// scrapes), at most inconclusiveLimit measurements before the data,
+	// then the two Failed measurements, and the same slack.
+	fromReady := checkInitialDelay + checkInterval*(checkInconclusiveLimit+failureLimit+1) + scrapeInterval + 3*time.Second
 	t.Logf("update to rollback %s; first Ready new pod to first failed measurement %s (Prometheus's discovery and scrapes); first failed measurement to rollback %s (bound %s); first Ready new pod to rollback %s (bound %s)",
 		seen.Sub(updated).Round(time.Second), first.Sub(started), seen.Sub(first).Round(time.Second), bound, seen.Sub(started).Round(time.Second), fromReady)
 	assert.LessOrEqual(t, seen.Sub(first), bound, "first failed measurement to rollback")
