@@ -44,6 +44,7 @@ import (
 type options struct {
 	tools, guard, workDir, out string
 	deployments, namespaces    int
+	nodes                      int
 	failing                    int
 	interval, bake             time.Duration
 }
@@ -56,6 +57,9 @@ func main() {
 	flag.StringVar(&o.out, "out", "bin/bench-checks.json", "where the results are written as JSON")
 	flag.IntVar(&o.deployments, "deployments", 1000, "Deployments under the check")
 	flag.IntVar(&o.namespaces, "namespaces", 10, "namespaces they are spread over")
+	// kwok's nodes hold 110 pods each: the Deployments' pods and a surge
+	// pod each during the bump must fit.
+	flag.IntVar(&o.nodes, "nodes", 22, "kwok nodes (110 pods each; the bump needs 2 pods per Deployment)")
 	flag.IntVar(&o.failing, "failing", 20, "of them, new revisions fed 30% 5xx (rolled back)")
 	flag.DurationVar(&o.interval, "interval", 10*time.Second, "the metric's interval")
 	flag.DurationVar(&o.bake, "bake", 4*time.Minute, "the check's bake window: longer than the bump takes to complete, so that every revision is measured at once")
@@ -106,7 +110,7 @@ func run(o options) error {
 	// rollouts take many minutes, as in bench-scale; the guard's own client
 	// is not changed.
 	l, err := harness.StartLocal(startCtx, harness.LocalOptions{
-		Tools: o.tools, Guard: o.guard, Name: "dg-bench-checks", WorkDir: work, Nodes: 2, Log: logFile, ClientAuth: true,
+		Tools: o.tools, Guard: o.guard, Name: "dg-bench-checks", WorkDir: work, Nodes: o.nodes, Log: logFile, ClientAuth: true,
 		GuardConfig: harness.E2EGuardConfig,
 		GuardArgs:   []string{"--pprof-bind-address", pprofAddr},
 		ClusterArgs: []string{"--disable-qps-limits"},

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"time"
 
@@ -122,7 +123,7 @@ func expectedMeasurements(span, initialDelay, interval time.Duration) float64 {
 	if span < initialDelay {
 		return 0
 	}
-	return 1 + float64(span-initialDelay)/float64(interval)
+	return 1 + math.Floor(float64(span-initialDelay)/float64(interval))
 }
 
 // boundCap is the most measurements per revision the queries-per-second
@@ -200,7 +201,7 @@ func printResults(w io.Writer, o options, r results) {
 	fmt.Fprintln(w, "|---|---|")
 	fmt.Fprintf(w, "| queries per rollout (deployguard_check_measurements_total / %d rollouts) | %.1f |\n", o.deployments, r.Queries.Measurements/rollouts)
 	fmt.Fprintf(w, "| measurements per baked revision, from the ledgers (min / mean / max, %d runs) | %d / %.1f / %d |\n", r.Ledgers.Runs, r.Ledgers.MinMeasurements, r.Ledgers.MeanMeasurements, r.Ledgers.MaxMeasurements)
-	fmt.Fprintf(w, "| the interval's formula 1 + (span − initialDelay) / interval, mean span %.0fs (first Ready pod to bake end) | %.1f |\n", r.Ledgers.MeanSpanSeconds, r.Ledgers.MeanFormula)
+	fmt.Fprintf(w, "| the interval's formula 1 + ⌊(span − initialDelay) / interval⌋, mean span %.0fs (first Ready pod to bake end) | %.1f |\n", r.Ledgers.MeanSpanSeconds, r.Ledgers.MeanFormula)
 	fmt.Fprintf(w, "| what the qps bound allows: qps × span / %d revisions at once | %.1f |\n", o.deployments, boundCap(qps, span, o.deployments))
 	fmt.Fprintf(w, "| measurements by phase (Successful / Failed / Inconclusive / Error) | %.0f / %.0f / %.0f / %.0f |\n",
 		r.Queries.ByPhase["Successful"], r.Queries.ByPhase["Failed"], r.Queries.ByPhase["Inconclusive"], r.Queries.ByPhase["Error"])

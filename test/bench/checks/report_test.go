@@ -18,6 +18,7 @@ func TestExpectedMeasurements(t *testing.T) {
 		{"one after the delay, then one per interval", 5*time.Minute + 5*time.Second, 5 * time.Second, 10 * time.Second, 31},
 		{"a span shorter than the delay measures nothing", 3 * time.Second, 5 * time.Second, 10 * time.Second, 0},
 		{"no delay", 60 * time.Second, 0, 10 * time.Second, 7},
+		{"a part of an interval measures nothing more", 41 * time.Second, 5 * time.Second, 10 * time.Second, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.InDelta(t, tc.want, expectedMeasurements(tc.span, tc.initialDelay, tc.interval), 1e-9)
