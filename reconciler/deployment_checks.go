@@ -113,11 +113,16 @@ func PlanChecks(in CheckInput) CheckPlan {
 		return plan
 	}
 	if until, ok := run.BakeUntilTime(); ok {
-		if !in.Now.Before(until) {
+		if !in.Now.Before(until) && !stillFailing(run, in.Metrics) {
 			plan.Baked = true
 			return plan
 		}
-		plan.Again = until.Sub(in.Now)
+		// A metric whose latest measurement Failed is measured past the
+		// window until it fails the revision or recovers: a bake window
+		// that ends between two measurements proves nothing.
+		if in.Now.Before(until) {
+			plan.Again = until.Sub(in.Now)
+		}
 	}
 	for i, m := range in.Metrics {
 		if i >= MaxCheckedMetrics {
@@ -146,6 +151,17 @@ func PlanChecks(in CheckInput) CheckPlan {
 		}
 	}
 	return plan
+}
+
+// stillFailing reports whether a metric that rolls back (not dry run, not
+// completed) was Failed at its latest measurement.
+func stillFailing(run *rollout.CheckRun, ms []checks.Metric) bool {
+	for _, m := range ms {
+		if mr := run.Metric(m.Key()); mr != nil && !mr.DryRun && !mr.Phase.Completed() && mr.LastPhase == analysis.PhaseFailed {
+			return true
+		}
+	}
+	return false
 }
 
 // untilFirst is how long until the metric's first measurement: its
@@ -197,7 +213,7 @@ func RecordMeasurement(run *rollout.CheckRun, m checks.Metric, got Measured, now
 	if got.Phase == analysis.PhaseFailed && run.FirstFailed == "" && !m.Check.Metric.DryRun {
 		run.FirstFailed = formatTime(now)
 	}
-	mr.Last, mr.Value = formatTime(now), cut(got.Value, maxValue)
+	mr.Last, mr.Value, mr.LastPhase = formatTime(now), cut(got.Value, maxValue), got.Phase
 	v := analysis.Assess(m.Check.Metric, mr.Counts)
 	if !v.Phase.Completed() {
 		return nil

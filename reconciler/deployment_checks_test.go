@@ -74,6 +74,16 @@ func TestPlanChecks(t *testing.T) {
 		{name: "bake window passed: baked, nothing measured", in: CheckInput{Run: run(func(r *rollout.CheckRun) { r.BakeUntil = at(5 * time.Minute) }),
 			Metrics: []checks.Metric{every30}, NewRS: "web-2", Revision: 2, Ready: true, Complete: true, Now: t0.Add(5 * time.Minute)},
 			wantRun: true, wantBaked: true, wantBake: at(5 * time.Minute)},
+		{name: "bake window passed on a Failed latest measurement: measured on until it fails or recovers", in: CheckInput{Run: run(func(r *rollout.CheckRun) {
+			r.BakeUntil = at(5 * time.Minute)
+			r.Metrics = []rollout.MetricRun{{Key: every30.Key(), Counts: analysis.Counts{Count: 3, Successful: 2, Failed: 1}, Last: at(4*time.Minute + 50*time.Second), LastPhase: analysis.PhaseFailed}}
+		}), Metrics: []checks.Metric{every30}, NewRS: "web-2", Revision: 2, Ready: true, Complete: true, Now: t0.Add(5*time.Minute + 20*time.Second)},
+			wantRun: true, wantDue: []int{0}, wantAgain: 30 * time.Second, wantBake: at(5 * time.Minute)},
+		{name: "bake window passed after a recovery: baked", in: CheckInput{Run: run(func(r *rollout.CheckRun) {
+			r.BakeUntil = at(5 * time.Minute)
+			r.Metrics = []rollout.MetricRun{{Key: every30.Key(), Counts: analysis.Counts{Count: 4, Successful: 3, Failed: 1}, Last: at(5*time.Minute + 20*time.Second), LastPhase: analysis.PhaseSuccessful}}
+		}), Metrics: []checks.Metric{every30}, NewRS: "web-2", Revision: 2, Ready: true, Complete: true, Now: t0.Add(5*time.Minute + 21*time.Second)},
+			wantRun: true, wantBaked: true, wantBake: at(5 * time.Minute)},
 		{name: "the bake window's end wakes it", in: CheckInput{Run: run(func(r *rollout.CheckRun) {
 			r.BakeUntil = at(40 * time.Second)
 			r.Metrics = []rollout.MetricRun{{Key: every30.Key(), Counts: analysis.Counts{Count: 1, Successful: 1}, Last: at(25 * time.Second)}}

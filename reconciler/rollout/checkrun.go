@@ -43,9 +43,12 @@ type MetricRun struct {
 	Message string         `json:"message,omitempty"`
 	DryRun  bool           `json:"dryRun,omitempty"`
 	// Last is when it was last measured (RFC 3339), Value what it read
-	// then, or why it could not (cut short).
-	Last  string `json:"last,omitempty"`
-	Value string `json:"value,omitempty"`
+	// then, or why it could not (cut short), LastPhase that measurement's
+	// phase: a revision is never recorded known-good while a metric's latest
+	// measurement is Failed.
+	Last      string         `json:"last,omitempty"`
+	Value     string         `json:"value,omitempty"`
+	LastPhase analysis.Phase `json:"lastPhase,omitempty"`
 }
 
 // Of reports whether the run is about the ReplicaSet name at revision.
@@ -55,6 +58,9 @@ func (c *CheckRun) Of(name string, revision int64) bool {
 
 // Metric returns the run's entry for key, or nil.
 func (c *CheckRun) Metric(key string) *MetricRun {
+	if c == nil {
+		return nil
+	}
 	for i := range c.Metrics {
 		if c.Metrics[i].Key == key {
 			return &c.Metrics[i]
@@ -64,14 +70,29 @@ func (c *CheckRun) Metric(key string) *MetricRun {
 }
 
 // BakeUntilTime is BakeUntil as a time; false while the rollout has not
-// completed.
-func (c *CheckRun) BakeUntilTime() (time.Time, bool) { return parseTime(c.BakeUntil) }
+// completed (or there is no run: the methods of CheckRun take nil).
+func (c *CheckRun) BakeUntilTime() (time.Time, bool) {
+	if c == nil {
+		return time.Time{}, false
+	}
+	return parseTime(c.BakeUntil)
+}
 
 // FailedTime is Failed as a time; false when no check failed the revision.
-func (c *CheckRun) FailedTime() (time.Time, bool) { return parseTime(c.Failed) }
+func (c *CheckRun) FailedTime() (time.Time, bool) {
+	if c == nil {
+		return time.Time{}, false
+	}
+	return parseTime(c.Failed)
+}
 
 // FirstFailedTime is FirstFailed as a time.
-func (c *CheckRun) FirstFailedTime() (time.Time, bool) { return parseTime(c.FirstFailed) }
+func (c *CheckRun) FirstFailedTime() (time.Time, bool) {
+	if c == nil {
+		return time.Time{}, false
+	}
+	return parseTime(c.FirstFailed)
+}
 
 // LastTime is Last as a time; false before the first measurement.
 func (m *MetricRun) LastTime() (time.Time, bool) { return parseTime(m.Last) }

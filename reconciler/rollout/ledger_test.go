@@ -118,3 +118,17 @@ func TestLedgerConfig(t *testing.T) {
 	other := l.WithConfig("no-such-uid", cfg(9))
 	assert.Equal(t, l, other, "no entry of that UID: nothing changes")
 }
+
+// A Deployment whose ledger has no checks' run reads as none: every
+// CheckRun method takes nil (a guard with checks on reads it for every
+// Deployment, selected by a check or not).
+func TestCheckRunMethodsTakeNil(t *testing.T) {
+	var c *CheckRun
+	assert.False(t, c.Of("web-1", 1))
+	assert.Nil(t, c.Metric("x"))
+	assert.Nil(t, c.Clone())
+	for _, f := range []func() (time.Time, bool){c.FailedTime, c.BakeUntilTime, c.FirstFailedTime} {
+		_, ok := f()
+		assert.False(t, ok)
+	}
+}
