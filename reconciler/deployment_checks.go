@@ -35,6 +35,8 @@ type Querier interface {
 type MetricChecks struct {
 	// Prometheus answers the checks' queries.
 	Prometheus Querier
+	// memory keeps the tally between ledger writes (runMemory).
+	memory runMemory
 	// Library compiles each check once per generation; nil makes one.
 	Library *checks.Library
 	// BakeWindow is how long a completed rollout is still measured before
@@ -305,6 +307,9 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 		newRS.DeletionTimestamp != nil || l.IsKnownGood(newRS) || l.RolledBackRevision == rev {
 		// Nothing of a new revision to measure: a known-good one proved
 		// itself, a rolled-back one is decided.
+		if newRS != nil {
+			r.Checks.memory.forget(newRS.UID)
+		}
 		return 0, false, nil
 	}
 	ms, invalid, err := r.selectChecks(ctx, d)
@@ -332,7 +337,7 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	}
 	now := r.Clock.Now()
 	plan := PlanChecks(CheckInput{
-		Run: l.Checks, Metrics: ms, NewRS: newRS.Name, Revision: rev,
+		Run: r.Checks.memory.get(newRS.UID, l.Checks, now), Metrics: ms, NewRS: newRS.Name, Revision: rev,
 		Ready: newRS.Status.ReadyReplicas > 0, Complete: IsComplete(d), Now: now, Bake: r.Checks.bakeWindow(ms),
 	})
 	if plan.Run == nil {
@@ -369,10 +374,14 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 			firstErrors = append(firstErrors, told{m, nil, got})
 		}
 	}
-	// Unchanged (a baked run, nothing due), updateLedger writes nothing.
-	if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger { l.Checks = run; return l }); err != nil {
-		return 0, true, fmt.Errorf("recording the metric checks of revision %d: %w", rev, err)
+	// What decides goes to the ledger; Successful measurements in between
+	// stay in memory (runMemory).
+	if decisionChanged(l.Checks, run) {
+		if _, err := r.updateLedger(ctx, d, func(l rollout.Ledger) rollout.Ledger { l.Checks = run; return l }); err != nil {
+			return 0, true, fmt.Errorf("recording the metric checks of revision %d: %w", rev, err)
+		}
 	}
+	r.Checks.memory.put(newRS.UID, run, now)
 	// Told after the write, so once.
 	if started {
 		log.Info("Measuring the new revision with metric checks", "metrics", len(ms))
