@@ -36,7 +36,7 @@ func AppTags() []AppTag {
 		{Tag: "badconfig", Env: []string{"APP_BEHAVIOUR=serve", "APP_VERSION=badconfig", "APP_CONFIG=bad"}, Purpose: "reads APP_CONFIG at start, refuses \"bad\" and exits 1: CrashLoopBackOff"},
 		{Tag: "never-ready", Env: []string{"APP_BEHAVIOUR=never-ready", "APP_VERSION=never-ready"}, Purpose: "serves, but /readyz always answers 503: the progress deadline"},
 		{Tag: "errors", Env: []string{"APP_BEHAVIOUR=serve", "APP_VERSION=errors", "APP_ERRORS=0.3"}, Purpose: "serves 30% of the requests to / with 500 while Ready: a metric check's error rate"},
-		{Tag: "slow", Env: []string{"APP_BEHAVIOUR=serve", "APP_VERSION=slow", "APP_LATENCY=300ms"}, Purpose: "answers / after 300ms while Ready: a metric check's latency"},
+		{Tag: "latency", Env: []string{"APP_BEHAVIOUR=serve", "APP_VERSION=latency", "APP_LATENCY=300ms"}, Purpose: "answers / after 300ms while Ready: a metric check's latency"},
 		{Tag: "degrades", Env: []string{"APP_BEHAVIOUR=serve", "APP_VERSION=degrades", "APP_ERRORS=0.3", "APP_DEGRADE_AFTER=60s"}, Purpose: "serves well for 60s, then 30% of the requests to / with 500: a release that degrades inside its bake window"},
 		{Tag: "pause", Env: []string{"APP_BEHAVIOUR=pause", "APP_VERSION=pause"}, Purpose: "holds the pod's namespaces until SIGTERM: the real node's sandbox (pause) image"},
 	}

@@ -130,7 +130,7 @@ func TestMetricCheckOnARealPrometheus(t *testing.T) {
 		name, ns, tag, metric string
 	}{
 		{name: "serves 30% 5xx", ns: nsErrors, tag: "errors", metric: "error-rate"},
-		{name: "answers in 300ms", ns: nsSlow, tag: "slow", metric: "p99-latency"},
+		{name: "answers in 300ms", ns: nsSlow, tag: "latency", metric: "p99-latency"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -64,7 +64,7 @@ func TestEachTagBehavesAsItsPurposeSays(t *testing.T) {
 		{tag: "never-ready", readyCode: http.StatusServiceUnavailable},
 		// Their first answer of / is a success (the errors are spread).
 		{tag: "errors", readyCode: http.StatusOK},
-		{tag: "slow", readyCode: http.StatusOK},
+		{tag: "latency", readyCode: http.StatusOK},
 		{tag: "degrades", readyCode: http.StatusOK},
 	} {
 		t.Run(tc.tag, func(t *testing.T) {
@@ -156,7 +156,7 @@ func TestDegradedTagsAsAMetricCheckSeesThem(t *testing.T) {
 	}{
 		{tag: "v1", after: time.Hour, want500: 0, wantSlow: 0},
 		{tag: "errors", after: 0, want500: 30, wantSlow: 0},
-		{tag: "slow", after: 0, want500: 0, wantSlow: 100},
+		{tag: "latency", after: 0, want500: 0, wantSlow: 100},
 		{tag: "degrades", after: 59 * time.Second, want500: 0, wantSlow: 0},
 		{tag: "degrades", after: 60 * time.Second, want500: 30, wantSlow: 0},
 	} {
