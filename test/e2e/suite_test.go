@@ -43,7 +43,8 @@ var promStub *harness.PromStub
 
 func TestMain(m *testing.M) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	stub, err := harness.LaunchPromStub(ctx, filepath.Join(os.TempDir(), fmt.Sprintf("deployguard-e2e-promql-%d.log", os.Getpid())))
+	stubLog := filepath.Join(os.TempDir(), fmt.Sprintf("deployguard-e2e-promql-%d.log", os.Getpid()))
+	stub, err := harness.LaunchPromStub(ctx, stubLog)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -64,6 +65,9 @@ func TestMain(m *testing.M) {
 		},
 	})
 	_ = stub.Stop()
+	if code == 0 {
+		_ = os.Remove(stubLog) // kept when the tier fails, with the tier's work folder
+	}
 	os.Exit(code)
 }
 
