@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cmapi "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -54,21 +55,31 @@ func injectedBundle(ctx context.Context, c client.Client) ([]byte, error) {
 }
 
 // setBundle replaces the caBundle of every webhook of both configurations, as
-// an operator (or a broken injector) would.
+// an operator (or a broken injector) would: on a conflict it reads again and
+// retries, as kubectl edit would, since the guard may be writing the same
+// objects at the moment.
 func setBundle(ctx context.Context, t *testing.T, c client.Client, bundle []byte) {
 	t.Helper()
-	m := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-mutating"}, m))
-	for i := range m.Webhooks {
-		m.Webhooks[i].ClientConfig.CABundle = bundle
-	}
-	require.NoError(t, c.Update(ctx, m))
-	v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	require.NoError(t, c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, v))
-	for i := range v.Webhooks {
-		v.Webhooks[i].ClientConfig.CABundle = bundle
-	}
-	require.NoError(t, c.Update(ctx, v))
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "deployguard-mutating"}, m); err != nil {
+			return err
+		}
+		for i := range m.Webhooks {
+			m.Webhooks[i].ClientConfig.CABundle = bundle
+		}
+		return c.Update(ctx, m)
+	}))
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "deployguard-validating"}, v); err != nil {
+			return err
+		}
+		for i := range v.Webhooks {
+			v.Webhooks[i].ClientConfig.CABundle = bundle
+		}
+		return c.Update(ctx, v)
+	}))
 }
 
 // readyzStatus is the guard's /readyz status code (0 when it does not answer).
