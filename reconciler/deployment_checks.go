@@ -478,6 +478,18 @@ func checkFailure(d *appsv1.Deployment, rss []*appsv1.ReplicaSet) *appsv1.Deploy
 	}
 }
 
+// checkFailedFirst is when the first failed measurement of a check was taken,
+// if a check's failure is what dec rolls back (not a deadline or fail-fast
+// that overtook a check still measuring).
+func checkFailedFirst(d *appsv1.Deployment, dec Decision) (time.Time, bool) {
+	l, _ := rollout.ReadLedger(d)
+	if l.Checks == nil || dec.NewRS == nil || l.Checks.Revision != dec.FailedRevision || dec.Deadline == nil ||
+		dec.Deadline.Message != DeclaredFailureMessage(dec.NewRS.Name, l.Checks.Evidence) {
+		return time.Time{}, false
+	}
+	return l.Checks.FirstFailedTime()
+}
+
 // actionMeasure is the Event action of the metric checks.
 const actionMeasure = "Measure"
 

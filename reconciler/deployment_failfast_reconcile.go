@@ -226,16 +226,7 @@ func (r *DeploymentReconciler) failRevision(ctx context.Context, d *appsv1.Deplo
 		}
 		return fmt.Errorf("recording the fail-fast decision about revision %d: %w", failedRevision, err)
 	}
-	if d.Annotations[vocab.AnnotationRollbackStatus] != message {
-		patch := client.MergeFrom(d.DeepCopy())
-		if d.Annotations == nil {
-			d.Annotations = map[string]string{}
-		}
-		d.Annotations[vocab.AnnotationRollbackStatus] = message
-		if err := r.Client.Patch(ctx, d, patch); err != nil {
-			log.Info("Could not write the decision's message on the Deployment", "error", err.Error())
-		}
-	}
+	r.writeRollbackStatus(ctx, d, message)
 	r.Metrics.failFastDecisions.WithLabelValues(v.Evidence[0].Reason, result).Inc()
 	if result == resultNoKnownGood {
 		r.Metrics.rollbacks.WithLabelValues(resultNoKnownGood).Inc()

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
 	"github.com/deployguard/deployguard/reconciler/vocab"
@@ -177,14 +176,7 @@ func (r *DeploymentReconciler) deferRollback(ctx context.Context, d *appsv1.Depl
 	}); err != nil {
 		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)
 	}
-	patch := client.MergeFromWithOptions(d.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if d.Annotations == nil {
-		d.Annotations = map[string]string{}
-	}
-	d.Annotations[vocab.AnnotationRollbackStatus] = msg
-	if err := r.Client.Patch(ctx, d, patch, client.FieldOwner(FieldManager)); err != nil {
-		return fmt.Errorf("recording the deferred rollback of revision %d: %w", dec.FailedRevision, err)
-	}
+	r.writeRollbackStatus(ctx, d, msg)
 	ctrl.LoggerFrom(ctx).Info("Rollback deferred: the new pods fail only transiently", "replicaSet", klog.KObj(dec.NewRS),
 		"failedRevision", dec.FailedRevision, "until", h.Until, "causes", h.Causes)
 	r.Recorder.Eventf(d, dec.NewRS, corev1.EventTypeNormal, vocab.ReasonRollbackDeferred, actionHold, "%s", msg)
