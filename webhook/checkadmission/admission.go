@@ -28,7 +28,9 @@ const WebhookPath = "/validate-deployguard-io-v1alpha1-deploymentchecks"
 // Validator refuses a check that checks.CompileCluster or
 // checks.CompileNamespaced finds wrong: a condition or a query that does not
 // parse, a tenant's query that names another namespace, a selector that does
-// not parse, a metric with no condition, Argo's count and limit rules.
+// not parse, a metric with no condition, Argo's count and limit rules, a
+// query, condition or name past its length limit (the CRDs' schemas refuse
+// those first; the webhook refuses them too when a schema is older).
 type Validator struct{}
 
 var _ admission.Handler = Validator{}

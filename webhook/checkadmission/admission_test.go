@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,6 +61,8 @@ func TestValidator(t *testing.T) {
 		// paths it names, all of them.
 		code  int32
 		paths []string
+		// says is in the message kubectl prints.
+		says string
 	}{
 		{name: "a valid ClusterDeploymentCheck is admitted",
 			req: request(admissionv1.Create, checks.ClusterKind, "", clusterCheck(`{"namespaceSelector": {"matchLabels": {"tier": "prod"}}, "bakeWindow": "15m", "metrics": [`+
@@ -91,6 +94,12 @@ func TestValidator(t *testing.T) {
 				"selector": {"matchLabels": {"bad key": "x"}}, "metrics": [{"name": "error-rate", "query": "up"}]}`), ""),
 			code: http.StatusUnprocessableEntity, paths: []string{"spec.namespaceSelector", "spec.selector", "spec.metrics[0].successCondition"},
 		},
+		{name: "a team's query longer than 8192 characters is refused at the query, without quoting it",
+			req: request(admissionv1.Create, checks.NamespacedKind, "team-a",
+				teamCheck(`{"metrics": [`+metric(`sum(up{job="`+strings.Repeat("x", 1<<20)+`"})`)+`]}`), ""),
+			code: http.StatusUnprocessableEntity, paths: []string{"spec.metrics[0].query"},
+			says: "spec.metrics[0].query: Too long: may not be more than 8192 characters",
+		},
 		{name: "a malformed object is a bad request",
 			req:  request(admissionv1.Create, checks.NamespacedKind, "team-a", teamCheck(`{"metrics": "error-rate"}`), ""),
 			code: http.StatusBadRequest,
@@ -121,6 +130,8 @@ func TestValidator(t *testing.T) {
 			require.False(t, resp.Allowed)
 			require.NotNil(t, resp.Result)
 			assert.Equal(t, tc.code, resp.Result.Code, resp.Result.Message)
+			assert.Contains(t, resp.Result.Message, tc.says)
+			assert.Less(t, len(resp.Result.Message), 4096, "a refusal kubectl can print")
 			if tc.paths == nil {
 				return
 			}

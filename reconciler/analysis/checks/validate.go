@@ -3,8 +3,10 @@ package checks
 import (
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/deployguard/deployguard/reconciler/analysis"
@@ -17,6 +19,21 @@ import (
 const (
 	MaxMetrics    = 10
 	MaxBakeWindow = 24 * time.Hour
+)
+
+// Lengths of what a check's author writes, in characters as the CRDs'
+// maxLength counts them (config/crd/checks says the same). The guard sends
+// each query to Prometheus on every interval of every revision measured,
+// and a tenant may write a DeploymentCheck: unbounded, a 1 MiB query would
+// be parsed, sent and logged on each of them. Real queries (a ratio of two
+// sums, a burn rate over a few windows) stay under 2 KiB, so 8 KiB leaves
+// room; a condition compares a result with a threshold, so 1 KiB is
+// generous. A name is a DNS label. With at most MaxMetrics metrics, a
+// check's spec stays under 100 KiB.
+const (
+	MaxQueryLength     = 8192
+	MaxConditionLength = 1024
+	MaxNameLength      = validation.DNS1123LabelMaxLength
 )
 
 // Metric is one compiled metric of a check, ready to measure.
@@ -65,12 +82,20 @@ func compileSpec(s *Spec, path *field.Path, kind, namespace, name string) ([]Met
 	case len(s.Metrics) == 0:
 		errs = append(errs, field.Required(mp, "a check measures at least one metric"))
 	case len(s.Metrics) > MaxMetrics:
-		errs = append(errs, field.TooMany(mp, len(s.Metrics), MaxMetrics))
+		// None is compiled: a check stored before the schema said
+		// maxItems costs nothing more than saying so.
+		return nil, append(errs, field.TooMany(mp, len(s.Metrics), MaxMetrics))
 	}
 	seen := map[string]bool{}
 	out := make([]Metric, 0, len(s.Metrics))
 	for i, m := range s.Metrics {
 		p := mp.Index(i)
+		if lerrs := tooLong(m, p); len(lerrs) > 0 {
+			// Neither parsed nor quoted back: the error names the
+			// field and the limit, not a megabyte of query.
+			errs = append(errs, lerrs...)
+			continue
+		}
 		if m.Name != "" && seen[m.Name] {
 			errs = append(errs, field.Duplicate(p.Child("name"), m.Name))
 		}
@@ -97,6 +122,25 @@ func compileSpec(s *Spec, path *field.Path, kind, namespace, name string) ([]Met
 		return nil, errs
 	}
 	return out, nil
+}
+
+// tooLong returns a metric's fields longer than their limits.
+func tooLong(m analysis.Metric, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, f := range []struct {
+		name, value string
+		limit       int
+	}{
+		{"name", m.Name, MaxNameLength},
+		{"query", m.Query, MaxQueryLength},
+		{"successCondition", m.SuccessCondition, MaxConditionLength},
+		{"failureCondition", m.FailureCondition, MaxConditionLength},
+	} {
+		if utf8.RuneCountInString(f.value) > f.limit {
+			errs = append(errs, field.TooLongCharacters(path.Child(f.name), f.value, f.limit))
+		}
+	}
+	return errs
 }
 
 func validSelector(s *metav1.LabelSelector, path *field.Path) field.ErrorList {
