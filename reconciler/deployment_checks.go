@@ -354,18 +354,22 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	var verdicts []told
 	var firstErrors []told
 	again = plan.Again
-	vars := promscope.Vars{Namespace: d.Namespace, Name: d.Name, PodTemplateHash: newRS.Labels[appsv1.DefaultDeploymentUniqueLabelKey]}
+	hash, unmeasurable := revisionHash(d, newRS)
+	vars := promscope.Vars{Namespace: d.Namespace, Name: d.Name, PodTemplateHash: hash}
 	for _, i := range plan.Due {
 		m := ms[i]
-		if wait := r.Checks.Prometheus.Reserve(); wait > 0 {
-			// Late, not an Error: the guard's bound on queries per second.
-			if again == 0 || wait < again {
-				again = wait
+		got := Measured{Phase: analysis.PhaseError, Value: fmt.Sprint(unmeasurable), Query: m.Query.String()}
+		if unmeasurable == nil {
+			if wait := r.Checks.Prometheus.Reserve(); wait > 0 {
+				// Late, not an Error: the guard's bound on queries per second.
+				if again == 0 || wait < again {
+					again = wait
+				}
+				r.Metrics.checkThrottled.Inc()
+				break
 			}
-			r.Metrics.checkThrottled.Inc()
-			break
+			got = r.measure(ctx, m, vars, now)
 		}
-		got := r.measure(ctx, m, vars, now)
 		r.Metrics.checkMeasurements.WithLabelValues(kindLabel(m.Kind), string(got.Phase)).Inc()
 		v := RecordMeasurement(run, m, got, now)
 		if v != nil {
@@ -432,6 +436,25 @@ func (r *DeploymentReconciler) tellVerdict(ctx context.Context, d *appsv1.Deploy
 		r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckError, actionMeasure,
 			"Revision %d (ReplicaSet %s) is unchecked by %s: %s. Never a reason to roll back.", rev, newRS.Name, m.Key(), evidence)
 	}
+}
+
+// revisionHash is the new revision's pod-template-hash, the queries'
+// {{ .PodTemplateHash }}: the suffix of the ReplicaSet's name, which the
+// Deployment controller sets to <deployment>-<hash> and nobody can change
+// after, not its label, which whoever may edit the namespace can relabel to
+// make a check measure other pods. A ReplicaSet named otherwise, or whose
+// label disagrees with its name, cannot be measured: the error says why, and
+// each due metric records it as an Error (never a rollback) rather than
+// measure pods that may not be the revision's.
+func revisionHash(d *appsv1.Deployment, newRS *appsv1.ReplicaSet) (string, error) {
+	hash, ok := strings.CutPrefix(newRS.Name, d.Name+"-")
+	if !ok || hash == "" || strings.Contains(hash, "-") {
+		return "", fmt.Errorf("ReplicaSet %s is not named %s-<pod-template-hash>, as the Deployment controller names them: its pods cannot be told apart", newRS.Name, d.Name)
+	}
+	if label := newRS.Labels[appsv1.DefaultDeploymentUniqueLabelKey]; label != hash {
+		return "", fmt.Errorf("ReplicaSet %s is labelled %s=%q, not its name's %q: relabelled, it could make the check measure other pods", newRS.Name, appsv1.DefaultDeploymentUniqueLabelKey, label, hash)
+	}
+	return hash, nil
 }
 
 // measure runs one measurement of m on the revision: the query rendered
