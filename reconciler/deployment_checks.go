@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -37,6 +38,8 @@ type MetricChecks struct {
 	Prometheus Querier
 	// memory keeps the tally between ledger writes (runMemory).
 	memory runMemory
+	// told remembers which invalid checks were told on which revision.
+	told invalidTold
 	// Library compiles each check once per generation; nil makes one.
 	Library *checks.Library
 	// BakeWindow is how long a completed rollout is still measured before
@@ -317,13 +320,8 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 		return 0, true, err
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("replicaSet", klog.KObj(newRS), "revision", rev)
+	r.tellInvalid(d, newRS, invalid)
 	if len(ms) == 0 {
-		for _, c := range invalid {
-			// Said on every pass that finds it, deduplicated by the event
-			// recorder: no valid check is left to measure this revision.
-			r.Recorder.Eventf(d, nil, corev1.EventTypeWarning, vocab.ReasonCheckInvalid, actionMeasure,
-				"%s %s selects this Deployment but is not measured: %s", c.Kind, c.Name, cut(c.Errs.ToAggregate().Error(), maxEvidence))
-		}
 		if _, failed := l.Checks.FailedTime(); failed && l.Checks.Of(newRS.Name, rev) {
 			// A revision a check failed stays failed when the check goes.
 			return 0, true, nil
@@ -393,10 +391,6 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 			r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckInvalid, actionMeasure,
 				"%d metrics of checks select this Deployment; the first %d (the platform's first) are measured.", len(ms), MaxCheckedMetrics)
 		}
-		for _, c := range invalid {
-			r.Recorder.Eventf(d, nil, corev1.EventTypeWarning, vocab.ReasonCheckInvalid, actionMeasure,
-				"%s %s selects this Deployment but is not measured: %s", c.Kind, c.Name, cut(c.Errs.ToAggregate().Error(), maxEvidence))
-		}
 	}
 	for _, e := range firstErrors {
 		r.Recorder.Eventf(d, newRS, corev1.EventTypeWarning, vocab.ReasonCheckError, actionMeasure,
@@ -411,6 +405,83 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 		return again, false, nil
 	}
 	return again, true, nil
+}
+
+// tellInvalid says, once per check generation and revision, that a check
+// selecting the Deployment is invalid and not measured. Not on every pass:
+// a Deployment is reconciled many times a rollout, and each Event would be
+// another write to the API server for a problem already said.
+func (r *DeploymentReconciler) tellInvalid(d *appsv1.Deployment, newRS *appsv1.ReplicaSet, invalid []checks.Invalid) {
+	now := r.Clock.Now()
+	for _, c := range invalid {
+		if !r.Checks.told.first(toldKey{check: c.UID, generation: c.Generation, replicaSet: newRS.UID}, now) {
+			continue
+		}
+		r.Recorder.Eventf(d, nil, corev1.EventTypeWarning, vocab.ReasonCheckInvalid, actionMeasure,
+			"%s %s (generation %d) selects this Deployment but is not measured: %s", c.Kind, c.Name, c.Generation, cut(c.Errs.ToAggregate().Error(), maxEvidence))
+	}
+}
+
+// invalidTold remembers which invalid checks were told on which revision
+// (ReplicaSet), so that MetricCheckInvalid is said once for each until the
+// check changes (a new generation) or another revision rolls out: Events
+// expire after an hour, and a rollout tomorrow is told again. Bounded: an
+// entry no pass has seen for forgetToldAfter (its check deleted, fixed or
+// no longer selecting, its revision decided) is forgotten, and past
+// maxTold entries the longest unseen go first.
+type invalidTold struct {
+	mu   sync.Mutex
+	seen map[toldKey]time.Time
+}
+
+type toldKey struct {
+	check      types.UID
+	generation int64
+	replicaSet types.UID
+}
+
+const (
+	// forgetToldAfter is the Event's own time to live (the API server's
+	// --event-ttl default): a problem unseen for longer is told afresh.
+	forgetToldAfter = time.Hour
+	// maxTold bounds the memo (about 100 bytes an entry): far more invalid
+	// checks times revisions rolling out than a cluster has at once.
+	maxTold = 4096
+)
+
+// first reports whether k is news, and remembers it as seen now.
+func (t *invalidTold) first(k toldKey, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.seen == nil {
+		t.seen = map[toldKey]time.Time{}
+	}
+	if last, ok := t.seen[k]; ok && now.Sub(last) <= forgetToldAfter {
+		t.seen[k] = now
+		return false
+	}
+	for old, last := range t.seen {
+		if now.Sub(last) > forgetToldAfter {
+			delete(t.seen, old)
+		}
+	}
+	for len(t.seen) >= maxTold {
+		delete(t.seen, longestUnseen(t.seen))
+	}
+	t.seen[k] = now
+	return true
+}
+
+// longestUnseen is the key seen longest ago.
+func longestUnseen(seen map[toldKey]time.Time) toldKey {
+	var oldest toldKey
+	var at time.Time
+	for k, last := range seen {
+		if at.IsZero() || last.Before(at) {
+			oldest, at = k, last
+		}
+	}
+	return oldest
 }
 
 // tellVerdict says a metric's verdict in an Event and a metric.

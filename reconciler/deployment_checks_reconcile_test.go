@@ -120,6 +120,73 @@ func errorRateCheck(name string, gen int64, cond string) *checks.ClusterDeployme
 	}
 }
 
+// TestInvalidCheckIsToldOnce: a check that selects a Deployment but cannot
+// be measured is told in one MetricCheckInvalid Event per generation of the
+// check and revision, not on every pass; a new generation that is still
+// invalid is told again, and so is one past the Event's hour.
+func TestInvalidCheckIsToldOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// alongside is a valid check that also selects the Deployment (nil: none).
+		alongside *checks.ClusterDeploymentCheck
+	}{
+		{name: "no valid check selects the Deployment"},
+		{name: "a valid check measures it meanwhile", alongside: errorRateCheck("valid", 1, "result[0] > 0.05")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := deployment()
+			objs := []client.Object{d, readyReplicaSet(d), errorRateCheck("broken", 1, "result[0] >")}
+			if tc.alongside != nil {
+				objs = append(objs, tc.alongside)
+			}
+			e := newChecksEnv(t, objs...)
+			for range 5 {
+				e.pass(t)
+				e.clock.Step(30 * time.Second)
+			}
+			assert.Equal(t, tc.alongside != nil, len(e.prom.queries) > 0, "the valid check is measured")
+			told := withReason(e.events(), vocab.ReasonCheckInvalid)
+			require.Len(t, told, 1, "five passes, one Event")
+			assert.Contains(t, told[0], "ClusterDeploymentCheck broken (generation 1) selects this Deployment but is not measured: spec.metrics[0].failureCondition")
+
+			// Edited, and still invalid: a new generation is news.
+			broken := &checks.ClusterDeploymentCheck{}
+			require.NoError(t, e.c.Get(context.Background(), types.NamespacedName{Name: "broken"}, broken))
+			broken.Generation = 2
+			require.NoError(t, e.c.Update(context.Background(), broken))
+			e.pass(t)
+			e.pass(t)
+			told = withReason(e.events(), vocab.ReasonCheckInvalid)
+			require.Len(t, told, 1)
+			assert.Contains(t, told[0], "(generation 2)")
+
+			// Unseen for longer than the Event lives: told afresh.
+			e.clock.Step(forgetToldAfter + time.Second)
+			e.pass(t)
+			assert.Len(t, withReason(e.events(), vocab.ReasonCheckInvalid), 1)
+		})
+	}
+}
+
+// TestInvalidToldIsBounded: the memo of what was told keeps at most maxTold
+// entries, dropping the longest unseen, and forgets what no pass saw for
+// forgetToldAfter.
+func TestInvalidToldIsBounded(t *testing.T) {
+	var told invalidTold
+	key := func(i int) toldKey { return toldKey{check: "c", generation: int64(i), replicaSet: "rs"} }
+	for i := range maxTold + 10 {
+		require.True(t, told.first(key(i), t0.Add(time.Duration(i)*time.Millisecond)))
+	}
+	assert.Equal(t, maxTold, len(told.seen))
+	now := t0.Add(time.Minute)
+	assert.True(t, told.first(key(0), now), "the longest unseen was dropped: told again")
+	assert.False(t, told.first(key(maxTold+9), now), "the newest is remembered")
+	assert.Equal(t, maxTold, len(told.seen))
+
+	assert.True(t, told.first(key(1), now.Add(forgetToldAfter+time.Millisecond)))
+	assert.Equal(t, 1, len(told.seen), "entries unseen for an hour are forgotten")
+}
+
 func TestRevisionHash(t *testing.T) {
 	d := deployment()
 	for _, tc := range []struct {

@@ -15,6 +15,10 @@ import (
 // was stored before the webhook judged it, or with the webhook down).
 type Invalid struct {
 	Kind, Name string
+	// UID and Generation say which check, as written, is invalid: the
+	// reconciler tells each once per generation and revision.
+	UID        types.UID
+	Generation int64
 	Errs       field.ErrorList
 }
 
@@ -33,7 +37,7 @@ func Select(d *appsv1.Deployment, nsLabels map[string]string, lib *Library, clus
 		}
 		ms, errs := lib.Cluster(c)
 		if len(errs) > 0 {
-			invalid = append(invalid, Invalid{Kind: ClusterKind, Name: c.Name, Errs: errs})
+			invalid = append(invalid, Invalid{Kind: ClusterKind, Name: c.Name, UID: c.UID, Generation: c.Generation, Errs: errs})
 			continue
 		}
 		out = append(out, ms...)
@@ -45,7 +49,7 @@ func Select(d *appsv1.Deployment, nsLabels map[string]string, lib *Library, clus
 		}
 		ms, errs := lib.Namespaced(c)
 		if len(errs) > 0 {
-			invalid = append(invalid, Invalid{Kind: NamespacedKind, Name: c.Name, Errs: errs})
+			invalid = append(invalid, Invalid{Kind: NamespacedKind, Name: c.Name, UID: c.UID, Generation: c.Generation, Errs: errs})
 			continue
 		}
 		out = append(out, ms...)
