@@ -44,7 +44,10 @@ func NewClient(kubeconfig string) (client.Client, error) {
 	return newClient(cfg)
 }
 
-// RestConfig is NewClient's configuration.
+// RestConfig is NewClient's configuration. Its client-side rate limit is
+// the loader's: client-go's 5 requests a second from a kubeconfig (QPS left
+// 0), controller-runtime's 20 in a cluster; serve sets its own
+// (--kube-api-qps).
 func RestConfig(kubeconfig string) (*rest.Config, error) {
 	var (
 		c   *rest.Config

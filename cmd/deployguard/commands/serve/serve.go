@@ -60,6 +60,8 @@ import (
 type serveFlags struct {
 	configFile     string
 	kubeconfig     string
+	kubeAPIQPS     float64
+	kubeAPIBurst   int
 	namespace      string
 	serviceAccount string
 	policyDir      string
@@ -129,6 +131,8 @@ func bindServeFlags(fs *flag.FlagSet) (*serveFlags, *zap.Options) {
 	f := &serveFlags{}
 	fs.StringVar(&f.configFile, "config", "", "path of the guard's config file (GuardConfig YAML); defaults apply when empty")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "path of a kubeconfig; in-cluster configuration or $KUBECONFIG when empty")
+	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "requests per second each of the guard's API server clients may send (client-side rate limit; applied with or without --kubeconfig). Above client-go's 5 and controller-runtime's 20, which throttle the reconciler silently at thousands of Deployments; the API server's priority and fairness protects it from a busy guard")
+	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "requests each of the guard's API server clients may send at once above --kube-api-qps")
 	fs.StringVar(&f.namespace, "namespace", envOr("POD_NAMESPACE", "deployguard-system"), "the guard's own namespace (policy ConfigMaps, certificate Secret, leader election)")
 	fs.StringVar(&f.serviceAccount, "service-account", envOr("SERVICE_ACCOUNT", "deployguard"), "the guard's service account name: only it may remove the guard's finalizers")
 	fs.StringVar(&f.policyDir, "policy-dir", "", "a directory of Rego policies (*.rego) to load besides the built-in library")
@@ -169,6 +173,9 @@ func (f *serveFlags) complete(args []string) error {
 	}
 	if f.certMode != "files" && f.certMode != "self-managed" {
 		return fmt.Errorf("--cert-mode must be files or self-managed, not %q", f.certMode)
+	}
+	if f.kubeAPIQPS <= 0 || f.kubeAPIBurst <= 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must be positive, not %g and %d", f.kubeAPIQPS, f.kubeAPIBurst)
 	}
 	if f.nativeCheckPeriod <= 0 {
 		return fmt.Errorf("--native-check-period must be positive, not %s", f.nativeCheckPeriod)
@@ -226,7 +233,7 @@ func serve(f *serveFlags, zo *zap.Options, stderr io.Writer) int {
 
 // runServer wires the guard in named steps, then runs it until ctx ends.
 func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *gracefulStop) error {
-	restCfg, err := cli.RestConfig(f.kubeconfig)
+	restCfg, err := restConfig(f)
 	if err != nil {
 		return err
 	}
@@ -296,8 +303,21 @@ func runServer(ctx context.Context, f *serveFlags, cfg config.Config, stop *grac
 		return err
 	}
 	ctrl.Log.WithName("setup").Info("starting deployguard", "version", cli.Version, "namespace", f.namespace, "certMode", f.certMode,
-		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect)
+		"webhookPort", f.webhookPort, "leaderElection", f.leaderElect, "kubeAPIQPS", f.kubeAPIQPS, "kubeAPIBurst", f.kubeAPIBurst)
 	return mgr.Start(ctx)
+}
+
+// restConfig is the configuration every client of the guard is built from,
+// with the client-side rate limit of --kube-api-qps and --kube-api-burst:
+// loaded as it is, a kubeconfig would leave client-go's 5 requests a second
+// and the in-cluster configuration controller-runtime's 20.
+func restConfig(f *serveFlags) (*rest.Config, error) {
+	c, err := cli.RestConfig(f.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c.QPS, c.Burst = float32(f.kubeAPIQPS), f.kubeAPIBurst
+	return c, nil
 }
 
 // newManager is the manager every part runs in: the webhook server, the

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -70,4 +71,39 @@ func TestUsageErrors(t *testing.T) {
 	assert.Contains(t, stderr.String(), "unexpected arguments: now")
 	assert.Equal(t, 2, cli.Run(NewCommand, []string{"--webhook-port", "many"}, nil, &stdout, &stderr))
 	assert.Contains(t, stderr.String(), "invalid argument")
+	assert.Equal(t, 2, cli.Run(NewCommand, []string{"--kube-api-qps", "0"}, nil, &stdout, &stderr))
+	assert.Contains(t, stderr.String(), "--kube-api-qps and --kube-api-burst must be positive")
+}
+
+// The client-side rate limit is the flags', with a kubeconfig as in a
+// cluster: a kubeconfig alone would leave client-go's 5 requests a second.
+func TestKubeAPIRateLimit(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		wantQPS   float32
+		wantBurst int
+	}{
+		{name: "defaults", wantQPS: 50, wantBurst: 100},
+		{name: "set", args: []string{"--kube-api-qps=7.5", "--kube-api-burst=9"}, wantQPS: 7.5, wantBurst: 9},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+			f, _ := bindServeFlags(fs)
+			require.NoError(t, fs.Parse(append([]string{"--kubeconfig", kubeconfig}, tc.args...)))
+			require.NoError(t, f.complete(nil))
+			c, err := restConfig(f)
+			require.NoError(t, err)
+			assert.InDelta(t, tc.wantQPS, c.QPS, 1e-6)
+			assert.Equal(t, tc.wantBurst, c.Burst)
+		})
+	}
 }
