@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -39,8 +42,6 @@ type bench struct {
 	work    string
 	stub    string
 	counter *queryCounter
-	// checksConfig is the guard's config with the metric checks on.
-	checksConfig string
 }
 
 func nsName(i int) string { return fmt.Sprintf("checks-%02d", i) }
@@ -72,15 +73,8 @@ func (b *bench) measure(ctx context.Context) (results, error) {
 		return res, err
 	}
 	res.CreateSeconds = time.Since(start).Seconds()
-	// The Deployments are created with the checks off and the guard then
-	// restarted with them on: a guard with checks.prometheus set panics on
-	// every new revision that no check selects (reconcileChecks reads
-	// l.Checks.FailedTime() with l.Checks nil), so none would ever be
-	// recorded known-good. A known-good revision returns before that code.
-	fmt.Println("Restarting the guard with checks.prometheus set …")
-	if err := b.restartWithChecks(ctx); err != nil {
-		return res, err
-	}
+	// The guard has run with checks.prometheus set from the start: until
+	// the ClusterDeploymentCheck below, no check selects these revisions.
 	if err := b.settle(ctx); err != nil {
 		return res, err
 	}
@@ -112,7 +106,7 @@ func (b *bench) measure(ctx context.Context) (results, error) {
 	}
 	res.BumpWriteSeconds = time.Since(bump).Seconds()
 	healthy := b.o.deployments - b.o.failing
-	q := newQueueWatch(b.l.Guard)
+	q := newQueueWatch(b.l.Guard, b.pprof, filepath.Join(b.work, "guard-goroutines-bump.txt"))
 	go q.run(feedCtx)
 	var inBake state
 	err = b.waitAll(ctx, b.o.bake+10*time.Minute, "every healthy revision 2 in its bake window", func(s state) bool {
@@ -149,28 +143,19 @@ func (b *bench) measure(ctx context.Context) (results, error) {
 	res.Queries = queriesFrom(before, after)
 	res.StandIn = b.counter.between(bump, end)
 	res.Queue = q.result()
+	res.Throttled = q.throttled()
 	res.GuardCPUSeconds = after.Sum("process_cpu_seconds_total", nil) - before.Sum("process_cpu_seconds_total", nil)
 	res.Reconciles = after.Sum("controller_runtime_reconcile_total", map[string]string{"controller": "deployguard-rollout"}) -
 		before.Sum("controller_runtime_reconcile_total", map[string]string{"controller": "deployguard-rollout"})
-	res.GuardReaction = after.Histogram("deployguard_check_rollback_reaction_seconds", nil).Minus(before.Histogram("deployguard_check_rollback_reaction_seconds", nil)).Quantile(.5)
+	guardReaction := after.Histogram("deployguard_check_rollback_reaction_seconds", nil).Minus(before.Histogram("deployguard_check_rollback_reaction_seconds", nil))
+	res.GuardReaction, res.GuardReaction90 = guardReaction.Quantile(.5), guardReaction.Quantile(.9)
 	runs, err := b.runs(ctx)
 	if err != nil {
 		return res, err
 	}
 	res.Ledgers = ledgerSummary(runs, b.o.interval)
-	res.Reaction = rb.reactions(runs)
+	res.Reaction = rb.reactions()
 	return res, nil
-}
-
-// restartWithChecks stops the guard (SIGTERM) and starts it again on the
-// same port with the metric checks configured.
-func (b *bench) restartWithChecks(ctx context.Context) error {
-	port := b.l.Guard.Opts.WebhookPort
-	if err := b.l.Guard.Stop(); err != nil {
-		return err
-	}
-	b.l.Opts.GuardConfig = b.checksConfig
-	return b.l.StartGuard(ctx, port)
 }
 
 // create makes the namespaces (labelled for the check) and the
@@ -276,8 +261,16 @@ func (b *bench) watch(ctx context.Context, feed *feeder, rb *rollbacks) error {
 			if !ok || ev.Type != watch.Modified {
 				continue
 			}
-			if l, _ := rollout.ReadLedger(d); l.RolledBackRevision == 2 {
-				rb.seen(d.Namespace+"/"+d.Name, time.Now())
+			key := d.Namespace + "/" + d.Name
+			l, _ := rollout.ReadLedger(d)
+			// The run of revision 2 as last seen: its rollback replaces
+			// it with the restored revision's (or none), so that the
+			// Deployments listed at the end no longer hold it.
+			if l.Checks != nil && l.Checks.Revision == 2 {
+				rb.run(key, l.Checks)
+			}
+			if l.RolledBackRevision == 2 {
+				rb.seen(key, time.Now())
 			}
 		}
 	}()
@@ -410,13 +403,23 @@ func (b *bench) memory(label string) mem {
 	return m
 }
 
-// rollbacks times when each rollback was first seen.
+// rollbacks times when each rollback was first seen, and keeps the last
+// run of revision 2 seen on each Deployment.
 type rollbacks struct {
-	mu sync.Mutex
-	at map[string]time.Time
+	mu   sync.Mutex
+	at   map[string]time.Time
+	runs map[string]*rollout.CheckRun
 }
 
-func newRollbacks() *rollbacks { return &rollbacks{at: map[string]time.Time{}} }
+func newRollbacks() *rollbacks {
+	return &rollbacks{at: map[string]time.Time{}, runs: map[string]*rollout.CheckRun{}}
+}
+
+func (r *rollbacks) run(key string, c *rollout.CheckRun) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[key] = c
+}
 
 func (r *rollbacks) seen(key string, at time.Time) {
 	r.mu.Lock()
@@ -426,31 +429,70 @@ func (r *rollbacks) seen(key string, at time.Time) {
 	}
 }
 
-// reactions pairs each rollback with its run's first failed measurement.
-func (r *rollbacks) reactions(runs map[string]*rollout.CheckRun) reaction {
+// reactions pairs each rollback with its run's first failed measurement,
+// as the watch last saw the run.
+func (r *rollbacks) reactions() reaction {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return reactionOf(r.at, runs)
+	return reactionOf(r.at, r.runs)
 }
 
-// queueWatch samples the guard's reconcile queue every 2 s.
+// queueWatch samples the guard's reconcile queue every 2 s, and its
+// goroutines waiting in the kube client's rate limiter every 10 s.
 type queueWatch struct {
-	g           *harness.Guard
+	g     *harness.Guard
+	pprof string
+	// dump is where the dump with the most throttled goroutines is kept.
+	dump        string
 	mu          sync.Mutex
 	q           queue
+	t           throttled
 	first, last load.Histogram
+	// work: the reconciles' own durations (workqueue_work_duration_seconds).
+	workFirst, workLast load.Histogram
 }
 
-func newQueueWatch(g *harness.Guard) *queueWatch { return &queueWatch{g: g} }
+func newQueueWatch(g *harness.Guard, pprof, dump string) *queueWatch {
+	return &queueWatch{g: g, pprof: pprof, dump: dump}
+}
+
+// sampleThrottled reads the guard's goroutine dump.
+func (w *queueWatch) sampleThrottled(ctx context.Context) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/goroutine?debug=2", w.pprof), nil)
+	if err != nil {
+		return
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	dump, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return
+	}
+	n := throttledIn(string(dump))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.t.Samples == 0 || n > w.t.Max {
+		_ = os.WriteFile(w.dump, dump, 0o644)
+	}
+	w.t.Samples++
+	w.t.Sum += n
+	w.t.Max = max(w.t.Max, n)
+}
 
 func (w *queueWatch) run(ctx context.Context) {
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
-	for {
+	for i := 0; ; i++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if i%5 == 0 {
+			w.sampleThrottled(ctx)
 		}
 		m, err := load.Scrape(w.g)
 		if err != nil {
@@ -458,16 +500,23 @@ func (w *queueWatch) run(ctx context.Context) {
 		}
 		depth := m.Sum("workqueue_depth", map[string]string{"name": "deployguard-rollout"})
 		wait := m.Histogram("workqueue_queue_duration_seconds", map[string]string{"name": "deployguard-rollout"})
+		work := m.Histogram("workqueue_work_duration_seconds", map[string]string{"name": "deployguard-rollout"})
 		w.mu.Lock()
 		w.q.MaxDepth = max(w.q.MaxDepth, depth)
 		w.q.Samples++
 		w.q.SumDepth += depth
 		if w.q.Samples == 1 {
-			w.first = wait
+			w.first, w.workFirst = wait, work
 		}
-		w.last = wait
+		w.last, w.workLast = wait, work
 		w.mu.Unlock()
 	}
+}
+
+func (w *queueWatch) throttled() throttled {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.t
 }
 
 func (w *queueWatch) result() queue {
@@ -479,5 +528,7 @@ func (w *queueWatch) result() queue {
 	}
 	h := w.last.Minus(w.first)
 	q.WaitP50, q.WaitP99 = h.Quantile(.5), h.Quantile(.99)
+	work := w.workLast.Minus(w.workFirst)
+	q.WorkP50, q.WorkP99 = work.Quantile(.5), work.Quantile(.99)
 	return q
 }

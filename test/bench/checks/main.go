@@ -28,6 +28,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -47,6 +48,7 @@ type options struct {
 	nodes                      int
 	failing                    int
 	interval, bake             time.Duration
+	guardArgs                  string
 }
 
 func main() {
@@ -63,6 +65,7 @@ func main() {
 	flag.IntVar(&o.failing, "failing", 20, "of them, new revisions fed 30% 5xx (rolled back)")
 	flag.DurationVar(&o.interval, "interval", 10*time.Second, "the metric's interval")
 	flag.DurationVar(&o.bake, "bake", 4*time.Minute, "the check's bake window: longer than the bump takes to complete, so that every revision is measured at once")
+	flag.StringVar(&o.guardArgs, "guard-args", "", "extra `deployguard serve` flags, space-separated (e.g. --kube-api-qps=5 --kube-api-burst=10, client-go's defaults)")
 	flag.Parse()
 	if o.deployments%o.namespaces != 0 || o.failing > o.deployments {
 		fmt.Fprintln(os.Stderr, "bench-checks: -deployments must be a multiple of -namespaces, and -failing at most -deployments")
@@ -105,14 +108,15 @@ func run(o options) error {
 	}
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pprofPort)
 	fmt.Println("Starting the stand-in Prometheus, the local cluster and the guard (the e2e tier's settings, checks.prometheus.qps at its default) …")
+	checksConfig := harness.E2EGuardConfig + fmt.Sprintf("checks:\n  prometheus: {url: %q}\n", counter.url)
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	// The controllers' client rate limits (20 requests/s) would make 1,000
 	// rollouts take many minutes, as in bench-scale; the guard's own client
 	// is not changed.
 	l, err := harness.StartLocal(startCtx, harness.LocalOptions{
 		Tools: o.tools, Guard: o.guard, Name: "dg-bench-checks", WorkDir: work, Nodes: o.nodes, Log: logFile, ClientAuth: true,
-		GuardConfig: harness.E2EGuardConfig,
-		GuardArgs:   []string{"--pprof-bind-address", pprofAddr},
+		GuardConfig: checksConfig,
+		GuardArgs:   append([]string{"--pprof-bind-address", pprofAddr}, strings.Fields(o.guardArgs)...),
 		ClusterArgs: []string{"--disable-qps-limits"},
 		CRDs:        []string{filepath.Join(harness.RepoRoot(), "config", "crd", "policyreport"), filepath.Join(harness.RepoRoot(), "config", "crd", "checks")},
 	})
@@ -134,8 +138,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	b := &bench{o: o, c: c, l: l, pprof: pprofAddr, work: work, stub: stub.URL(), counter: counter,
-		checksConfig: harness.E2EGuardConfig + fmt.Sprintf("checks:\n  prometheus: {url: %q}\n", counter.url)}
+	b := &bench{o: o, c: c, l: l, pprof: pprofAddr, work: work, stub: stub.URL(), counter: counter}
 	res, err := b.measure(ctx)
 	if err != nil {
 		return fmt.Errorf("%w (log: %s)", err, logFile.Name())

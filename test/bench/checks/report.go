@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
@@ -30,8 +31,12 @@ type results struct {
 	Reconciles      float64       `json:"reconciles"`
 	GuardCPUSeconds float64       `json:"guardCpuSeconds"`
 	GuardReaction   time.Duration `json:"guardReactionP50Ns"`
-	Ledgers         ledgers       `json:"ledgers"`
-	Reaction        reaction      `json:"reaction"`
+	GuardReaction90 time.Duration `json:"guardReactionP90Ns"`
+	// Throttled: the guard's goroutines waiting in client-go's client-side
+	// rate limiter, sampled from its goroutine dump during the bump.
+	Throttled throttled `json:"throttled"`
+	Ledgers   ledgers   `json:"ledgers"`
+	Reaction  reaction  `json:"reaction"`
 }
 
 type mem struct {
@@ -66,6 +71,30 @@ type queue struct {
 	Samples   int           `json:"samples"`
 	WaitP50   time.Duration `json:"queueWaitP50Ns"`
 	WaitP99   time.Duration `json:"queueWaitP99Ns"`
+	// WorkP50, WorkP99: one reconcile's duration.
+	WorkP50 time.Duration `json:"workP50Ns"`
+	WorkP99 time.Duration `json:"workP99Ns"`
+}
+
+// throttled counts goroutines waiting in the kube client's rate limiter.
+type throttled struct {
+	Samples int `json:"samples"`
+	Sum     int `json:"sum"`
+	Max     int `json:"max"`
+}
+
+func (t throttled) Mean() float64 { return float64(t.Sum) / float64(max(t.Samples, 1)) }
+
+// throttledIn counts the goroutines of a goroutine dump (debug=2) waiting
+// in client-go's client-side rate limiter.
+func throttledIn(dump string) int {
+	n := 0
+	for _, g := range strings.Split(dump, "\n\n") {
+		if strings.Contains(g, "rest.(*Request).tryThrottle") {
+			n++
+		}
+	}
+	return n
 }
 
 // ledgers summarises the healthy revisions' runs as their ledgers tell
@@ -137,6 +166,7 @@ func boundCap(qps float64, span time.Duration, n int) float64 {
 type reaction struct {
 	Rollbacks int             `json:"rollbacks"`
 	Median    time.Duration   `json:"medianNs"`
+	P90       time.Duration   `json:"p90Ns"`
 	Worst     time.Duration   `json:"worstNs"`
 	All       []time.Duration `json:"allNs"`
 	// ToVerdict: first failed measurement to the check's Failed verdict
@@ -174,7 +204,7 @@ func reactionOf(seen map[string]time.Time, runs map[string]*rollout.CheckRun) re
 	}
 	med := func(s []time.Duration) time.Duration { return s[len(s)/2] }
 	return reaction{
-		Rollbacks: len(all), All: all, Median: med(all), Worst: all[len(all)-1],
+		Rollbacks: len(all), All: all, Median: med(all), P90: load.Quantile(all, .9), Worst: all[len(all)-1],
 		ToVerdictMedian: med(toVerdict), ToVerdictWorst: toVerdict[len(toVerdict)-1],
 		VerdictToRollbackMedian: med(rest), VerdictToRollbackWorst: rest[len(rest)-1],
 	}
@@ -191,6 +221,9 @@ func printResults(w io.Writer, o options, r results) {
 	span := time.Duration(r.Ledgers.MeanSpanSeconds * float64(time.Second))
 	fmt.Fprintf(w, "\n%d Deployments (replicas 1) in %d namespaces; one ClusterDeploymentCheck, 1 metric, interval %s, initialDelay %s, failureLimit 1, bake window %s; checks.prometheus.qps %d\n\n",
 		o.deployments, o.namespaces, o.interval, scrapeEvery, o.bake, qps)
+	if o.guardArgs != "" {
+		fmt.Fprintf(w, "The guard's extra flags: %s\n\n", o.guardArgs)
+	}
 	fmt.Fprintln(w, "| | guard RSS | heap in use | live heap after GC |")
 	fmt.Fprintln(w, "|---|---|---|---|")
 	fmt.Fprintf(w, "| %d Deployments, no check | %s | %s | %s |\n", o.deployments, mib(r.NoCheck.RSS), mib(r.NoCheck.Heap), mib(r.NoCheck.Live))
@@ -208,11 +241,13 @@ func printResults(w io.Writer, o options, r results) {
 	fmt.Fprintf(w, "| deployguard_check_measurements_delayed_total during the bump | %.0f (%.1f per measurement) |\n", r.Queries.Delayed, r.Queries.Delayed/max(r.Queries.Measurements, 1))
 	fmt.Fprintf(w, "| queries the stand-in saw: total, mean / peak per second over %.0fs | %d, %.1f / %d |\n", r.BumpSeconds, r.StandIn.Queries, r.StandIn.Mean, r.StandIn.Peak)
 	fmt.Fprintf(w, "| rollout reconciles during the bump; guard CPU | %.0f (%.0f/s); %.0f s (%.0f%% of a core) |\n", r.Reconciles, r.Reconciles/r.BumpSeconds, r.GuardCPUSeconds, 100*r.GuardCPUSeconds/r.BumpSeconds)
-	fmt.Fprintf(w, "| reconcile queue: max / mean depth; time queued p50 / p99 | %.0f / %.0f; %s / %s |\n", r.Queue.MaxDepth, r.Queue.MeanDepth, s(r.Queue.WaitP50), s(r.Queue.WaitP99))
-	fmt.Fprintf(w, "| reaction over %d rollbacks, first failed measurement → rollback: median / worst | %s / %s |\n", r.Reaction.Rollbacks, s(r.Reaction.Median), s(r.Reaction.Worst))
+	fmt.Fprintf(w, "| reconcile queue: max / mean depth; time queued p50 / p99; one reconcile p50 / p99 | %.0f / %.0f; %s / %s; %s / %s |\n",
+		r.Queue.MaxDepth, r.Queue.MeanDepth, s(r.Queue.WaitP50), s(r.Queue.WaitP99), r.Queue.WorkP50.Round(time.Millisecond), r.Queue.WorkP99.Round(time.Millisecond))
+	fmt.Fprintf(w, "| goroutines waiting in the kube client's rate limiter, over %d goroutine dumps: mean / max | %.1f / %d |\n", r.Throttled.Samples, r.Throttled.Mean(), r.Throttled.Max)
+	fmt.Fprintf(w, "| reaction over %d rollbacks, first failed measurement → rollback: p50 / p90 / worst | %s / %s / %s |\n", r.Reaction.Rollbacks, s(r.Reaction.Median), s(r.Reaction.P90), s(r.Reaction.Worst))
 	fmt.Fprintf(w, "| of which first failed → Failed verdict (failureLimit 1): median / worst | %s / %s |\n", s(r.Reaction.ToVerdictMedian), s(r.Reaction.ToVerdictWorst))
 	fmt.Fprintf(w, "| of which Failed verdict → rollback seen: median / worst | %s / %s |\n", s(r.Reaction.VerdictToRollbackMedian), s(r.Reaction.VerdictToRollbackWorst))
-	fmt.Fprintf(w, "| deployguard_check_rollback_reaction_seconds p50 (the guard's own) | %s |\n", s(r.GuardReaction))
+	fmt.Fprintf(w, "| deployguard_check_rollback_reaction_seconds p50 / p90 (the guard's own) | %s / %s |\n", s(r.GuardReaction), s(r.GuardReaction90))
 	fmt.Fprintf(w, "\nCreating the %d Deployments to every revision 1 known-good: %.0fs. Bump: writes %.0fs, every healthy revision in its bake window after %.0fs (%d already known-good then), every revision decided after %.0fs. Whole run: %.0fs.\n",
 		o.deployments, r.CreateSeconds, r.BumpWriteSeconds, r.AllInBakeSeconds, r.BakedBeforeAllInBake, r.BumpSeconds, r.Seconds)
 }

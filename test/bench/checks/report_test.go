@@ -55,6 +55,7 @@ func TestReactionOf(t *testing.T) {
 	r := reactionOf(seen, runs)
 	assert.Equal(t, 3, r.Rollbacks)
 	assert.Equal(t, 22*time.Second, r.Median)
+	assert.Equal(t, 33*time.Second, r.P90)
 	assert.Equal(t, 33*time.Second, r.Worst)
 	assert.Equal(t, 20*time.Second, r.ToVerdictMedian)
 	assert.Equal(t, 3*time.Second, r.VerdictToRollbackWorst)
@@ -73,4 +74,11 @@ func TestFailingAtSpreadsOverNamespaces(t *testing.T) {
 	for ns, n := range perNamespace {
 		assert.Equal(t, 2, n, ns)
 	}
+}
+
+func TestThrottledIn(t *testing.T) {
+	dump := "goroutine 1 [select]:\nk8s.io/client-go/rest.(*Request).tryThrottleWithInfo(...)\n\n" +
+		"goroutine 2 [IO wait]:\nnet.(*netFD).Read(...)\n\n" +
+		"goroutine 3 [select]:\ngolang.org/x/time/rate.(*Limiter).wait(...)\nk8s.io/client-go/rest.(*Request).tryThrottle(...)\n"
+	assert.Equal(t, 2, throttledIn(dump))
 }
