@@ -2,12 +2,15 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +25,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -99,79 +103,173 @@ func latencyMetric() analysis.Metric {
 	}
 }
 
-// A release that serves 30% 5xx while Ready, and one that answers in
-// 300ms, each rolled back by the guard on what a real Prometheus scraped
-// from their pods, with the app's traffic sent through its Service.
+// longBake is the bake window of the check under which a release degrades
+// inside it: long enough that the degradation (20s after the pod starts),
+// Prometheus's rate window and two Failed measurements all fit before it ends.
+const longBake = 60 * time.Second
+
+// The metric checks' scenarios on a real Prometheus, which discovers the
+// test app's pods through the API server and scrapes them, with the app's
+// traffic sent through its Service. In parallel: a release serving 30% 5xx
+// and one answering in 300ms are rolled back; one that degrades inside its
+// bake window is rolled back after completing, one that degrades after it
+// is not; no traffic is inconclusive and a dry run reports, neither rolls
+// back; a tenant's query reads only its own namespace. Then Prometheus is
+// stopped during a rollout. One Prometheus and one helm upgrade for all.
 func TestMetricCheckOnARealPrometheus(t *testing.T) {
 	ctx := context.Background()
 	key := fmt.Sprint(os.Getpid())
-	nsErrors := harness.NewNamespace(t, cl, harness.NamespaceLabels(map[string]string{checkLabel: key}))
-	nsSlow := harness.NewNamespace(t, cl, harness.NamespaceLabels(map[string]string{checkLabel: key}))
+	// Each namespace runs under the ClusterDeploymentCheck named by its
+	// label's value.
+	checked := func(check string) string {
+		return harness.NewNamespace(t, cl, harness.NamespaceLabels(map[string]string{checkLabel: key + "-" + check}))
+	}
+	nsErrors, nsSlow, nsAfter, nsQuiet, nsDown := checked("main"), checked("main"), checked("main"), checked("main"), checked("main")
+	nsInside, nsDry := checked("long-bake"), checked("dry-run")
+	// The tenant's namespace runs under its own DeploymentCheck only; the
+	// other serves errors that the tenant's query must not read.
+	nsTenant, nsOther := harness.NewNamespace(t, cl), harness.NewNamespace(t, cl)
 
-	prom := startPrometheus(t, []string{nsErrors, nsSlow})
+	prom := startPrometheus(t, []string{nsErrors, nsSlow, nsAfter, nsQuiet, nsDown, nsInside, nsDry, nsTenant, nsOther})
 	pointGuardAt(ctx, t, prom.url)
 
-	check := &checks.ClusterDeploymentCheck{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-" + key},
-		Spec: checks.ClusterSpec{
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{checkLabel: key}},
-			Spec: checks.Spec{
-				BakeWindow: &metav1.Duration{Duration: checkBake},
-				Metrics:    []analysis.Metric{errorRateMetric(), latencyMetric()},
-			},
-		},
-	}
 	cc := checksClient(t)
-	require.NoError(t, cc.Create(ctx, check))
-	t.Cleanup(func() { _ = cc.Delete(context.Background(), check) })
-	checkKey := "ClusterDeploymentCheck/" + check.Name + "/"
-
-	for _, tc := range []struct {
-		name, ns, tag, metric string
+	dryErrorRate := errorRateMetric()
+	dryErrorRate.DryRun = true
+	for _, c := range []struct {
+		name    string
+		bake    time.Duration
+		metrics []analysis.Metric
 	}{
-		{name: "serves 30% 5xx", ns: nsErrors, tag: "errors", metric: "error-rate"},
-		{name: "answers in 300ms", ns: nsSlow, tag: "latency", metric: "p99-latency"},
+		{name: "main", bake: checkBake, metrics: []analysis.Metric{errorRateMetric(), latencyMetric()}},
+		{name: "long-bake", bake: longBake, metrics: []analysis.Metric{errorRateMetric()}},
+		{name: "dry-run", bake: checkBake, metrics: []analysis.Metric{dryErrorRate}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			rolledBackByCheck(ctx, t, tc.ns, tc.tag, checkKey+tc.metric)
-		})
-	}
-	t.Cleanup(func() {
-		// After the subtests: what Prometheus served the guard.
-		if n, err := prom.queriesServed(); err == nil {
-			t.Logf("Prometheus served %g instant queries (/api/v1/query) in all", n)
-		} else {
-			t.Logf("Prometheus's own metrics: %v", err)
+		check := &checks.ClusterDeploymentCheck{
+			ObjectMeta: metav1.ObjectMeta{Name: "node-" + key + "-" + c.name},
+			Spec: checks.ClusterSpec{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{checkLabel: key + "-" + c.name}},
+				Spec:              checks.Spec{BakeWindow: &metav1.Duration{Duration: c.bake}, Metrics: c.metrics},
+			},
 		}
+		require.NoError(t, cc.Create(ctx, check))
+		t.Cleanup(func() { _ = cc.Delete(context.Background(), check) })
+	}
+	mainKey := "ClusterDeploymentCheck/node-" + key + "-main/"
+
+	t.Run("rollouts", func(t *testing.T) {
+		t.Run("serves 30% 5xx", func(t *testing.T) {
+			t.Parallel()
+			rolledBackByCheck(ctx, t, nsErrors, "errors", mainKey+"error-rate")
+		})
+		t.Run("answers in 300ms", func(t *testing.T) {
+			t.Parallel()
+			rolledBackByCheck(ctx, t, nsSlow, "latency", mainKey+"p99-latency")
+		})
+		t.Run("degrades inside the bake window", func(t *testing.T) {
+			t.Parallel()
+			degradesInsideTheBakeWindow(ctx, t, nsInside)
+		})
+		t.Run("degrades after the bake window", func(t *testing.T) {
+			t.Parallel()
+			degradesAfterTheBakeWindow(ctx, t, prom, nsAfter)
+		})
+		t.Run("no traffic", func(t *testing.T) {
+			t.Parallel()
+			noTrafficIsInconclusive(ctx, t, nsQuiet)
+		})
+		t.Run("dry run", func(t *testing.T) {
+			t.Parallel()
+			dryRunReportsOnly(ctx, t, nsDry)
+		})
+		t.Run("a tenant's query", func(t *testing.T) {
+			t.Parallel()
+			tenantQueryReadsOnlyItsNamespace(ctx, t, cc, nsTenant, nsOther)
+		})
+		t.Run("known-good before Prometheus stops", func(t *testing.T) {
+			t.Parallel()
+			deployGood(ctx, t, nsDown, "web", oneAtATime)
+		})
+	})
+	if n, err := prom.queriesServed(); err == nil {
+		t.Logf("Prometheus served %g instant queries (/api/v1/query) before it was stopped", n)
+	}
+	if t.Failed() {
+		return
+	}
+	t.Run("Prometheus stopped during a rollout", func(t *testing.T) {
+		prometheusStoppedDuringARollout(ctx, t, prom, nsDown)
 	})
 }
 
-// rolledBackByCheck deploys the app at v1 behind a Service with traffic,
-// updates it to tag, and asserts the guard rolls revision 2 back for the
-// metric key, in time.
-func rolledBackByCheck(ctx context.Context, t *testing.T, ns, tag, key string) {
-	// A rollout of one new pod at a time: the old ones keep serving.
-	oneAtATime := func(d *appsv1.Deployment) {
-		d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
-			MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}}
-	}
-	d := app(ns, "web", "v1", oneAtATime)
+// waitNote waits for a guard's Event of reason about ns/web whose note
+// holds every one of parts, and returns that note.
+func waitNote(t *testing.T, ns, reason string, parts ...string) string {
+	t.Helper()
+	var found string
+	harness.WaitFor(t, 2*time.Minute, fmt.Sprintf("no %s Event saying %q", reason, parts), func(ctx context.Context) (bool, string, error) {
+		notes := guardNotes(ctx, t, ns, "web", reason)
+	next:
+		for _, n := range notes {
+			for _, p := range parts {
+				if !strings.Contains(n, p) {
+					continue next
+				}
+			}
+			found = n
+			return true, "", nil
+		}
+		return false, fmt.Sprint(notes), nil
+	})
+	t.Logf("%s: %s", reason, found)
+	return found
+}
+
+// webService makes the Service of the app ns/web and returns its ClusterIP.
+func webService(ctx context.Context, t *testing.T, ns string) string {
+	t.Helper()
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
 		Spec: corev1.ServiceSpec{
-			Selector: d.Spec.Selector.MatchLabels,
+			Selector: app(ns, "web", "v1").Spec.Selector.MatchLabels,
 			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
 		},
 	}
 	require.NoError(t, cl.Create(ctx, svc))
-	// Through the Service's ClusterIP, as kube-proxy routes it from the
-	// node (this test's network namespace).
-	load := sendLoad(t, "http://"+svc.Spec.ClusterIP+"/")
-	start := time.Now()
-	deployGood(ctx, t, ns, "web", oneAtATime)
-	t.Logf("v1 known-good (after its %s bake) in %s; load so far %s", checkBake, time.Since(start).Round(time.Second), load)
+	return svc.Spec.ClusterIP
+}
 
+// serving deploys the app at v1 behind a Service with traffic sent through
+// its ClusterIP, as kube-proxy routes it from the node (this test's network
+// namespace), and waits until v1 is known-good.
+func serving(ctx context.Context, t *testing.T, ns string, opts ...harness.DeploymentOption) *traffic {
+	t.Helper()
+	load := sendLoad(t, "http://"+webService(ctx, t, ns)+"/")
+	start := time.Now()
+	deployGood(ctx, t, ns, "web", opts...)
+	t.Logf("v1 known-good (after its bake) in %s; load so far %s", time.Since(start).Round(time.Second), load)
+	return load
+}
+
+// oneAtATime is a rollout of one new pod at a time: the old ones keep serving.
+func oneAtATime(d *appsv1.Deployment) {
+	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{
+		MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}}
+}
+
+// degradeAfter sets the app's APP_DEGRADE_AFTER (the degrades tag's
+// environment; the other tags ignore it).
+func degradeAfter(after time.Duration) harness.DeploymentOption {
+	return func(d *appsv1.Deployment) {
+		c := &d.Spec.Template.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: "APP_DEGRADE_AFTER", Value: after.String()})
+	}
+}
+
+// rolledBackByCheck deploys the app at v1 with traffic, updates it to tag,
+// and asserts the guard rolls revision 2 back for the metric key, in time.
+func rolledBackByCheck(ctx context.Context, t *testing.T, ns, tag, key string) {
+	load := serving(ctx, t, ns, oneAtATime)
 	updated := time.Now()
 	setImage(ctx, t, ns, "web", tag)
 	var seen time.Time
@@ -218,6 +316,146 @@ func rolledBackByCheck(ctx context.Context, t *testing.T, ns, tag, key string) {
 	assert.Contains(t, notes[0], key)
 	assert.Contains(t, notes[0], fmt.Sprintf("failed (2) > failureLimit (%d)", failureLimit))
 	t.Logf("load through the Service: %s", load)
+}
+
+// A release that completes, then serves 30% 5xx 20s after its pods start,
+// inside its 60s bake window: not known-good while it bakes, and rolled back
+// after completing.
+func degradesInsideTheBakeWindow(ctx context.Context, t *testing.T, ns string) {
+	serving(ctx, t, ns, oneAtATime, degradeAfter(20*time.Second))
+	setImage(ctx, t, ns, "web", "degrades")
+	baking := waitDeployment(t, ns, "web", "revision 2 did not complete", 2*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		run := checkRun(d)
+		return l.RolledBackRevision == 2 || (run != nil && run.Revision == 2 && run.BakeUntil != "")
+	})
+	l, _ := rollout.ReadLedger(baking)
+	require.Zero(t, l.RolledBackRevision, "rolled back before its rollout completed: %s", describe(ctx, baking))
+	require.Equal(t, int64(1), l.Newest().Revision, "a completed revision is not known-good while it bakes")
+	final := waitDeployment(t, ns, "web", "revision 2 was not rolled back inside its bake window", 2*time.Minute, func(l rollout.Ledger, _ *appsv1.Deployment) bool {
+		return l.RolledBackRevision == 2
+	})
+	run := checkRun(final)
+	require.NotNil(t, run)
+	until, ok := run.BakeUntilTime()
+	require.True(t, ok, "the rollout completed before it failed: its bake window is set")
+	first, err := time.Parse(time.RFC3339, run.FirstFailed)
+	require.NoError(t, err, "ledger checks.firstFailed")
+	completion := until.Add(-longBake)
+	t.Logf("completed %s, first failed measurement %s (%s into the bake window), bake window until %s; evidence: %s",
+		completion.Format(time.RFC3339), run.FirstFailed, first.Sub(completion), run.BakeUntil, run.Evidence)
+	assert.False(t, first.Before(completion), "the first failed measurement is after the rollout completed")
+	assert.True(t, first.Before(until), "the first failed measurement is inside the bake window")
+	rb := rolledBack(ctx, t, ns, "web", 2*time.Minute)
+	assert.Contains(t, rb, "error-rate failed")
+}
+
+// A release that completes and degrades 60s after its pods start, after
+// its 30s bake window: known-good by then, no longer measured, never
+// rolled back. Watched for as long as two Failed measurements would take
+// once Prometheus itself shows the errors.
+func degradesAfterTheBakeWindow(ctx context.Context, t *testing.T, prom *prometheus, ns string) {
+	serving(ctx, t, ns, oneAtATime, degradeAfter(time.Minute))
+	setImage(ctx, t, ns, "web", "degrades")
+	waitDeployment(t, ns, "web", "revision 2 was not recorded known-good after its bake window", 3*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
+		n := l.Newest()
+		return l.RolledBackRevision == 0 && n != nil && n.Revision == 2 && completed(d)
+	})
+	rate := fmt.Sprintf(`sum(rate(http_requests_total{namespace=%q,code=~"5.."}[30s])) / sum(rate(http_requests_total{namespace=%q}[30s]))`, ns, ns)
+	var degraded time.Time
+	harness.WaitFor(t, 2*time.Minute, "Prometheus never saw the release degrade", func(ctx context.Context) (bool, string, error) {
+		v, err := prom.scalar(ctx, rate)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		degraded = time.Now()
+		return v > 0.05, fmt.Sprintf("error rate %g", v), nil
+	})
+	watch := checkInterval*(failureLimit+1) + scrapeInterval + 5*time.Second
+	t.Logf("Prometheus shows the errors at %s; watched for %s more", degraded.UTC().Format(time.RFC3339), watch)
+	notRolledBackUntil(ctx, t, ns, "web", degraded.Add(watch), "after its bake window")
+	d, err := get(ctx, ns, "web")
+	require.NoError(t, err)
+	assert.Equal(t, harness.Registry+"/testapp:degrades", d.Spec.Template.Spec.Containers[0].Image)
+	assert.Empty(t, checkRun(d).Failed, "no check failed the revision")
+}
+
+// No traffic: the queries read 0/0 (NaN), neither condition holds, so each
+// measurement is Inconclusive; past inconclusiveLimit an Event says so,
+// nothing is rolled back, and the revision is known-good after its bake.
+func noTrafficIsInconclusive(ctx context.Context, t *testing.T, ns string) {
+	deployGood(ctx, t, ns, "web", oneAtATime)
+	setImage(ctx, t, ns, "web", "v2")
+	note := waitNote(t, ns, vocab.ReasonCheckInconclusive, "Revision 2 ")
+	assert.Contains(t, note, fmt.Sprintf("inconclusiveLimit (%d)", checkInconclusiveLimit))
+	completesWithoutRollback(ctx, t, ns, "web", "with no traffic")
+}
+
+// A check in dry run that reads 30% errors says so in an Event and rolls
+// nothing back: the revision is known-good after its bake window.
+func dryRunReportsOnly(ctx context.Context, t *testing.T, ns string) {
+	serving(ctx, t, ns, oneAtATime)
+	setImage(ctx, t, ns, "web", "errors")
+	note := waitNote(t, ns, vocab.ReasonCheckFailed, "Revision 2 ")
+	assert.Contains(t, note, "Dry run: reported only, nothing is rolled back.")
+	completesWithoutRollback(ctx, t, ns, "web", "under a dry run")
+	d, err := get(ctx, ns, "web")
+	require.NoError(t, err)
+	assert.Equal(t, harness.Registry+"/testapp:errors", d.Spec.Template.Spec.Containers[0].Image)
+}
+
+// A tenant's DeploymentCheck, written with no namespace, is scoped to its
+// own namespace by the guard: another namespace serving 30% errors neither
+// fails its revision nor appears in its Events. One that names the other
+// namespace is refused when it is written.
+func tenantQueryReadsOnlyItsNamespace(ctx context.Context, t *testing.T, cc client.Client, ns, other string) {
+	// The other namespace's errors, through its own Service.
+	require.NoError(t, cl.Create(ctx, app(other, "web", "errors")))
+	sendLoad(t, "http://"+webService(ctx, t, other)+"/")
+
+	m := errorRateMetric()
+	m.Query = `sum(rate(http_requests_total{code=~"5.."}[30s])) / sum(rate(http_requests_total[30s]))`
+	own := &checks.DeploymentCheck{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "errors"},
+		Spec: checks.Spec{BakeWindow: &metav1.Duration{Duration: checkBake}, Metrics: []analysis.Metric{m}}}
+	require.NoError(t, cc.Create(ctx, own))
+	spy := own.DeepCopy()
+	spy.Name = "spy"
+	spy.Spec.Metrics[0].Query = fmt.Sprintf(`sum(rate(http_requests_total{namespace=%q,code=~"5.."}[30s]))`, other)
+	err := cc.Create(ctx, spy)
+	require.Error(t, err, "a DeploymentCheck naming another namespace must be refused")
+	t.Logf("refused: %v", err)
+	assert.Contains(t, err.Error(), "spec.metrics[0].query")
+
+	serving(ctx, t, ns, oneAtATime)
+	setImage(ctx, t, ns, "web", "v2")
+	completesWithoutRollback(ctx, t, ns, "web", "under the tenant's check")
+	d, err := get(ctx, ns, "web")
+	require.NoError(t, err)
+	run := checkRun(d)
+	require.NotNil(t, run, "the tenant's check measured revision 2")
+	for _, mr := range run.Metrics {
+		t.Logf("metric %s: %+v phase %q last %q", mr.Key, mr.Counts, mr.Phase, mr.Value)
+		assert.NotEqual(t, analysis.PhaseFailed, mr.Phase)
+	}
+	var list eventsv1.EventList
+	require.NoError(t, cl.List(ctx, &list, client.InNamespace(ns)))
+	for _, e := range list.Items {
+		assert.NotContains(t, e.Note, other, "an Event of %s names %s", ns, other)
+	}
+}
+
+// Prometheus stopped right after an update to a release serving 30% 5xx,
+// before its first measurement (initialDelay): every measurement is an
+// Error, said in an Event with why; past consecutiveErrorLimit the revision
+// is said to be unchecked; nothing is rolled back and the rollout
+// completes. The guard never guesses from a missing measurement.
+func prometheusStoppedDuringARollout(ctx context.Context, t *testing.T, prom *prometheus, ns string) {
+	sendLoad(t, "http://"+webService(ctx, t, ns)+"/")
+	setImage(ctx, t, ns, "web", "errors")
+	prom.stop()
+	note := waitNote(t, ns, vocab.ReasonCheckError, "could not measure revision 2")
+	assert.Contains(t, note, "connection refused")
+	waitNote(t, ns, vocab.ReasonCheckError, "Revision 2 ", "is unchecked by")
+	completesWithoutRollback(ctx, t, ns, "web", "while Prometheus was stopped")
 }
 
 // checksClient writes the checks' kinds, which the tier's client does not
@@ -288,9 +526,57 @@ func sendLoad(t *testing.T, url string) *traffic {
 
 // prometheus is a Prometheus server the test runs on the node's address.
 type prometheus struct {
-	url string
-	cmd *exec.Cmd
-	log string
+	url      string
+	cmd      *exec.Cmd
+	log      string
+	exited   chan error
+	stopOnce sync.Once
+}
+
+// stop ends Prometheus (SIGTERM, then SIGKILL after 10s) and waits for it;
+// once, whoever calls first.
+func (p *prometheus) stop() {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+}
+
+// scalar runs an instant query and returns its one sample's value.
+func (p *prometheus) scalar(ctx context.Context, query string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/api/v1/query?query="+url.QueryEscape(query), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Data   struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, fmt.Errorf("%s: %w", resp.Status, err)
+	}
+	if body.Status != "success" || len(body.Data.Result) != 1 {
+		return 0, fmt.Errorf("%s: status %q, %d samples", resp.Status, body.Status, len(body.Data.Result))
+	}
+	v, ok := body.Data.Result[0].Value[1].(string)
+	if !ok {
+		return 0, fmt.Errorf("a sample value of %T", body.Data.Result[0].Value[1])
+	}
+	return strconv.ParseFloat(v, 64)
 }
 
 // startPrometheus runs Prometheus on NodeIP (pods reach it there, as they
@@ -316,15 +602,10 @@ func startPrometheus(t *testing.T, namespaces []string) *prometheus {
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	require.NoError(t, p.cmd.Start())
 	exited := make(chan error, 1)
+	p.exited = exited
 	go func() { exited <- p.cmd.Wait(); out.Close() }()
 	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-exited
-		}
+		p.stop()
 		if t.Failed() {
 			t.Logf("--- end of Prometheus's log ---\n%s", harness.TailFile(p.log, 3000))
 		}
