@@ -173,6 +173,26 @@ func parse(text string, example Vars, unscoped bool) (*Query, error) {
 // String is the template as written.
 func (q *Query) String() string { return q.text }
 
+// MaxRenderedLength bounds a rendered query: a template within the
+// checks' length limit that repeats a variable many times could otherwise
+// expand to hundreds of KiB, parsed and sent to Prometheus every interval.
+const MaxRenderedLength = 32 << 10
+
+// boundedBuilder is a strings.Builder that refuses to grow past max.
+type boundedBuilder struct {
+	strings.Builder
+	max int
+}
+
+func (b *boundedBuilder) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		return 0, fmt.Errorf("the rendered query would be longer than %d bytes", b.max)
+	}
+	return b.Builder.Write(p)
+}
+
+func (b *boundedBuilder) WriteString(s string) (int, error) { return b.Write([]byte(s)) }
+
 // Render fills in the template with v (escaped for PromQL string literals)
 // and, for a tenant's query, scopes the result to v.Namespace
 // (EnforceNamespace). The platform's is only checked to parse.
@@ -180,7 +200,7 @@ func (q *Query) Render(v Vars) (string, error) {
 	if err := v.validate(); err != nil {
 		return "", err
 	}
-	var b strings.Builder
+	b := boundedBuilder{max: MaxRenderedLength}
 	if err := q.tmpl.Execute(&b, v.escaped()); err != nil {
 		return "", fmt.Errorf("query template: %w", err)
 	}

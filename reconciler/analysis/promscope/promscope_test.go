@@ -1,6 +1,7 @@
 package promscope
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -84,6 +85,8 @@ func TestQueryRender(t *testing.T) {
 		{name: "another namespace refused at parse", template: `up{namespace="kube-system"}`, parseErr: "other than its own"},
 		{name: "a name that is not a Kubernetes name refused", template: `up{deployment="{{ .Name }}"}`,
 			vars: Vars{Namespace: "team-a", Name: `web"} or up{namespace="b`, PodTemplateHash: "x"}, renderEr: "template values"},
+		{name: "a rendering past MaxRenderedLength refused", template: `up{x=~"` + strings.Repeat(`{{ .Name }}|`, 200) + `"}`,
+			vars: Vars{Namespace: "team-a", Name: strings.Repeat("a", 200), PodTemplateHash: "x"}, renderEr: "longer than 32768 bytes"},
 		{name: "empty hash allowed (label value)", template: `up{h="{{ .PodTemplateHash }}"}`, vars: Vars{Namespace: "team-a", Name: "web"}, want: `up{h="",namespace="team-a"}`},
 	}
 	for _, tc := range cases {
