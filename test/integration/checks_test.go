@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,6 +76,8 @@ func TestChecksAreJudgedAtApply(t *testing.T) {
 			obj: team("checks-other-namespace", errorRateMetric(`sum(up{namespace="`+other+`"})`)), by: "webhook", path: "spec.metrics[0].query"},
 		{name: "a metric without a condition is refused by the schema",
 			obj: team("checks-no-condition", noCondition), by: "schema", path: "spec.metrics[0].successCondition"},
+		{name: "a query over 8 KiB is refused by the schema",
+			obj: team("checks-long-query", errorRateMetric("sum(up)"+strings.Repeat(" ", checks.MaxQueryLength))), by: "schema", path: "spec.metrics[0].query"},
 		{name: "more than 10 metrics are refused by the schema",
 			obj: cluster("checks-eleven", eleven...), by: "schema", path: "spec.metrics"},
 	} {
