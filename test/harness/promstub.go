@@ -231,8 +231,24 @@ func BuildPromStub(ctx context.Context) (string, error) {
 	if err := os.Rename(tmp, bin); err != nil {
 		return "", err
 	}
+	removeOlderBuilds(cache, sum)
 	promStubBuilt.bin = bin
 	return bin, nil
+}
+
+// removeOlderBuilds removes the stand-in's builds from sources other than
+// keep's, so that bin/tools/promql holds one build, not one per edit. A
+// failure only leaves a stale build behind.
+func removeOlderBuilds(cache, keep string) {
+	entries, err := os.ReadDir(cache)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != keep && !strings.HasPrefix(e.Name(), ".") {
+			_ = os.RemoveAll(filepath.Join(cache, e.Name()))
+		}
+	}
 }
 
 // sourceHash identifies what the binary is built from.
