@@ -49,6 +49,8 @@ type options struct {
 	failing                    int
 	interval, bake             time.Duration
 	guardArgs                  string
+	// qps is checks.prometheus.qps.
+	qps int
 }
 
 func main() {
@@ -66,9 +68,10 @@ func main() {
 	flag.DurationVar(&o.interval, "interval", 10*time.Second, "the metric's interval")
 	flag.DurationVar(&o.bake, "bake", 4*time.Minute, "the check's bake window: longer than the bump takes to complete, so that every revision is measured at once")
 	flag.StringVar(&o.guardArgs, "guard-args", "", "extra `deployguard serve` flags, space-separated (e.g. --kube-api-qps=5 --kube-api-burst=10, client-go's defaults)")
+	flag.IntVar(&o.qps, "qps", 20, "checks.prometheus.qps, the guard's bound on Prometheus queries per second (20: its default)")
 	flag.Parse()
-	if o.deployments%o.namespaces != 0 || o.failing > o.deployments {
-		fmt.Fprintln(os.Stderr, "bench-checks: -deployments must be a multiple of -namespaces, and -failing at most -deployments")
+	if o.deployments%o.namespaces != 0 || o.failing > o.deployments || o.qps <= 0 {
+		fmt.Fprintln(os.Stderr, "bench-checks: -deployments must be a multiple of -namespaces, -failing at most -deployments, and -qps positive")
 		os.Exit(2)
 	}
 	if err := run(o); err != nil {
@@ -107,8 +110,8 @@ func run(o options) error {
 		return err
 	}
 	pprofAddr := fmt.Sprintf("127.0.0.1:%d", pprofPort)
-	fmt.Println("Starting the stand-in Prometheus, the local cluster and the guard (the e2e tier's settings, checks.prometheus.qps at its default) …")
-	checksConfig := harness.E2EGuardConfig + fmt.Sprintf("checks:\n  prometheus: {url: %q}\n", counter.url)
+	fmt.Printf("Starting the stand-in Prometheus, the local cluster and the guard (the e2e tier's settings, checks.prometheus.qps %d) …\n", o.qps)
+	checksConfig := harness.E2EGuardConfig + fmt.Sprintf("checks:\n  prometheus: {url: %q, qps: %d}\n", counter.url, o.qps)
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	// The controllers' client rate limits (20 requests/s) would make 1,000
 	// rollouts take many minutes, as in bench-scale; the guard's own client

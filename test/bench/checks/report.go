@@ -210,9 +210,6 @@ func reactionOf(seen map[string]time.Time, runs map[string]*rollout.CheckRun) re
 	}
 }
 
-// qps is checks.prometheus.qps's default, which the bench runs with.
-const qps = 20
-
 func printResults(w io.Writer, o options, r results) {
 	mib := func(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 	per := func(a, b int64) string { return fmt.Sprintf("%.1f KiB", float64(a-b)/1024/float64(o.deployments)) }
@@ -220,7 +217,7 @@ func printResults(w io.Writer, o options, r results) {
 	rollouts := float64(o.deployments)
 	span := time.Duration(r.Ledgers.MeanSpanSeconds * float64(time.Second))
 	fmt.Fprintf(w, "\n%d Deployments (replicas 1) in %d namespaces; one ClusterDeploymentCheck, 1 metric, interval %s, initialDelay %s, failureLimit 1, bake window %s; checks.prometheus.qps %d\n\n",
-		o.deployments, o.namespaces, o.interval, scrapeEvery, o.bake, qps)
+		o.deployments, o.namespaces, o.interval, scrapeEvery, o.bake, o.qps)
 	if o.guardArgs != "" {
 		fmt.Fprintf(w, "The guard's extra flags: %s\n\n", o.guardArgs)
 	}
@@ -235,7 +232,7 @@ func printResults(w io.Writer, o options, r results) {
 	fmt.Fprintf(w, "| queries per rollout (deployguard_check_measurements_total / %d rollouts) | %.1f |\n", o.deployments, r.Queries.Measurements/rollouts)
 	fmt.Fprintf(w, "| measurements per baked revision, from the ledgers (min / mean / max, %d runs) | %d / %.1f / %d |\n", r.Ledgers.Runs, r.Ledgers.MinMeasurements, r.Ledgers.MeanMeasurements, r.Ledgers.MaxMeasurements)
 	fmt.Fprintf(w, "| the interval's formula 1 + ⌊(span − initialDelay) / interval⌋, mean span %.0fs (first Ready pod to bake end) | %.1f |\n", r.Ledgers.MeanSpanSeconds, r.Ledgers.MeanFormula)
-	fmt.Fprintf(w, "| what the qps bound allows: qps × span / %d revisions at once | %.1f |\n", o.deployments, boundCap(qps, span, o.deployments))
+	fmt.Fprintf(w, "| what the qps bound allows: qps × span / %d revisions at once | %.1f |\n", o.deployments, boundCap(float64(o.qps), span, o.deployments))
 	fmt.Fprintf(w, "| measurements by phase (Successful / Failed / Inconclusive / Error) | %.0f / %.0f / %.0f / %.0f |\n",
 		r.Queries.ByPhase["Successful"], r.Queries.ByPhase["Failed"], r.Queries.ByPhase["Inconclusive"], r.Queries.ByPhase["Error"])
 	fmt.Fprintf(w, "| deployguard_check_measurements_delayed_total during the bump | %.0f (%.1f per measurement) |\n", r.Queries.Delayed, r.Queries.Delayed/max(r.Queries.Measurements, 1))
