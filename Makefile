@@ -1,5 +1,6 @@
 # deployguard — the two commands a newcomer needs:
 #   make run    build everything and run the guard on a local control plane
+#               (NODE=real: on a real node, as root)
 #   make test   every test tier: unit, integration (real kube-apiserver),
 #               end-to-end (full local cluster with kwok nodes)
 
@@ -44,9 +45,24 @@ $(UPSTREAM_E2E): test/tools/kube/go.mod test/tools/kube/go.sum $(wildcard test/t
 	@mkdir -p $(TOOLS_DIR)
 	cd test/tools/kube && go test -c -trimpath -ldflags "-s -w" -o $@ ./upstreame2e
 
-run: build tools ## run the guard on a local cluster (Ctrl-C stops everything)
+# NODE=real: one real node (kubelet, containerd, runc) instead of kwok's, the
+# guard's image installed by helm and a real Prometheus; as root, said before
+# anything is built.
+NODE ?= kwok
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+ifeq ($(filter kwok real,$(NODE)),)
+$(error NODE=$(NODE): want kwok (the default) or real)
+endif
+ifeq ($(NODE),real)
+ifneq ($(shell id -u),0)
+$(error make run NODE=real runs as root: it creates a network namespace of its own and runs the kubelet, containerd and runc (cgroups, mounts); run it as root, or `make run` (kwok's nodes) without)
+endif
+endif
+endif
+
+run: build tools $(if $(filter real,$(NODE)),node-tools image) ## run the guard on a local cluster (Ctrl-C stops everything); NODE=real: on a real node, with a bad release rolled back on its error rate (as root)
 	go build -o $(CURDIR)/bin/localrun ./test/localrun
-	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --workdir $(CURDIR)/bin/local
+	$(CURDIR)/bin/localrun --tools $(TOOLS_DIR) --guard $(BIN) --node $(NODE) --workdir $(CURDIR)/bin/local$(if $(filter real,$(NODE)),-node)
 
 test: test-unit test-integration test-min test-e2e test-clients test-tls test-upstream test-faults test-install test-node ## every tier
 
@@ -149,9 +165,14 @@ test-min: tools-min build haproxy ## the integration tier and the guard-down tes
 bench-apiserver-min: tools-min build ## bench-apiserver through 1.36's kube-apiserver
 	go run ./test/bench/apiserver -tools $(MIN_TOOLS_DIR) -guard $(BIN) -workdir bin/bench-apiserver-min -out bin/bench-apiserver-min.json
 
-BENCH_SIZES ?= 100,1000,5000,10000
-bench-scale: tools build ## admission latency and guard memory as one namespace fills (BENCH_SIZES=100,1000,…)
-	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -sizes $(BENCH_SIZES)
+# The issue 56 cluster by default; BENCH_NAMESPACES=20 BENCH_DEPLOYMENTS=2000
+# for a quick run, BENCH_NAMESPACES=1 BENCH_DEPLOYMENTS=10000
+# BENCH_SIZES=100,1000,5000 for the earlier single-namespace figures.
+BENCH_NAMESPACES ?= 500
+BENCH_DEPLOYMENTS ?= 50000
+BENCH_SIZES ?= 1000
+bench-scale: tools build ## guard memory, restart, admission, audit and rollback reaction at BENCH_DEPLOYMENTS over BENCH_NAMESPACES (50,000 over 500: about an hour)
+	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -namespaces $(BENCH_NAMESPACES) -deployments $(BENCH_DEPLOYMENTS) -sizes $(BENCH_SIZES)
 
 # golangci-lint, built from its module (test/tools/golangci-lint) and kept with
 # the other tools; rebuilt when that module changes. .ci/run runs `make lint`.

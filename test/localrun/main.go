@@ -1,12 +1,15 @@
-// Command localrun is `make run`: a full local cluster (kwok nodes, real
-// kube-apiserver, kube-controller-manager and kube-scheduler) with deployguard
-// serving its webhooks and reconciling rollouts, until Ctrl-C, which stops
-// every process it started.
+// Command localrun is `make run`: a local cluster with deployguard serving
+// its webhooks and reconciling rollouts, until Ctrl-C, which stops every
+// process it started. With --node=kwok (the default) the cluster's nodes are
+// kwok's (real kube-apiserver, kube-controller-manager and kube-scheduler)
+// and the guard is a local process; with --node=real (`make run NODE=real`)
+// its one node is real (real.go).
 package main
 
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,12 +25,45 @@ import (
 //go:embed guard.yaml
 var guardConfig string
 
+// options are localrun's flags.
+type options struct {
+	tools, guard, workDir string
+	// node is kwok or real.
+	node string
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("localrun", flag.ContinueOnError)
+	fs.StringVar(&o.tools, "tools", "", "folder of the control plane binaries (make tools)")
+	fs.StringVar(&o.guard, "guard", "bin/deployguard", "the deployguard binary")
+	fs.StringVar(&o.workDir, "workdir", "bin/local", "folder for the cluster's state, kubeconfig and logs")
+	fs.StringVar(&o.node, "node", "kwok", "kwok: kwok's simulated nodes, the guard a local process; real: one real node (kubelet, containerd, runc) in a network namespace of its own, the guard's image installed by helm, a real Prometheus (as root)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.node != "kwok" && o.node != "real" {
+		return o, fmt.Errorf("--node=%q: want kwok or real", o.node)
+	}
+	return o, nil
+}
+
 func main() {
-	tools := flag.String("tools", "", "folder of the control plane binaries (make tools)")
-	guard := flag.String("guard", "bin/deployguard", "the deployguard binary")
-	workDir := flag.String("workdir", "bin/local", "folder for the cluster's state, kubeconfig and logs")
-	flag.Parse()
-	if err := run(*tools, *guard, *workDir); err != nil {
+	o, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "make run:", err)
+		os.Exit(2)
+	}
+	if o.node == "real" {
+		os.Exit(runRealNode(o))
+	}
+	if err := run(o.tools, o.guard, o.workDir); err != nil {
 		fmt.Fprintln(os.Stderr, "make run:", err)
 		os.Exit(1)
 	}
