@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -353,7 +354,7 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 	var firstErrors []told
 	again = plan.Again
 	hash, unmeasurable := revisionHash(d, newRS)
-	vars := promscope.Vars{Namespace: d.Namespace, Name: d.Name, PodTemplateHash: hash}
+	vars := promscope.Vars{Namespace: d.Namespace, Name: d.Name, PodTemplateHash: hash, StablePodTemplateHash: stableHash(d, l, newRS)}
 	for _, i := range plan.Due {
 		m := ms[i]
 		got := Measured{Phase: analysis.PhaseError, Value: fmt.Sprint(unmeasurable), Query: m.Query.String()}
@@ -528,11 +529,31 @@ func revisionHash(d *appsv1.Deployment, newRS *appsv1.ReplicaSet) (string, error
 	return hash, nil
 }
 
+// stableHash is the pod-template-hash of the newest known-good revision
+// other than newRS, a query's baseline ({{ .StablePodTemplateHash }}): read
+// from the ReplicaSet name the guard recorded in its ledger, which no
+// tenant writes. Empty when there is none.
+func stableHash(d *appsv1.Deployment, l rollout.Ledger, newRS *appsv1.ReplicaSet) string {
+	for i := len(l.KnownGood) - 1; i >= 0; i-- {
+		if e := l.KnownGood[i]; e.UID != newRS.UID {
+			if hash, ok := strings.CutPrefix(e.ReplicaSet, d.Name+"-"); ok && hash != "" && !strings.Contains(hash, "-") {
+				return hash
+			}
+			return ""
+		}
+	}
+	return ""
+}
+
 // measure runs one measurement of m on the revision: the query rendered
 // for it, and its result judged. A query that cannot be run or judged is an
 // Error, with why in Value.
 func (r *DeploymentReconciler) measure(ctx context.Context, m checks.Metric, vars promscope.Vars, now time.Time) Measured {
 	q, err := m.Query.Render(vars)
+	if errors.Is(err, promscope.ErrNoBaseline) {
+		// Nothing to compare with (a first revision): not known either way.
+		return Measured{Phase: analysis.PhaseInconclusive, Value: "the query compares with the known-good revision ({{ .StablePodTemplateHash }}), and there is none", Query: m.Query.String()}
+	}
 	if err != nil {
 		return Measured{Phase: analysis.PhaseError, Value: "the query cannot be rendered: " + err.Error(), Query: m.Query.String()}
 	}

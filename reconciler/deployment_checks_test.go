@@ -1,12 +1,15 @@
 package reconciler
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
@@ -150,4 +153,40 @@ func TestBakeWindowIsTheLongest(t *testing.T) {
 	assert.Equal(t, DefaultBakeWindow, c.bakeWindow([]checks.Metric{a, z}))
 	assert.Equal(t, 20*time.Minute, c.bakeWindow([]checks.Metric{a, b}))
 	assert.Equal(t, time.Duration(0), c.bakeWindow([]checks.Metric{z}))
+}
+
+func TestStableHash(t *testing.T) {
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web"}}
+	newRS := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-new5", UID: "new"}}
+	entry := func(name string, uid types.UID) rollout.KnownGoodEntry {
+		return rollout.KnownGoodEntry{ReplicaSet: name, UID: uid}
+	}
+	for _, tc := range []struct {
+		name  string
+		known []rollout.KnownGoodEntry
+		want  string
+	}{
+		{name: "no known-good revision: no baseline"},
+		{name: "the newest known-good revision", known: []rollout.KnownGoodEntry{entry("web-old1", "1"), entry("web-old2", "2")}, want: "old2"},
+		{name: "the new revision itself is skipped (known-good once, rolled out again)", known: []rollout.KnownGoodEntry{entry("web-old1", "1"), entry("web-new5", "new")}, want: "old1"},
+		{name: "a name not of the Deployment's form: no baseline rather than a guess", known: []rollout.KnownGoodEntry{entry("other-old1", "1")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, stableHash(d, rollout.Ledger{KnownGood: tc.known}, newRS))
+		})
+	}
+}
+
+// A query comparing with the known-good revision, for a revision that has
+// none, is Inconclusive (never a rollback) and sends nothing to Prometheus.
+func TestMeasureWithoutBaselineIsInconclusive(t *testing.T) {
+	m := testMetric(t, analysis.Metric{
+		Name:             "errors-vs-baseline",
+		Query:            `sum(rate(http_requests_total{pod_template_hash="{{ .PodTemplateHash }}"}[1m])) - sum(rate(http_requests_total{pod_template_hash="{{ .StablePodTemplateHash }}"}[1m]))`,
+		SuccessCondition: "result[0] <= 0.01",
+	})
+	r := &DeploymentReconciler{} // no Prometheus: a query sent would panic
+	got := r.measure(context.Background(), m, promscope.Vars{Namespace: "team-a", Name: "web", PodTemplateHash: "new5"}, time.Now())
+	assert.Equal(t, analysis.PhaseInconclusive, got.Phase)
+	assert.Contains(t, got.Value, "there is none")
 }

@@ -302,6 +302,45 @@ func TestMetricCheckRollsBackASlowRelease(t *testing.T) {
 	assert.Equal(t, "app:1", waitAvailable(t, ns, "web", time.Minute).Spec.Template.Spec.Containers[0].Image)
 }
 
+// A check that compares the new pods with the known-good revision's
+// ({{ .StablePodTemplateHash }}, a baseline): a first revision has none, so
+// the check is Inconclusive and the revision becomes known-good; a revision
+// as noisy as its baseline (12% 5xx against 10%, which a fixed 5% threshold
+// would fail) passes; one 20 points worse than its baseline is rolled back.
+func TestMetricCheckComparesWithTheKnownGoodRevision(t *testing.T) {
+	t.Parallel()
+	share := func(hash, window string) string {
+		return `sum(rate(http_requests_total{namespace="{{.Namespace}}",pod_template_hash="` + hash + `",code=~"5.."}[` + window + `]))` +
+			` / sum(rate(http_requests_total{namespace="{{.Namespace}}",pod_template_hash="` + hash + `"}[` + window + `]))`
+	}
+	spec := errorRate(false, 4*time.Second)
+	m := &spec.Metrics[0]
+	m.Name = "error-rate-vs-baseline"
+	m.Query = "(" + share("{{.PodTemplateHash}}", "30s") + ") - on() (" + share("{{.StablePodTemplateHash}}", "5m") + ")"
+	ns := checkedNamespace(t, spec)
+	require.NoError(t, local.Client.Create(context.Background(), harness.Deployment(ns, "web", "app:1", slowDeadline)))
+	feed(t, ns, newHash(t, ns, "web", 1), 0.1)
+	msg := guardEvent(t, ns, "web", vocab.ReasonCheckInconclusive)
+	assert.Contains(t, msg, "there is none")
+	waitKnownGood(t, ns, "web", 1)
+
+	require.NoError(t, update(t, ns, "web", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" }))
+	baseline := newHash(t, ns, "web", 2)
+	feed(t, ns, baseline, 0.12)
+	waitKnownGood(t, ns, "web", 2)
+	assert.Equal(t, int64(0), rolledBackRevision(get(context.Background(), t, ns, "web")), "as noisy as its baseline")
+
+	require.NoError(t, update(t, ns, "web", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:3" }))
+	feed(t, ns, newHash(t, ns, "web", 3), 0.32)
+	harness.WaitFor(t, time.Minute, "revision 3 was not rolled back", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "web")
+		return rolledBackRevision(d) == 3, describe(d), nil
+	})
+	msg = guardEvent(t, ns, "web", vocab.ReasonCheckFailed)
+	assert.Contains(t, msg, `pod_template_hash="`+baseline+`"`, "the baseline is revision 2's pods")
+	assert.Equal(t, "app:2", waitAvailable(t, ns, "web", time.Minute).Spec.Template.Spec.Containers[0].Image)
+}
+
 // A rollout that completes and degrades inside its bake window is rolled
 // back after completion; one that degrades after the window is not (it is
 // known-good by then, and no longer measured).

@@ -91,6 +91,31 @@ type Vars struct {
 	// PodTemplateHash is the new ReplicaSet's pod-template-hash label: the
 	// query measures the new pods only.
 	PodTemplateHash string
+	// StablePodTemplateHash is the pod-template-hash of the known-good
+	// revision the new one replaces, for a query that compares the new pods
+	// with the old (a baseline); empty when there is none, and then a query
+	// that names it cannot be rendered (ErrNoBaseline).
+	StablePodTemplateHash string
+}
+
+// ErrNoBaseline is why a query naming {{ .StablePodTemplateHash }} cannot be
+// rendered for a revision that replaces no known-good one: an empty hash
+// would select every series without the label, not the old pods.
+var ErrNoBaseline = errors.New("no known-good revision to compare with")
+
+// templateData is what a query's template sees: the values, and the
+// baseline's hash as a method, so that naming it without one fails.
+type templateData struct {
+	Namespace, Name, PodTemplateHash string
+	stable                           string
+}
+
+// StablePodTemplateHash is Vars.StablePodTemplateHash, or ErrNoBaseline.
+func (d templateData) StablePodTemplateHash() (string, error) {
+	if d.stable == "" {
+		return "", ErrNoBaseline
+	}
+	return d.stable, nil
 }
 
 func (v Vars) validate() error {
@@ -105,6 +130,9 @@ func (v Vars) validate() error {
 	for _, msg := range validation.IsValidLabelValue(v.PodTemplateHash) {
 		errs = append(errs, "pod-template-hash: "+msg)
 	}
+	for _, msg := range validation.IsValidLabelValue(v.StablePodTemplateHash) {
+		errs = append(errs, "stable pod-template-hash: "+msg)
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("template values: %s", strings.Join(errs, "; "))
 	}
@@ -115,11 +143,12 @@ func (v Vars) validate() error {
 // double-quoted PromQL string literal. The values are Kubernetes names and
 // label values, so this changes nothing today; it keeps a quote or a
 // backslash from ever ending the literal early should those rules widen.
-func (v Vars) escaped() Vars {
-	return Vars{
+func (v Vars) escaped() templateData {
+	return templateData{
 		Namespace:       escapeString(v.Namespace),
 		Name:            escapeString(v.Name),
 		PodTemplateHash: escapeString(v.PodTemplateHash),
+		stable:          escapeString(v.StablePodTemplateHash),
 	}
 }
 
@@ -138,10 +167,11 @@ type Query struct {
 
 // exampleVars fill the template when it is parsed, so that a query that is
 // not PromQL once rendered is refused at load time.
-var exampleVars = Vars{Namespace: "example", Name: "example", PodTemplateHash: "5d8f9c7b6"}
+var exampleVars = Vars{Namespace: "example", Name: "example", PodTemplateHash: "5d8f9c7b6", StablePodTemplateHash: "7c6b5d4f8"}
 
 // Parse parses a tenant's query template (text/template, {{ .Namespace }},
-// {{ .Name }}, {{ .PodTemplateHash }}; any other name is an error) and checks
+// {{ .Name }}, {{ .PodTemplateHash }}, {{ .StablePodTemplateHash }}; any
+// other name is an error) and checks
 // that it renders to PromQL that can be scoped to a namespace.
 func Parse(text string) (*Query, error) { return parse(text, exampleVars, false) }
 

@@ -1,6 +1,7 @@
 package promscope
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -87,6 +88,12 @@ func TestQueryRender(t *testing.T) {
 			vars: Vars{Namespace: "team-a", Name: `web"} or up{namespace="b`, PodTemplateHash: "x"}, renderEr: "template values"},
 		{name: "a rendering past MaxRenderedLength refused", template: `up{x=~"` + strings.Repeat(`{{ .Name }}|`, 200) + `"}`,
 			vars: Vars{Namespace: "team-a", Name: strings.Repeat("a", 200), PodTemplateHash: "x"}, renderEr: "longer than 32768 bytes"},
+		{name: "the baseline's hash", template: `up{pod_template_hash="{{ .StablePodTemplateHash }}"}`,
+			vars: Vars{Namespace: "team-a", Name: "web", PodTemplateHash: "new", StablePodTemplateHash: "7c6b5d4f8"}, want: `up{namespace="team-a",pod_template_hash="7c6b5d4f8"}`},
+		{name: "no baseline: a query naming it is not rendered", template: `up{pod_template_hash="{{ .StablePodTemplateHash }}"}`,
+			vars: Vars{Namespace: "team-a", Name: "web", PodTemplateHash: "new"}, renderEr: "no known-good revision to compare with"},
+		{name: "no baseline: a query not naming it is rendered", template: `up{pod_template_hash="{{ .PodTemplateHash }}"}`,
+			vars: Vars{Namespace: "team-a", Name: "web", PodTemplateHash: "new"}, want: `up{namespace="team-a",pod_template_hash="new"}`},
 		{name: "empty hash allowed (label value)", template: `up{h="{{ .PodTemplateHash }}"}`, vars: Vars{Namespace: "team-a", Name: "web"}, want: `up{h="",namespace="team-a"}`},
 	}
 	for _, tc := range cases {
@@ -103,6 +110,7 @@ func TestQueryRender(t *testing.T) {
 			if tc.renderEr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tc.renderEr)
+				assert.Equal(t, tc.vars.StablePodTemplateHash == "" && strings.Contains(tc.template, "StablePodTemplateHash"), errors.Is(err, ErrNoBaseline), "errors.Is(err, ErrNoBaseline)")
 				return
 			}
 			require.NoError(t, err)
