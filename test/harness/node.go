@@ -356,6 +356,9 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	// which needs CAP_SYS_RESOURCE; root here lacks it and runc's child
 	// then dies before it sends its PID. Restricted, a score is never set
 	// below containerd's own. AppArmor is not on these hosts.
+	// netns_mounts_under_state_dir: the pods' network namespaces are
+	// mounted in the node's folder, which Stop unmounts, not in /run/netns,
+	// where each run left one per pod.
 	err := os.WriteFile(cfg, []byte(fmt.Sprintf(`version = 3
 root = "%[1]s/root"
 state = "%[1]s/state"
@@ -365,6 +368,7 @@ state = "%[1]s/state"
   address = "%[2]s.ttrpc"
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   enable_unprivileged_ports = false
   enable_unprivileged_icmp = false
   disable_apparmor = true
