@@ -67,7 +67,7 @@ run: build tools $(if $(filter real,$(NODE)),node-tools image) ## run the guard 
 test: test-unit test-integration test-min test-e2e test-clients test-tls test-upstream test-faults test-install test-node ## every tier
 
 test-unit: xmllint ## unit tests, Rego tests, the fuzz seed corpora and the docs' links (no cluster)
-	$(GOTEST) -count=1 $(PKGS_UNIT) ./test/docs/ ./test/harness/
+	$(GOTEST) -count=1 $(PKGS_UNIT) ./test/docs/ ./test/harness/ ./test/localrun/
 
 test-integration: tools build ## webhooks and policies through a real kube-apiserver (envtest); check/webhook parity
 	DEPLOYGUARD_BIN=$(BIN) $(GOTEST) -count=1 -timeout 20m ./test/integration/...

@@ -2,13 +2,18 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/deployguard/deployguard/test/image"
@@ -104,7 +109,68 @@ func (p *Prometheus) waitReady(ctx context.Context) error {
 }
 
 // Stop ends Prometheus (SIGTERM, SIGKILL after 10s) and waits for it.
+// Stopping it again returns at once.
 func (p *Prometheus) Stop() error { return p.proc.Stop() }
+
+// Scalar runs an instant query and returns its one sample's value.
+func (p *Prometheus) Scalar(ctx context.Context, query string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/v1/query?query="+url.QueryEscape(query), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Data   struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, fmt.Errorf("%s: %w", resp.Status, err)
+	}
+	if body.Status != "success" || len(body.Data.Result) != 1 {
+		return 0, fmt.Errorf("%s: status %q, %d samples", resp.Status, body.Status, len(body.Data.Result))
+	}
+	v, ok := body.Data.Result[0].Value[1].(string)
+	if !ok {
+		return 0, fmt.Errorf("a sample value of %T", body.Data.Result[0].Value[1])
+	}
+	return strconv.ParseFloat(v, 64)
+}
+
+// QueriesServed is how many instant queries Prometheus answered, from its
+// own metrics.
+func (p *Prometheus) QueriesServed() (float64, error) {
+	resp, err := http.Get(p.URL + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	f, ok := fams["prometheus_http_requests_total"]
+	if !ok {
+		return 0, errors.New("no prometheus_http_requests_total")
+	}
+	var n float64
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "handler" && l.GetValue() == "/api/v1/query" {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n, nil
+}
 
 // PrometheusConfig scrapes the test app's pods (its container "app", on its
 // port) found by Prometheus's Kubernetes discovery, in namespaces (none:

@@ -2,24 +2,15 @@ package node
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
@@ -131,7 +122,7 @@ func TestMetricCheckOnARealPrometheus(t *testing.T) {
 	nsTenant, nsOther := harness.NewNamespace(t, cl), harness.NewNamespace(t, cl)
 
 	prom := startPrometheus(t, []string{nsErrors, nsSlow, nsAfter, nsQuiet, nsDown, nsInside, nsDry, nsTenant, nsOther})
-	pointGuardAt(ctx, t, prom.url)
+	pointGuardAt(ctx, t, prom.URL)
 
 	cc := checksClient(t)
 	dryErrorRate := errorRateMetric()
@@ -191,7 +182,7 @@ func TestMetricCheckOnARealPrometheus(t *testing.T) {
 			deployGood(ctx, t, nsDown, "web", oneAtATime)
 		})
 	})
-	if n, err := prom.queriesServed(); err == nil {
+	if n, err := prom.QueriesServed(); err == nil {
 		t.Logf("Prometheus served %g instant queries (/api/v1/query) before it was stopped", n)
 	}
 	if t.Failed() {
@@ -353,7 +344,7 @@ func degradesInsideTheBakeWindow(ctx context.Context, t *testing.T, ns string) {
 // its 30s bake window: known-good by then, no longer measured, never
 // rolled back. Watched for as long as two Failed measurements would take
 // once Prometheus itself shows the errors.
-func degradesAfterTheBakeWindow(ctx context.Context, t *testing.T, prom *prometheus, ns string) {
+func degradesAfterTheBakeWindow(ctx context.Context, t *testing.T, prom *harness.Prometheus, ns string) {
 	serving(ctx, t, ns, oneAtATime, degradeAfter(time.Minute))
 	setImage(ctx, t, ns, "web", "degrades")
 	waitDeployment(t, ns, "web", "revision 2 was not recorded known-good after its bake window", 3*time.Minute, func(l rollout.Ledger, d *appsv1.Deployment) bool {
@@ -363,7 +354,7 @@ func degradesAfterTheBakeWindow(ctx context.Context, t *testing.T, prom *prometh
 	rate := fmt.Sprintf(`sum(rate(http_requests_total{namespace=%q,code=~"5.."}[30s])) / sum(rate(http_requests_total{namespace=%q}[30s]))`, ns, ns)
 	var degraded time.Time
 	harness.WaitFor(t, 2*time.Minute, "Prometheus never saw the release degrade", func(ctx context.Context) (bool, string, error) {
-		v, err := prom.scalar(ctx, rate)
+		v, err := prom.Scalar(ctx, rate)
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -448,10 +439,12 @@ func tenantQueryReadsOnlyItsNamespace(ctx context.Context, t *testing.T, cc clie
 // Error, said in an Event with why; past consecutiveErrorLimit the revision
 // is said to be unchecked; nothing is rolled back and the rollout
 // completes. The guard never guesses from a missing measurement.
-func prometheusStoppedDuringARollout(ctx context.Context, t *testing.T, prom *prometheus, ns string) {
+func prometheusStoppedDuringARollout(ctx context.Context, t *testing.T, prom *harness.Prometheus, ns string) {
 	sendLoad(t, "http://"+webService(ctx, t, ns)+"/")
 	setImage(ctx, t, ns, "web", "errors")
-	prom.stop()
+	if err := prom.Stop(); err != nil {
+		t.Logf("stopping Prometheus: %v", err)
+	}
 	note := waitNote(t, ns, vocab.ReasonCheckError, "could not measure revision 2")
 	assert.Contains(t, note, "connection refused")
 	waitNote(t, ns, vocab.ReasonCheckError, "Revision 2 ", "is unchecked by")
@@ -524,157 +517,24 @@ func sendLoad(t *testing.T, url string) *traffic {
 	return l
 }
 
-// prometheus is a Prometheus server the test runs on the node's address.
-type prometheus struct {
-	url      string
-	cmd      *exec.Cmd
-	log      string
-	exited   chan error
-	stopOnce sync.Once
-}
-
-// stop ends Prometheus (SIGTERM, then SIGKILL after 10s) and waits for it;
-// once, whoever calls first.
-func (p *prometheus) stop() {
-	p.stopOnce.Do(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-}
-
-// scalar runs an instant query and returns its one sample's value.
-func (p *prometheus) scalar(ctx context.Context, query string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/api/v1/query?query="+url.QueryEscape(query), nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Data   struct {
-			Result []struct {
-				Value [2]any `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return 0, fmt.Errorf("%s: %w", resp.Status, err)
-	}
-	if body.Status != "success" || len(body.Data.Result) != 1 {
-		return 0, fmt.Errorf("%s: status %q, %d samples", resp.Status, body.Status, len(body.Data.Result))
-	}
-	v, ok := body.Data.Result[0].Value[1].(string)
-	if !ok {
-		return 0, fmt.Errorf("a sample value of %T", body.Data.Result[0].Value[1])
-	}
-	return strconv.ParseFloat(v, 64)
-}
-
-// startPrometheus runs Prometheus on NodeIP (pods reach it there, as they
-// reach the API server), discovering the pods of namespaces through the API
-// server with the tier's admin kubeconfig and scraping the app's port.
-func startPrometheus(t *testing.T, namespaces []string) *prometheus {
+// startPrometheus runs a real Prometheus on NodeIP (pods reach it there, as
+// they reach the API server), discovering the pods of namespaces through the
+// API server with the tier's admin kubeconfig (harness.PrometheusConfig),
+// scraping every scrapeInterval; stopped when the test ends.
+func startPrometheus(t *testing.T, namespaces []string) *harness.Prometheus {
 	t.Helper()
-	bin := filepath.Join(node.NodeTools, "prometheus")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("Prometheus is missing in %s: run `make node-tools` (test/tools/build-node.sh builds it)", node.NodeTools)
-	}
-	port, err := harness.FreePort()
-	require.NoError(t, err)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "prometheus.yml")
-	require.NoError(t, os.WriteFile(cfg, []byte(prometheusConfig(node.Kubeconfig, namespaces)), 0o644))
-	p := &prometheus{url: fmt.Sprintf("http://%s:%d", harness.NodeIP, port), log: filepath.Join(dir, "prometheus.log")}
-	out, err := os.Create(p.log)
-	require.NoError(t, err)
-	p.cmd = exec.Command(bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		fmt.Sprintf("--web.listen-address=%s:%d", harness.NodeIP, port), "--storage.tsdb.retention.time=1h", "--log.level=info")
-	p.cmd.Stdout, p.cmd.Stderr = out, out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	require.NoError(t, p.cmd.Start())
-	exited := make(chan error, 1)
-	p.exited = exited
-	go func() { exited <- p.cmd.Wait(); out.Close() }()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("--- end of Prometheus's log ---\n%s", harness.TailFile(p.log, 3000))
-		}
+	p, err := harness.StartPrometheus(context.Background(), harness.PrometheusOptions{
+		NodeTools: node.NodeTools, Kubeconfig: node.Kubeconfig, Dir: t.TempDir(), Host: harness.NodeIP,
+		Namespaces: namespaces, ScrapeInterval: scrapeInterval,
 	})
-	harness.WaitFor(t, time.Minute, "Prometheus never became ready", func(context.Context) (bool, string, error) {
-		select {
-		case err := <-exited:
-			exited <- err
-			return false, "", fmt.Errorf("prometheus exited (%w): %s", err, harness.TailFile(p.log, 2000))
-		default:
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = p.Stop()
+		if t.Failed() {
+			t.Logf("--- end of Prometheus's log ---\n%s", harness.TailFile(p.Log, 3000))
 		}
-		resp, err := http.Get(p.url + "/-/ready")
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, resp.Status, nil
 	})
 	return p
-}
-
-// prometheusConfig scrapes the pods of namespaces found by Prometheus's
-// Kubernetes discovery, with the labels a check selects a revision by:
-// namespace, pod and pod_template_hash (the ReplicaSet's label).
-func prometheusConfig(kubeconfig string, namespaces []string) string {
-	return fmt.Sprintf(`global:
-  scrape_interval: %[1]s
-  scrape_timeout: 1s
-scrape_configs:
-- job_name: testapp
-  kubernetes_sd_configs:
-  - role: pod
-    kubeconfig_file: %[2]s
-    namespaces: {names: [%[3]s]}
-  relabel_configs:
-  - {source_labels: [__meta_kubernetes_pod_container_name], regex: app, action: keep}
-  - {source_labels: [__meta_kubernetes_pod_ip], regex: '(.+)', target_label: __address__, replacement: '${1}:%[4]d'}
-  - {source_labels: [__meta_kubernetes_namespace], target_label: namespace}
-  - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
-  - {source_labels: [__meta_kubernetes_pod_label_pod_template_hash], target_label: pod_template_hash}
-`, scrapeInterval, kubeconfig, strings.Join(namespaces, ", "), 8080)
-}
-
-// queriesServed is how many instant queries Prometheus answered, from its
-// own metrics.
-func (p *prometheus) queriesServed() (float64, error) {
-	resp, err := http.Get(p.url + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	f, ok := fams["prometheus_http_requests_total"]
-	if !ok {
-		return 0, errors.New("no prometheus_http_requests_total")
-	}
-	var n float64
-	for _, m := range f.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "handler" && l.GetValue() == "/api/v1/query" {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return n, nil
 }
 
 // pointGuardAt sets the installed guard's checks.prometheus.url by `helm
