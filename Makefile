@@ -171,8 +171,10 @@ bench-apiserver-min: tools-min build ## bench-apiserver through 1.36's kube-apis
 BENCH_NAMESPACES ?= 500
 BENCH_DEPLOYMENTS ?= 50000
 BENCH_SIZES ?= 1000
-bench-scale: tools build ## guard memory, restart, admission, audit and rollback reaction at BENCH_DEPLOYMENTS over BENCH_NAMESPACES (50,000 over 500: about an hour)
-	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -namespaces $(BENCH_NAMESPACES) -deployments $(BENCH_DEPLOYMENTS) -sizes $(BENCH_SIZES)
+# BENCH_ARGS: more of its flags, e.g. '-memory-limit 3072 -env 10' (go run ./test/bench/scale -h).
+BENCH_ARGS ?=
+bench-scale: tools build ## guard memory, restart, admission, audit and rollback reaction at BENCH_DEPLOYMENTS over BENCH_NAMESPACES (50,000 over 500: about two hours)
+	go run ./test/bench/scale -tools $(TOOLS_DIR) -guard $(BIN) -namespaces $(BENCH_NAMESPACES) -deployments $(BENCH_DEPLOYMENTS) -sizes $(BENCH_SIZES) $(BENCH_ARGS)
 
 # golangci-lint, built from its module (test/tools/golangci-lint) and kept with
 # the other tools; rebuilt when that module changes. .ci/run runs `make lint`.
