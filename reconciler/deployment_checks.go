@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -536,7 +537,7 @@ func revisionHash(d *appsv1.Deployment, newRS *appsv1.ReplicaSet) (string, error
 func stableHash(d *appsv1.Deployment, l rollout.Ledger, newRS *appsv1.ReplicaSet) string {
 	for i := len(l.KnownGood) - 1; i >= 0; i-- {
 		if e := l.KnownGood[i]; e.UID != newRS.UID {
-			if hash, ok := strings.CutPrefix(e.ReplicaSet, d.Name+"-"); ok && hash != "" && !strings.Contains(hash, "-") {
+			if hash, ok := strings.CutPrefix(e.ReplicaSet, d.Name+"-"); ok && hash != "" && !strings.Contains(hash, "-") && len(validation.IsValidLabelValue(hash)) == 0 {
 				return hash
 			}
 			return ""

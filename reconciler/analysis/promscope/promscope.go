@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"strings"
 	"text/template"
+	tparse "text/template/parse"
 
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -111,9 +112,14 @@ type templateData struct {
 }
 
 // StablePodTemplateHash is Vars.StablePodTemplateHash, or ErrNoBaseline.
+// Checked here, not with the other values, so that a bad one fails only the
+// queries that name it.
 func (d templateData) StablePodTemplateHash() (string, error) {
 	if d.stable == "" {
 		return "", ErrNoBaseline
+	}
+	if msgs := validation.IsValidLabelValue(d.stable); len(msgs) > 0 {
+		return "", fmt.Errorf("the known-good revision's pod-template-hash: %s", strings.Join(msgs, "; "))
 	}
 	return d.stable, nil
 }
@@ -129,9 +135,6 @@ func (v Vars) validate() error {
 	// The hash is a label value (rand.SafeEncodeString of the template's hash).
 	for _, msg := range validation.IsValidLabelValue(v.PodTemplateHash) {
 		errs = append(errs, "pod-template-hash: "+msg)
-	}
-	for _, msg := range validation.IsValidLabelValue(v.StablePodTemplateHash) {
-		errs = append(errs, "stable pod-template-hash: "+msg)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("template values: %s", strings.Join(errs, "; "))
@@ -193,11 +196,60 @@ func parse(text string, example Vars, unscoped bool) (*Query, error) {
 	if err != nil {
 		return nil, fmt.Errorf("query template: %w", err)
 	}
+	if err := onlyValues(tmpl); err != nil {
+		return nil, fmt.Errorf("query template: %w", err)
+	}
 	q := &Query{text: text, tmpl: tmpl, unscoped: unscoped}
 	if _, err := q.Render(example); err != nil {
 		return nil, err
 	}
 	return q, nil
+}
+
+// templateValues are the names a query's template may use.
+var templateValues = map[string]bool{"Namespace": true, "Name": true, "PodTemplateHash": true, "StablePodTemplateHash": true}
+
+// onlyValues refuses a template that does more than name the values: no
+// range, if, with, define, pipe or function. A template is a program; a
+// tenant's `{{ range 2000000000 }}{{ range 2000000000 }}{{ end }}{{ end }}`
+// would spin a core of the guard for ever, in the webhook that parses it and
+// in the reconciler that renders it.
+func onlyValues(tmpl *template.Template) error {
+	if len(tmpl.Templates()) > 1 {
+		return errors.New("{{ define }} and {{ block }} are not allowed")
+	}
+	if tmpl.Tree == nil || tmpl.Tree.Root == nil {
+		return nil
+	}
+	for _, n := range tmpl.Tree.Root.Nodes {
+		switch n := n.(type) {
+		case *tparse.TextNode, *tparse.CommentNode:
+		case *tparse.ActionNode:
+			if !isValueAction(n) {
+				return fmt.Errorf("%s: only {{ .Namespace }}, {{ .Name }}, {{ .PodTemplateHash }} and {{ .StablePodTemplateHash }} may be used", cutNode(n.String()))
+			}
+		default:
+			return fmt.Errorf("%s: only {{ .Namespace }}, {{ .Name }}, {{ .PodTemplateHash }} and {{ .StablePodTemplateHash }} may be used (no range, if, with or template)", cutNode(n.String()))
+		}
+	}
+	return nil
+}
+
+// isValueAction: {{ .Field }}, one of templateValues, and nothing else.
+func isValueAction(a *tparse.ActionNode) bool {
+	if a.Pipe == nil || len(a.Pipe.Decl) > 0 || len(a.Pipe.Cmds) != 1 || len(a.Pipe.Cmds[0].Args) != 1 {
+		return false
+	}
+	f, ok := a.Pipe.Cmds[0].Args[0].(*tparse.FieldNode)
+	return ok && len(f.Ident) == 1 && templateValues[f.Ident[0]]
+}
+
+// cutNode shortens a template node for an error message.
+func cutNode(s string) string {
+	if len(s) > 64 {
+		return s[:61] + "..."
+	}
+	return s
 }
 
 // String is the template as written.
