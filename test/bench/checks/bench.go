@@ -155,6 +155,7 @@ func (b *bench) measure(ctx context.Context) (results, error) {
 	}
 	res.Ledgers = ledgerSummary(runs, b.o.interval)
 	res.Reaction = rb.reactions()
+	res.Reaction.SeenRollbacks, res.Reaction.SeenFailedRuns = rb.counts()
 	return res, nil
 }
 
@@ -263,10 +264,10 @@ func (b *bench) watch(ctx context.Context, feed *feeder, rb *rollbacks) error {
 			}
 			key := d.Namespace + "/" + d.Name
 			l, _ := rollout.ReadLedger(d)
-			// The run of revision 2 as last seen: its rollback replaces
-			// it with the restored revision's (or none), so that the
-			// Deployments listed at the end no longer hold it.
-			if l.Checks != nil && l.Checks.Revision == 2 {
+			// The failed run of revision 2 as first seen: after the
+			// rollback the restored revision's run (or none) replaces it,
+			// so that the Deployments listed at the end no longer hold it.
+			if _, failed := l.Checks.FailedTime(); failed && l.Checks.Revision == 2 {
 				rb.run(key, l.Checks)
 			}
 			if l.RolledBackRevision == 2 {
@@ -418,7 +419,17 @@ func newRollbacks() *rollbacks {
 func (r *rollbacks) run(key string, c *rollout.CheckRun) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.runs[key] = c
+	if _, ok := r.runs[key]; !ok {
+		r.runs[key] = c
+	}
+}
+
+// counts are the rollbacks and failed runs the watch saw, for a reaction
+// that pairs fewer of them.
+func (r *rollbacks) counts() (rollbacks, failedRuns int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.at), len(r.runs)
 }
 
 func (r *rollbacks) seen(key string, at time.Time) {

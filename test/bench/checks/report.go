@@ -164,11 +164,14 @@ func boundCap(qps float64, span time.Duration, n int) float64 {
 // reaction is the failing revisions' time from the first failed
 // measurement to the rollback, split at the check's Failed verdict.
 type reaction struct {
-	Rollbacks int             `json:"rollbacks"`
-	Median    time.Duration   `json:"medianNs"`
-	P90       time.Duration   `json:"p90Ns"`
-	Worst     time.Duration   `json:"worstNs"`
-	All       []time.Duration `json:"allNs"`
+	Rollbacks int `json:"rollbacks"`
+	// SeenRollbacks, SeenFailedRuns: what the watch saw, paired or not.
+	SeenRollbacks  int             `json:"seenRollbacks"`
+	SeenFailedRuns int             `json:"seenFailedRuns"`
+	Median         time.Duration   `json:"medianNs"`
+	P90            time.Duration   `json:"p90Ns"`
+	Worst          time.Duration   `json:"worstNs"`
+	All            []time.Duration `json:"allNs"`
 	// ToVerdict: first failed measurement to the check's Failed verdict
 	// (the failureLimit's second measurement); VerdictToRollback the rest.
 	ToVerdictMedian         time.Duration `json:"toVerdictMedianNs"`
@@ -241,7 +244,8 @@ func printResults(w io.Writer, o options, r results) {
 	fmt.Fprintf(w, "| reconcile queue: max / mean depth; time queued p50 / p99; one reconcile p50 / p99 | %.0f / %.0f; %s / %s; %s / %s |\n",
 		r.Queue.MaxDepth, r.Queue.MeanDepth, s(r.Queue.WaitP50), s(r.Queue.WaitP99), r.Queue.WorkP50.Round(time.Millisecond), r.Queue.WorkP99.Round(time.Millisecond))
 	fmt.Fprintf(w, "| goroutines waiting in the kube client's rate limiter, over %d goroutine dumps: mean / max | %.1f / %d |\n", r.Throttled.Samples, r.Throttled.Mean(), r.Throttled.Max)
-	fmt.Fprintf(w, "| reaction over %d rollbacks, first failed measurement → rollback: p50 / p90 / worst | %s / %s / %s |\n", r.Reaction.Rollbacks, s(r.Reaction.Median), s(r.Reaction.P90), s(r.Reaction.Worst))
+	fmt.Fprintf(w, "| reaction over %d rollbacks (the watch saw %d rollbacks, %d failed runs), first failed measurement → rollback: p50 / p90 / worst | %s / %s / %s |\n",
+		r.Reaction.Rollbacks, r.Reaction.SeenRollbacks, r.Reaction.SeenFailedRuns, s(r.Reaction.Median), s(r.Reaction.P90), s(r.Reaction.Worst))
 	fmt.Fprintf(w, "| of which first failed → Failed verdict (failureLimit 1): median / worst | %s / %s |\n", s(r.Reaction.ToVerdictMedian), s(r.Reaction.ToVerdictWorst))
 	fmt.Fprintf(w, "| of which Failed verdict → rollback seen: median / worst | %s / %s |\n", s(r.Reaction.VerdictToRollbackMedian), s(r.Reaction.VerdictToRollbackWorst))
 	fmt.Fprintf(w, "| deployguard_check_rollback_reaction_seconds p50 / p90 (the guard's own) | %s / %s |\n", s(r.GuardReaction), s(r.GuardReaction90))
