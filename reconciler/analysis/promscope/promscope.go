@@ -218,10 +218,10 @@ func onlyValues(tmpl *template.Template) error {
 	if len(tmpl.Templates()) > 1 {
 		return errors.New("{{ define }} and {{ block }} are not allowed")
 	}
-	if tmpl.Tree == nil || tmpl.Tree.Root == nil {
+	if tmpl.Tree == nil || tmpl.Root == nil {
 		return nil
 	}
-	for _, n := range tmpl.Tree.Root.Nodes {
+	for _, n := range tmpl.Root.Nodes {
 		switch n := n.(type) {
 		case *tparse.TextNode, *tparse.CommentNode:
 		case *tparse.ActionNode:
