@@ -25,13 +25,14 @@ import (
 )
 
 // Querier runs one PromQL query (package prom's Client). Reserve returns 0
-// and takes a token of the guard's queries-per-second bound when a query may
-// go now, or how long to wait: a reconcile requeues rather than block a
-// worker, so that 500 rollouts at once wait their turn without holding the
-// workers the rest of the cluster needs.
+// and takes a token of the guard's queries-per-second bound when the query
+// of key (a revision's metric) may go now, or how long until its turn, which
+// is kept for key: a reconcile requeues rather than block a worker, so that
+// 500 rollouts at once wait their turn, first come first served, without
+// holding the workers the rest of the cluster needs.
 type Querier interface {
 	Query(ctx context.Context, query string, at time.Time) (analysis.Value, error)
-	Reserve() time.Duration
+	Reserve(key string) time.Duration
 }
 
 // MetricChecks turns metric checks on (DeploymentReconciler.Checks).
@@ -360,13 +361,15 @@ func (r *DeploymentReconciler) reconcileChecks(ctx context.Context, d *appsv1.De
 		m := ms[i]
 		got := Measured{Phase: analysis.PhaseError, Value: fmt.Sprint(unmeasurable), Query: m.Query.String()}
 		if unmeasurable == nil {
-			if wait := r.Checks.Prometheus.Reserve(); wait > 0 {
-				// Late, not an Error: the guard's bound on queries per second.
+			if wait := r.Checks.Prometheus.Reserve(string(newRS.UID) + "/" + m.Key()); wait > 0 {
+				// Late, not an Error: the guard's bound on queries per
+				// second. Each due metric has its turn kept (prom's turns),
+				// and the revision comes back for the first of them.
 				if again == 0 || wait < again {
 					again = wait
 				}
 				r.Metrics.checkThrottled.Inc()
-				break
+				continue
 			}
 			got = r.measure(ctx, m, vars, now)
 		}

@@ -34,7 +34,7 @@ func (p *recordingProm) Query(_ context.Context, q string, _ time.Time) (analysi
 	return analysis.Vector([]float64{0.01}), nil
 }
 
-func (p *recordingProm) Reserve() time.Duration { return 0 }
+func (p *recordingProm) Reserve(string) time.Duration { return 0 }
 
 // checksEnv is a reconciler with metric checks on a fake API server
 // holding d's namespace, d, its ReplicaSets and the checks.

@@ -30,7 +30,7 @@ type Client struct {
 	timeout  time.Duration
 	http     *http.Client
 	token    *tokenFile // nil: no Authorization header
-	limiter  *rate.Limiter
+	turns    *turns
 }
 
 // New validates cfg (zero Timeout, QPS and Burst take the defaults), reads
@@ -60,7 +60,7 @@ func New(cfg Config) (*Client, error) {
 		url:     strings.TrimRight(cfg.URL, "/"),
 		timeout: cfg.Timeout,
 		http:    &http.Client{Transport: transport},
-		limiter: rate.NewLimiter(rate.Limit(cfg.QPS), cfg.Burst),
+		turns:   newTurns(rate.NewLimiter(rate.Limit(cfg.QPS), cfg.Burst)),
 	}
 	c.endpoint = c.url + "/api/v1/query"
 	if cfg.BearerTokenFile != "" {
@@ -75,22 +75,15 @@ func New(cfg Config) (*Client, error) {
 // URL is Prometheus's base URL, for logs.
 func (c *Client) URL() string { return c.url }
 
-// Reserve takes the right to send one query now and returns 0, or returns
-// how long to wait before asking again and takes nothing. The caller (a
-// reconciler) requeues after that delay instead of blocking a worker, so a
-// cluster-wide image bump of hundreds of Deployments queues its measurements
-// rather than flooding Prometheus. Safe for concurrent use: AllowN takes a
-// token atomically and never more than Burst at once; the delay is an
-// estimate (another caller may take the next token first).
-func (c *Client) Reserve() time.Duration {
-	now := time.Now()
-	if c.limiter.AllowN(now, 1) {
-		return 0
-	}
-	missing := 1 - c.limiter.TokensAt(now)
-	d := time.Duration(missing / float64(c.limiter.Limit()) * float64(time.Second))
-	// Never 0, which means "go now".
-	return max(d, time.Millisecond)
+// Reserve takes the right to send one query now for the caller key (a
+// revision's metric) and returns 0, or returns how long until its turn.
+// The caller (a reconciler) requeues after that delay instead of blocking a
+// worker, so that a cluster-wide image bump of hundreds of Deployments
+// queues its measurements rather than flooding Prometheus; it comes back
+// with the same key, and its turn is kept for it (turns). Safe for
+// concurrent use.
+func (c *Client) Reserve(key string) time.Duration {
+	return c.turns.take(key, time.Now())
 }
 
 // Query evaluates query at the instant at (Prometheus's now when at is zero),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 
 	"github.com/deployguard/deployguard/reconciler/analysis"
 )
@@ -260,12 +262,14 @@ func TestNewRefusesBadFiles(t *testing.T) {
 func TestReserve(t *testing.T) {
 	c, err := New(Config{URL: "http://p", QPS: 1, Burst: 1})
 	require.NoError(t, err)
-	assert.Equal(t, time.Duration(0), c.Reserve(), "the first query may go")
-	d := c.Reserve()
+	assert.Equal(t, time.Duration(0), c.Reserve("a"), "the first query may go")
+	d := c.Reserve("b")
 	assert.Greater(t, d, time.Duration(0))
 	assert.LessOrEqual(t, d, time.Second)
-	// Asking again took nothing: the delay is not pushed further out.
-	assert.LessOrEqual(t, c.Reserve(), d)
+	// Asking again keeps b's turn: the delay is not pushed further out.
+	assert.LessOrEqual(t, c.Reserve("b"), d)
+	// c comes after b.
+	assert.Greater(t, c.Reserve("c"), d)
 }
 
 // Under concurrency no more than Burst queries go at once.
@@ -275,9 +279,9 @@ func TestReserveConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	zeros := 0
-	for range 100 {
+	for i := range 100 {
 		wg.Go(func() {
-			if c.Reserve() == 0 {
+			if c.Reserve(fmt.Sprint(i)) == 0 {
 				mu.Lock()
 				zeros++
 				mu.Unlock()
@@ -288,6 +292,39 @@ func TestReserveConcurrent(t *testing.T) {
 	assert.Equal(t, 5, zeros)
 }
 
+// Callers waiting at once are served in the order they asked, each once
+// its turn comes, and a turn is claimed once.
+func TestTurnsFirstComeFirstServed(t *testing.T) {
+	t0 := time.Now()
+	tu := newTurns(rate.NewLimiter(10, 1)) // a token every 100ms
+	assert.Zero(t, tu.take("first", t0), "the burst")
+	var due []time.Duration
+	for _, k := range []string{"a", "b", "c"} {
+		due = append(due, tu.take(k, t0))
+	}
+	assert.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}, due)
+	assert.Equal(t, 3, tu.len())
+	// Asking early takes nothing and keeps the place in the queue.
+	assert.Equal(t, 150*time.Millisecond, tu.take("b", t0.Add(50*time.Millisecond)))
+	assert.Zero(t, tu.take("b", t0.Add(200*time.Millisecond)), "b's turn")
+	assert.Equal(t, 2, tu.len(), "claimed, forgotten")
+	// A new caller queues after c, not before it: c's token is kept for c.
+	assert.Equal(t, 200*time.Millisecond, tu.take("d", t0.Add(200*time.Millisecond)))
+	assert.Zero(t, tu.take("a", t0.Add(300*time.Millisecond)))
+	assert.Zero(t, tu.take("c", t0.Add(300*time.Millisecond)))
+}
+
+// A turn never claimed is forgotten a minute after it came.
+func TestTurnsForgetsUnclaimed(t *testing.T) {
+	t0 := time.Now()
+	tu := newTurns(rate.NewLimiter(1, 1))
+	tu.take("burst", t0)
+	tu.take("gone", t0) // due at t0+1s, never claimed
+	assert.Equal(t, 1, tu.len())
+	tu.take("later", t0.Add(2*time.Minute)) // the burst refilled: goes at once
+	tu.take("waits", t0.Add(2*time.Minute))
+	assert.Equal(t, 1, tu.len(), "gone is forgotten, waits kept")
+}
 func TestURL(t *testing.T) {
 	c, err := New(Config{URL: "https://mon.example/prometheus/"})
 	require.NoError(t, err)
