@@ -435,7 +435,8 @@ func (r *DeploymentReconciler) tellInvalid(d *appsv1.Deployment, newRS *appsv1.R
 // no longer selecting, its revision decided) is forgotten, and past
 // maxTold entries the longest unseen go first.
 type invalidTold struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// seen is when each problem was told.
 	seen map[toldKey]time.Time
 }
 
@@ -454,39 +455,30 @@ const (
 	maxTold = 4096
 )
 
-// first reports whether k is news, and remembers it as seen now.
+// first reports whether k is to be told now, and remembers when it was:
+// news, or told longer ago than its Event lives (a revision baking for hours
+// is told again once its Event expired). Past maxTold problems told within
+// the hour, a new one is not told (its measurements say so in the logs and
+// metrics): evicting another to make room would tell that one on every pass.
 func (t *invalidTold) first(k toldKey, now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.seen == nil {
 		t.seen = map[toldKey]time.Time{}
 	}
-	if last, ok := t.seen[k]; ok && now.Sub(last) <= forgetToldAfter {
-		t.seen[k] = now
+	if told, ok := t.seen[k]; ok && now.Sub(told) <= forgetToldAfter {
 		return false
 	}
-	for old, last := range t.seen {
-		if now.Sub(last) > forgetToldAfter {
+	for old, told := range t.seen {
+		if now.Sub(told) > forgetToldAfter {
 			delete(t.seen, old)
 		}
 	}
-	for len(t.seen) >= maxTold {
-		delete(t.seen, longestUnseen(t.seen))
+	if len(t.seen) >= maxTold {
+		return false
 	}
 	t.seen[k] = now
 	return true
-}
-
-// longestUnseen is the key seen longest ago.
-func longestUnseen(seen map[toldKey]time.Time) toldKey {
-	var oldest toldKey
-	var at time.Time
-	for k, last := range seen {
-		if at.IsZero() || last.Before(at) {
-			oldest, at = k, last
-		}
-	}
-	return oldest
 }
 
 // tellVerdict says a metric's verdict in an Event and a metric.

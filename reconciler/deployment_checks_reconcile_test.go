@@ -168,23 +168,25 @@ func TestInvalidCheckIsToldOnce(t *testing.T) {
 	}
 }
 
-// TestInvalidToldIsBounded: the memo of what was told keeps at most maxTold
-// entries, dropping the longest unseen, and forgets what no pass saw for
-// forgetToldAfter.
+// TestInvalidToldIsBounded: a problem is told once per forgetToldAfter (the
+// Event's life), however often it is seen; the memo keeps at most maxTold
+// problems told within that time, and past it tells nothing new rather than
+// evict one (which would then be told on every pass).
 func TestInvalidToldIsBounded(t *testing.T) {
 	var told invalidTold
 	key := func(i int) toldKey { return toldKey{check: "c", generation: int64(i), replicaSet: "rs"} }
-	for i := range maxTold + 10 {
+	for i := range maxTold {
 		require.True(t, told.first(key(i), t0.Add(time.Duration(i)*time.Millisecond)))
 	}
-	assert.Equal(t, maxTold, len(told.seen))
 	now := t0.Add(time.Minute)
-	assert.True(t, told.first(key(0), now), "the longest unseen was dropped: told again")
-	assert.False(t, told.first(key(maxTold+9), now), "the newest is remembered")
+	assert.False(t, told.first(key(maxTold), now), "full: not told")
+	assert.False(t, told.first(key(0), now), "told a minute ago")
 	assert.Equal(t, maxTold, len(told.seen))
 
-	assert.True(t, told.first(key(1), now.Add(forgetToldAfter+time.Millisecond)))
-	assert.Equal(t, 1, len(told.seen), "entries unseen for an hour are forgotten")
+	later := t0.Add(forgetToldAfter + 5*time.Second)
+	assert.True(t, told.first(key(0), later), "its Event expired: told again, though seen all along")
+	assert.True(t, told.first(key(maxTold), later), "room again")
+	assert.Equal(t, 2, len(told.seen), "problems told over an hour ago are forgotten")
 }
 
 func TestRevisionHash(t *testing.T) {
