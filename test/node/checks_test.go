@@ -216,6 +216,16 @@ func waitNote(t *testing.T, ns, reason string, parts ...string) string {
 	return found
 }
 
+// newHealthyRevision rolls ns/name out to a healthy revision 2 of the same
+// image, as `kubectl set env` does. Not the v2 tag: a pull of it here would
+// leave it on the node, and TestRegistryOutageIsWaitedOut, later in the
+// tier, needs a pull of v2 to meet its stopped registry.
+func newHealthyRevision(ctx context.Context, t *testing.T, ns, name string) {
+	t.Helper()
+	r := kubectl(ctx, "set", "env", "-n", ns, "deploy/"+name, "APP_VERSION=v1-revision-2")
+	require.Zero(t, r.Code, r.String())
+}
+
 // webService makes the Service of the app ns/web and returns its ClusterIP.
 func webService(ctx context.Context, t *testing.T, ns string) string {
 	t.Helper()
@@ -375,7 +385,7 @@ func degradesAfterTheBakeWindow(ctx context.Context, t *testing.T, prom *harness
 // nothing is rolled back, and the revision is known-good after its bake.
 func noTrafficIsInconclusive(ctx context.Context, t *testing.T, ns string) {
 	deployGood(ctx, t, ns, "web", oneAtATime)
-	setImage(ctx, t, ns, "web", "v2")
+	newHealthyRevision(ctx, t, ns, "web")
 	note := waitNote(t, ns, vocab.ReasonCheckInconclusive, "Revision 2 ")
 	assert.Contains(t, note, fmt.Sprintf("inconclusiveLimit (%d)", checkInconclusiveLimit))
 	completesWithoutRollback(ctx, t, ns, "web", "with no traffic")
@@ -417,7 +427,7 @@ func tenantQueryReadsOnlyItsNamespace(ctx context.Context, t *testing.T, cc clie
 	assert.Contains(t, err.Error(), "spec.metrics[0].query")
 
 	serving(ctx, t, ns, oneAtATime)
-	setImage(ctx, t, ns, "web", "v2")
+	newHealthyRevision(ctx, t, ns, "web")
 	completesWithoutRollback(ctx, t, ns, "web", "under the tenant's check")
 	d, err := get(ctx, ns, "web")
 	require.NoError(t, err)

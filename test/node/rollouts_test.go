@@ -175,6 +175,8 @@ func logEvidence(ctx context.Context, t *testing.T, ns string) {
 // The registry stopped for a minute while a rollout pulls: connection
 // refused is transient, so the guard waits, and the rollout completes once
 // the registry is back. Alone: the other tests' pulls need the registry.
+// No test before it may pull the v2 tag: on the node, it would not be
+// pulled again.
 func TestRegistryOutageIsWaitedOut(t *testing.T) {
 	ctx := context.Background()
 	ns := harness.NewNamespace(t, cl)
