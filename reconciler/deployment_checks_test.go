@@ -190,3 +190,35 @@ func TestMeasureWithoutBaselineIsInconclusive(t *testing.T) {
 	assert.Equal(t, analysis.PhaseInconclusive, got.Phase)
 	assert.Contains(t, got.Value, "there is none")
 }
+
+// The check reaction metric counts only rollbacks a check's failure caused:
+// not a deadline or fail-fast that overtook a check still measuring.
+func TestCheckFailedFirst(t *testing.T) {
+	first := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web"}}
+	rollout.SetLedger(&d.Status, rollout.Ledger{Checks: &rollout.CheckRun{
+		ReplicaSet: "web-2", Revision: 2, Evidence: "metric check x failed", FirstFailed: first.Format(time.RFC3339),
+	}}, first)
+	newRS := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-2"}}
+	decided := func(msg string, rev int64) Decision {
+		return Decision{NewRS: newRS, FailedRevision: rev, Deadline: &appsv1.DeploymentCondition{Message: msg}}
+	}
+	for _, tc := range []struct {
+		name string
+		dec  Decision
+		want bool
+	}{
+		{name: "the check's failure", dec: decided(DeclaredFailureMessage("web-2", "metric check x failed"), 2), want: true},
+		{name: "upstream's deadline", dec: decided(`ReplicaSet "web-2" has timed out progressing.`, 2)},
+		{name: "fail-fast's declaration", dec: decided(DeclaredFailureMessage("web-2", "2/2 new pods CrashLoopBackOff"), 2)},
+		{name: "another revision", dec: decided(DeclaredFailureMessage("web-2", "metric check x failed"), 3)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			at, ok := checkFailedFirst(d, tc.dec)
+			assert.Equal(t, tc.want, ok)
+			if tc.want {
+				assert.Equal(t, first, at)
+			}
+		})
+	}
+}
