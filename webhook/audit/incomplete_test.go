@@ -109,6 +109,8 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 				if tt.stored != nil {
 					api = api.WithObjects(tt.stored)
 				}
+				// A partial pass reads the Deployment (GET), a full pass
+				// lists the API server's (one page here): one read each.
 				reads := 0
 				api = api.WithInterceptorFuncs(interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 					reads++
@@ -116,6 +118,12 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 						return tt.readErr
 					}
 					return c.Get(ctx, key, obj, opts...)
+				}, List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+					reads++
+					if tt.readErr != nil {
+						return tt.readErr
+					}
+					return c.List(ctx, list, opts...)
 				}})
 				r := &Runner{Client: cached, APIReader: api.Build(), Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
 					Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{}}

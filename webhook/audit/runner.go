@@ -50,8 +50,10 @@ type Runner struct {
 	Client client.Client // reads from the cache, writes to the API server
 	// APIReader reads from the API server a Deployment whose cached copy
 	// lacks what a policy may read (rollout.Incomplete: its pod template, or
-	// annotations the cache trimmed), at the audit's rate. Nil judges the
-	// cached copy as it is: a cache without the guard's transform.
+	// annotations the cache trimmed), at the audit's rate: a full pass lists
+	// them in pages (it needs list on Deployments cluster-wide, as the cache
+	// does), other passes get each. Nil judges the cached copy as it is: a
+	// cache without the guard's transform.
 	APIReader client.Reader
 	Cache     cache.Cache
 	Evaluator *Evaluator
@@ -524,45 +526,11 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 		// A full pass looks for the report CRD again: it may have been
 		// installed since it was found missing.
 		r.missing.Store(false)
-		// Taken before the list: a set loaded during the pass is newer than
-		// some results, and its change is waiting to refresh them.
-		set := r.Evaluator.active()
-		var list appsv1.DeploymentList
-		if err := r.Client.List(ctx, &list); err != nil {
-			return fmt.Errorf("listing Deployments: %w", err)
+		m, err := r.evaluateAll(ctx, limiter, touched, failed)
+		n += m
+		if err != nil {
+			return err
 		}
-		for ns := range r.known {
-			touched[ns] = true // emptied namespaces lose their report
-		}
-		// Built aside and swapped in once complete: a pass that stops
-		// half-way leaves the previous results whole.
-		known := map[string]map[string]entry{}
-		for i := range list.Items {
-			if d := &list.Items[i]; !r.ignored(d.Namespace) {
-				if err := limiter.Wait(ctx); err != nil {
-					return err
-				}
-				key := client.ObjectKeyFromObject(d)
-				d, err := r.whole(ctx, d)
-				switch {
-				case err != nil && ctx.Err() != nil:
-					return ctx.Err()
-				case err != nil:
-					// Its previous results stand until it is read.
-					if e, ok := r.known[key.Namespace][key.Name]; ok {
-						put(known, key, e)
-					}
-					failed(key, err)
-					continue
-				case d == nil:
-					continue
-				}
-				put(known, key, newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true)))
-				touched[d.Namespace] = true
-				n++
-			}
-		}
-		r.known, r.judgedWith = known, digests(set)
 	case policies:
 		scope = "policies"
 		m, err := r.refreshPolicies(ctx, limiter, dirty, touched, failed)
@@ -619,6 +587,70 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 	}
 	r.Log.V(1).Info("audit pass", "deployments", n, "namespaces", len(touched), "scope", scope, "duration", time.Since(start))
 	return errors.Join(errs...)
+}
+
+// evaluateAll judges every Deployment the cache lists, outside the ignored
+// namespaces, whole and with the active set, and swaps the results in only
+// once it is through: a pass that stops half-way leaves the previous results
+// whole. A copy the cache keeps whole is judged as it is; the others (all of
+// them under the guard's transform) are read from the API server in pages,
+// not one GET each, so that audit.rate, not the reader's request rate, sets
+// the pace. One the API server no longer lists is not judged; one it could
+// not list keeps its previous results and is handed to failed.
+func (r *Runner) evaluateAll(ctx context.Context, limiter *rate.Limiter, touched map[string]bool, failed func(client.ObjectKey, error)) (int, error) {
+	// Taken before the list: a set loaded during the pass is newer than
+	// some results, and its change is waiting to refresh them.
+	set := r.Evaluator.active()
+	var list appsv1.DeploymentList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("listing Deployments: %w", err)
+	}
+	for ns := range r.known {
+		touched[ns] = true // emptied namespaces lose their report
+	}
+	known := map[string]map[string]entry{}
+	n := 0
+	judge := func(d *appsv1.Deployment) error {
+		if err := limiter.Wait(ctx); err != nil {
+			return err
+		}
+		put(known, client.ObjectKeyFromObject(d), newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true)))
+		touched[d.Namespace] = true
+		n++
+		return nil
+	}
+	want := map[client.ObjectKey]bool{} // to be read whole
+	for i := range list.Items {
+		d := &list.Items[i]
+		switch {
+		case r.ignored(d.Namespace):
+		case r.APIReader != nil && rollout.Incomplete(d):
+			want[client.ObjectKeyFromObject(d)] = true
+		default:
+			if err := judge(d); err != nil {
+				return n, err
+			}
+		}
+	}
+	listErr, err := pages{reader: r.APIReader, size: pageSize}.each(ctx, want, judge)
+	switch {
+	case err != nil:
+		return n, err
+	case listErr != nil && ctx.Err() != nil:
+		return n, ctx.Err()
+	case listErr != nil:
+		// In the cache's order, so that the log names the same first one.
+		for i := range list.Items {
+			if key := client.ObjectKeyFromObject(&list.Items[i]); want[key] {
+				if e, ok := r.known[key.Namespace][key.Name]; ok {
+					put(known, key, e)
+				}
+				failed(key, listErr)
+			}
+		}
+	}
+	r.known, r.judgedWith = known, digests(set)
+	return n, nil
 }
 
 // markUnread marks the Deployments a pass could not read to be audited

@@ -42,7 +42,9 @@ deny contains "needs an owner label" if {
 // fails to return, in any pass, keeps its previous results, and every other
 // Deployment keeps or gets its own: the reports and the results metric lose
 // nothing. It is marked to be audited again, and the next pass reads it
-// and reports what it is now.
+// and reports what it is now. A full pass reads in pages: the API server
+// failing the list leaves every Deployment of the page unread, each with its
+// previous results.
 func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
 	scheme := runtime.NewScheme()
 	require.NoError(t, appsv1.AddToScheme(scheme))
@@ -67,8 +69,11 @@ func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
 		shopFails, shopFailsAfter   int64
 		toolsFails                  int64
 		ownerFails, ownerFailsAfter float64
+		// unread: marked to be audited again; nil: api alone.
+		unread []client.ObjectKey
 	}{
-		{name: "the period's full pass", dirty: map[client.ObjectKey]bool{{}: true}, shopFails: 1, toolsFails: 1},
+		{name: "the period's full pass (its one page fails)", dirty: map[client.ObjectKey]bool{{}: true}, shopFails: 1, toolsFails: 1,
+			unread: []client.ObjectKey{{Namespace: "shop", Name: "web"}, apiKey, {Namespace: "shop", Name: "db"}, {Namespace: "tools", Name: "ci"}}},
 		{name: "a partial pass (the Deployment changed)", dirty: map[client.ObjectKey]bool{apiKey: true}, shopFails: 1, toolsFails: 1},
 		// api keeps its old results (no owner result yet); web, db and
 		// tools/ci are judged by the new policy. The retry judges api whole.
@@ -106,6 +111,13 @@ func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
 					}
 				}
 				return c.Get(ctx, key, obj, opts...)
+			}, List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+				// One page, which holds api.
+				apiReads.Add(1)
+				if failing.Load() {
+					return errors.New("http2: client connection lost")
+				}
+				return c.List(ctx, list, opts...)
 			}}).Build()
 			am, err := NewMetrics(prometheus.NewRegistry())
 			require.NoError(t, err)
@@ -144,8 +156,15 @@ func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
 			assert.Equal(t, tt.toolsFails, summary("tools")["fail"])
 			assert.Equal(t, 2.0, fails("deployguard.notes"), "the results metric keeps every Deployment's")
 			assert.Equal(t, tt.ownerFails, fails("deployguard.owner"))
-			assert.Equal(t, map[client.ObjectKey]bool{apiKey: true}, r.dirty, "api is marked to be audited again")
-			assert.Equal(t, 1, r.unread)
+			unread := map[client.ObjectKey]bool{apiKey: true}
+			if tt.unread != nil {
+				unread = map[client.ObjectKey]bool{}
+				for _, key := range tt.unread {
+					unread[key] = true
+				}
+			}
+			assert.Equal(t, unread, r.dirty, "what was not read is marked to be audited again")
+			assert.Equal(t, len(unread), r.unread)
 
 			// api is fixed meanwhile, and the API server answers again: the
 			// next pass (the run loop takes what is marked) reads it and

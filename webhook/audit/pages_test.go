@@ -1,0 +1,360 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/deployguard/deployguard/policy"
+	"github.com/deployguard/deployguard/webhook/review"
+)
+
+// pagedLists lists Deployments as the API server does, in pages of the
+// Limit asked for, ordered by namespace and name (the fake client ignores
+// Limit and Continue); its continue token is the offset. fault, when set,
+// may fail the nth List (from 1), given its token.
+type pagedLists struct {
+	calls, gets int
+	fault       func(call int, token string) error
+}
+
+func (p *pagedLists) funcs() interceptor.Funcs {
+	return interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			page, ok := list.(*appsv1.DeploymentList)
+			if !ok {
+				return c.List(ctx, list, opts...)
+			}
+			p.calls++
+			o := (&client.ListOptions{}).ApplyOptions(opts)
+			if p.fault != nil {
+				if err := p.fault(p.calls, o.Continue); err != nil {
+					return err
+				}
+			}
+			var all appsv1.DeploymentList
+			if err := c.List(ctx, &all, client.InNamespace(o.Namespace)); err != nil {
+				return err
+			}
+			slices.SortFunc(all.Items, func(a, b appsv1.Deployment) int {
+				return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+			})
+			start := 0
+			if o.Continue != "" {
+				start, _ = strconv.Atoi(o.Continue)
+			}
+			end := len(all.Items)
+			page.ListMeta = all.ListMeta
+			page.Continue = ""
+			if o.Limit > 0 && start+int(o.Limit) < end {
+				end = start + int(o.Limit)
+				page.Continue = strconv.Itoa(end)
+			}
+			page.Items = all.Items[start:end]
+			return nil
+		},
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			p.gets++
+			return c.Get(ctx, key, obj, opts...)
+		},
+	}
+}
+
+// expired is the API server's answer to a continue token whose revision it
+// compacted.
+var expired = apierrors.NewResourceExpired("The provided continue parameter is too old to display a consistent list result.")
+
+// TestPagesEach: each hands over every wanted Deployment the API server
+// lists, once, a page at a time, and says what it could not read.
+func TestPagesEach(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	key := func(s string) client.ObjectKey {
+		ns, name, _ := strings.Cut(s, "/")
+		return client.ObjectKey{Namespace: ns, Name: name}
+	}
+	// Pages of two: a/1 a/2 | a/3 b/1 | b/2.
+	stored := []string{"a/1", "a/2", "a/3", "b/1", "b/2"}
+	errStop := errors.New("stopped")
+	tests := []struct {
+		name   string
+		want   []string
+		fault  func(call int, token string) error
+		stopAt string // fn fails on this one
+		handed []string
+		left   []string // not handed over
+		lists  int
+		// listErr: the API server could not list what is left; else what
+		// is left is gone.
+		listErr func(error) bool
+		err     error
+	}{
+		{name: "every wanted one once, in pages", want: []string{"a/1", "a/3", "b/2"},
+			handed: []string{"a/1", "a/3", "b/2"}, lists: 3},
+		{name: "listing stops once every wanted one is read", want: []string{"a/2"},
+			handed: []string{"a/2"}, lists: 1},
+		{name: "one the API server does not list is left, gone", want: []string{"a/2", "c/9"},
+			handed: []string{"a/2"}, left: []string{"c/9"}, lists: 3},
+		{name: "nothing wanted: no request", lists: 0},
+		{name: "an expired token restarts the listing without it, handing none twice", want: stored,
+			fault: func(call int, token string) error {
+				if call == 2 {
+					return expired
+				}
+				return nil
+			},
+			handed: stored, lists: 5},
+		{name: "a token that keeps expiring: restarted once, then what is left is not read", want: stored,
+			fault: func(_ int, token string) error {
+				if token != "" {
+					return expired
+				}
+				return nil
+			},
+			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 4, listErr: apierrors.IsResourceExpired},
+		{name: "a List error: what is left is not read", want: stored,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return errors.New("connection refused")
+				}
+				return nil
+			},
+			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 2,
+			listErr: func(err error) bool { return strings.Contains(err.Error(), "connection refused") }},
+		{name: "fn's error stops the listing", want: stored, stopAt: "a/2",
+			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 1, err: errStop},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := fake.NewClientBuilder().WithScheme(scheme)
+			for _, s := range stored {
+				k := key(s)
+				b = b.WithObjects(sound(func(d *appsv1.Deployment) { d.Namespace, d.Name = k.Namespace, k.Name }))
+			}
+			lists := &pagedLists{fault: tt.fault}
+			want := map[client.ObjectKey]bool{}
+			for _, s := range tt.want {
+				want[key(s)] = true
+			}
+			var handed []string
+			listErr, err := pages{reader: b.WithInterceptorFuncs(lists.funcs()).Build(), size: 2}.each(context.Background(), want,
+				func(d *appsv1.Deployment) error {
+					handed = append(handed, d.Namespace+"/"+d.Name)
+					assert.NotEmpty(t, d.Spec.Template.Spec.Containers, "whole")
+					if d.Namespace+"/"+d.Name == tt.stopAt {
+						return errStop
+					}
+					return nil
+				})
+			assert.Equal(t, tt.handed, handed)
+			left := map[client.ObjectKey]bool{}
+			for _, s := range tt.left {
+				left[key(s)] = true
+			}
+			assert.Equal(t, left, want, "left in want")
+			assert.Equal(t, tt.lists, lists.calls, "List requests")
+			assert.Zero(t, lists.gets, "no GET")
+			assert.ErrorIs(t, err, tt.err)
+			if tt.listErr == nil {
+				assert.NoError(t, listErr)
+			} else if assert.Error(t, listErr) {
+				assert.True(t, tt.listErr(listErr), listErr.Error())
+			}
+		})
+	}
+}
+
+// TestRestart: only an expired continue token, after progress, lists again.
+func TestRestart(t *testing.T) {
+	// What API servers before ResourceExpired answered (NewGone, deprecated).
+	gone := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusGone,
+		Reason: metav1.StatusReasonGone, Message: "too old"}}
+	tests := []struct {
+		name     string
+		err      error
+		token    string
+		progress bool
+		want     bool
+	}{
+		{name: "expired after progress", err: expired, token: "t", progress: true, want: true},
+		{name: "gone after progress", err: gone, token: "t", progress: true, want: true},
+		{name: "expired without progress would expire again", err: expired, token: "t"},
+		{name: "expired without a token is no token's fault", err: expired, progress: true},
+		{name: "another error", err: errors.New("connection refused"), token: "t", progress: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, restart(tt.err, tt.token, tt.progress))
+		})
+	}
+}
+
+// TestAuditFullPassReadsInPages: a full pass over 1,050 Deployments the
+// cache keeps without their templates judges every one whole from 3 Lists of
+// the API server (500 each), not 1,050 GETs, spending one audit.rate token
+// on each and none twice: a List restarted after an expired continue token
+// judges none again. One the API server does not list is not judged; when
+// it fails the listing, what it did not list keeps its previous results and
+// is read again.
+func TestAuditFullPassReadsInPages(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	// Sorted, the API server's 1,071 fill three pages:
+	//   1: kube-system d-000..d-019, shop d-000..d-479
+	//   2: shop d-480..d-599, tools d-000..d-379
+	//   3: tools d-380..d-449, tools/new
+	// The cache also lists shop/gone (deleted, not yet delivered) and not
+	// tools/new (created, not yet delivered); kube-system is ignored.
+	counts := map[string]int{"kube-system": 20, "shop": 600, "tools": 450}
+	const judged, firstPage = 1050, 480
+	deployment := func(ns, name, image string) *appsv1.Deployment {
+		return sound(func(d *appsv1.Deployment) {
+			d.Namespace, d.Name = ns, name
+			d.Spec.Template.Spec.Containers[0].Image = image
+		})
+	}
+	onPage1 := func(key client.ObjectKey) bool {
+		return key.Namespace == "shop" && key.Name < fmt.Sprintf("d-%03d", firstPage)
+	}
+	everyPage := func(client.ObjectKey) bool { return true }
+	tests := []struct {
+		name  string
+		fault func(call int, token string) error
+		lists int
+		// anew: judged in the second pass; the others keep the first
+		// pass's results and are marked unread (shop/gone too, unless the
+		// listing was complete).
+		anew func(client.ObjectKey) bool
+	}{
+		{name: "every page read", lists: 3, anew: everyPage},
+		{name: "an expired token on the second page: listed again, none judged twice", lists: 5, anew: everyPage,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return expired
+				}
+				return nil
+			}},
+		{name: "a token that keeps expiring: the first page judged, the rest read again later", lists: 4, anew: onPage1,
+			fault: func(_ int, token string) error {
+				if token != "" {
+					return expired
+				}
+				return nil
+			}},
+		{name: "a List error on the second page: the first page judged, the rest read again later", lists: 2, anew: onPage1,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return errors.New("http2: client connection lost")
+				}
+				return nil
+			}},
+		{name: "the first List fails: every Deployment keeps its results", lists: 1, anew: func(client.ObjectKey) bool { return false },
+			fault: func(int, string) error { return errors.New("http2: client connection lost") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			eng, err := policy.New(policy.Options{})
+			require.NoError(t, err)
+			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
+			cb := fake.NewClientBuilder().WithScheme(scheme)
+			ab := fake.NewClientBuilder().WithScheme(scheme)
+			for ns, n := range counts {
+				for i := range n {
+					d := deployment(ns, fmt.Sprintf("d-%03d", i), "web:1.0")
+					cb = cb.WithObjects(cachedCopy(d))
+					ab = ab.WithObjects(d)
+				}
+			}
+			cb = cb.WithObjects(cachedCopy(deployment("shop", "gone", "web:latest")))
+			ab = ab.WithObjects(deployment("tools", "new", "web:latest"))
+			lists := &pagedLists{}
+			api := ab.WithInterceptorFuncs(lists.funcs()).Build()
+			r := &Runner{Client: cb.Build(), APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
+				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}}, Log: logr.Discard(), Now: time.Now,
+				known: map[string]map[string]entry{}}
+			// audit.rate's tokens, no more: one Deployment judged twice
+			// would fail the pass.
+			limiter := rate.NewLimiter(0, judged)
+			require.NoError(t, r.pass(ctx, limiter, map[client.ObjectKey]bool{{}: true}, false), "the first full pass")
+			assert.Equal(t, 3, lists.calls, "3 Lists of 500")
+			assert.Zero(t, lists.gets, "no GET")
+			assert.Zero(t, limiter.Tokens(), "one token per Deployment judged")
+			assert.Equal(t, map[string]int{"shop": 600, "tools": 450}, sizes(r.known), "shop/gone and tools/new not judged")
+			previous := r.known
+
+			// Every image turns latest, which only the template the cache
+			// strips shows; then the second pass meets the case's fault.
+			var all appsv1.DeploymentList
+			require.NoError(t, api.List(ctx, &all))
+			for i := range all.Items {
+				d := &all.Items[i]
+				d.Spec.Template.Spec.Containers[0].Image = "web:latest"
+				require.NoError(t, api.Update(ctx, d))
+			}
+			anew := 0
+			for ns, n := range counts {
+				for i := range n {
+					if key := (client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("d-%03d", i)}); ns != "kube-system" && tt.anew(key) {
+						anew++
+					}
+				}
+			}
+			*lists = pagedLists{fault: tt.fault}
+			limiter = rate.NewLimiter(0, anew)
+			require.NoError(t, r.pass(ctx, limiter, map[client.ObjectKey]bool{{}: true}, false))
+			assert.Equal(t, tt.lists, lists.calls, "List requests")
+			assert.Zero(t, lists.gets, "no GET")
+			assert.Zero(t, limiter.Tokens(), "one token per Deployment judged, none twice")
+			assert.Equal(t, map[string]int{"shop": 600, "tools": 450}, sizes(r.known), "no Deployment lost its results")
+			unread := map[client.ObjectKey]bool{}
+			for ns, byName := range r.known {
+				for name, e := range byName {
+					key := client.ObjectKey{Namespace: ns, Name: name}
+					if tt.anew(key) {
+						assert.Len(t, resultsOf(e, "deployguard.notes"), 1, "%s judged whole anew: its latest image fails", key)
+						continue
+					}
+					assert.Equal(t, previous[ns][name], e, "%s keeps its previous results", key)
+					unread[key] = true
+				}
+			}
+			if anew < judged {
+				unread[client.ObjectKey{Namespace: "shop", Name: "gone"}] = true
+			}
+			assert.Equal(t, len(unread), r.unread)
+			if len(unread) == 0 {
+				unread = nil
+			}
+			assert.Equal(t, unread, r.dirty, "what was not read is read again")
+		})
+	}
+}
+
+// sizes counts the Deployments known in each namespace.
+func sizes(known map[string]map[string]entry) map[string]int {
+	out := map[string]int{}
+	for ns, byName := range known {
+		out[ns] = len(byName)
+	}
+	return out
+}
