@@ -108,15 +108,55 @@ func servedReplicaSet(d *appsv1.Deployment, rev int) *appsv1.ReplicaSet {
 
 // BenchmarkCacheCostPerDeployment measures the heap the informers keep for
 // one Deployment and its 3 ReplicaSets of a large cluster (servedDeployment),
-// as they get them: decoded from protobuf, then StripForCache, one after the
-// other. Per Deployment, its ReplicaSets included: retained-B/op is the
-// bytes of the objects kept (HeapAlloc after a collection), inuse-B/op the
-// heap in use they cost (HeapInuse): spans stay in use for any object they
-// hold, and the kept objects are spread among the decoder's garbage. Run with
-// the deployed GOGC=400 and -benchtime 20000x or more for a stable figure;
-// CACHE_COST_PROFILE=FILE writes a heap profile of what is kept:
+// as they get them: decoded from protobuf, then transformed, one after the
+// other, with each lever of the cache transform:
+//   - none: the objects as served;
+//   - managed-fields: managedFields dropped (controller-runtime's default);
+//   - strip: StripForCache, what the guard runs;
+//   - strip+rs-metadata: StripForCache, then each ReplicaSet kept as
+//     PartialObjectMetadata, as a metadata-only informer would keep it (not
+//     built: the reconciler reads a ReplicaSet's template hash).
+//
+// Per Deployment, its ReplicaSets included: retained-B/op is the bytes of
+// the objects kept (HeapAlloc after a collection), inuse-B/op the heap in
+// use they cost (HeapInuse): a span stays in use for any object it holds,
+// and the kept objects are spread among the decoder's garbage, the more so
+// the fewer the collections. Run with the deployed GOGC=400 and 20,000 or
+// more for a stable figure; CACHE_COST_PROFILE=FILE writes a heap profile of
+// what one lever keeps:
 // GOGC=400 go test -run XXX -bench CacheCostPerDeployment -benchtime 20000x ./reconciler/
 func BenchmarkCacheCostPerDeployment(b *testing.B) {
+	noManagedFields := func(o any) any {
+		o.(metav1.Object).SetManagedFields(nil)
+		return o
+	}
+	strip := func(o any) any {
+		s, _ := StripForCache(o)
+		return s
+	}
+	levers := []struct {
+		name      string
+		transform func(any) any
+	}{
+		{"none", func(o any) any { return o }},
+		{"managed-fields", noManagedFields},
+		{"strip", strip},
+		{"strip+rs-metadata", func(o any) any {
+			o = strip(o)
+			if rs, ok := o.(*appsv1.ReplicaSet); ok {
+				return &metav1.PartialObjectMetadata{TypeMeta: rs.TypeMeta, ObjectMeta: rs.ObjectMeta}
+			}
+			return o
+		}},
+	}
+	for _, l := range levers {
+		b.Run(l.name, func(b *testing.B) { cacheCost(b, l.transform) })
+	}
+}
+
+// cacheCost keeps b.N Deployments and their ReplicaSets, decoded and
+// transformed, and reports what they cost (BenchmarkCacheCostPerDeployment).
+func cacheCost(b *testing.B, transform func(any) any) {
 	type served struct {
 		d   []byte
 		rss [][]byte
@@ -147,15 +187,13 @@ func BenchmarkCacheCostPerDeployment(b *testing.B) {
 		if err := d.Unmarshal(in[i].d); err != nil {
 			b.Fatal(err)
 		}
-		s, _ := StripForCache(d)
-		kept = append(kept, s)
+		kept = append(kept, transform(d))
 		for _, raw := range in[i].rss {
 			rs := &appsv1.ReplicaSet{}
 			if err := rs.Unmarshal(raw); err != nil {
 				b.Fatal(err)
 			}
-			s, _ := StripForCache(rs)
-			kept = append(kept, s)
+			kept = append(kept, transform(rs))
 		}
 	}
 	b.StopTimer()
@@ -164,9 +202,12 @@ func BenchmarkCacheCostPerDeployment(b *testing.B) {
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "retained-B/op")
 	b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/float64(b.N), "inuse-B/op")
 	if f := os.Getenv("CACHE_COST_PROFILE"); f != "" {
-		out, _ := os.Create(f)
+		out, err := os.Create(f)
+		if err != nil {
+			b.Fatal(err)
+		}
 		_ = pprof.WriteHeapProfile(out)
-		out.Close()
+		_ = out.Close()
 	}
 	runtime.KeepAlive(kept)
 	runtime.KeepAlive(in)
