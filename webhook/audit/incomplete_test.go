@@ -91,7 +91,7 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 		{name: "without an API reader the cached copy is judged as it is", stored: withNotes("forbidden", "web:latest"), noReader: true,
 			want: map[string]string{"": ResultPass}},
 	}
-	for _, scope := range []string{"full", "partial"} {
+	for _, scope := range []string{"full", "partial", "policies"} {
 		for _, tt := range tests {
 			t.Run(scope+", "+tt.name, func(t *testing.T) {
 				ctx := context.Background()
@@ -109,8 +109,9 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 				if tt.stored != nil {
 					api = api.WithObjects(tt.stored)
 				}
-				// A partial pass reads the Deployment (GET), a full pass
-				// lists the API server's (one page here): one read each.
+				// A partial pass reads the Deployment (GET), a full pass and a
+				// policies pass list the API server's (one page here): one
+				// read each.
 				reads := 0
 				api = api.WithInterceptorFuncs(interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 					reads++
@@ -131,13 +132,19 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 					r.APIReader = nil
 				}
 				dirty := map[client.ObjectKey]bool{{}: true}
-				if scope == "partial" {
+				switch scope {
+				case "partial":
 					dirty = map[client.ObjectKey]bool{{Namespace: "shop", Name: "web"}: true}
 					// Audited before, as a partial pass finds it.
 					r.known["shop"] = map[string]entry{"web": newEntry(nil)}
+				case "policies":
+					// Audited before, by a notes policy the new set changed.
+					dirty = map[client.ObjectKey]bool{}
+					r.known["shop"] = map[string]entry{"web": newEntry(nil)}
+					r.judgedWith = map[string]string{"notes": "an older digest"}
 				}
 				previous, hadPrevious := r.known["shop"]["web"]
-				err = r.pass(ctx, rate.NewLimiter(rate.Inf, 1), dirty, false)
+				err = r.pass(ctx, rate.NewLimiter(rate.Inf, 1), dirty, scope == "policies")
 				require.NoError(t, err)
 				if tt.unread {
 					assert.Equal(t, 1, reads, "one read from the API server")
@@ -151,6 +158,11 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 					assert.Equal(t, 1, reads, "one read from the API server")
 				}
 				e, ok := r.known["shop"]["web"]
+				if tt.want == nil && scope == "policies" {
+					// The informer's deletion audits it again.
+					assert.Equal(t, previous, e, "a refresh leaves a Deployment that is gone as it was")
+					return
+				}
 				if tt.want == nil {
 					assert.False(t, ok, "no results for a Deployment that is gone")
 					return

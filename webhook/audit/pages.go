@@ -7,15 +7,19 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/deployguard/deployguard/reconciler/rollout"
 )
 
-// pageSize is how many whole Deployments a full pass reads from the API
-// server in one List: 50,000 Deployments are 100 requests, not 50,000 GETs
-// on the reader's client-side limit, and no more than one page is held.
+// pageSize is how many whole Deployments a full pass, or the refresh after a
+// policy-set change, reads from the API server in one List: 50,000
+// Deployments are 100 requests, not 50,000 GETs on the reader's client-side
+// limit, and no more than one page is held.
 const pageSize = 500
 
-// pages reads the whole Deployments a full pass needs from the API server,
-// cluster-wide, a page at a time: the cache keeps none whole.
+// pages reads the whole Deployments a full pass or a policy refresh needs
+// from the API server, cluster-wide, a page at a time: the cache keeps none
+// whole.
 type pages struct {
 	reader client.Reader
 	size   int64
@@ -72,4 +76,44 @@ func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func
 // progress (else it would expire the same way for ever).
 func restart(err error, token string, progress bool) bool {
 	return token != "" && progress && (apierrors.IsResourceExpired(err) || apierrors.IsGone(err))
+}
+
+// eachWhole hands judge, once each, every Deployment of list (the cache's)
+// that skip does not skip, as policies may read it: the cached copy when it
+// is complete (or there is no API reader), else the API server's, read in
+// pages (each), not one GET each, so that audit.rate, not the reader's
+// request rate, sets the pace. One the API server no longer lists is not
+// handed over. Those a List failed to return are handed to unread, in the
+// cache's order (so that the log names the same first one), with its error.
+// It stops with judge's error, or ctx's when ctx ended a List.
+func (r *Runner) eachWhole(ctx context.Context, list []appsv1.Deployment, skip func(client.ObjectKey) bool,
+	judge func(d *appsv1.Deployment) error, unread func(client.ObjectKey, error)) error {
+	want := map[client.ObjectKey]bool{} // to be read whole
+	for i := range list {
+		d := &list[i]
+		key := client.ObjectKeyFromObject(d)
+		switch {
+		case skip(key):
+		case r.APIReader != nil && rollout.Incomplete(d):
+			want[key] = true
+		default:
+			if err := judge(d); err != nil {
+				return err
+			}
+		}
+	}
+	listErr, err := pages{reader: r.APIReader, size: pageSize}.each(ctx, want, judge)
+	switch {
+	case err != nil:
+		return err
+	case listErr != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case listErr != nil:
+		for i := range list {
+			if key := client.ObjectKeyFromObject(&list[i]); want[key] {
+				unread(key, listErr)
+			}
+		}
+	}
+	return nil
 }

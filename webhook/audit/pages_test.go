@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -357,4 +358,180 @@ func sizes(known map[string]map[string]entry) map[string]int {
 		out[ns] = len(byName)
 	}
 	return out
+}
+
+// TestAuditPolicyRefreshReadsInPages: after a policy-set change, the pass
+// over 1,051 Deployments the cache keeps without their templates reads them
+// whole from 3 Lists of the API server (500 each), not 1,051 GETs, and
+// spends one audit.rate token on each it judges, none twice (a List
+// restarted after an expired continue token judges none again). It judges
+// only the policy the set added, but a Deployment never audited whole; one in
+// dirty is left to the evaluation that follows (its own GET). One the API
+// server does not list is not judged; when it fails the listing, what it did
+// not list keeps its previous results and is read again.
+func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	// Sorted, the API server's 1,071 fill three pages:
+	//   1: kube-system d-000..d-019, shop d-000..d-479
+	//   2: shop d-480..d-599, tools d-000..d-379
+	//   3: tools d-380..d-449, tools/new
+	// tools/new is created after the first full pass and never audited; the
+	// cache also lists shop/gone (deleted, not yet delivered); kube-system
+	// is ignored.
+	counts := map[string]int{"kube-system": 20, "shop": 600, "tools": 450}
+	newKey := client.ObjectKey{Namespace: "tools", Name: "new"}
+	goneKey := client.ObjectKey{Namespace: "shop", Name: "gone"}
+	deployment := func(key client.ObjectKey, image string) *appsv1.Deployment {
+		return sound(func(d *appsv1.Deployment) {
+			d.Namespace, d.Name = key.Namespace, key.Name
+			d.Spec.Template.Spec.Containers[0].Image = image
+		})
+	}
+	var keys []client.ObjectKey // what the refresh may judge: the cache's, outside kube-system, but shop/gone
+	for ns, n := range counts {
+		for i := range n {
+			if ns != "kube-system" {
+				keys = append(keys, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("d-%03d", i)})
+			}
+		}
+	}
+	keys = append(keys, newKey)
+	onPage1 := func(key client.ObjectKey) bool { return key.Namespace == "shop" && key.Name < "d-480" }
+	everyPage := func(client.ObjectKey) bool { return true }
+	dirtyKey := client.ObjectKey{Namespace: "shop", Name: "d-100"}
+	tests := []struct {
+		name  string
+		dirty []client.ObjectKey
+		fault func(call int, token string) error
+		lists int
+		// anew: judged by the refresh; the others keep their results and
+		// are marked unread (shop/gone too, unless the listing was complete).
+		anew func(client.ObjectKey) bool
+	}{
+		{name: "every page read", lists: 3, anew: everyPage},
+		{name: "a Deployment in dirty: left to the evaluation that follows, judged whole once", dirty: []client.ObjectKey{dirtyKey},
+			lists: 3, anew: everyPage},
+		{name: "an expired token on the second page: listed again, none judged twice", lists: 5, anew: everyPage,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return expired
+				}
+				return nil
+			}},
+		{name: "a token that keeps expiring: the first page judged, the rest read again later", lists: 4, anew: onPage1,
+			fault: func(_ int, token string) error {
+				if token != "" {
+					return expired
+				}
+				return nil
+			}},
+		{name: "a List error on the second page: the first page judged, the rest read again later", lists: 2, anew: onPage1,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return errors.New("http2: client connection lost")
+				}
+				return nil
+			}},
+		{name: "the first List fails: every Deployment keeps its results", lists: 1, anew: func(client.ObjectKey) bool { return false },
+			fault: func(int, string) error { return errors.New("http2: client connection lost") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			eng, err := policy.New(policy.Options{})
+			require.NoError(t, err)
+			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
+			cb := fake.NewClientBuilder().WithScheme(scheme)
+			ab := fake.NewClientBuilder().WithScheme(scheme)
+			for ns, n := range counts {
+				for i := range n {
+					d := deployment(client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("d-%03d", i)}, "web:1.0")
+					cb = cb.WithObjects(cachedCopy(d))
+					ab = ab.WithObjects(d)
+				}
+			}
+			cb = cb.WithObjects(cachedCopy(deployment(goneKey, "web:1.0")))
+			cached := cb.Build()
+			lists := &pagedLists{}
+			api := ab.WithInterceptorFuncs(lists.funcs()).Build()
+			r := &Runner{Client: cached, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
+				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}}, Log: logr.Discard(), Now: time.Now,
+				known: map[string]map[string]entry{}}
+			require.NoError(t, r.pass(ctx, rate.NewLimiter(rate.Inf, 1), map[client.ObjectKey]bool{{}: true}, false), "the first full pass")
+			require.Equal(t, map[string]int{"shop": 600, "tools": 450}, sizes(r.known))
+			previous := map[string]map[string]entry{}
+			for ns, byName := range r.known {
+				previous[ns] = maps.Clone(byName)
+			}
+
+			// tools/new is created; every image turns latest, which only the
+			// template the cache strips shows and only a whole evaluation
+			// judges (the notes policy is unchanged); the new set adds the
+			// owner policy, which every Deployment fails.
+			newOne := deployment(newKey, "web:latest")
+			require.NoError(t, api.Create(ctx, newOne.DeepCopy()))
+			require.NoError(t, cached.Create(ctx, cachedCopy(newOne)))
+			var all appsv1.DeploymentList
+			require.NoError(t, api.List(ctx, &all))
+			for i := range all.Items {
+				d := &all.Items[i]
+				d.Spec.Template.Spec.Containers[0].Image = "web:latest"
+				require.NoError(t, api.Update(ctx, d))
+			}
+			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}, {Name: "owner.rego", Module: ownerPolicy}}))
+			dirty := map[client.ObjectKey]bool{}
+			for _, key := range tt.dirty {
+				dirty[key] = true
+			}
+			judged := len(dirty)
+			for _, key := range keys {
+				if !dirty[key] && tt.anew(key) {
+					judged++
+				}
+			}
+			*lists = pagedLists{fault: tt.fault}
+			// audit.rate's tokens, no more: one Deployment judged twice
+			// would fail the pass.
+			limiter := rate.NewLimiter(0, judged)
+			require.NoError(t, r.pass(ctx, limiter, dirty, true))
+			assert.Equal(t, tt.lists, lists.calls, "List requests")
+			assert.Equal(t, len(dirty), lists.gets, "a GET only for the Deployment in dirty")
+			assert.Zero(t, limiter.Tokens(), "one token per Deployment judged, none twice")
+
+			unread := map[client.ObjectKey]bool{}
+			for _, key := range keys {
+				e, ok := r.known[key.Namespace][key.Name]
+				switch {
+				case dirty[key] || key == newKey && tt.anew(key):
+					require.True(t, ok, "%s judged", key)
+					assert.Len(t, resultsOf(e, "deployguard.notes"), 1, "%s judged whole: its latest image fails", key)
+					assert.Len(t, resultsOf(e, "deployguard.owner"), 1, "%s judged by the new policy", key)
+				case tt.anew(key):
+					require.True(t, ok, "%s judged", key)
+					assert.Empty(t, resultsOf(e, "deployguard.notes"), "%s: the unchanged policy's results stand", key)
+					others := maps.Clone(e.passes)
+					delete(others, "deployguard.owner")
+					assert.Equal(t, previous[key.Namespace][key.Name].passes, others, "%s keeps its other passes", key)
+					assert.Len(t, resultsOf(e, "deployguard.owner"), 1, "%s judged by the new policy", key)
+				default:
+					p, had := previous[key.Namespace][key.Name]
+					assert.Equal(t, had, ok, "%s keeps its results, or has none", key)
+					assert.Equal(t, p, e, "%s keeps its previous results", key)
+					unread[key] = true
+				}
+			}
+			_, ok := r.known[goneKey.Namespace][goneKey.Name]
+			assert.False(t, ok, "shop/gone not judged")
+			if len(unread) > 0 {
+				unread[goneKey] = true
+			}
+			assert.Equal(t, len(unread), r.unread)
+			if len(unread) == 0 {
+				unread = nil
+			}
+			assert.Equal(t, unread, r.dirty, "what was not read is read again")
+		})
+	}
 }

@@ -50,10 +50,11 @@ type Runner struct {
 	Client client.Client // reads from the cache, writes to the API server
 	// APIReader reads from the API server a Deployment whose cached copy
 	// lacks what a policy may read (rollout.Incomplete: its pod template, or
-	// annotations the cache trimmed), at the audit's rate: a full pass lists
-	// them in pages (it needs list on Deployments cluster-wide, as the cache
-	// does), other passes get each. Nil judges the cached copy as it is: a
-	// cache without the guard's transform.
+	// annotations the cache trimmed), at the audit's rate: a full pass and
+	// the refresh after a policy-set change list them in pages (they need
+	// list on Deployments cluster-wide, as the cache does), a partial pass
+	// gets each. Nil judges the cached copy as it is: a cache without the
+	// guard's transform.
 	APIReader client.Reader
 	Cache     cache.Cache
 	Evaluator *Evaluator
@@ -592,11 +593,10 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 // evaluateAll judges every Deployment the cache lists, outside the ignored
 // namespaces, whole and with the active set, and swaps the results in only
 // once it is through: a pass that stops half-way leaves the previous results
-// whole. A copy the cache keeps whole is judged as it is; the others (all of
-// them under the guard's transform) are read from the API server in pages,
-// not one GET each, so that audit.rate, not the reader's request rate, sets
-// the pace. One the API server no longer lists is not judged; one it could
-// not list keeps its previous results and is handed to failed.
+// whole. The copies the cache keeps incomplete (all of them under the
+// guard's transform) are read from the API server in pages (eachWhole). One
+// the API server no longer lists is not judged; one it could not list keeps
+// its previous results and is handed to failed.
 func (r *Runner) evaluateAll(ctx context.Context, limiter *rate.Limiter, touched map[string]bool, failed func(client.ObjectKey, error)) (int, error) {
 	// Taken before the list: a set loaded during the pass is newer than
 	// some results, and its change is waiting to refresh them.
@@ -619,35 +619,15 @@ func (r *Runner) evaluateAll(ctx context.Context, limiter *rate.Limiter, touched
 		n++
 		return nil
 	}
-	want := map[client.ObjectKey]bool{} // to be read whole
-	for i := range list.Items {
-		d := &list.Items[i]
-		switch {
-		case r.ignored(d.Namespace):
-		case r.APIReader != nil && rollout.Incomplete(d):
-			want[client.ObjectKeyFromObject(d)] = true
-		default:
-			if err := judge(d); err != nil {
-				return n, err
-			}
+	skip := func(key client.ObjectKey) bool { return r.ignored(key.Namespace) }
+	unread := func(key client.ObjectKey, err error) {
+		if e, ok := r.known[key.Namespace][key.Name]; ok {
+			put(known, key, e)
 		}
+		failed(key, err)
 	}
-	listErr, err := pages{reader: r.APIReader, size: pageSize}.each(ctx, want, judge)
-	switch {
-	case err != nil:
+	if err := r.eachWhole(ctx, list.Items, skip, judge, unread); err != nil {
 		return n, err
-	case listErr != nil && ctx.Err() != nil:
-		return n, ctx.Err()
-	case listErr != nil:
-		// In the cache's order, so that the log names the same first one.
-		for i := range list.Items {
-			if key := client.ObjectKeyFromObject(&list.Items[i]); want[key] {
-				if e, ok := r.known[key.Namespace][key.Name]; ok {
-					put(known, key, e)
-				}
-				failed(key, listErr)
-			}
-		}
 	}
 	r.known, r.judgedWith = known, digests(set)
 	return n, nil
@@ -705,8 +685,11 @@ func (r *Runner) whole(ctx context.Context, d *appsv1.Deployment) (*appsv1.Deplo
 // set changed (new module, library or mode, or new policy) and drops the
 // results of the policies it removed; the other results stand. Deployments
 // in dirty are left to the full evaluation that follows, and a Deployment
-// never audited is evaluated whole. One it cannot read keeps its previous
-// results and is handed to failed, to be audited whole again.
+// never audited is evaluated whole. Those the cache keeps incomplete are
+// read in pages, as a full pass reads them (eachWhole); one the API server
+// no longer lists is left to the informer's deletion. One it cannot read
+// keeps its previous results and is handed to failed, to be audited whole
+// again.
 func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dirty map[client.ObjectKey]bool, touched map[string]bool, failed func(client.ObjectKey, error)) (int, error) {
 	set := r.Evaluator.active()
 	now := digests(set)
@@ -734,27 +717,9 @@ func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dir
 	// newer, and the rest is audited again by the retry or the next full pass.
 	r.judgedWith = nil
 	n := 0
-	for i := range list.Items {
-		d := &list.Items[i]
-		if r.ignored(d.Namespace) || dirty[client.ObjectKeyFromObject(d)] {
-			continue
-		}
+	judge := func(d *appsv1.Deployment) error {
 		if err := limiter.Wait(ctx); err != nil {
-			return n, err
-		}
-		key := client.ObjectKeyFromObject(d)
-		d, err := r.whole(ctx, d)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return n, ctx.Err()
-		case err != nil:
-			failed(key, err)
-			continue
-		case d == nil:
-			continue
-		}
-		if r.known[d.Namespace] == nil {
-			r.known[d.Namespace] = map[string]entry{}
+			return err
 		}
 		e, ok := r.known[d.Namespace][d.Name]
 		if ok {
@@ -763,9 +728,15 @@ func (r *Runner) refreshPolicies(ctx context.Context, limiter *rate.Limiter, dir
 		} else {
 			e = newEntry(r.Evaluator.evaluate(ctx, d, set, nil, true))
 		}
-		r.known[d.Namespace][d.Name] = e
+		put(r.known, client.ObjectKeyFromObject(d), e)
 		touched[d.Namespace] = true
 		n++
+		return nil
+	}
+	skip := func(key client.ObjectKey) bool { return r.ignored(key.Namespace) || dirty[key] }
+	// One it could not read keeps its previous results where they are.
+	if err := r.eachWhole(ctx, list.Items, skip, judge, failed); err != nil {
+		return n, err
 	}
 	r.judgedWith = now
 	return n, nil
