@@ -108,19 +108,19 @@ func (x *BudgetIndex) Len() int {
 func (x *BudgetIndex) Selecting(namespace string, podLabels labels.Set) ([]Budget, error) {
 	return lookup(&x.byNamespace, x.Synced(), namespace, func(ns *nsSelections) (out []Budget) {
 		seen := nameSet{}
-		consider := func(names nameSet) {
-			for n := range names {
-				if seen.add(n) {
-					if b := x.budgets[namespace][n]; b.Selector.Matches(podLabels) {
-						out = append(out, b)
-					}
+		consider := func(n string) {
+			if seen.add(n) {
+				if b := x.budgets[namespace][n]; b.Selector.Matches(podLabels) {
+					out = append(out, b)
 				}
 			}
 		}
 		for k, v := range podLabels {
-			consider(ns.byAnchor[labelPair{k, v}])
+			ns.byAnchor[labelPair{k, v}].each(consider)
 		}
-		consider(ns.unanchored)
+		for n := range ns.unanchored {
+			consider(n)
+		}
 		return out
 	})
 }

@@ -69,15 +69,78 @@ func (s nameSet) add(name string) bool {
 	return true
 }
 
+// names is the set of Deployments filed under one label pair. Most pairs
+// of a namespace's templates and selectors are one Deployment's own (its
+// app's name, its instance): that one is held as a string, and a map made
+// only for a second. A map of one name costs about 300 bytes, and there are
+// two or three such pairs per Deployment (BenchmarkOverlapIndexPerDeployment).
+type names struct {
+	one  string
+	many nameSet
+}
+
+func (n names) len() int {
+	if n.many != nil {
+		return len(n.many)
+	}
+	if n.one != "" {
+		return 1
+	}
+	return 0
+}
+
+// each calls f with every name.
+func (n names) each(f func(string)) {
+	if n.many != nil {
+		for name := range n.many {
+			f(name)
+		}
+		return
+	}
+	if n.one != "" {
+		f(n.one)
+	}
+}
+
+// with returns n and name.
+func (n names) with(name string) names {
+	switch {
+	case n.many != nil:
+		n.many[name] = struct{}{}
+	case n.one == "" || n.one == name:
+		n.one = name
+	default:
+		n = names{many: nameSet{n.one: {}, name: {}}}
+	}
+	return n
+}
+
+// without returns n without name; back to a string at one name.
+func (n names) without(name string) names {
+	if n.many == nil {
+		if n.one == name {
+			return names{}
+		}
+		return n
+	}
+	delete(n.many, name)
+	if len(n.many) == 1 {
+		for last := range n.many {
+			return names{one: last}
+		}
+	}
+	return n
+}
+
 type nsSelections struct {
 	entries    map[string]filed
-	byTemplate map[labelPair]nameSet // pods labelled k=v
-	byAnchor   map[labelPair]nameSet // selectors that require k=v (first requirement)
+	byTemplate map[labelPair]names // pods labelled k=v
+	byAnchor   map[labelPair]names // selectors that require k=v (first requirement)
 	unanchored nameSet
 }
 
 func newNSSelections() *nsSelections {
-	return &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]nameSet{}, byAnchor: map[labelPair]nameSet{}, unanchored: nameSet{}}
+	return &nsSelections{entries: map[string]filed{}, byTemplate: map[labelPair]names{}, byAnchor: map[labelPair]names{}, unanchored: nameSet{}}
 }
 
 type labelPair struct{ key, value string }
@@ -158,11 +221,7 @@ func (x *OverlapIndex) OverlapCandidates(_ context.Context, d *appsv1.Deployment
 				out = append(out, ns.entries[n].Selection)
 			}
 		}
-		take := func(names nameSet) {
-			for n := range names {
-				takeOne(n)
-			}
-		}
+		take := func(candidates names) { candidates.each(takeOne) }
 		// Their pods, selected by my selector.
 		if pairs, ok := narrowest(mine.Selector, ns.byTemplate); ok {
 			for _, p := range pairs {
@@ -177,7 +236,9 @@ func (x *OverlapIndex) OverlapCandidates(_ context.Context, d *appsv1.Deployment
 		for k, v := range mine.TemplateLabels {
 			take(ns.byAnchor[labelPair{k, v}])
 		}
-		take(ns.unanchored)
+		for n := range ns.unanchored {
+			takeOne(n)
+		}
 		return out
 	})
 }
@@ -232,7 +293,7 @@ func feed[T interface {
 // narrowest returns the label pairs of the selector's equality or set
 // requirement that the fewest pod templates carry; false when the selector
 // has none.
-func narrowest(sel labels.Selector, byTemplate map[labelPair]nameSet) ([]labelPair, bool) {
+func narrowest(sel labels.Selector, byTemplate map[labelPair]names) ([]labelPair, bool) {
 	reqs, _ := sel.Requirements()
 	best, bestCount := []labelPair(nil), -1
 	for _, r := range reqs {
@@ -242,7 +303,7 @@ func narrowest(sel labels.Selector, byTemplate map[labelPair]nameSet) ([]labelPa
 		}
 		n := 0
 		for _, p := range pairs {
-			n += len(byTemplate[p])
+			n += byTemplate[p].len()
 		}
 		if bestCount < 0 || n < bestCount {
 			best, bestCount = pairs, n
@@ -304,21 +365,19 @@ func (ns *nsSelections) remove(name string) {
 	delete(ns.unanchored, name)
 }
 
-func addName(m map[labelPair]nameSet, p labelPair, name string) {
-	set := m[p]
-	if set == nil {
-		set = nameSet{}
-		m[p] = set
-	}
-	set[name] = struct{}{}
+func addName(m map[labelPair]names, p labelPair, name string) {
+	m[p] = m[p].with(name)
 }
 
-func removeName(m map[labelPair]nameSet, p labelPair, name string) {
-	if set := m[p]; set != nil {
-		delete(set, name)
-		if len(set) == 0 {
-			delete(m, p)
-		}
+func removeName(m map[labelPair]names, p labelPair, name string) {
+	set, ok := m[p]
+	if !ok {
+		return
+	}
+	if set = set.without(name); set.len() == 0 {
+		delete(m, p)
+	} else {
+		m[p] = set
 	}
 }
 
@@ -329,7 +388,7 @@ func removeName(m map[labelPair]nameSet, p labelPair, name string) {
 func (x *OverlapIndex) rarest(namespace string, sel labels.Selector) []labelPair {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var byTemplate map[labelPair]nameSet
+	var byTemplate map[labelPair]names
 	if ns := x.byNS[namespace]; ns != nil {
 		byTemplate = ns.byTemplate
 	}
@@ -357,11 +416,11 @@ func (x *OverlapIndex) SelectedBy(namespace string, sel labels.Selector) ([]Sele
 		}
 		seen := nameSet{}
 		for _, p := range pairs {
-			for n := range ns.byTemplate[p] {
+			ns.byTemplate[p].each(func(n string) {
 				if seen.add(n) {
 					consider(n)
 				}
-			}
+			})
 		}
 		return out
 	})
