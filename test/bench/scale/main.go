@@ -78,7 +78,7 @@ func main() {
 	flag.IntVar(&o.live, "live", 0, "Deployments with a replica rolled out at once by the image bump, a tenth of them to an image that cannot be pulled (0: one per 100 Deployments, at least 10)")
 	flag.IntVar(&o.containers, "containers", 2, "containers per pod template")
 	flag.IntVar(&o.envVars, "env", 30, "env vars per container")
-	flag.IntVar(&o.memoryLimitMiB, "memory-limit", 0, "the guard's memory limit in MiB (DEPLOYGUARD_MEMORY_LIMIT; 0: the deployed 256 up to 10,000 Deployments, test/README's 1536 for 50,000 above)")
+	flag.IntVar(&o.memoryLimitMiB, "memory-limit", 0, "the guard's memory limit in MiB (DEPLOYGUARD_MEMORY_LIMIT; 0: test/README's advice, the deployed 256 up to 1,000 Deployments, 768 up to 10,000, 3584 above)")
 	flag.StringVar(&o.webhooks, "webhooks", "", "webhook configurations to install (default: config/webhook/manifests.yaml; an earlier version's, to compare)")
 	flag.BoolVar(&o.pprof, "pprof", true, "serve the guard's pprof and measure its live heap (a guard built before --pprof-bind-address existed needs false)")
 	flag.Parse()
@@ -114,13 +114,16 @@ func main() {
 }
 
 // defaultMemoryLimitMiB is the limit test/README's "Memory to give the guard"
-// gives for n Deployments: the deployed default up to 10,000 (where the
-// earlier figures were measured with it), 1.5Gi beyond.
+// gives for n Deployments: the deployed default up to 1,000, 768Mi up to
+// 10,000, 3.5Gi beyond.
 func defaultMemoryLimitMiB(n int) int {
-	if n <= 10000 {
+	switch {
+	case n <= 1000:
 		return 256
+	case n <= 10000:
+		return 768
 	}
-	return 1536
+	return 3584
 }
 
 // nodesFor is how many kwok nodes the live Deployments need: they hold 110
