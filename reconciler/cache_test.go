@@ -44,13 +44,15 @@ func bigPodSpec() corev1.PodSpec {
 func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
 	const forged = "0123456789abcdef"
 	forgeries := []struct {
-		name           string
-		onMeta, onTmpl bool
+		name                   string
+		onMeta, onTmpl, asName bool
 	}{
 		{name: "none"},
 		{name: "on the object's annotations", onMeta: true},
 		{name: "on the template's annotations", onTmpl: true},
 		{name: "on both", onMeta: true, onTmpl: true},
+		{name: "as the template's name", asName: true},
+		{name: "everywhere", onMeta: true, onTmpl: true, asName: true},
 	}
 	objects := map[string]func() (obj client.Object, meta *metav1.ObjectMeta, tmpl *corev1.PodTemplateSpec){
 		"Deployment": func() (client.Object, *metav1.ObjectMeta, *corev1.PodTemplateSpec) {
@@ -74,13 +76,17 @@ func TestStripForCacheIgnoresAForgedHash(t *testing.T) {
 				if f.onTmpl {
 					tmpl.Annotations[rollout.CachedTemplateHash] = forged
 				}
+				if f.asName {
+					tmpl.Name = rollout.CachedTemplateHash + "=" + forged
+				}
 				want := vocab.TemplateHash(tmpl)
 
 				_, err := StripForCache(obj)
 				require.NoError(t, err)
 
 				assert.Equal(t, corev1.PodSpec{}, tmpl.Spec, "no pod spec kept")
-				assert.Equal(t, map[string]string{rollout.CachedTemplateHash: want}, tmpl.Annotations, "the template's own hash in its place")
+				assert.Equal(t, rollout.CachedTemplateHash+"="+want, tmpl.Name, "the template's own hash in its place")
+				assert.Nil(t, tmpl.Annotations, "no map kept for the template's annotations")
 				assert.Equal(t, want, rollout.TemplateHash(tmpl))
 				assert.NotEqual(t, forged, rollout.TemplateHash(tmpl))
 
