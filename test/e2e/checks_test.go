@@ -320,7 +320,7 @@ func TestMetricCheckComparesWithTheKnownGoodRevision(t *testing.T) {
 	ns := checkedNamespace(t, spec)
 	require.NoError(t, local.Client.Create(context.Background(), harness.Deployment(ns, "web", "app:1", slowDeadline)))
 	feed(t, ns, newHash(t, ns, "web", 1), 0.1)
-	msg := guardEvent(t, ns, "web", vocab.ReasonCheckInconclusive)
+	msg := guardEventWithin(t, ns, "web", vocab.ReasonCheckInconclusive, time.Minute)
 	assert.Contains(t, msg, "there is none")
 	waitKnownGood(t, ns, "web", 1)
 
@@ -399,7 +399,7 @@ func TestMetricCheckOutcomesThatNeverRollBack(t *testing.T) {
 		ns := checkedNamespace(t, errorRate(false, 4*time.Second))
 		checkedRolloutOnce(t, harness.Deployment(ns, "web", "app:1", slowDeadline))
 		require.NoError(t, update(t, ns, "web", func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = "app:2" }))
-		msg := guardEvent(t, ns, "web", vocab.ReasonCheckInconclusive)
+		msg := guardEventWithin(t, ns, "web", vocab.ReasonCheckInconclusive, time.Minute)
 		assert.Contains(t, msg, "inconclusive (1) > inconclusiveLimit (0)")
 		assert.Contains(t, msg, "returned []")
 		waitKnownGood(t, ns, "web", 2)
