@@ -208,6 +208,48 @@ func TestRestart(t *testing.T) {
 	}
 }
 
+// pageFault is one way the API server's listing goes for the paged passes'
+// tests: a fault on some List calls (the call's number from 1, and the
+// continue token it carries), the Lists it takes, and which Deployments the
+// pass judges anew.
+type pageFault struct {
+	name  string
+	fault func(call int, token string) error
+	lists int
+	anew  func(client.ObjectKey) bool
+}
+
+// pageFaults are the listings both paged passes are tested under, over
+// three pages: everyPage and onPage1 say which Deployments those are.
+func pageFaults(everyPage, onPage1 func(client.ObjectKey) bool) []pageFault {
+	return []pageFault{
+		{name: "every page read", lists: 3, anew: everyPage},
+		{name: "an expired token on the second page: listed again, none judged twice", lists: 5, anew: everyPage,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return expired
+				}
+				return nil
+			}},
+		{name: "a token that keeps expiring: the first page judged, the rest read again later", lists: 4, anew: onPage1,
+			fault: func(_ int, token string) error {
+				if token != "" {
+					return expired
+				}
+				return nil
+			}},
+		{name: "a List error on the second page: the first page judged, the rest read again later", lists: 2, anew: onPage1,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return errors.New("http2: client connection lost")
+				}
+				return nil
+			}},
+		{name: "the first List fails: every Deployment keeps its results", lists: 1, anew: func(client.ObjectKey) bool { return false },
+			fault: func(int, string) error { return errors.New("http2: client connection lost") }},
+	}
+}
+
 // TestAuditFullPassReadsInPages: a full pass over 1,050 Deployments the
 // cache keeps without their templates judges every one whole from 3 Lists of
 // the API server (500 each), not 1,050 GETs, spending one audit.rate token
@@ -236,40 +278,10 @@ func TestAuditFullPassReadsInPages(t *testing.T) {
 		return key.Namespace == "shop" && key.Name < fmt.Sprintf("d-%03d", firstPage)
 	}
 	everyPage := func(client.ObjectKey) bool { return true }
-	tests := []struct {
-		name  string
-		fault func(call int, token string) error
-		lists int
-		// anew: judged in the second pass; the others keep the first
-		// pass's results and are marked unread (shop/gone too, unless the
-		// listing was complete).
-		anew func(client.ObjectKey) bool
-	}{
-		{name: "every page read", lists: 3, anew: everyPage},
-		{name: "an expired token on the second page: listed again, none judged twice", lists: 5, anew: everyPage,
-			fault: func(call int, _ string) error {
-				if call == 2 {
-					return expired
-				}
-				return nil
-			}},
-		{name: "a token that keeps expiring: the first page judged, the rest read again later", lists: 4, anew: onPage1,
-			fault: func(_ int, token string) error {
-				if token != "" {
-					return expired
-				}
-				return nil
-			}},
-		{name: "a List error on the second page: the first page judged, the rest read again later", lists: 2, anew: onPage1,
-			fault: func(call int, _ string) error {
-				if call == 2 {
-					return errors.New("http2: client connection lost")
-				}
-				return nil
-			}},
-		{name: "the first List fails: every Deployment keeps its results", lists: 1, anew: func(client.ObjectKey) bool { return false },
-			fault: func(int, string) error { return errors.New("http2: client connection lost") }},
-	}
+	// anew: judged in the second pass; the others keep the first pass's
+	// results and are marked unread (shop/gone too, unless the listing was
+	// complete).
+	tests := pageFaults(everyPage, onPage1)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -400,41 +412,16 @@ func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
 	onPage1 := func(key client.ObjectKey) bool { return key.Namespace == "shop" && key.Name < "d-480" }
 	everyPage := func(client.ObjectKey) bool { return true }
 	dirtyKey := client.ObjectKey{Namespace: "shop", Name: "d-100"}
-	tests := []struct {
-		name  string
+	// anew: judged by the refresh; the others keep their results and are
+	// marked unread (shop/gone too, unless the listing was complete).
+	type refreshCase struct {
+		pageFault
 		dirty []client.ObjectKey
-		fault func(call int, token string) error
-		lists int
-		// anew: judged by the refresh; the others keep their results and
-		// are marked unread (shop/gone too, unless the listing was complete).
-		anew func(client.ObjectKey) bool
-	}{
-		{name: "every page read", lists: 3, anew: everyPage},
-		{name: "a Deployment in dirty: left to the evaluation that follows, judged whole once", dirty: []client.ObjectKey{dirtyKey},
-			lists: 3, anew: everyPage},
-		{name: "an expired token on the second page: listed again, none judged twice", lists: 5, anew: everyPage,
-			fault: func(call int, _ string) error {
-				if call == 2 {
-					return expired
-				}
-				return nil
-			}},
-		{name: "a token that keeps expiring: the first page judged, the rest read again later", lists: 4, anew: onPage1,
-			fault: func(_ int, token string) error {
-				if token != "" {
-					return expired
-				}
-				return nil
-			}},
-		{name: "a List error on the second page: the first page judged, the rest read again later", lists: 2, anew: onPage1,
-			fault: func(call int, _ string) error {
-				if call == 2 {
-					return errors.New("http2: client connection lost")
-				}
-				return nil
-			}},
-		{name: "the first List fails: every Deployment keeps its results", lists: 1, anew: func(client.ObjectKey) bool { return false },
-			fault: func(int, string) error { return errors.New("http2: client connection lost") }},
+	}
+	tests := []refreshCase{{pageFault: pageFault{name: "a Deployment in dirty: left to the evaluation that follows, judged whole once", lists: 3, anew: everyPage},
+		dirty: []client.ObjectKey{dirtyKey}}}
+	for _, f := range pageFaults(everyPage, onPage1) {
+		tests = append(tests, refreshCase{pageFault: f})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
