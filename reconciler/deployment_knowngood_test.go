@@ -110,6 +110,14 @@ func TestIsKnownGood(t *testing.T) {
 					rs.Annotations[rollout.CachedTemplateHash] = good
 				})
 			}},
+		{name: "recorded, template changed and the cache's hash forged as the template's name", recorded: true, want: false,
+			now: func(d *appsv1.Deployment) *appsv1.ReplicaSet {
+				good := vocab.TemplateHash(&replicaSet(d, 2, "web:v2").Spec.Template)
+				return replicaSet(d, 2, "web:v2", func(rs *appsv1.ReplicaSet) {
+					rs.Spec.Template.Spec.Containers[0].Image = "web:evil"
+					rs.Spec.Template.Name = rollout.CachedTemplateHash + "=" + good
+				})
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -12,17 +12,45 @@ import (
 )
 
 // pageSize is how many whole Deployments a full pass, or the refresh after a
-// policy-set change, reads from the API server in one List: 50,000
-// Deployments are 100 requests, not 50,000 GETs on the reader's client-side
-// limit, and no more than one page is held.
-const pageSize = 500
+// policy-set change, reads from the API server in one List at most: 50,000
+// Deployments are 1,000 requests, not 50,000 GETs on the reader's
+// client-side limit, and no more than one page is held. A Deployment can
+// be 1.5 MiB, and a tenant can own the next 50 in the API server's order:
+// a page holds 75 MiB at worst, before pageBytes brings the next one down.
+const pageSize = 50
+
+// pageBytes is what the pages after the first should hold at most: the
+// next page's limit is pageBytes over the largest Deployment seen yet.
+const pageBytes = 8 << 20
 
 // pages reads the whole Deployments a full pass or a policy refresh needs
 // from the API server, cluster-wide, a page at a time: the cache keeps none
 // whole.
 type pages struct {
 	reader client.Reader
-	size   int64
+	size   int64 // the most a page holds
+}
+
+// nextLimit is the limit of the next List: as many Deployments as
+// pageBytes holds of the largest one seen yet (its protobuf size), between 1
+// and size.
+func nextLimit(largest int, size int64) int64 {
+	if largest <= 0 {
+		return size
+	}
+	return max(1, min(size, int64(pageBytes/largest)))
+}
+
+// resumeToken is the continue token a 410 Gone for an expired one carries:
+// the rest of the listing from the latest revision (not a consistent
+// snapshot with the pages before it, which the pass does not need: what it
+// was handed is off its list, what is new since is the informer's to mark).
+// Empty when the error carries none.
+func resumeToken(err error) string {
+	if s, ok := err.(apierrors.APIStatus); ok {
+		return s.Status().Continue
+	}
+	return ""
 }
 
 // each hands fn, once each and a page at a time, the whole Deployment of
@@ -33,27 +61,30 @@ type pages struct {
 // could not list what is left in want, which was not read.
 //
 // A continue token that expired (the API server compacted its revision
-// during a long pass) restarts the listing from the start, skipping what
-// was handed over already; only after a restart that handed fn something,
-// so that it never loops.
+// during a long pass) goes on with the token the API server's refusal
+// carries (resumeToken), or else restarts the listing from the start,
+// skipping what was handed over already; either only after a listing that
+// handed fn something, so that it never loops.
 func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func(d *appsv1.Deployment) error) (listErr, err error) {
 	token := ""
 	progress := false // fn was handed a Deployment since the listing (re)started
+	limit, largest := p.size, 0
 	for len(want) > 0 {
 		list := &appsv1.DeploymentList{}
-		opts := []client.ListOption{client.Limit(p.size)}
+		opts := []client.ListOption{client.Limit(limit)}
 		if token != "" {
 			opts = append(opts, client.Continue(token))
 		}
 		if err := p.reader.List(ctx, list, opts...); err != nil {
 			if restart(err, token, progress) {
-				token, progress = "", false
+				token, progress = resumeToken(err), false
 				continue
 			}
 			return fmt.Errorf("listing Deployments from the API server: %w", err), nil
 		}
 		for i := range list.Items {
 			d := &list.Items[i]
+			largest = max(largest, d.Size())
 			key := client.ObjectKeyFromObject(d)
 			if !want[key] {
 				continue
@@ -64,6 +95,7 @@ func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func
 				return nil, err
 			}
 		}
+		limit = nextLimit(largest, p.size)
 		if token = list.Continue; token == "" {
 			return nil, nil
 		}
@@ -102,7 +134,11 @@ func (r *Runner) eachWhole(ctx context.Context, list []appsv1.Deployment, skip f
 			}
 		}
 	}
-	listErr, err := pages{reader: r.APIReader, size: pageSize}.each(ctx, want, judge)
+	size := r.Options.PageSize
+	if size <= 0 {
+		size = pageSize
+	}
+	listErr, err := pages{reader: r.APIReader, size: size}.each(ctx, want, judge)
 	switch {
 	case err != nil:
 		return err

@@ -83,6 +83,14 @@ func (p *pagedLists) funcs() interceptor.Funcs {
 // compacted.
 var expired = apierrors.NewResourceExpired("The provided continue parameter is too old to display a consistent list result.")
 
+// expiredResuming is the same answer carrying the token of the rest of the
+// listing from the latest revision, as the API server gives it.
+func expiredResuming(token string) error {
+	err := apierrors.NewResourceExpired("The provided continue parameter is too old to display a consistent list result.")
+	err.ErrStatus.Continue = token
+	return err
+}
+
 // TestPagesEach: each hands over every wanted Deployment the API server
 // lists, once, a page at a time, and says what it could not read.
 func TestPagesEach(t *testing.T) {
@@ -123,6 +131,14 @@ func TestPagesEach(t *testing.T) {
 				return nil
 			},
 			handed: stored, lists: 5},
+		{name: "an expired token carrying one to resume with: the listing goes on from there", want: stored,
+			fault: func(call int, token string) error {
+				if call == 2 {
+					return expiredResuming(token)
+				}
+				return nil
+			},
+			handed: stored, lists: 4},
 		{name: "a token that keeps expiring: restarted once, then what is left is not read", want: stored,
 			fault: func(_ int, token string) error {
 				if token != "" {
@@ -181,6 +197,56 @@ func TestPagesEach(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNextLimit: a page holds as many Deployments as pageBytes does of the
+// largest seen yet, at least one, at most the page size.
+func TestNextLimit(t *testing.T) {
+	tests := []struct {
+		largest int
+		size    int64
+		want    int64
+	}{
+		{largest: 0, size: 50, want: 50},
+		{largest: 7 << 10, size: 50, want: 50},
+		{largest: 512 << 10, size: 50, want: 16},
+		{largest: 1536 << 10, size: 50, want: 5},
+		{largest: 64 << 20, size: 50, want: 1},
+		{largest: 7 << 10, size: 500, want: 500},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, nextLimit(tt.largest, tt.size), "largest %d, size %d", tt.largest, tt.size)
+	}
+}
+
+// A tenant's large Deployments make the next pages smaller: after a page
+// that held one of just over 1 MiB, pages hold 7 (8 MiB's worth), whatever
+// the page size.
+func TestPagesShrinkAfterALargeDeployment(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	b := fake.NewClientBuilder().WithScheme(scheme)
+	want := map[client.ObjectKey]bool{}
+	for i := range 40 {
+		d := sound(func(d *appsv1.Deployment) {
+			d.Namespace, d.Name = "team", fmt.Sprintf("d-%02d", i)
+			if i == 0 {
+				d.Annotations = map[string]string{"notes": strings.Repeat("x", 1<<20)}
+			}
+		})
+		b = b.WithObjects(d)
+		want[client.ObjectKeyFromObject(d)] = true
+	}
+	var limits []int64
+	reader := b.WithInterceptorFuncs(interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+		limits = append(limits, (&client.ListOptions{}).ApplyOptions(opts).Limit)
+		return (&pagedLists{}).funcs().List(ctx, c, list, opts...)
+	}}).Build()
+	n := 0
+	_, err := pages{reader: reader, size: 10}.each(context.Background(), want, func(*appsv1.Deployment) error { n++; return nil })
+	require.NoError(t, err)
+	assert.Equal(t, 40, n)
+	assert.Equal(t, []int64{10, 7, 7, 7, 7, 7}, limits)
 }
 
 // TestRestart: only an expired continue token, after progress, lists again.
@@ -303,7 +369,7 @@ func TestAuditFullPassReadsInPages(t *testing.T) {
 			lists := &pagedLists{}
 			api := ab.WithInterceptorFuncs(lists.funcs()).Build()
 			r := &Runner{Client: cb.Build(), APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
-				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}}, Log: logr.Discard(), Now: time.Now,
+				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}, PageSize: 500}, Log: logr.Discard(), Now: time.Now,
 				known: map[string]map[string]entry{}}
 			// audit.rate's tokens, no more: one Deployment judged twice
 			// would fail the pass.
@@ -444,7 +510,7 @@ func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
 			lists := &pagedLists{}
 			api := ab.WithInterceptorFuncs(lists.funcs()).Build()
 			r := &Runner{Client: cached, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
-				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}}, Log: logr.Discard(), Now: time.Now,
+				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}, PageSize: 500}, Log: logr.Discard(), Now: time.Now,
 				known: map[string]map[string]entry{}}
 			require.NoError(t, r.pass(ctx, rate.NewLimiter(rate.Inf, 1), map[client.ObjectKey]bool{{}: true}, false), "the first full pass")
 			require.Equal(t, map[string]int{"shop": 600, "tools": 450}, sizes(r.known))

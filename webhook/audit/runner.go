@@ -40,6 +40,9 @@ type Options struct {
 	Format string
 	// IgnoredNamespaces are never audited (the guard's own, kube-system).
 	IgnoredNamespaces []string
+	// PageSize is the most whole Deployments a List of the API server
+	// returns to a pass; 0 is pageSize.
+	PageSize int64
 }
 
 // Runner audits on the leader: a full pass on start, on every policy-set
@@ -578,7 +581,7 @@ func (r *Runner) pass(ctx context.Context, limiter *rate.Limiter, dirty map[clie
 		r.Status.set("")
 	}
 	if full {
-		if err := r.dropStale(ctx); err != nil {
+		if err := r.dropStale(ctx, namespacesOf(unread)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -832,9 +835,21 @@ func (r *Runner) write(ctx context.Context, ns string, c Content) error {
 	return nil
 }
 
+// namespacesOf is the set of keys' namespaces.
+func namespacesOf(keys []client.ObjectKey) map[string]bool {
+	out := map[string]bool{}
+	for _, k := range keys {
+		out[k.Namespace] = true
+	}
+	return out
+}
+
 // dropStale deletes the guard's reports of namespaces that no longer hold a
-// Deployment, after a full pass.
-func (r *Runner) dropStale(ctx context.Context) error {
+// Deployment, after a full pass; not of those in unread, which hold
+// Deployments the pass could not read (a failed List leaves a whole tail of
+// the cluster so, and the results of a new leader's first pass are all
+// they would have had).
+func (r *Runner) dropStale(ctx context.Context, unread map[string]bool) error {
 	if r.missing.Load() {
 		return nil
 	}
@@ -850,7 +865,7 @@ func (r *Runner) dropStale(ctx context.Context) error {
 	}
 	for i := range list.Items {
 		u := &list.Items[i]
-		if _, ok := r.known[u.GetNamespace()]; ok || u.GetName() != ReportName {
+		if _, ok := r.known[u.GetNamespace()]; ok || unread[u.GetNamespace()] || u.GetName() != ReportName {
 			continue
 		}
 		if err := r.Client.Delete(ctx, u); client.IgnoreNotFound(err) != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -199,4 +200,40 @@ func resultsOf(e entry, policy string) []Result {
 		}
 	}
 	return out
+}
+
+// A new leader's first full pass whose listing fails keeps the reports of
+// the namespaces it could not read: it has no results of its own for them
+// yet, and they still hold Deployments. An emptied namespace's report goes.
+func TestAuditFailedListingKeepsReportsOfUnreadNamespaces(t *testing.T) {
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	gvk, err := GVK(FormatPolicyReport)
+	require.NoError(t, err)
+	scheme.AddKnownTypeWithName(gvk, &unstructured.Unstructured{})
+	scheme.AddKnownTypeWithName(gvk.GroupVersion().WithKind(gvk.Kind+"List"), &unstructured.UnstructuredList{})
+	report := func(ns string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		u.SetNamespace(ns)
+		u.SetName(ReportName)
+		u.SetLabels(map[string]string{"app.kubernetes.io/managed-by": "deployguard"})
+		return u
+	}
+	d := sound(func(d *appsv1.Deployment) { d.Namespace, d.Name = "shop", "web" })
+	cached := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cachedCopy(d), report("shop"), report("emptied")).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(d).WithInterceptorFuncs(interceptor.Funcs{
+		List: func(context.Context, client.WithWatch, client.ObjectList, ...client.ListOption) error {
+			return errors.New("http2: client connection lost")
+		}}).Build()
+	eng, err := policy.New(policy.Options{})
+	require.NoError(t, err)
+	r := &Runner{Client: cached, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
+		Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{}}
+
+	require.NoError(t, r.pass(ctx, rate.NewLimiter(rate.Inf, 1), map[client.ObjectKey]bool{{}: true}, false))
+	assert.Equal(t, map[client.ObjectKey]bool{client.ObjectKeyFromObject(d): true}, r.dirty, "shop/web is read again")
+	assert.NoError(t, cached.Get(ctx, client.ObjectKeyFromObject(report("shop")), report("shop")), "shop's report stays")
+	assert.True(t, apierrors.IsNotFound(cached.Get(ctx, client.ObjectKeyFromObject(report("emptied")), report("emptied"))), "the emptied namespace's report goes")
 }
