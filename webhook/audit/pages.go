@@ -104,8 +104,8 @@ func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func
 }
 
 // restart: a List that failed only because its continue token expired is
-// listed again from the start, when the listing since the last start made
-// progress (else it would expire the same way for ever).
+// listed again (resumed, or from the start), when the listing since the
+// last (re)start made progress (else it would expire the same way for ever).
 func restart(err error, token string, progress bool) bool {
 	return token != "" && progress && (apierrors.IsResourceExpired(err) || apierrors.IsGone(err))
 }

@@ -316,6 +316,43 @@ func pageFaults(everyPage, onPage1 func(client.ObjectKey) bool) []pageFault {
 	}
 }
 
+// imaged is a sound Deployment by key, running image.
+func imaged(key client.ObjectKey, image string) *appsv1.Deployment {
+	return sound(func(d *appsv1.Deployment) {
+		d.Namespace, d.Name = key.Namespace, key.Name
+		d.Spec.Template.Spec.Containers[0].Image = image
+	})
+}
+
+// pagedCluster is the paged passes' tests' cluster: counts Deployments per
+// namespace (d-000, d-001...) running web:1.0, in the cache without their
+// templates and whole in the API server; the caller adds its own to either
+// builder.
+func pagedCluster(scheme *runtime.Scheme, counts map[string]int) (cache, api *fake.ClientBuilder) {
+	cache = fake.NewClientBuilder().WithScheme(scheme)
+	api = fake.NewClientBuilder().WithScheme(scheme)
+	for ns, n := range counts {
+		for i := range n {
+			d := imaged(client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("d-%03d", i)}, "web:1.0")
+			cache = cache.WithObjects(cachedCopy(d))
+			api = api.WithObjects(d)
+		}
+	}
+	return cache, api
+}
+
+// pagedRunner audits the cache's Deployments with the notes policy, reading
+// whole ones from api in pages of 500, kube-system ignored.
+func pagedRunner(ctx context.Context, t *testing.T, cache client.Client, api client.Reader) *Runner {
+	t.Helper()
+	eng, err := policy.New(policy.Options{})
+	require.NoError(t, err)
+	require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
+	return &Runner{Client: cache, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
+		Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}, PageSize: 500}, Log: logr.Discard(), Now: time.Now,
+		known: map[string]map[string]entry{}}
+}
+
 // TestAuditFullPassReadsInPages: a full pass over 1,050 Deployments the
 // cache keeps without their templates judges every one whole from 3 Lists of
 // the API server (500 each), not 1,050 GETs, spending one audit.rate token
@@ -334,12 +371,6 @@ func TestAuditFullPassReadsInPages(t *testing.T) {
 	// tools/new (created, not yet delivered); kube-system is ignored.
 	counts := map[string]int{"kube-system": 20, "shop": 600, "tools": 450}
 	const judged, firstPage = 1050, 480
-	deployment := func(ns, name, image string) *appsv1.Deployment {
-		return sound(func(d *appsv1.Deployment) {
-			d.Namespace, d.Name = ns, name
-			d.Spec.Template.Spec.Containers[0].Image = image
-		})
-	}
 	onPage1 := func(key client.ObjectKey) bool {
 		return key.Namespace == "shop" && key.Name < fmt.Sprintf("d-%03d", firstPage)
 	}
@@ -352,25 +383,12 @@ func TestAuditFullPassReadsInPages(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			eng, err := policy.New(policy.Options{})
-			require.NoError(t, err)
-			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
-			cb := fake.NewClientBuilder().WithScheme(scheme)
-			ab := fake.NewClientBuilder().WithScheme(scheme)
-			for ns, n := range counts {
-				for i := range n {
-					d := deployment(ns, fmt.Sprintf("d-%03d", i), "web:1.0")
-					cb = cb.WithObjects(cachedCopy(d))
-					ab = ab.WithObjects(d)
-				}
-			}
-			cb = cb.WithObjects(cachedCopy(deployment("shop", "gone", "web:latest")))
-			ab = ab.WithObjects(deployment("tools", "new", "web:latest"))
+			cb, ab := pagedCluster(scheme, counts)
+			cb = cb.WithObjects(cachedCopy(imaged(client.ObjectKey{Namespace: "shop", Name: "gone"}, "web:latest")))
+			ab = ab.WithObjects(imaged(client.ObjectKey{Namespace: "tools", Name: "new"}, "web:latest"))
 			lists := &pagedLists{}
 			api := ab.WithInterceptorFuncs(lists.funcs()).Build()
-			r := &Runner{Client: cb.Build(), APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
-				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}, PageSize: 500}, Log: logr.Discard(), Now: time.Now,
-				known: map[string]map[string]entry{}}
+			r := pagedRunner(ctx, t, cb.Build(), api)
 			// audit.rate's tokens, no more: one Deployment judged twice
 			// would fail the pass.
 			limiter := rate.NewLimiter(0, judged)
@@ -460,12 +478,6 @@ func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
 	counts := map[string]int{"kube-system": 20, "shop": 600, "tools": 450}
 	newKey := client.ObjectKey{Namespace: "tools", Name: "new"}
 	goneKey := client.ObjectKey{Namespace: "shop", Name: "gone"}
-	deployment := func(key client.ObjectKey, image string) *appsv1.Deployment {
-		return sound(func(d *appsv1.Deployment) {
-			d.Namespace, d.Name = key.Namespace, key.Name
-			d.Spec.Template.Spec.Containers[0].Image = image
-		})
-	}
 	var keys []client.ObjectKey // what the refresh may judge: the cache's, outside kube-system, but shop/gone
 	for ns, n := range counts {
 		for i := range n {
@@ -493,25 +505,11 @@ func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			eng, err := policy.New(policy.Options{})
-			require.NoError(t, err)
-			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
-			cb := fake.NewClientBuilder().WithScheme(scheme)
-			ab := fake.NewClientBuilder().WithScheme(scheme)
-			for ns, n := range counts {
-				for i := range n {
-					d := deployment(client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("d-%03d", i)}, "web:1.0")
-					cb = cb.WithObjects(cachedCopy(d))
-					ab = ab.WithObjects(d)
-				}
-			}
-			cb = cb.WithObjects(cachedCopy(deployment(goneKey, "web:1.0")))
-			cached := cb.Build()
+			cb, ab := pagedCluster(scheme, counts)
+			cached := cb.WithObjects(cachedCopy(imaged(goneKey, "web:1.0"))).Build()
 			lists := &pagedLists{}
 			api := ab.WithInterceptorFuncs(lists.funcs()).Build()
-			r := &Runner{Client: cached, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
-				Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}, PageSize: 500}, Log: logr.Discard(), Now: time.Now,
-				known: map[string]map[string]entry{}}
+			r := pagedRunner(ctx, t, cached, api)
 			require.NoError(t, r.pass(ctx, rate.NewLimiter(rate.Inf, 1), map[client.ObjectKey]bool{{}: true}, false), "the first full pass")
 			require.Equal(t, map[string]int{"shop": 600, "tools": 450}, sizes(r.known))
 			previous := map[string]map[string]entry{}
@@ -523,7 +521,7 @@ func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
 			// template the cache strips shows and only a whole evaluation
 			// judges (the notes policy is unchanged); the new set adds the
 			// owner policy, which every Deployment fails.
-			newOne := deployment(newKey, "web:latest")
+			newOne := imaged(newKey, "web:latest")
 			require.NoError(t, api.Create(ctx, newOne.DeepCopy()))
 			require.NoError(t, cached.Create(ctx, cachedCopy(newOne)))
 			var all appsv1.DeploymentList
@@ -533,7 +531,7 @@ func TestAuditPolicyRefreshReadsInPages(t *testing.T) {
 				d.Spec.Template.Spec.Containers[0].Image = "web:latest"
 				require.NoError(t, api.Update(ctx, d))
 			}
-			require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}, {Name: "owner.rego", Module: ownerPolicy}}))
+			require.NoError(t, r.Evaluator.Engine.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}, {Name: "owner.rego", Module: ownerPolicy}}))
 			dirty := map[client.ObjectKey]bool{}
 			for _, key := range tt.dirty {
 				dirty[key] = true

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -47,12 +48,7 @@ deny contains "needs an owner label" if {
 // pages: the API server failing the list leaves every Deployment of the page
 // unread, each with its previous results.
 func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
-	scheme := runtime.NewScheme()
-	require.NoError(t, appsv1.AddToScheme(scheme))
-	gvk, err := GVK(FormatPolicyReport)
-	require.NoError(t, err)
-	scheme.AddKnownTypeWithName(gvk, &unstructured.Unstructured{})
-	scheme.AddKnownTypeWithName(gvk.GroupVersion().WithKind(gvk.Kind+"List"), &unstructured.UnstructuredList{})
+	scheme, gvk := reportScheme(t)
 	deployment := func(ns, name, image string) *appsv1.Deployment {
 		return sound(func(d *appsv1.Deployment) {
 			d.Namespace, d.Name, d.UID = ns, name, types.UID("uid-"+name)
@@ -207,12 +203,7 @@ func resultsOf(e entry, policy string) []Result {
 // yet, and they still hold Deployments. An emptied namespace's report goes.
 func TestAuditFailedListingKeepsReportsOfUnreadNamespaces(t *testing.T) {
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	require.NoError(t, appsv1.AddToScheme(scheme))
-	gvk, err := GVK(FormatPolicyReport)
-	require.NoError(t, err)
-	scheme.AddKnownTypeWithName(gvk, &unstructured.Unstructured{})
-	scheme.AddKnownTypeWithName(gvk.GroupVersion().WithKind(gvk.Kind+"List"), &unstructured.UnstructuredList{})
+	scheme, gvk := reportScheme(t)
 	report := func(ns string) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(gvk)
@@ -236,4 +227,17 @@ func TestAuditFailedListingKeepsReportsOfUnreadNamespaces(t *testing.T) {
 	assert.Equal(t, map[client.ObjectKey]bool{client.ObjectKeyFromObject(d): true}, r.dirty, "shop/web is read again")
 	assert.NoError(t, cached.Get(ctx, client.ObjectKeyFromObject(report("shop")), report("shop")), "shop's report stays")
 	assert.True(t, apierrors.IsNotFound(cached.Get(ctx, client.ObjectKeyFromObject(report("emptied")), report("emptied"))), "the emptied namespace's report goes")
+}
+
+// reportScheme knows Deployments and the PolicyReports the audit writes, as
+// unstructured objects of gvk.
+func reportScheme(t *testing.T) (*runtime.Scheme, schema.GroupVersionKind) {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	gvk, err := GVK(FormatPolicyReport)
+	require.NoError(t, err)
+	scheme.AddKnownTypeWithName(gvk, &unstructured.Unstructured{})
+	scheme.AddKnownTypeWithName(gvk.GroupVersion().WithKind(gvk.Kind+"List"), &unstructured.UnstructuredList{})
+	return scheme, gvk
 }
