@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -127,7 +128,9 @@ func TestAuditJudgesIncompleteCopiesWhole(t *testing.T) {
 					return c.List(ctx, list, opts...)
 				}})
 				r := &Runner{Client: cached, APIReader: api.Build(), Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
-					Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{}}
+					Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{},
+					// A failed List is not tried again here (TestPagesEach).
+					listRetry: &wait.Backoff{}}
 				if tt.noReader {
 					r.APIReader = nil
 				}

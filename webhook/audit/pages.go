@@ -3,9 +3,11 @@ package audit
 import (
 	"context"
 	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
@@ -23,12 +25,21 @@ const pageSize = 50
 // next page's limit is pageBytes over the largest Deployment seen yet.
 const pageBytes = 8 << 20
 
+// listRetry is how a List that failed for a reason that may pass (a lost
+// connection, a timeout, an API server busy or restarting) is tried again
+// before what it did not list is left unread: 1, 2, 4 and 8 s. The unread
+// are retried a Deployment at a time by GET at the reader's request rate,
+// so one lost connection in a pass of 1,000 pages must not send the rest of
+// the cluster there.
+var listRetry = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 4}
+
 // pages reads the whole Deployments a full pass or a policy refresh needs
 // from the API server, cluster-wide, a page at a time: the cache keeps none
 // whole.
 type pages struct {
 	reader client.Reader
 	size   int64 // the most a page holds
+	retry  wait.Backoff
 }
 
 // nextLimit is the limit of the next List: as many Deployments as
@@ -58,7 +69,8 @@ func resumeToken(err error) string {
 // first; fn must not keep d past its call. It stops with fn's error (err).
 // When it returns with neither error, the listing was complete: what is
 // left in want is gone from the API server. listErr says that the API server
-// could not list what is left in want, which was not read.
+// could not list what is left in want, which was not read, even tried again
+// (list).
 //
 // A continue token that expired (the API server compacted its revision
 // during a long pass) goes on with the token the API server's refusal
@@ -75,7 +87,7 @@ func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func
 		if token != "" {
 			opts = append(opts, client.Continue(token))
 		}
-		if err := p.reader.List(ctx, list, opts...); err != nil {
+		if err := p.list(ctx, list, opts); err != nil {
 			if restart(err, token, progress) {
 				token, progress = resumeToken(err), false
 				continue
@@ -101,6 +113,42 @@ func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func
 		}
 	}
 	return nil, nil
+}
+
+// list is one List, tried again on the same continue token while its
+// error may pass (transient), p.retry's steps at most; it returns the last
+// error.
+func (p pages) list(ctx context.Context, list *appsv1.DeploymentList, opts []client.ListOption) error {
+	b := p.retry
+	for {
+		err := p.reader.List(ctx, list, opts...)
+		if err == nil || b.Steps <= 0 || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(b.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// transient: err may not recur if the same List is sent again. The API
+// server's answers about the request itself (forbidden, invalid, not found,
+// an expired continue token, which restart handles) would.
+func transient(err error) bool {
+	for _, permanent := range []func(error) bool{
+		apierrors.IsForbidden, apierrors.IsUnauthorized, apierrors.IsBadRequest, apierrors.IsInvalid,
+		apierrors.IsNotFound, apierrors.IsMethodNotSupported, apierrors.IsNotAcceptable,
+		apierrors.IsUnsupportedMediaType, apierrors.IsResourceExpired, apierrors.IsGone,
+	} {
+		if permanent(err) {
+			return false
+		}
+	}
+	return true
 }
 
 // restart: a List that failed only because its continue token expired is
@@ -138,7 +186,11 @@ func (r *Runner) eachWhole(ctx context.Context, list []appsv1.Deployment, skip f
 	if size <= 0 {
 		size = pageSize
 	}
-	listErr, err := pages{reader: r.APIReader, size: size}.each(ctx, want, judge)
+	retry := listRetry
+	if r.listRetry != nil {
+		retry = *r.listRetry
+	}
+	listErr, err := pages{reader: r.APIReader, size: size, retry: retry}.each(ctx, want, judge)
 	switch {
 	case err != nil:
 		return err

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -35,6 +36,7 @@ import (
 type pagedLists struct {
 	calls, gets int
 	fault       func(call int, token string) error
+	tokens      []string // each List's continue token
 }
 
 func (p *pagedLists) funcs() interceptor.Funcs {
@@ -46,6 +48,7 @@ func (p *pagedLists) funcs() interceptor.Funcs {
 			}
 			p.calls++
 			o := (&client.ListOptions{}).ApplyOptions(opts)
+			p.tokens = append(p.tokens, o.Continue)
 			if p.fault != nil {
 				if err := p.fault(p.calls, o.Continue); err != nil {
 					return err
@@ -108,9 +111,12 @@ func TestPagesEach(t *testing.T) {
 		want   []string
 		fault  func(call int, token string) error
 		stopAt string // fn fails on this one
-		handed []string
-		left   []string // not handed over
-		lists  int
+		// retries: how many times a failed List may be sent again.
+		retries int
+		handed  []string
+		left    []string // not handed over
+		lists   int
+		tokens  []string // each List's continue token, when set
 		// listErr: the API server could not list what is left; else what
 		// is left is gone.
 		listErr func(error) bool
@@ -156,6 +162,39 @@ func TestPagesEach(t *testing.T) {
 			},
 			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 2,
 			listErr: func(err error) bool { return strings.Contains(err.Error(), "connection refused") }},
+		{name: "a List error that passes: the same page is listed again, nothing left", want: stored, retries: 3,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return errors.New("http2: client connection lost")
+				}
+				return nil
+			},
+			handed: stored, lists: 4, tokens: []string{"", "2", "2", "4"}},
+		{name: "the API server busy, then not: listed again", want: stored, retries: 3,
+			fault: func(call int, _ string) error {
+				if call <= 3 {
+					return apierrors.NewTooManyRequests("the server is busy", 1)
+				}
+				return nil
+			},
+			handed: stored, lists: 6},
+		{name: "a List error that persists: tried again, then what is left is not read", want: stored, retries: 3,
+			fault: func(_ int, token string) error {
+				if token != "" {
+					return errors.New("connection refused")
+				}
+				return nil
+			},
+			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 5,
+			listErr: func(err error) bool { return strings.Contains(err.Error(), "connection refused") }},
+		{name: "a List the API server forbids is not tried again", want: stored, retries: 3,
+			fault: func(call int, _ string) error {
+				if call == 2 {
+					return apierrors.NewForbidden(appsv1.Resource("deployments"), "", errors.New("no list"))
+				}
+				return nil
+			},
+			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 2, listErr: apierrors.IsForbidden},
 		{name: "fn's error stops the listing", want: stored, stopAt: "a/2",
 			handed: []string{"a/1", "a/2"}, left: []string{"a/3", "b/1", "b/2"}, lists: 1, err: errStop},
 	}
@@ -172,7 +211,8 @@ func TestPagesEach(t *testing.T) {
 				want[key(s)] = true
 			}
 			var handed []string
-			listErr, err := pages{reader: b.WithInterceptorFuncs(lists.funcs()).Build(), size: 2}.each(context.Background(), want,
+			p := pages{reader: b.WithInterceptorFuncs(lists.funcs()).Build(), size: 2, retry: wait.Backoff{Steps: tt.retries}}
+			listErr, err := p.each(context.Background(), want,
 				func(d *appsv1.Deployment) error {
 					handed = append(handed, d.Namespace+"/"+d.Name)
 					assert.NotEmpty(t, d.Spec.Template.Spec.Containers, "whole")
@@ -188,6 +228,9 @@ func TestPagesEach(t *testing.T) {
 			}
 			assert.Equal(t, left, want, "left in want")
 			assert.Equal(t, tt.lists, lists.calls, "List requests")
+			if tt.tokens != nil {
+				assert.Equal(t, tt.tokens, lists.tokens, "continue tokens")
+			}
 			assert.Zero(t, lists.gets, "no GET")
 			assert.ErrorIs(t, err, tt.err)
 			if tt.listErr == nil {
@@ -304,14 +347,21 @@ func pageFaults(everyPage, onPage1 func(client.ObjectKey) bool) []pageFault {
 				}
 				return nil
 			}},
-		{name: "a List error on the second page: the first page judged, the rest read again later", lists: 2, anew: onPage1,
+		{name: "a List error on the second page that passes: listed again, every page judged", lists: 4, anew: everyPage,
 			fault: func(call int, _ string) error {
 				if call == 2 {
 					return errors.New("http2: client connection lost")
 				}
 				return nil
 			}},
-		{name: "the first List fails: every Deployment keeps its results", lists: 1, anew: func(client.ObjectKey) bool { return false },
+		{name: "List errors from the second page on: the first page judged, the rest read again later", lists: 5, anew: onPage1,
+			fault: func(_ int, token string) error {
+				if token != "" {
+					return errors.New("http2: client connection lost")
+				}
+				return nil
+			}},
+		{name: "every List fails: every Deployment keeps its results", lists: 4, anew: func(client.ObjectKey) bool { return false },
 			fault: func(int, string) error { return errors.New("http2: client connection lost") }},
 	}
 }
@@ -342,7 +392,8 @@ func pagedCluster(scheme *runtime.Scheme, counts map[string]int) (cache, api *fa
 }
 
 // pagedRunner audits the cache's Deployments with the notes policy, reading
-// whole ones from api in pages of 500, kube-system ignored.
+// whole ones from api in pages of 500 (a failed List tried 3 more times, at
+// once), kube-system ignored.
 func pagedRunner(ctx context.Context, t *testing.T, cache client.Client, api client.Reader) *Runner {
 	t.Helper()
 	eng, err := policy.New(policy.Options{})
@@ -350,7 +401,7 @@ func pagedRunner(ctx context.Context, t *testing.T, cache client.Client, api cli
 	require.NoError(t, eng.Load(ctx, []policy.Source{{Name: "notes.rego", Module: notesPolicy}}))
 	return &Runner{Client: cache, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng},
 		Options: Options{Format: FormatPolicyReport, IgnoredNamespaces: []string{"kube-system"}, PageSize: 500}, Log: logr.Discard(), Now: time.Now,
-		known: map[string]map[string]entry{}}
+		known: map[string]map[string]entry{}, listRetry: &wait.Backoff{Steps: 3}}
 }
 
 // TestAuditFullPassReadsInPages: a full pass over 1,050 Deployments the

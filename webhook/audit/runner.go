@@ -85,6 +85,8 @@ type Runner struct {
 	// unread is how many Deployments the last pass could not read: marked
 	// again, their previous results standing, and retried after a wait.
 	unread int
+	// listRetry replaces listRetry in tests (nil: listRetry).
+	listRetry *wait.Backoff
 
 	missing     atomic.Bool // the report CRD is not installed
 	everMissing atomic.Bool

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -120,7 +121,10 @@ func TestAuditKeepsResultsOfUnreadDeployments(t *testing.T) {
 			am, err := NewMetrics(prometheus.NewRegistry())
 			require.NoError(t, err)
 			r := &Runner{Client: cached, APIReader: api, Evaluator: &Evaluator{Options: &review.Options{}, Engine: eng}, Metrics: am,
-				Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{}}
+				Options: Options{Format: FormatPolicyReport}, Log: logr.Discard(), Now: time.Now, known: map[string]map[string]entry{},
+				// A failed List is not tried again here (TestPagesEach):
+				// what is unread is.
+				listRetry: &wait.Backoff{}}
 			limiter := rate.NewLimiter(rate.Inf, 1)
 			summary := func(ns string) map[string]any {
 				t.Helper()
