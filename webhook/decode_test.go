@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -93,11 +94,11 @@ func TestDecodingAsTheAPIMachinery(t *testing.T) {
 	} {
 		var want admissionv1.AdmissionReview
 		require.NoError(t, kjson.UnmarshalCaseSensitivePreserveInts(b, &want), name)
-		got, ok := decodeReview(b, false, false)
+		got, ok := decodeReview(b, false, skips{})
 		if assert.True(t, ok, "%s: decoded in one pass", name) {
 			assert.Equal(t, want, got, name)
 		}
-		typed, ok := decodeReview(b, true, false)
+		typed, ok := decodeReview(b, true, skips{})
 		if assert.True(t, ok, "%s: decoded with its objects", name) {
 			for _, o := range []*runtime.RawExtension{&typed.Request.Object, &typed.Request.OldObject} {
 				if len(o.Raw) > 0 {
@@ -140,7 +141,7 @@ func sameObjects(t *testing.T, name string, object []byte) {
 // a CREATE whose pod spec is not a PodSpec then decodes, as nothing else can.
 func sameWithoutCreatePodSpec(t *testing.T, name string, body []byte, plain admissionv1.AdmissionReview, ok bool, typed admissionv1.AdmissionReview, typedOK bool) {
 	t.Helper()
-	lazy, lazyOK := decodeReview(body, true, true)
+	lazy, lazyOK := decodeReview(body, true, skips{createPodSpec: true})
 	if !ok || !lazyOK {
 		assert.False(t, lazyOK, "%s: skipping the pod spec, decoded where the review itself is not", name)
 		assert.False(t, typedOK, "%s: skipping the pod spec, not decoded where it is", name)
@@ -167,12 +168,58 @@ func sameWithoutCreatePodSpec(t *testing.T, name string, body []byte, plain admi
 	assert.Equal(t, want, got, "%s: skipping the pod spec of a CREATE, the rest as decoded whole", name)
 }
 
+// sameWithoutManagedFields: body decodes with Endpoint.SkipManagedFields as
+// it does without (plain, typed), but for the managed fields of its objects,
+// which are left empty and whose JSON is only checked: an object whose
+// managed fields are not ManagedFieldsEntries then decodes, as nothing else
+// can.
+func sameWithoutManagedFields(t *testing.T, name string, body []byte, plain admissionv1.AdmissionReview, ok bool, typed admissionv1.AdmissionReview, typedOK bool) {
+	t.Helper()
+	lazy, lazyOK := decodeReview(body, true, skips{managedFields: true})
+	if !ok || !lazyOK {
+		assert.False(t, lazyOK, "%s: skipping the managed fields, decoded where the review itself is not", name)
+		assert.False(t, typedOK, "%s: skipping the managed fields, not decoded where it is", name)
+		return
+	}
+	got := *lazy.Request
+	for _, o := range []*runtime.RawExtension{&got.Object, &got.OldObject} {
+		if d, isDeployment := o.Object.(*appsv1.Deployment); isDeployment {
+			assert.Nil(t, d.ManagedFields, "%s: the managed fields are left undecoded", name)
+		}
+	}
+	if !typedOK {
+		// Decoded only for want of its managed fields: each object as it
+		// decodes alone without them, the rest as the review alone.
+		for _, o := range []*runtime.RawExtension{&got.Object, &got.OldObject} {
+			if len(o.Raw) == 0 {
+				continue
+			}
+			want := &appsv1.Deployment{}
+			if assert.NoError(t, jsonv2.Unmarshal(o.Raw, want, decodeOptions(false, true)), name) {
+				assert.Equal(t, want, o.Object, name)
+			}
+		}
+		got.Object.Object, got.OldObject.Object = nil, nil
+		assert.Equal(t, *plain.Request, got, "%s: skipping the managed fields, the rest as decoded alone", name)
+		return
+	}
+	want := *typed.Request
+	for _, o := range []*runtime.RawExtension{&want.Object, &want.OldObject} {
+		if d, isDeployment := o.Object.(*appsv1.Deployment); isDeployment {
+			d = d.DeepCopy()
+			d.ManagedFields = nil
+			o.Object = d
+		}
+	}
+	assert.Equal(t, want, got, "%s: skipping the managed fields, the rest as decoded whole", name)
+}
+
 // skipsCreatePodSpec: a CREATE written as the API server writes it, the
 // operation first, decodes without its object's pod spec.
 func skipsCreatePodSpec(t *testing.T, name string, object []byte) {
 	t.Helper()
 	body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","object":` + string(object) + `}}`)
-	lazy, ok := decodeReview(body, true, true)
+	lazy, ok := decodeReview(body, true, skips{createPodSpec: true})
 	if !ok {
 		return
 	}
@@ -189,9 +236,10 @@ func skipsCreatePodSpec(t *testing.T, name string, object []byte) {
 // to alone.
 func sameReview(t *testing.T, name string, body []byte) {
 	t.Helper()
-	plain, ok := decodeReview(body, false, false)
-	typed, typedOK := decodeReview(body, true, false)
+	plain, ok := decodeReview(body, false, skips{})
+	typed, typedOK := decodeReview(body, true, skips{})
 	sameWithoutCreatePodSpec(t, name, body, plain, ok, typed, typedOK)
+	sameWithoutManagedFields(t, name, body, plain, ok, typed, typedOK)
 	if !ok {
 		assert.False(t, typedOK, name)
 		return

@@ -128,12 +128,15 @@ func TestNotJSONIsRefusedWithoutTheWebhook(t *testing.T) {
 }
 
 // TestValidatingReadsNoPodSpecOfACreate: the validating webhook leaves a
-// CREATE's pod spec undecoded (Endpoint.SkipCreatePodSpec), so nothing it
-// answers may depend on the typed pod spec. Every Deployment of the corpora,
-// created, gets the same status and bytes from the Endpoint as from the
-// Webhook it wraps, which decodes the whole object: with the built-in Rego
-// policies, an overlap index that holds some of them (overlaps refused), the
-// native policies evaluated in process or left to the API server.
+// CREATE's pod spec undecoded (Endpoint.SkipCreatePodSpec), and every
+// object's managed fields (Endpoint.SkipManagedFields), so nothing it
+// answers may depend on the typed pod spec of a create, nor on typed managed
+// fields. Every Deployment of the corpora, with the managed fields the API
+// server records, created, and updated to a new image, gets the same status
+// and bytes from the Endpoint as from the Webhook it wraps, which decodes
+// the whole object: with the built-in Rego policies, an overlap index that
+// holds some of them (overlaps refused), the native policies evaluated in
+// process or left to the API server.
 func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 	eng, err := policy.New(policy.Options{})
 	require.NoError(t, err)
@@ -157,16 +160,27 @@ func TestValidatingReadsNoPodSpecOfACreate(t *testing.T) {
 		no := false
 		validating.RecoverPanic = &no
 		require.True(t, validating.SkipCreatePodSpec)
+		require.True(t, validating.SkipManagedFields)
 		for name, b := range corpus {
 			d, err := decodeDeployment(runtime.RawExtension{Raw: b})
 			require.NoError(t, err)
 			d.Namespace = "shop"
-			body := reviewBody(t, admissionv1.Create, d, nil)
-			got, want := post(validating, body), post(validating.Webhook, body)
-			assert.Equal(t, want.Code, got.Code, name)
-			assert.Equal(t, want.Body.String(), got.Body.String(), "%s (native policies in the API server: %v)", name, inAPIServer)
-			if !strings.Contains(got.Body.String(), `"allowed":true`) {
-				refused++
+			d = withManagedFields(t, d)
+			updated := d.DeepCopy()
+			for i := range updated.Spec.Template.Spec.Containers {
+				updated.Spec.Template.Spec.Containers[i].Image += "-2"
+			}
+			updated = withManagedFields(t, updated)
+			for op, body := range map[admissionv1.Operation][]byte{
+				admissionv1.Create: reviewBody(t, admissionv1.Create, d, nil),
+				admissionv1.Update: reviewBody(t, admissionv1.Update, updated, d),
+			} {
+				got, want := post(validating, body), post(validating.Webhook, body)
+				assert.Equal(t, want.Code, got.Code, name)
+				assert.Equal(t, want.Body.String(), got.Body.String(), "%s, %s (native policies in the API server: %v)", name, op, inAPIServer)
+				if !strings.Contains(got.Body.String(), `"allowed":true`) {
+					refused++
+				}
 			}
 		}
 	}

@@ -54,7 +54,7 @@ type Hooks struct {
 func (h *Hooks) Handlers(m *Metrics) (mutating, validating *Endpoint) {
 	mutating = &Endpoint{Webhook: newWebhook(instrument("mutating", deploymentKind, mutator{reviewer: h.Reviewer}.handle, m)), Deployments: true, BodyTimeout: h.BodyTimeout}
 	validating = &Endpoint{Webhook: newWebhook(instrument("validating", deploymentKind, validator{reviewer: h.Reviewer}.handle, m)),
-		Deployments: true, SkipCreatePodSpec: true, BodyTimeout: h.BodyTimeout}
+		Deployments: true, SkipCreatePodSpec: true, SkipManagedFields: true, BodyTimeout: h.BodyTimeout}
 	return mutating, validating
 }
 
