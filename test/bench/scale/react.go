@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -154,18 +156,21 @@ func (b *bench) bump(ctx context.Context, live []int, failing int) (bumped, erro
 		t.failing[b.live(i)] = j < failing
 	}
 	sel := client.MatchingLabels{labelLive: "true"}
-	pods, err := b.c.Watch(ctx, &corev1.PodList{}, sel)
+	openPods := func() (watch.Interface, error) { return b.c.Watch(ctx, &corev1.PodList{}, sel) }
+	openDeployments := func() (watch.Interface, error) { return b.c.Watch(ctx, &appsv1.DeploymentList{}, sel) }
+	pods, err := openPods()
 	if err != nil {
 		return r, err
 	}
-	defer pods.Stop()
-	deployments, err := b.c.Watch(ctx, &appsv1.DeploymentList{}, sel)
+	deployments, err := openDeployments()
 	if err != nil {
+		pods.Stop()
 		return r, err
 	}
-	defer deployments.Stop()
-	go t.watchPods(pods)
-	go t.watchDeployments(deployments)
+	watching, stop := context.WithCancel(ctx)
+	defer stop()
+	go follow(watching, "pods", pods, openPods, t.pod)
+	go follow(watching, "Deployments", deployments, openDeployments, t.deployment)
 	peaks := b.watchPeaks()
 	t.start(time.Now())
 	err = parallel(ctx, 0, len(live), b.o.clients, func(ctx context.Context, j int) error {
@@ -212,37 +217,72 @@ func (t *timings) start(at time.Time) {
 	t.began = at
 }
 
-// watchPods notes the first pod status of each failing Deployment's new pods
-// in ImagePullBackOff.
-func (t *timings) watchPods(w watch.Interface) {
-	for ev := range w.ResultChan() {
-		p, ok := ev.Object.(*corev1.Pod)
-		if !ok {
-			continue
+// follow hands handle the events of w, and once the API server ends it (a
+// timeout, a watcher too slow for it) those of a new one from open, until
+// ctx ends: a state first seen in a new watch's initial events is timed
+// when it is seen, not lost.
+func follow(ctx context.Context, what string, w watch.Interface, open func() (watch.Interface, error), handle func(watch.Event)) {
+	for {
+		for ended := false; !ended; {
+			select {
+			case <-ctx.Done():
+				w.Stop()
+				return
+			case ev, ok := <-w.ResultChan():
+				switch {
+				case !ok:
+					ended = true
+				case ev.Type == watch.Error:
+					fmt.Fprintf(os.Stderr, "bench-scale: the watch of %s: %v\n", what, apierrors.FromObject(ev.Object))
+				default:
+					handle(ev)
+				}
+			}
 		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
-				t.note(t.failed, client.ObjectKey{Namespace: p.Namespace, Name: p.Labels["app.kubernetes.io/name"]}, time.Now())
+		w.Stop()
+		fmt.Fprintf(os.Stderr, "bench-scale: the API server ended the watch of %s; watching again\n", what)
+		for {
+			var err error
+			if w, err = open(); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
 			}
 		}
 	}
 }
 
-// watchDeployments notes each rollback write (the rolled-back label set to
-// the failed revision, 2) and each revision 2 marked known-good.
-func (t *timings) watchDeployments(w watch.Interface) {
-	for ev := range w.ResultChan() {
-		d, ok := ev.Object.(*appsv1.Deployment)
-		if !ok || ev.Type != watch.Modified {
-			continue
+// pod notes the first pod status of each failing Deployment's new pods in
+// ImagePullBackOff.
+func (t *timings) pod(ev watch.Event) {
+	p, ok := ev.Object.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
+			t.note(t.failed, client.ObjectKey{Namespace: p.Namespace, Name: p.Labels["app.kubernetes.io/name"]}, time.Now())
 		}
-		now, k := time.Now(), client.ObjectKeyFromObject(d)
-		if d.Labels[vocab.LabelRolledBack] == "2" {
-			t.note(t.rolledBack, k, now)
-		}
-		if l, _ := rollout.ReadLedger(d); l.Newest() != nil && l.Newest().Revision == 2 {
-			t.note(t.knownGood, k, now)
-		}
+	}
+}
+
+// deployment notes each rollback write (the rolled-back label set to the
+// failed revision, 2) and each revision 2 marked known-good; an ADDED event
+// too, which a watch opened again starts with.
+func (t *timings) deployment(ev watch.Event) {
+	d, ok := ev.Object.(*appsv1.Deployment)
+	if !ok || ev.Type != watch.Modified && ev.Type != watch.Added {
+		return
+	}
+	now, k := time.Now(), client.ObjectKeyFromObject(d)
+	if d.Labels[vocab.LabelRolledBack] == "2" {
+		t.note(t.rolledBack, k, now)
+	}
+	if l, _ := rollout.ReadLedger(d); l.Newest() != nil && l.Newest().Revision == 2 {
+		t.note(t.knownGood, k, now)
 	}
 }
 
