@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -121,6 +122,7 @@ func (p pages) each(ctx context.Context, want map[client.ObjectKey]bool, fn func
 func (p pages) list(ctx context.Context, list *appsv1.DeploymentList, opts []client.ListOption) error {
 	b := p.retry
 	for {
+		*list = appsv1.DeploymentList{} // nothing of a failed attempt's
 		err := p.reader.List(ctx, list, opts...)
 		if err == nil || b.Steps <= 0 || !transient(err) || ctx.Err() != nil {
 			return err
@@ -137,12 +139,16 @@ func (p pages) list(ctx context.Context, list *appsv1.DeploymentList, opts []cli
 
 // transient: err may not recur if the same List is sent again. The API
 // server's answers about the request itself (forbidden, invalid, not found,
-// an expired continue token, which restart handles) would.
+// an expired continue token, which restart handles) would, and so would a
+// type the client's scheme lacks. client-go itself sends a request again
+// only on an answer carrying Retry-After; a lost connection or a timeout
+// comes here.
 func transient(err error) bool {
 	for _, permanent := range []func(error) bool{
 		apierrors.IsForbidden, apierrors.IsUnauthorized, apierrors.IsBadRequest, apierrors.IsInvalid,
 		apierrors.IsNotFound, apierrors.IsMethodNotSupported, apierrors.IsNotAcceptable,
 		apierrors.IsUnsupportedMediaType, apierrors.IsResourceExpired, apierrors.IsGone,
+		runtime.IsNotRegisteredError,
 	} {
 		if permanent(err) {
 			return false

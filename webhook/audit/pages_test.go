@@ -242,6 +242,28 @@ func TestPagesEach(t *testing.T) {
 	}
 }
 
+// TestPagesStopWaitingToListAgainWhenCancelled: a pass whose context ends
+// while a failed List waits to be sent again ends then, with the List's
+// error, not after the wait.
+func TestPagesStopWaitingToListAgainWhenCancelled(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(scheme))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lists := &pagedLists{fault: func(int, string) error {
+		// Cancelled once the List has failed, during the wait.
+		time.AfterFunc(10*time.Millisecond, cancel)
+		return errors.New("http2: client connection lost")
+	}}
+	reader := fake.NewClientBuilder().WithScheme(scheme).WithObjects(sound(func(d *appsv1.Deployment) { d.Namespace, d.Name = "a", "1" })).
+		WithInterceptorFuncs(lists.funcs()).Build()
+	p := pages{reader: reader, size: 2, retry: wait.Backoff{Duration: time.Hour, Steps: 3}}
+	listErr, err := p.each(ctx, map[client.ObjectKey]bool{{Namespace: "a", Name: "1"}: true}, func(*appsv1.Deployment) error { return nil })
+	require.NoError(t, err)
+	require.ErrorContains(t, listErr, "client connection lost")
+	assert.Equal(t, 1, lists.calls, "not sent again")
+}
+
 // TestNextLimit: a page holds as many Deployments as pageBytes does of the
 // largest seen yet, at least one, at most the page size.
 func TestNextLimit(t *testing.T) {
