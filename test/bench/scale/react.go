@@ -156,8 +156,10 @@ func (b *bench) bump(ctx context.Context, live []int, failing int) (bumped, erro
 		t.failing[b.live(i)] = j < failing
 	}
 	sel := client.MatchingLabels{labelLive: "true"}
-	openPods := func() (watch.Interface, error) { return b.c.Watch(ctx, &corev1.PodList{}, sel) }
-	openDeployments := func() (watch.Interface, error) { return b.c.Watch(ctx, &appsv1.DeploymentList{}, sel) }
+	watching, stop := context.WithCancel(ctx)
+	defer stop()
+	openPods := func() (watch.Interface, error) { return b.c.Watch(watching, &corev1.PodList{}, sel) }
+	openDeployments := func() (watch.Interface, error) { return b.c.Watch(watching, &appsv1.DeploymentList{}, sel) }
 	pods, err := openPods()
 	if err != nil {
 		return r, err
@@ -167,8 +169,6 @@ func (b *bench) bump(ctx context.Context, live []int, failing int) (bumped, erro
 		pods.Stop()
 		return r, err
 	}
-	watching, stop := context.WithCancel(ctx)
-	defer stop()
 	go follow(watching, "pods", pods, openPods, t.pod)
 	go follow(watching, "Deployments", deployments, openDeployments, t.deployment)
 	peaks := b.watchPeaks()
@@ -264,7 +264,10 @@ func (t *timings) pod(ev watch.Event) {
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff" {
-			t.note(t.failed, client.ObjectKey{Namespace: p.Namespace, Name: p.Labels["app.kubernetes.io/name"]}, time.Now())
+			// A watch opened again replays a failure it missed: once the
+			// rollback is seen, timing the failure then would shorten the
+			// reaction.
+			t.note(t.failed, client.ObjectKey{Namespace: p.Namespace, Name: p.Labels["app.kubernetes.io/name"]}, time.Now(), t.rolledBack)
 		}
 	}
 }
@@ -279,20 +282,23 @@ func (t *timings) deployment(ev watch.Event) {
 	}
 	now, k := time.Now(), client.ObjectKeyFromObject(d)
 	if d.Labels[vocab.LabelRolledBack] == "2" {
-		t.note(t.rolledBack, k, now)
+		t.note(t.rolledBack, k, now, nil)
 	}
 	if l, _ := rollout.ReadLedger(d); l.Newest() != nil && l.Newest().Revision == 2 {
-		t.note(t.knownGood, k, now)
+		t.note(t.knownGood, k, now, nil)
 	}
 }
 
-// note records the first time of k in m, for a Deployment of this bump, and
-// ends the wait once every failing one is rolled back and every other one
-// known-good.
-func (t *timings) note(m map[client.ObjectKey]time.Time, k client.ObjectKey, at time.Time) {
+// note records the first time of k in m, for a Deployment of this bump,
+// unless k is in unless already, and ends the wait once every failing one is
+// rolled back and every other one known-good.
+func (t *timings) note(m map[client.ObjectKey]time.Time, k client.ObjectKey, at time.Time, unless map[client.ObjectKey]time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ours := t.failing[k]; !ours || t.began.IsZero() {
+		return
+	}
+	if _, after := unless[k]; after {
 		return
 	}
 	if _, seen := m[k]; !seen {
