@@ -198,7 +198,7 @@ func sameWithoutManagedFields(t *testing.T, name string, body []byte, plain admi
 				continue
 			}
 			want := &appsv1.Deployment{}
-			if assert.NoError(t, jsonv2.Unmarshal(o.Raw, want, decodeOptions(false, true)), name) {
+			if assert.NoError(t, jsonv2.Unmarshal(o.Raw, want, decodeOptions[skips{managedFields: true}]), name) {
 				assert.Equal(t, want, o.Object, name)
 			}
 		}

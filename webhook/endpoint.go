@@ -160,10 +160,9 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // decodeReview decodes body if it is an admission.k8s.io/v1 AdmissionReview
 // with a request, in one pass (decodeDeployment says why v2's decoder), its
 // objects as Deployments too when deployments is set, without what skip
-// leaves out. A body
-// whose object does not decode as a Deployment is not decoded here: the
-// Webhook's own decoding gives the handler the bytes, and the handler its
-// answer.
+// leaves out. A body whose object does not decode as a Deployment is not
+// decoded here: the Webhook's own decoding gives the handler the bytes, and
+// the handler its answer.
 func decodeReview(body []byte, deployments bool, skip skips) (admissionv1.AdmissionReview, bool) {
 	if deployments {
 		return decodeDeploymentReview(body, skip)
@@ -238,26 +237,12 @@ func (o *deploymentObject) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 	start := dec.InputOffset()
 	d := &appsv1.Deployment{}
 	o.podSpecSkipped = o.skip.createPodSpec && o.req.Operation == admissionv1.Create
-	if err := jsonv2.UnmarshalDecode(dec, d, decodeOptions(o.podSpecSkipped, o.skip.managedFields)); err != nil {
+	if err := jsonv2.UnmarshalDecode(dec, d, decodeOptions[skips{createPodSpec: o.podSpecSkipped, managedFields: o.skip.managedFields}]); err != nil {
 		return err
 	}
 	// From the end of the member's name: the separator, then the value.
 	o.raw = runtime.RawExtension{Raw: bytes.TrimLeft(o.body[start:dec.InputOffset()], " \t\r\n:"), Object: d}
 	return nil
-}
-
-// decodeOptions decode as v1Semantics, but for a pod spec when podSpec is
-// set and the managed fields when managedFields is, whose JSON is only
-// checked.
-func decodeOptions(podSpec, managedFields bool) jsonv2.Options {
-	return skipping[b2i(podSpec)][b2i(managedFields)]
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 var (
@@ -271,10 +256,15 @@ var (
 		}
 		return dec.SkipValue()
 	})
-	skipping = [2][2]jsonv2.Options{
-		{v1Semantics, jsonv2.JoinOptions(v1Semantics, jsonv2.WithUnmarshalers(skipManagedFields))},
-		{jsonv2.JoinOptions(v1Semantics, jsonv2.WithUnmarshalers(skipPodSpec)),
-			jsonv2.JoinOptions(v1Semantics, jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(skipPodSpec, skipManagedFields)))},
+	// decodeOptions decode as v1Semantics, but for what they skip, whose
+	// JSON is only checked (createPodSpec: the pod spec, whatever the
+	// operation).
+	decodeOptions = map[skips]jsonv2.Options{
+		{}:                    v1Semantics,
+		{managedFields: true}: jsonv2.JoinOptions(v1Semantics, jsonv2.WithUnmarshalers(skipManagedFields)),
+		{createPodSpec: true}: jsonv2.JoinOptions(v1Semantics, jsonv2.WithUnmarshalers(skipPodSpec)),
+		{createPodSpec: true, managedFields: true}: jsonv2.JoinOptions(v1Semantics,
+			jsonv2.WithUnmarshalers(jsonv2.JoinUnmarshalers(skipPodSpec, skipManagedFields))),
 	}
 )
 
@@ -299,7 +289,7 @@ func decodeDeploymentReview(body []byte, skip skips) (admissionv1.AdmissionRevie
 		// object is decoded whole after all (but what skip.managedFields
 		// leaves out).
 		d := &appsv1.Deployment{}
-		if err := jsonv2.Unmarshal(o.raw.Raw, d, decodeOptions(false, skip.managedFields)); err != nil {
+		if err := jsonv2.Unmarshal(o.raw.Raw, d, decodeOptions[skips{managedFields: skip.managedFields}]); err != nil {
 			return admissionv1.AdmissionReview{}, false
 		}
 		o.raw.Object = d
