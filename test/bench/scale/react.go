@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -158,13 +159,18 @@ func (b *bench) bump(ctx context.Context, live []int, failing int) (bumped, erro
 	sel := client.MatchingLabels{labelLive: "true"}
 	watching, stop := context.WithCancel(ctx)
 	defer stop()
-	openPods := func() (watch.Interface, error) { return b.c.Watch(watching, &corev1.PodList{}, sel) }
-	openDeployments := func() (watch.Interface, error) { return b.c.Watch(watching, &appsv1.DeploymentList{}, sel) }
-	pods, err := openPods()
+	from := func(rv string) *client.ListOptions {
+		return &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}}
+	}
+	openPods := func(rv string) (watch.Interface, error) { return b.c.Watch(watching, &corev1.PodList{}, sel, from(rv)) }
+	openDeployments := func(rv string) (watch.Interface, error) {
+		return b.c.Watch(watching, &appsv1.DeploymentList{}, sel, from(rv))
+	}
+	pods, err := openPods("")
 	if err != nil {
 		return r, err
 	}
-	deployments, err := openDeployments()
+	deployments, err := openDeployments("")
 	if err != nil {
 		pods.Stop()
 		return r, err
@@ -219,9 +225,12 @@ func (t *timings) start(at time.Time) {
 
 // follow hands handle the events of w, and once the API server ends it (a
 // timeout, a watcher too slow for it) those of a new one from open, until
-// ctx ends: a state first seen in a new watch's initial events is timed
-// when it is seen, not lost.
-func follow(ctx context.Context, what string, w watch.Interface, open func() (watch.Interface, error), handle func(watch.Event)) {
+// ctx ends. The new one resumes from the last resourceVersion seen, so no
+// event in between is missed or late; where the API server no longer has
+// it (410 Gone), it starts from the current state, whose initial events
+// time a state when it is seen, not lose it.
+func follow(ctx context.Context, what string, w watch.Interface, open func(resourceVersion string) (watch.Interface, error), handle func(watch.Event)) {
+	rv := ""
 	for {
 		for ended := false; !ended; {
 			select {
@@ -233,18 +242,28 @@ func follow(ctx context.Context, what string, w watch.Interface, open func() (wa
 				case !ok:
 					ended = true
 				case ev.Type == watch.Error:
-					fmt.Fprintf(os.Stderr, "bench-scale: the watch of %s: %v\n", what, apierrors.FromObject(ev.Object))
+					err := apierrors.FromObject(ev.Object)
+					fmt.Fprintf(os.Stderr, "bench-scale: the watch of %s: %v\n", what, err)
+					if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+						rv, ended = "", true
+					}
 				default:
+					if o, err := meta.Accessor(ev.Object); err == nil {
+						rv = o.GetResourceVersion()
+					}
 					handle(ev)
 				}
 			}
 		}
 		w.Stop()
-		fmt.Fprintf(os.Stderr, "bench-scale: the API server ended the watch of %s; watching again\n", what)
+		fmt.Fprintf(os.Stderr, "bench-scale: the watch of %s ended; watching again from resourceVersion %q\n", what, rv)
 		for {
 			var err error
-			if w, err = open(); err == nil {
+			if w, err = open(rv); err == nil {
 				break
+			}
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+				rv = ""
 			}
 			select {
 			case <-ctx.Done():
