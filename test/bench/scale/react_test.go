@@ -19,7 +19,9 @@ import (
 func TestFollowResumesFromTheLastResourceVersion(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pod := func(rv string) *corev1.Pod { return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ResourceVersion: rv}} }
+	pod := func(rv string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ResourceVersion: rv}}
+	}
 	first, second, third := watch.NewFake(), watch.NewFake(), watch.NewFake()
 	opened := make(chan string, 3)
 	next := []*watch.FakeWatcher{second, third}
