@@ -356,7 +356,55 @@ func varied(rng *rand.Rand, i int) *appsv1.Deployment {
 		labels["deployguard.io/empty-selector"] = pick("refused", "repaired", "")
 	}
 	d.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+	if rng.IntN(5) == 0 {
+		sized(rng, d)
+	}
 	return d
+}
+
+// sized gives d one of the lists the refusals bound (the guard keeps them in
+// memory) at a size around its bound, some of its entries the guard's own,
+// which do not count.
+func sized(rng *rand.Rand, d *appsv1.Deployment) {
+	n := func(bound int) int { return bound - 2 + rng.IntN(5) }
+	own := rng.IntN(2) == 0
+	labels := func(bound int) map[string]string {
+		m := map[string]string{}
+		for i := range n(bound) {
+			m[fmt.Sprintf("example.com/l-%d", i)] = "v"
+		}
+		if own {
+			m[native.LabelDefaulting], m[native.LabelRefusals] = "pending", "pending"
+		}
+		return m
+	}
+	switch rng.IntN(5) {
+	case 0:
+		d.Labels = labels(64)
+	case 1:
+		d.Spec.Template.Labels = labels(64)
+	case 2:
+		// Match labels, expressions and their values: 1 + 2 + (n - 3).
+		values := make([]string, n(64)-3)
+		for i := range values {
+			values[i] = fmt.Sprintf("v-%d", i)
+		}
+		d.Spec.Selector.MatchExpressions = []metav1.LabelSelectorRequirement{
+			{Key: "tier", Operator: metav1.LabelSelectorOpNotIn, Values: values},
+			{Key: "canary", Operator: metav1.LabelSelectorOpDoesNotExist}}
+	case 3:
+		for i := range n(16) {
+			d.Finalizers = append(d.Finalizers, fmt.Sprintf("example.com/f-%d", i))
+		}
+		if own {
+			d.Finalizers = append(d.Finalizers, vocab.FinalizerRecord)
+		}
+	default:
+		for i := range n(16) {
+			d.OwnerReferences = append(d.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap",
+				Name: fmt.Sprintf("o-%d", i), UID: types.UID(fmt.Sprintf("o-%d", i))})
+		}
+	}
 }
 
 var deletedAt = metav1.NewTime(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))

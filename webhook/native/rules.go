@@ -260,20 +260,20 @@ func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, polic
 }
 
 // project is d as the guard's policies read it: without the pod template
-// and the managed fields, which no expression of theirs reads
-// (TestPoliciesReadNoTemplate) and which are most of a Deployment, so that
-// converting it for CEL costs little on the webhook's path. A template that
-// changed in an update leaves a marker on the new object, so that
-// "object.spec != oldObject.spec" still says so.
+// but for its labels, and without the managed fields, which no expression of
+// theirs reads (TestPoliciesReadNoTemplate) and which are most of a
+// Deployment, so that converting it for CEL costs little on the webhook's
+// path. A template that changed in an update leaves a marker on the new
+// object, so that "object.spec != oldObject.spec" still says so.
 func project(d *appsv1.Deployment, templateChanged bool) *appsv1.Deployment {
 	if d == nil {
 		return nil
 	}
 	p := *d
 	p.ManagedFields = nil
-	p.Spec.Template = corev1.PodTemplateSpec{}
+	p.Spec.Template = corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: d.Spec.Template.Labels}}
 	if templateChanged {
-		p.Spec.Template.Labels = map[string]string{"deployguard.io/template-changed": "true"}
+		p.Spec.Template.Annotations = map[string]string{"deployguard.io/template-changed": "true"}
 	}
 	return &p
 }

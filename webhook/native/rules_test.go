@@ -335,8 +335,9 @@ func TestPoliciesUseTheGuardsVocabulary(t *testing.T) {
 }
 
 // The guard evaluates its policies on a projection of the Deployment
-// without the pod template and the managed fields (project): no expression
-// may read them, or the guard and the API server would disagree.
+// without the pod template (but for its labels) and the managed fields
+// (project): no expression may read them, or the guard and the API server
+// would disagree.
 func TestPoliciesReadNoTemplate(t *testing.T) {
 	r, err := Load()
 	require.NoError(t, err)
@@ -354,6 +355,7 @@ func TestPoliciesReadNoTemplate(t *testing.T) {
 		for _, e := range exprs {
 			// What a message says is not what it reads.
 			e = stringLiterals.ReplaceAllString(e, "''")
+			e = strings.ReplaceAll(e, "spec.template.?metadata.?labels", "spec.projected")
 			assert.NotContains(t, e, "template", "%s reads the template", p.Name)
 			assert.NotContains(t, e, "managedFields", "%s reads the managed fields", p.Name)
 		}
@@ -386,4 +388,101 @@ func TestParamsFollowTheSettings(t *testing.T) {
 		}
 	}
 	assert.Same(t, defaults.Params(), defaults.Params(), "the same settings build their params again")
+}
+
+// What the guard keeps of every Deployment in memory and a tenant sizes is
+// bounded: labels, the template's labels, the selector's terms, finalizers
+// and owner references. The guard's own labels and finalizers do not count;
+// one already over a bound may be updated, not grown.
+func TestWhatTheGuardKeepsIsBounded(t *testing.T) {
+	labels := func(n int, own bool) map[string]string {
+		m := map[string]string{}
+		for i := range n {
+			m[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+		}
+		if own {
+			m[LabelDefaulting], m[LabelRefusals], m[vocab.LabelRolledBack] = "pending", "pending", "2"
+		}
+		return m
+	}
+	finalizers := func(n int) []string {
+		var f []string
+		for i := range n {
+			f = append(f, fmt.Sprintf("team.example.com/f-%d", i))
+		}
+		return f
+	}
+	owners := func(n int) []metav1.OwnerReference {
+		var o []metav1.OwnerReference
+		for i := range n {
+			o = append(o, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: fmt.Sprintf("o-%d", i), UID: types.UID(fmt.Sprintf("u-%d", i))})
+		}
+		return o
+	}
+	selector := func(terms int) *metav1.LabelSelector {
+		values := make([]string, terms-2)
+		for i := range values {
+			values[i] = fmt.Sprintf("v-%d", i)
+		}
+		return &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"},
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpNotIn, Values: values}}}
+	}
+	base := func() *appsv1.Deployment {
+		d := rolling(3, intstr.FromString("25%"), intstr.FromString("25%"))
+		d.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+		d.Spec.Template.Labels = map[string]string{"app": "web"}
+		return d
+	}
+	with := func(f func(*appsv1.Deployment)) *appsv1.Deployment {
+		d := base()
+		f(d)
+		return d
+	}
+	over := with(func(d *appsv1.Deployment) { d.Labels = labels(70, false) })
+	for _, tc := range []struct {
+		name     string
+		req      Request
+		settings Settings
+		want     string // the refusal, as kubectl shows it; "" admitted
+	}{
+		{"metadata.labels: 64 labels and the guard's", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(64, true) })}, defaults, ""},
+		{"metadata.labels: 65 labels", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(65, true) })}, defaults,
+			"metadata.labels: 65 labels, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+		{"65 on the pod template", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Spec.Template.Labels = labels(65, false) })}, defaults,
+			"spec.template.metadata.labels: 65 labels, more than the 64 a pod template may carry; keep the labels that select the pods, and move the rest to spec.template.metadata.annotations. deployguard keeps these of every Deployment in memory"},
+		{"a selector of 64 terms", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(64) })}, defaults, ""},
+		{"a selector of 65 terms", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(65) })}, defaults,
+			"spec.selector: 65 terms (match labels, expressions and their values), more than the 64 a selector may have; select on the pods' identity labels. deployguard keeps these of every Deployment in memory"},
+		{"metadata.finalizers: 16 finalizers and the guard's", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) {
+			d.Finalizers = append(finalizers(16), vocab.FinalizerRecord, vocab.FinalizerDrain)
+		})}, defaults, ""},
+		{"metadata.finalizers: 17 finalizers", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Finalizers = finalizers(17) })}, defaults,
+			"metadata.finalizers: 17 finalizers besides deployguard's, more than the 16 a Deployment may carry. deployguard keeps these of every Deployment in memory"},
+		{"17 owners", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.OwnerReferences = owners(17) })}, defaults,
+			"metadata.ownerReferences: 17 owner references, more than the 16 a Deployment may carry. deployguard keeps these of every Deployment in memory"},
+		{"labels added to 64", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(65, false) }),
+			OldObject: with(func(d *appsv1.Deployment) { d.Labels = labels(64, false) })}, defaults,
+			"metadata.labels: 65 labels, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+		{"one over, updated", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(70, false); d.Spec.Replicas = ptr.To[int32](5) }),
+			OldObject: over}, defaults, ""},
+		{"one over, shrunk", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(66, false) }), OldObject: over}, defaults, ""},
+		{"one over, grown", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(71, false) }), OldObject: over}, defaults,
+			"metadata.labels: 71 labels, more than the 64 a Deployment may carry (it had 70: it may keep them, not add more); keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+		{"a stored selector over", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(80); d.Spec.Replicas = ptr.To[int32](5) }),
+			OldObject: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(80) })}, defaults, ""},
+		{"deleted", Request{Operation: admission.Delete, OldObject: over}, defaults, ""},
+		{"by the guard", Request{Operation: admission.Create, Object: over, User: &user.DefaultInfo{Name: defaults.GuardUsername}}, defaults, ""},
+		{"in an exempt namespace", Request{Operation: admission.Create, Object: over}, Settings{ExemptNamespaces: []string{"shop"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := evaluate(t, tc.req, tc.settings, Refusals)
+			if tc.want == "" {
+				assert.Empty(t, fs)
+				return
+			}
+			if assert.Len(t, fs, 1, "%+v", fs) {
+				assert.Equal(t, tc.want, fs[0].Line())
+			}
+		})
+	}
 }
