@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -141,5 +143,42 @@ func generated(rng *rand.Rand, i int) *appsv1.Deployment {
 	if rng.IntN(3) == 0 {
 		d.Annotations = map[string]string{vocab.AnnotationCleanup: pick("record", "drain,record", "none", "none,drain", "backup", " Record ", "")}
 	}
+	if rng.IntN(6) == 0 {
+		oversized(rng, d)
+	}
 	return d
+}
+
+// oversized gives d one of the lists deployguard-refusals bounds at a size
+// around its bound: labels on d or on its template (64), selector terms (64),
+// finalizers or owner references (16).
+func oversized(rng *rand.Rand, d *appsv1.Deployment) {
+	n := func(bound int) int { return bound - 2 + rng.IntN(5) }
+	switch rng.IntN(5) {
+	case 0:
+		d.Labels = map[string]string{}
+		for i := range n(64) {
+			d.Labels[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+		}
+	case 1:
+		for i := range n(64) - len(d.Spec.Template.Labels) {
+			d.Spec.Template.Labels[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+		}
+	case 2:
+		values := make([]string, n(64)-len(d.Spec.Selector.MatchLabels)-1)
+		for i := range values {
+			values[i] = fmt.Sprintf("v-%d", i)
+		}
+		d.Spec.Selector.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: "tier", Operator: metav1.LabelSelectorOpNotIn, Values: values}}
+	case 3:
+		d.Finalizers = nil
+		for i := range n(16) {
+			d.Finalizers = append(d.Finalizers, fmt.Sprintf("team.example.com/f-%d", i))
+		}
+	default:
+		for i := range n(16) {
+			d.OwnerReferences = append(d.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap",
+				Name: fmt.Sprintf("o-%d", i), UID: types.UID(fmt.Sprintf("6b1a3c9e-0000-4000-8000-%012d", i))})
+		}
+	}
 }
