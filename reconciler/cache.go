@@ -24,11 +24,11 @@ import (
 // Deployment's decisions need its metadata, selector, template labels,
 // strategy and status; the template itself only at rollback and record time,
 // when it is read from the API server. This is what bounds the guard's memory
-// by the number of objects, not by their size, but for their labels: a
-// Deployment's, its template's and its selector are kept whole, since the
-// overlap index and the checks' selection need them exactly, and nothing
-// bounds their number yet (test/bench/scale/README.md, "What a tenant still
-// sizes").
+// by the number of objects, not by their size. A Deployment's labels, its
+// template's, its selector, finalizers and owner references are kept whole
+// (the overlap index and the checks' selection need them exactly):
+// deployguard-refusals bounds their number at admission
+// (test/bench/scale/README.md, "What a tenant sizes").
 func CacheOptions() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		&appsv1.Deployment{}: {Transform: StripForCache},

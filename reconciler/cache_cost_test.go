@@ -120,7 +120,8 @@ func servedReplicaSet(d *appsv1.Deployment, rev int) *appsv1.ReplicaSet {
 //     ReplicaSet's template hash, and its ready replicas;
 //   - strip+tenant-labels: StripForCache, each Deployment written with 200
 //     more labels on itself and on its pod template (tenantLabels), as a
-//     tenant with the edit role may: what the cache does not yet bound.
+//     tenant with the edit role could before deployguard-refusals bounded
+//     their number (64 a set): what the cache keeps of them.
 //
 // Per Deployment, its ReplicaSets included: retained-B/op is the bytes of
 // the objects kept (HeapAlloc after a collection), inuse-B/op the heap in
