@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/rollout"
@@ -349,5 +350,49 @@ func BenchmarkCacheOfLargeTemplates(b *testing.B) {
 				runtime.KeepAlive(kept)
 			})
 		}
+	}
+}
+
+// A ReplicaSet's owner references and finalizers are a tenant's to write,
+// as many as fit in the object: the cache keeps its controller reference
+// alone, which is all the reconciler reads (its index and its watch), and no
+// finalizer.
+func TestStripForCacheKeepsOnlyAReplicaSetsController(t *testing.T) {
+	other := func(i int) metav1.OwnerReference {
+		return metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: fmt.Sprintf("o-%d", i), UID: types.UID(fmt.Sprintf("uid-%d", i))}
+	}
+	d := deployment()
+	ctrl := replicaSet(d, 2, "web:v2").OwnerReferences[0]
+	many := []metav1.OwnerReference{other(0), other(1), ctrl}
+	for i := range 500 {
+		many = append(many, other(2+i))
+	}
+	for _, tc := range []struct {
+		name           string
+		owners         []metav1.OwnerReference
+		keepController bool
+	}{
+		{"the Deployment alone", []metav1.OwnerReference{ctrl}, true},
+		{"the Deployment among 502 others", many, true},
+		{"no controller", []metav1.OwnerReference{other(0), other(1)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := replicaSet(d, 2, "web:v2")
+			rs.OwnerReferences = tc.owners
+			for i := range 500 {
+				rs.Finalizers = append(rs.Finalizers, fmt.Sprintf("team.example.com/f-%d", i))
+			}
+			got, err := StripForCache(rs)
+			require.NoError(t, err)
+			kept := got.(*appsv1.ReplicaSet)
+			assert.Nil(t, kept.Finalizers)
+			assert.LessOrEqual(t, cap(kept.OwnerReferences), 1, "the others are not held")
+			if !tc.keepController {
+				assert.Nil(t, kept.OwnerReferences)
+				return
+			}
+			assert.Equal(t, []metav1.OwnerReference{ctrl}, kept.OwnerReferences)
+			assert.Equal(t, []string{d.Name}, indexReplicaSetByController(kept), "the index still finds its Deployment")
+		})
 	}
 }
