@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +38,25 @@ type BudgetIndex struct {
 // NewBudgetIndex returns an empty index over deployments' Deployments.
 func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
 	return &BudgetIndex{byNamespace: byNamespace{byNS: map[string]*nsSelections{}}, budgets: map[string]map[string]Budget{}, Deployments: deployments}
+}
+
+// StripBudgetForCache is the cache transform of PodDisruptionBudgets. The
+// budget index reads a budget's identity, generation, deletion and spec; its
+// labels, annotations, owners and finalizers, which tenants write as large as
+// the object may be, and its status (an entry per disrupted pod) are not
+// kept. Its selector is kept whole: the index needs it exactly.
+func StripBudgetForCache(obj any) (any, error) {
+	p, ok := obj.(*policyv1.PodDisruptionBudget)
+	if !ok {
+		if m, ok := obj.(metav1.Object); ok {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	}
+	p.ObjectMeta = metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+		Generation: p.Generation, CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp}
+	p.Status = policyv1.PodDisruptionBudgetStatus{}
+	return p, nil
 }
 
 // Set files (or refiles) a budget.

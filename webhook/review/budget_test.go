@@ -1,6 +1,7 @@
 package review_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -193,4 +194,39 @@ func TestDrainCheckReportsPodsUnderTwoBudgets(t *testing.T) {
 	if assert.Len(t, f, 1, "the Deployment's check: %v", f) {
 		assert.Contains(t, f[0].Message, "selected by 2 PodDisruptionBudgets (front, web)")
 	}
+}
+
+// The cache keeps of a PodDisruptionBudget what the budget index reads: a
+// tenant's labels, annotations, owners and finalizers, and the disruption
+// controller's status, are not held; the budget it files is the same.
+func TestStripBudgetForCacheKeepsWhatTheIndexReads(t *testing.T) {
+	one := intstr.FromInt32(1)
+	p := reviewtest.BudgetIn("shop", "web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one)
+	p.UID, p.ResourceVersion, p.Generation = "uid-web", "42", 3
+	deleted := metav1.Now()
+	p.DeletionTimestamp = &deleted
+	p.Labels, p.Annotations = map[string]string{}, map[string]string{"notes": strings.Repeat("x", 200_000)}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "o", UID: "o"}}
+	p.Finalizers = []string{"team.example.com/keep"}
+	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
+	p.Status = policyv1.PodDisruptionBudgetStatus{DisruptedPods: map[string]metav1.Time{"web-1": deleted}, CurrentHealthy: 2, ObservedGeneration: 3}
+	for i := range 1000 {
+		p.Labels[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+	}
+	want, ok := review.BudgetOf(p)
+	require.True(t, ok)
+	spec := *p.Spec.DeepCopy()
+
+	got, err := review.StripBudgetForCache(p)
+	require.NoError(t, err)
+	kept := got.(*policyv1.PodDisruptionBudget)
+	assert.Equal(t, metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "uid-web", ResourceVersion: "42", Generation: 3, DeletionTimestamp: &deleted},
+		kept.ObjectMeta)
+	assert.Equal(t, spec, kept.Spec)
+	assert.Zero(t, kept.Status)
+	b, ok := review.BudgetOf(kept)
+	require.True(t, ok)
+	assert.Equal(t, want.Name, b.Name)
+	assert.Equal(t, want.Selector.String(), b.Selector.String())
+	assert.Equal(t, want.MinAvailable, b.MinAvailable)
 }

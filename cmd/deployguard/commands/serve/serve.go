@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -646,9 +647,11 @@ func setupCerts(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *ser
 }
 
 // cacheOptions keep in memory only what the guard reads: Deployments and
-// ReplicaSets without their pod templates (reconciler.CacheOptions), nothing
-// without managedFields, and ConfigMaps of the guard's own namespace only
-// (they are policies; the cluster's are never cached). Pods are never cached.
+// ReplicaSets without their pod templates (reconciler.CacheOptions),
+// PodDisruptionBudgets without their metadata and status
+// (review.StripBudgetForCache), nothing with managedFields, and ConfigMaps
+// of the guard's own namespace only (they are policies; the cluster's are
+// never cached). Pods are never cached.
 func cacheOptions(namespace, exceptions string) cache.Options {
 	byObject := reconciler.CacheOptions()
 	// Without the restore records (reconciler's record step): nothing reads
@@ -658,6 +661,8 @@ func cacheOptions(namespace, exceptions string) cache.Options {
 		noRecords = noRecords.Add(*req)
 	}
 	byObject[&corev1.ConfigMap{}] = cache.ByObject{Namespaces: map[string]cache.Config{namespace: {LabelSelector: noRecords}}}
+	// Of a PodDisruptionBudget, what the budget index reads.
+	byObject[&policyv1.PodDisruptionBudget{}] = cache.ByObject{Transform: review.StripBudgetForCache}
 	// Exceptions are honoured in one namespace: the guard watches no other.
 	if exceptions != "" {
 		byObject[&exception.PolicyException{}] = cache.ByObject{Namespaces: map[string]cache.Config{exceptions: {}}}
