@@ -580,3 +580,37 @@ func TestTakeoverFromAnEarlierReleaseKeepsItsHistory(t *testing.T) {
 	require.NotEmpty(t, l.KnownGood)
 	assert.Equal(t, rs1.UID, l.KnownGood[0].UID, "the earlier release's mark, adopted")
 }
+
+// What the guard keeps of every Deployment in memory is bounded for a
+// tenant: a create with more labels on its pod template than a Deployment
+// may carry is refused by the API server itself, in words that say what to
+// move, and so is an update that grows its labels past the bound.
+func TestATenantCannotGrowWhatTheGuardKeeps(t *testing.T) {
+	ctx := context.Background()
+	tn := newTenant(t)
+	labels := func(n int) map[string]string {
+		m := map[string]string{}
+		for i := range n {
+			m[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+		}
+		return m
+	}
+	big := harness.Deployment(tn.ns, "big", "app:1", shortDeadline)
+	for k, v := range labels(64) {
+		big.Spec.Template.Labels[k] = v
+	}
+	err := tn.c.Create(ctx, big)
+	require.Error(t, err, "a pod template of 65 labels")
+	assert.Contains(t, err.Error(), "ValidatingAdmissionPolicy 'deployguard-refusals'")
+	assert.Contains(t, err.Error(), "spec.template.metadata.labels: 65 labels, more than the 64 a pod template may carry")
+
+	d := harness.Deployment(tn.ns, "small", "app:1", shortDeadline)
+	d.Labels = labels(64)
+	require.NoError(t, tn.c.Create(ctx, d), "64 labels are admitted")
+	grown := &appsv1.Deployment{}
+	require.NoError(t, tn.c.Get(ctx, client.ObjectKeyFromObject(d), grown))
+	grown.Labels["team.example.com/one-more"] = "v"
+	err = tn.c.Update(ctx, grown)
+	require.Error(t, err, "a 65th label")
+	assert.Contains(t, err.Error(), "metadata.labels: 65 labels, more than the 64 a Deployment may carry")
+}
