@@ -71,7 +71,7 @@ func TestEvaluate(t *testing.T) {
 		{"sound, enforce", "enforce", sound(), map[string]string{
 			"deployguard.teamlabel/deny": ResultPass, "quarantine/quarantined-template": ResultPass,
 			"spec-checks/selector": ResultPass, "spec-checks/strategy": ResultPass,
-			"spec-checks/revision-history": ResultPass, "spec-checks/progress-deadline": ResultPass}},
+			"spec-checks/revision-history": ResultPass, "spec-checks/progress-deadline": ResultPass, "spec-checks/size": ResultPass}},
 		{"no team label, audit mode", "audit", sound(func(d *appsv1.Deployment) { d.Labels = nil }), map[string]string{
 			"deployguard.teamlabel/deny": ResultFail}},
 		{"no team label, warn mode", "warn", sound(func(d *appsv1.Deployment) { d.Labels = nil }), map[string]string{
@@ -84,6 +84,11 @@ func TestEvaluate(t *testing.T) {
 			full := intstr.FromString("100%")
 			d.Spec.Strategy.RollingUpdate.MaxUnavailable = &full
 		}), map[string]string{"spec-checks/strategy": ResultFail}},
+		{"more labels than the guard keeps (stored before the bound)", "enforce", sound(func(d *appsv1.Deployment) {
+			for i := range 70 {
+				d.Labels[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+			}
+		}), map[string]string{"spec-checks/size": ResultFail, "spec-checks/strategy": ResultPass}},
 		{"running a quarantined template", "enforce", sound(func(d *appsv1.Deployment) {
 			d.Annotations = map[string]string{vocab.AnnotationQuarantinedTemplates: vocab.TemplateHash(&d.Spec.Template)}
 		}), map[string]string{"quarantine/quarantined-template": ResultFail}},

@@ -24,6 +24,7 @@ var Invariants = map[string]string{
 	origin.Overlap:    "two Deployments selecting the same pods fight over them",
 	origin.Quarantine: "it has its own override, the annotation deployguard.io/allow-template",
 	origin.Finalizers: "the guard's cleanup must run",
+	origin.Size:       "it bounds what the guard keeps of every Deployment in memory, and the API server enforces it itself",
 	origin.Protected:  "lift the protection with kubectl annotate instead",
 }
 

@@ -410,3 +410,36 @@ func sized(rng *rand.Rand, d *appsv1.Deployment) {
 var deletedAt = metav1.NewTime(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))
 
 func ptr[T any](v T) *T { return &v }
+
+// A create so large that deployguard-selector's condition, evaluated in
+// full, would pass the API server's cost limit per expression (and, the
+// policy failing open, leave the create unlabelled for the refusals'
+// binding) is labelled by the size clauses first.
+func TestTheSelectorPolicyLabelsCreatesTooLargeToEvaluate(t *testing.T) {
+	rules, err := native.Load()
+	require.NoError(t, err)
+	ctx := context.Background()
+	huge := map[string]func(*appsv1.Deployment){
+		"70,000 selector terms": func(d *appsv1.Deployment) {
+			for i := range 70_000 {
+				d.Spec.Selector.MatchExpressions = append(d.Spec.Selector.MatchExpressions,
+					metav1.LabelSelectorRequirement{Key: fmt.Sprintf("k%d", i), Operator: metav1.LabelSelectorOpDoesNotExist})
+			}
+		},
+		"200,000 finalizers": func(d *appsv1.Deployment) {
+			for i := range 200_000 {
+				d.Finalizers = append(d.Finalizers, fmt.Sprintf("a/%d", i))
+			}
+		},
+	}
+	for name, grow := range huge {
+		d := varied(rand.New(rand.NewPCG(1, 1)), 0)
+		d.Finalizers, d.Annotations = nil, nil
+		grow(d)
+		req := native.Request{Operation: admission.Create, Object: d, Namespace: "shop", Name: "huge",
+			User: &user.DefaultInfo{Name: "alice"}, Params: native.Settings{}.ConfigMap("deployguard-system")}
+		mutated, err := rules.Mutate(ctx, req, native.Settings{}.Params(), native.Selector)
+		require.NoError(t, err, name)
+		assert.Equal(t, native.DefaultingPending, mutated.Labels[native.LabelRefusals], "%s: labelled for the refusals", name)
+	}
+}

@@ -259,6 +259,11 @@ func (r *Rules) Evaluate(ctx context.Context, req Request, params *Params, polic
 	return out
 }
 
+// SizeBoundSuffix ends every message of deployguard-refusals' size bounds
+// (config/native/policies.yaml, sizeBounded), which share their fields with
+// other rules: the guard files those findings under their own check by it.
+const SizeBoundSuffix = "deployguard keeps these of every Deployment in memory"
+
 // project is d as the guard's policies read it: without the pod template
 // but for its labels, and without the managed fields, which no expression of
 // theirs reads (TestPoliciesReadNoTemplate) and which are most of a

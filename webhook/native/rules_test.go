@@ -120,10 +120,11 @@ func TestUnshowableMessagesFallBackToTheStaticOnes(t *testing.T) {
 		d.Finalizers = append(d.Finalizers, fmt.Sprintf("deployguard.io/unknown-finalizer-%03d", i))
 	}
 	fs = evaluate(t, Request{Operation: admission.Create, Object: d}, defaults, Refusals)
-	require.Len(t, fs, 1, "%+v", fs)
+	require.Len(t, fs, 2, "unknown finalizers, and more than a Deployment may carry: %+v", fs)
 	assert.Equal(t, "metadata.finalizers", fs[0].Field)
 	assert.Contains(t, fs[0].Message, "supported values")
 	assert.LessOrEqual(t, len(fs[0].Message), 5*1024, "the message's length")
+	assert.Contains(t, fs[1].Message, "400 finalizers besides deployguard's")
 }
 
 // Exemptions, the guard's own writes and metadata-only updates skip the
@@ -450,9 +451,22 @@ func TestWhatTheGuardKeepsIsBounded(t *testing.T) {
 	}{
 		{"metadata.labels: 64 labels and the guard's", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(64, true) })}, defaults, ""},
 		{"metadata.labels: 65 labels", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(65, true) })}, defaults,
-			"metadata.labels: 65 labels, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+			"metadata.labels: 65 labels besides deployguard's, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
 		{"65 on the pod template", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Spec.Template.Labels = labels(65, false) })}, defaults,
-			"spec.template.metadata.labels: 65 labels, more than the 64 a pod template may carry; keep the labels that select the pods, and move the rest to spec.template.metadata.annotations. deployguard keeps these of every Deployment in memory"},
+			"spec.template.metadata.labels: 65 labels besides deployguard's, more than the 64 a pod template may carry; keep the labels that select the pods, and move the rest to spec.template.metadata.annotations. deployguard keeps these of every Deployment in memory"},
+		{"65 of the guard's domain that are not the guard's", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) {
+			d.Labels = map[string]string{}
+			for i := range 65 {
+				d.Labels[fmt.Sprintf("deployguard.io/x-%d", i)] = "v"
+			}
+		})}, defaults,
+			"metadata.labels: 65 labels besides deployguard's, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+		{"the guard's finalizer 20 times", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) {
+			for range 20 {
+				d.Finalizers = append(d.Finalizers, vocab.FinalizerRecord)
+			}
+		})}, defaults,
+			"metadata.finalizers: 19 finalizers besides deployguard's, more than the 16 a Deployment may carry. deployguard keeps these of every Deployment in memory"},
 		{"a selector of 64 terms", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(64) })}, defaults, ""},
 		{"a selector of 65 terms", Request{Operation: admission.Create, Object: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(65) })}, defaults,
 			"spec.selector: 65 terms (match labels, expressions and their values), more than the 64 a selector may have; select on the pods' identity labels. deployguard keeps these of every Deployment in memory"},
@@ -465,12 +479,12 @@ func TestWhatTheGuardKeepsIsBounded(t *testing.T) {
 			"metadata.ownerReferences: 17 owner references, more than the 16 a Deployment may carry. deployguard keeps these of every Deployment in memory"},
 		{"labels added to 64", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(65, false) }),
 			OldObject: with(func(d *appsv1.Deployment) { d.Labels = labels(64, false) })}, defaults,
-			"metadata.labels: 65 labels, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+			"metadata.labels: 65 labels besides deployguard's, more than the 64 a Deployment may carry; keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
 		{"one over, updated", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(70, false); d.Spec.Replicas = ptr.To[int32](5) }),
 			OldObject: over}, defaults, ""},
 		{"one over, shrunk", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(66, false) }), OldObject: over}, defaults, ""},
 		{"one over, grown", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Labels = labels(71, false) }), OldObject: over}, defaults,
-			"metadata.labels: 71 labels, more than the 64 a Deployment may carry (it had 70: it may keep them, not add more); keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
+			"metadata.labels: 71 labels besides deployguard's, more than the 64 a Deployment may carry (it had 70: it may keep them, not add more); keep the labels that select or group it, and move the rest to metadata.annotations. deployguard keeps these of every Deployment in memory"},
 		{"a stored selector over", Request{Operation: admission.Update, Object: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(80); d.Spec.Replicas = ptr.To[int32](5) }),
 			OldObject: with(func(d *appsv1.Deployment) { d.Spec.Selector = selector(80) })}, defaults, ""},
 		{"deleted", Request{Operation: admission.Delete, OldObject: over}, defaults, ""},
@@ -485,6 +499,7 @@ func TestWhatTheGuardKeepsIsBounded(t *testing.T) {
 			}
 			if assert.Len(t, fs, 1, "%+v", fs) {
 				assert.Equal(t, tc.want, fs[0].Line())
+				assert.True(t, strings.HasSuffix(fs[0].Message, SizeBoundSuffix), "the guard tells it by its end")
 			}
 		})
 	}

@@ -15,6 +15,7 @@ const (
 	RevisionHistory  = "revision-history"  // spec.revisionHistoryLimit outside enforced bounds
 	ProgressDeadline = "progress-deadline" // spec.progressDeadlineSeconds not above minReadySeconds, or outside enforced bounds
 	Finalizers       = "finalizers"        // metadata.finalizers and the cleanup annotation that chooses them
+	Size             = "size"              // more labels, selector terms, finalizers or owners than the guard keeps of a Deployment
 	Quarantine       = "quarantine"        // spec.template: a quarantined pod template brought back
 	Protected        = "protected"         // DELETE of a Deployment annotated protected
 	Policy           = "policy"            // an enforced Rego policy; which one is the policy engine's metrics'
@@ -33,5 +34,5 @@ const (
 // Internal.
 func Checks() []string {
 	return []string{Selector, Overlap, Strategy, RevisionHistory, ProgressDeadline,
-		Finalizers, Quarantine, Protected, Policy, DisruptionBudget}
+		Finalizers, Size, Quarantine, Protected, Policy, DisruptionBudget}
 }

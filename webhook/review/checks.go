@@ -119,8 +119,9 @@ var storedRules = Chain{
 }
 
 // specChecks are the checks of the spec: specRules' selector and progress
-// deadline, and the native policies'.
-var specChecks = []string{origin.Selector, origin.Strategy, origin.RevisionHistory, origin.ProgressDeadline}
+// deadline, and the native policies' (the size bounds judge the metadata
+// too: what is stored may be over them).
+var specChecks = []string{origin.Selector, origin.Strategy, origin.RevisionHistory, origin.ProgressDeadline, origin.Size}
 
 // check runs the checks on a CREATE (old nil) or an UPDATE, or, at the
 // Stored stage, on what is stored.

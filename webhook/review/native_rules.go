@@ -85,7 +85,7 @@ func (o *Options) nativeChecksByPolicy(ctx context.Context, req Request, policie
 			i = 0
 		}
 		f := &out[i]
-		check := nativeOrigin(x.Field)
+		check := nativeOrigin(x.Field, x.Message)
 		switch {
 		case x.Error && x.Policy == native.Refusals:
 			*f = append(*f, refuse(field.InternalError(field.NewPath("metadata"), fmt.Errorf("policy %s could not be evaluated: %s", x.Policy, x.Message)), origin.Internal))
@@ -141,9 +141,12 @@ func nativeRequest(req Request) native.Request {
 	return in
 }
 
-// nativeOrigin is the check a policy's message is about, from its field.
-func nativeOrigin(f string) string {
+// nativeOrigin is the check a policy's finding is about, from its field (and
+// for the size bounds, which share fields with other rules, its message).
+func nativeOrigin(f, message string) string {
 	switch {
+	case strings.HasSuffix(message, native.SizeBoundSuffix):
+		return origin.Size
 	case f == "spec.selector":
 		return origin.Selector
 	case strings.HasPrefix(f, "spec.strategy"):
