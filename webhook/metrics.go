@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Admission requests for Deployments (webhook mutating, validating; verdict for their status writes) and PodDisruptionBudgets (webhook disruption-budget) by webhook, "+
 				"operation (CREATE, UPDATE, DELETE, CONNECT; unknown for any other), result (allowed, patched, denied, error) "+
 				"and reason: none when allowed or patched; otherwise what refused it, one of malformed, selector, overlap, strategy, revision-history, "+
-				"progress-deadline, finalizers, quarantine, protected, policy, disruption-budget, internal (denials by policy: deployguard_policy_decisions_total).",
+				"progress-deadline, finalizers, size, quarantine, protected, policy, disruption-budget, internal (denials by policy: deployguard_policy_decisions_total).",
 			"webhook", "operation", "result", "reason"),
 		// Fine below 5 ms, where admissions are, so that a p99 can be read
 		// from the buckets; up to the webhooks' 3 s timeout.

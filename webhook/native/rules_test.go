@@ -504,3 +504,33 @@ func TestWhatTheGuardKeepsIsBounded(t *testing.T) {
 		})
 	}
 }
+
+// The guard files the size bounds' findings under a check of their own by
+// how their messages end (SizeBoundSuffix): both of their messages end so,
+// and no other validation's.
+func TestOnlyTheSizeBoundsEndWithTheirSuffix(t *testing.T) {
+	r, err := Load()
+	require.NoError(t, err)
+	sized := 0
+	for _, p := range r.Policies {
+		for _, v := range p.Spec.Validations {
+			bound := v.Expression == "variables.sizeBounded"
+			if bound {
+				sized++
+			}
+			assert.Equal(t, bound, strings.HasSuffix(strings.TrimSpace(v.Message), SizeBoundSuffix), "%s: the message of %q", p.Name, v.Expression)
+			assert.Equal(t, bound, strings.HasSuffix(strings.TrimSpace(stringLiterals.FindString(lastLiteral(v.MessageExpression))), SizeBoundSuffix+"'"),
+				"%s: the message expression of %q", p.Name, v.Expression)
+		}
+	}
+	assert.Equal(t, 1, sized, "the size bounds' validation")
+}
+
+// lastLiteral is the tail of e from its last string literal on.
+func lastLiteral(e string) string {
+	locs := stringLiterals.FindAllStringIndex(e, -1)
+	if len(locs) == 0 {
+		return ""
+	}
+	return e[locs[len(locs)-1][0]:]
+}
