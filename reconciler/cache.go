@@ -120,7 +120,13 @@ func StripForCache(obj any) (any, error) {
 		// ReplicaSet's Deployment by it (GetControllerOf), and nothing reads
 		// the others or its finalizers. Tenants may write ReplicaSets, and
 		// the API server bounds neither list but by the object's size.
-		o.OwnerReferences = controllerOnly(o.OwnerReferences)
+		switch ref := metav1.GetControllerOfNoCopy(o); {
+		case ref == nil:
+			o.OwnerReferences = nil
+		case len(o.OwnerReferences) > 1:
+			// A slice of its own: the others are not held.
+			o.OwnerReferences = []metav1.OwnerReference{*ref}
+		}
 		o.Finalizers = nil
 		// Of the status, only whether a new pod is Ready: the metric checks
 		// start measuring a revision then.
@@ -132,21 +138,6 @@ func StripForCache(obj any) (any, error) {
 }
 
 func stripMeta(m *metav1.ObjectMeta) { m.ManagedFields = nil }
-
-// controllerOnly returns the controller reference of refs alone (nil when
-// there is none), in a slice of its own unless it is refs' only entry: the
-// others are not held by what the informer keeps.
-func controllerOnly(refs []metav1.OwnerReference) []metav1.OwnerReference {
-	for i := range refs {
-		if c := refs[i].Controller; c != nil && *c {
-			if len(refs) == 1 {
-				return refs
-			}
-			return []metav1.OwnerReference{refs[i]}
-		}
-	}
-	return nil
-}
 
 // MaxCachedOtherAnnotationBytes bounds what a cached Deployment keeps of the
 // annotations outside the guard's domain, keys and values together; each

@@ -48,9 +48,6 @@ func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
 func StripBudgetForCache(obj any) (any, error) {
 	p, ok := obj.(*policyv1.PodDisruptionBudget)
 	if !ok {
-		if m, ok := obj.(metav1.Object); ok {
-			m.SetManagedFields(nil)
-		}
 		return obj, nil
 	}
 	p.ObjectMeta = metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
