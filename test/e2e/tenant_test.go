@@ -614,4 +614,19 @@ func TestATenantCannotGrowWhatTheGuardKeeps(t *testing.T) {
 		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"team.example.com/one-more":"v"}}}`)))
 	require.Error(t, err, "a 65th label")
 	assert.Contains(t, err.Error(), "metadata.labels: 65 labels besides deployguard's, more than the 64 a Deployment may carry")
+
+	// A PodDisruptionBudget's selector, which the budget index would keep
+	// whole: one of 65 terms is kept by no guard replica, and the budget's
+	// webhook says so where the tenant looks (warn mode admits it).
+	terms := make([]string, 0, 65)
+	for k, v := range labels(65) {
+		terms = append(terms, fmt.Sprintf("%s: %s", k, v))
+	}
+	manifest := filepath.Join(t.TempDir(), "budget.yaml")
+	require.NoError(t, os.WriteFile(manifest, []byte(fmt.Sprintf(
+		"apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: wide}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {%s}}\n",
+		strings.Join(terms, ", "))), 0o600))
+	out := tn.kubectl(ctx, t, "apply", "-f", manifest)
+	assert.Contains(t, out, "Warning: spec.selector: 65 terms (match labels, expressions and their values), more than the 64 deployguard keeps of a PodDisruptionBudget's selector")
+	assert.Contains(t, out, "poddisruptionbudget.policy/wide created")
 }

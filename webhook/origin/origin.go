@@ -15,7 +15,7 @@ const (
 	RevisionHistory  = "revision-history"  // spec.revisionHistoryLimit outside enforced bounds
 	ProgressDeadline = "progress-deadline" // spec.progressDeadlineSeconds not above minReadySeconds, or outside enforced bounds
 	Finalizers       = "finalizers"        // metadata.finalizers and the cleanup annotation that chooses them
-	Size             = "size"              // more labels, selector terms, finalizers or owners than the guard keeps of a Deployment
+	Size             = "size"              // more labels, selector terms, finalizers or owners than the guard keeps of a Deployment, or selector terms of a PodDisruptionBudget
 	Quarantine       = "quarantine"        // spec.template: a quarantined pod template brought back
 	Protected        = "protected"         // DELETE of a Deployment annotated protected
 	Policy           = "policy"            // an enforced Rego policy; which one is the policy engine's metrics'

@@ -34,11 +34,32 @@ type Budget struct {
 	MinAvailable, MaxUnavailable *intstr.IntOrString
 }
 
+// MaxBudgetSelectorTerms is how many terms of a PodDisruptionBudget's
+// selector the guard keeps and judges. A tenant writes budgets as large as
+// the API server takes (it bounds a value's length, not how many), and the
+// budget index holds every selector of the cluster: a larger one is not kept
+// (StripBudgetForCache) and its budget not judged. 64, as deployguard-refusals
+// bounds a Deployment's selector: about 24 KB at most.
+const MaxBudgetSelectorTerms = 64
+
+// SelectorTerms counts a selector's terms as the size bounds do: its match
+// labels, its expressions and their values.
+func SelectorTerms(sel *metav1.LabelSelector) int {
+	if sel == nil {
+		return 0
+	}
+	n := len(sel.MatchLabels) + len(sel.MatchExpressions)
+	for _, e := range sel.MatchExpressions {
+		n += len(e.Values)
+	}
+	return n
+}
+
 // BudgetOf summarises a PodDisruptionBudget; ok is false when it selects no
-// pods: policy/v1 reads a null selector as none and an empty one as every
-// pod of the namespace.
+// pods (policy/v1 reads a null selector as none and an empty one as every
+// pod of the namespace), or more terms than the guard judges.
 func BudgetOf(p *policyv1.PodDisruptionBudget) (Budget, bool) {
-	if p.Spec.Selector == nil {
+	if p.Spec.Selector == nil || SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms {
 		return Budget{}, false
 	}
 	sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
@@ -248,11 +269,18 @@ func (w *Reviewer) ReviewBudget(p, old *policyv1.PodDisruptionBudget, username s
 	if o.exemptionOf(p.Namespace, username, groups) != "" {
 		return nil
 	}
+	mode := o.DisruptionBudgets
+	if n := SelectorTerms(p.Spec.Selector); n > MaxBudgetSelectorTerms {
+		m := mode
+		if old != nil && SelectorTerms(old.Spec.Selector) >= n {
+			m = BudgetsWarn // over the bound already, and not grown
+		}
+		return Findings{oversizedBudget(m, n)}
+	}
 	b, ok := BudgetOf(p)
 	if !ok {
 		return nil
 	}
-	mode := o.DisruptionBudgets
 	sels, err := w.Budgets.Targets(p.Namespace, b.Selector)
 	if err != nil {
 		// A warning is not worth refusing for; enforce mode refuses, as the
@@ -291,6 +319,21 @@ func (w *Reviewer) ReviewBudget(p, old *policyv1.PodDisruptionBudget, username s
 			deployment, other)))
 	}
 	return f
+}
+
+// oversizedBudget is the finding on a budget whose selector has n terms, more
+// than the guard keeps.
+func oversizedBudget(mode string, n int) Finding {
+	path := field.NewPath("spec", "selector")
+	msg := fmt.Sprintf(
+		"%d terms (match labels, expressions and their values), more than the %d deployguard keeps of a PodDisruptionBudget's selector: "+
+			"it does not keep this one in memory, so it cannot tell whose node drains this budget blocks; "+
+			"select the pods with %d terms or fewer, such as the labels of their Deployment's selector",
+		n, MaxBudgetSelectorTerms, MaxBudgetSelectorTerms)
+	if mode == BudgetsEnforce {
+		return refuse(field.Forbidden(path, msg), origin.Size)
+	}
+	return warn(origin.Size, path, msg)
 }
 
 // sharedPods names another budget of namespace (not name) that selects the

@@ -44,11 +44,16 @@ func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
 // budget index reads a budget's identity, generation, deletion and spec; its
 // labels, annotations, owners and finalizers, which tenants write as large as
 // the object may be, and its status (an entry per disrupted pod) are not
-// kept. Its selector is kept whole: the index needs it exactly.
+// kept. Its selector is kept whole, the index needs it exactly, up to
+// MaxBudgetSelectorTerms: a larger one is not kept at all, and its budget not
+// judged (BudgetOf), so that what a tenant writes never sizes the guard.
 func StripBudgetForCache(obj any) (any, error) {
 	p, ok := obj.(*policyv1.PodDisruptionBudget)
 	if !ok {
 		return obj, nil
+	}
+	if SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms {
+		p.Spec.Selector = nil
 	}
 	p.ObjectMeta = metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		Generation: p.Generation, CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp}

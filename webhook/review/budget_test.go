@@ -230,3 +230,89 @@ func TestStripBudgetForCacheKeepsWhatTheIndexReads(t *testing.T) {
 	assert.Equal(t, want.Selector.String(), b.Selector.String())
 	assert.Equal(t, want.MinAvailable, b.MinAvailable)
 }
+
+// sizedSelector has n terms: match labels, and an expression with values.
+func sizedSelector(labels, values int) *metav1.LabelSelector {
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{}}
+	for i := range labels {
+		sel.MatchLabels[fmt.Sprintf("team.example.com/l-%d", i)] = "v"
+	}
+	if values > 0 {
+		e := metav1.LabelSelectorRequirement{Key: "tier", Operator: metav1.LabelSelectorOpIn}
+		for i := range values {
+			e.Values = append(e.Values, fmt.Sprintf("t-%d", i))
+		}
+		sel.MatchExpressions = append(sel.MatchExpressions, e)
+	}
+	return sel
+}
+
+// A tenant may write a budget's selector as large as the API server takes
+// (a value's length is bounded, not how many): the guard keeps and judges at
+// most MaxBudgetSelectorTerms of one, the cache drops a larger one, and the
+// budget's webhook says so (refuses it in enforce mode; a budget over the
+// bound already may be changed, not grown).
+func TestABudgetsSelectorIsBounded(t *testing.T) {
+	one := intstr.FromInt32(1)
+	for _, tc := range []struct {
+		name           string
+		labels, values int
+		want           int
+	}{
+		{"64 match labels", 64, 0, 64},
+		{"65 match labels", 65, 0, 65},
+		{"an expression of 63 values", 0, 63, 64},
+		{"an expression of 64 values", 0, 64, 65},
+		{"20,000 terms", 10_000, 9_999, 20_000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sel := sizedSelector(tc.labels, tc.values)
+			require.Equal(t, tc.want, review.SelectorTerms(sel))
+			over := tc.want > review.MaxBudgetSelectorTerms
+
+			kept, err := review.StripBudgetForCache(pdb("web", sel.DeepCopy(), &one))
+			require.NoError(t, err)
+			x := review.NewBudgetIndex(review.NewOverlapIndex(nil))
+			x.Set(kept.(*policyv1.PodDisruptionBudget))
+			if over {
+				assert.Nil(t, kept.(*policyv1.PodDisruptionBudget).Spec.Selector, "the cache keeps no selector over the bound")
+				assert.Zero(t, x.Len(), "nor does the index file its budget")
+			} else {
+				assert.Equal(t, sel, kept.(*policyv1.PodDisruptionBudget).Spec.Selector, "the cache keeps a selector within the bound whole")
+				assert.Equal(t, 1, x.Len())
+			}
+			_, ok := review.BudgetOf(pdb("web", sel, &one))
+			assert.Equal(t, !over, ok, "BudgetOf judges a budget within the bound only")
+
+			for _, mode := range []string{review.BudgetsWarn, review.BudgetsEnforce} {
+				w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: mode}, Budgets: x}
+				f := w.ReviewBudget(pdb("web", sel, &one), nil, "someone", nil)
+				if !over {
+					assert.Empty(t, f, "%s: a budget within the bound selecting nothing", mode)
+					continue
+				}
+				require.Len(t, f, 1, "%s: %v", mode, f)
+				assert.Equal(t, "spec.selector", f[0].Field)
+				assert.Equal(t, "size", f[0].Origin)
+				assert.Contains(t, f[0].Message, fmt.Sprintf("%d terms (match labels, expressions and their values), more than the 64 deployguard keeps", tc.want))
+				assert.Contains(t, f[0].Message, "select the pods with 64 terms or fewer")
+				if mode == review.BudgetsEnforce {
+					require.Len(t, f.Refusals(), 1, "enforce refuses a create over the bound")
+					assert.Equal(t, "size", review.RefusedBy(f.Refusals()))
+				} else {
+					assert.Empty(t, f.Refusals(), "warn only warns")
+				}
+				// Ratcheted: a budget over the bound already may be changed
+				// (here its rule) without a refusal, not grown.
+				before := pdb("web", sel, &one)
+				two := intstr.FromInt32(2)
+				f = w.ReviewBudget(pdb("web", sel, &two), before, "someone", nil)
+				assert.Empty(t, f.Refusals(), "%s: a budget over the bound already, its rule changed", mode)
+				assert.Len(t, f.Warnings(), 1, "%s: but warned", mode)
+				grown := sizedSelector(tc.labels+1, tc.values)
+				f = w.ReviewBudget(pdb("web", grown, &one), before, "someone", nil)
+				assert.Equal(t, mode == review.BudgetsEnforce, len(f.Refusals()) == 1, "%s: grown: %v", mode, f)
+			}
+		})
+	}
+}
