@@ -38,7 +38,8 @@ type Budget struct {
 // selector the guard keeps and judges. A tenant writes budgets as large as
 // the API server takes (it bounds a value's length, not how many), and the
 // budget index holds every selector of the cluster: a larger one is not kept
-// (StripBudgetForCache) and its budget not judged. 64, as deployguard-refusals
+// (StripBudgetForCache) nor filed, and its budget not judged against the
+// Deployments it selects. 64, as deployguard-refusals
 // bounds a Deployment's selector: about 24 KB at most.
 const MaxBudgetSelectorTerms = 64
 
@@ -56,10 +57,11 @@ func SelectorTerms(sel *metav1.LabelSelector) int {
 }
 
 // BudgetOf summarises a PodDisruptionBudget; ok is false when it selects no
-// pods (policy/v1 reads a null selector as none and an empty one as every
-// pod of the namespace), or more terms than the guard judges.
+// pods: policy/v1 reads a null selector as none and an empty one as every
+// pod of the namespace. It judges a selector of any size (the budget index
+// files none over MaxBudgetSelectorTerms).
 func BudgetOf(p *policyv1.PodDisruptionBudget) (Budget, bool) {
-	if p.Spec.Selector == nil || SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms {
+	if p.Spec.Selector == nil {
 		return Budget{}, false
 	}
 	sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)

@@ -46,7 +46,7 @@ func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
 // the object may be, and its status (an entry per disrupted pod) are not
 // kept. Its selector is kept whole, the index needs it exactly, up to
 // MaxBudgetSelectorTerms: a larger one is not kept at all, and its budget not
-// judged (BudgetOf), so that what a tenant writes never sizes the guard.
+// filed (Set), so that what a tenant writes never sizes the guard.
 func StripBudgetForCache(obj any) (any, error) {
 	p, ok := obj.(*policyv1.PodDisruptionBudget)
 	if !ok {
@@ -61,9 +61,11 @@ func StripBudgetForCache(obj any) (any, error) {
 	return p, nil
 }
 
-// Set files (or refiles) a budget.
+// Set files (or refiles) a budget; one whose selector is over
+// MaxBudgetSelectorTerms is not filed.
 func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
 	b, ok := BudgetOf(p)
+	ok = ok && SelectorTerms(p.Spec.Selector) <= MaxBudgetSelectorTerms
 	var anchors []labelPair
 	if ok {
 		// Counted before taking this index's lock: the two are never held

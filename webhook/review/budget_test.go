@@ -281,8 +281,15 @@ func TestABudgetsSelectorIsBounded(t *testing.T) {
 				assert.Equal(t, sel, kept.(*policyv1.PodDisruptionBudget).Spec.Selector, "the cache keeps a selector within the bound whole")
 				assert.Equal(t, 1, x.Len())
 			}
-			_, ok := review.BudgetOf(pdb("web", sel, &one))
-			assert.Equal(t, !over, ok, "BudgetOf judges a budget within the bound only")
+			x.Set(pdb("web", sel, &one))
+			assert.Equal(t, !over, x.Len() == 1, "the index files a budget within the bound only, however it is given")
+			b, ok := review.BudgetOf(pdb("web", sel, &one))
+			pod := labels.Set{"tier": "t-0"}
+			for k, v := range sel.MatchLabels {
+				pod[k] = v
+			}
+			assert.True(t, ok && b.Selector.Matches(pod),
+				"BudgetOf summarises any selector (deployguard status reads budgets from the API server)")
 
 			for _, mode := range []string{review.BudgetsWarn, review.BudgetsEnforce} {
 				w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: mode}, Budgets: x}
@@ -315,4 +322,37 @@ func TestABudgetsSelectorIsBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The size bound refuses (in enforce mode) what makes a budget's selector
+// larger than the bound, never what makes it smaller: a budget over the bound
+// shrunk to a few terms is judged as the drain check ratchets, against what
+// the old selector blocked already.
+func TestABudgetsSelectorShrinksWithoutARefusal(t *testing.T) {
+	deps := review.NewOverlapIndex(nil)
+	deps.Set(deploymentWith("web", 1, map[string]string{"app": "web", "tier": "t-0"}))
+	x := review.NewBudgetIndex(deps)
+	one := intstr.FromInt32(1)
+	w := &review.Reviewer{Options: &review.Options{DisruptionBudgets: review.BudgetsEnforce}, Overlaps: deps, Budgets: x}
+	large := sizedSelector(0, 65)
+	large.MatchLabels["app"] = "web" // 67 terms, selecting web's one pod
+	small := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+
+	f := w.ReviewBudget(pdb("web", small, &one), pdb("web", large, &one), "someone", nil)
+	assert.Empty(t, f.Refusals(), "shrunk within the bound, blocking what it blocked: %v", f)
+	if assert.Len(t, f.Warnings(), 1, "but the drain check warns") {
+		assert.Contains(t, f.Warnings()[0], "spec.minAvailable: this budget (minAvailable: 1) allows no eviction")
+	}
+	f = w.ReviewBudget(pdb("web", large, &one), pdb("web", small, &one), "someone", nil)
+	assert.Equal(t, "size", review.RefusedBy(f.Refusals()), "grown over the bound from within it: %v", f)
+	f = w.ReviewBudget(pdb("web", large, &one), pdb("web", &metav1.LabelSelector{}, &one), "someone", nil)
+	assert.Equal(t, "size", review.RefusedBy(f.Refusals()), "grown from an empty selector: %v", f)
+	f = w.ReviewBudget(pdb("web", sizedSelector(0, 64), &one), pdb("web", large, &one), "someone", nil)
+	assert.Empty(t, f.Refusals(), "shrunk, still over the bound: %v", f)
+	assert.Len(t, f.Warnings(), 1, "shrunk, still over the bound, warned")
+
+	w.Options.ExemptUsernames = []string{"platform-bot"}
+	assert.Empty(t, w.ReviewBudget(pdb("web", large, &one), nil, "platform-bot", nil), "an exempt identity")
+	w.Options.DisruptionBudgets = review.BudgetsOff
+	assert.Empty(t, w.ReviewBudget(pdb("web", large, &one), nil, "someone", nil), "the drain check off")
 }
