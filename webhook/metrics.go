@@ -1,7 +1,9 @@
 package webhook
 
 import (
+	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,3 +104,27 @@ func refusalReason(errs field.ErrorList) string {
 	}
 	return review.RefusedBy(errs)
 }
+
+// RegisterUnjudgedBudgets registers deployguard_disruption_budgets_unjudged,
+// read from budgets at each scrape: a budget whose selector the guard does
+// not keep (review.MaxBudgetSelectorTerms) is judged by no check, and this
+// is where an operator sees how many there are, whenever they were written.
+func RegisterUnjudgedBudgets(reg prometheus.Registerer, budgets *review.BudgetIndex) error {
+	unjudgedFrom.Store(budgets)
+	r := collectors.NewRegistration(reg, "disruption budget metrics")
+	collectors.Add(r, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "deployguard_disruption_budgets_unjudged",
+		Help: fmt.Sprintf("PodDisruptionBudgets whose selector has more than %d terms (match labels, expressions and their values): "+
+			"the guard keeps no such selector in memory, and the drain check judges none of them.", review.MaxBudgetSelectorTerms),
+	}, func() float64 {
+		if x := unjudgedFrom.Load(); x != nil {
+			return float64(x.Unjudged())
+		}
+		return 0
+	}))
+	return r.Err()
+}
+
+// unjudgedFrom is the index the gauge reads: the one registered last, as a
+// guard restarted in one process (a test) counts into the series it found.
+var unjudgedFrom atomic.Pointer[review.BudgetIndex]

@@ -249,3 +249,37 @@ func TestRefusalLogLineIsBounded(t *testing.T) {
 	assert.Contains(t, lines[0], `"reason"="malformed"`)
 	assert.Less(t, len(lines[0]), 8*1024, "a line of at most a few values of 512 bytes")
 }
+
+// How many budgets the drain check does not judge, for their selector's
+// size, is on the metrics endpoint, read from the index at each scrape; a
+// second registration (a guard restarted in one process) reads its own.
+func TestUnjudgedBudgetsAreAGauge(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	one := intstr.FromInt32(1)
+	wide := &metav1.LabelSelector{MatchLabels: map[string]string{}}
+	for i := range review.MaxBudgetSelectorTerms + 1 {
+		wide.MatchLabels[fmt.Sprintf("l-%d", i)] = "v"
+	}
+	read := func() float64 {
+		t.Helper()
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		for _, f := range families {
+			if f.GetName() == "deployguard_disruption_budgets_unjudged" {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("deployguard_disruption_budgets_unjudged is not registered")
+		return 0
+	}
+	x := review.NewBudgetIndex(nil)
+	require.NoError(t, RegisterUnjudgedBudgets(reg, x))
+	assert.Zero(t, read())
+	x.Set(reviewtest.BudgetIn("shop", "wide", wide, &one))
+	x.Set(reviewtest.BudgetIn("shop", "web", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, &one))
+	assert.Equal(t, 1.0, read())
+
+	restarted := review.NewBudgetIndex(nil)
+	require.NoError(t, RegisterUnjudgedBudgets(reg, restarted))
+	assert.Zero(t, read(), "the restarted guard's index")
+}

@@ -3,6 +3,7 @@ package review
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	appsv1 "k8s.io/api/apps/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -30,14 +31,30 @@ type BudgetSource interface {
 // come from the overlap index, which files them by template label.
 type BudgetIndex struct {
 	byNamespace
-	budgets     map[string]map[string]Budget
+	budgets map[string]map[string]Budget
+	// unjudged are the budgets not filed for a selector over the bound,
+	// by namespace/name: counted, for the operator (Unjudged).
+	unjudged    map[string]struct{}
 	synced      func() bool
 	Deployments *OverlapIndex
 }
 
 // NewBudgetIndex returns an empty index over deployments' Deployments.
 func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
-	return &BudgetIndex{byNamespace: byNamespace{byNS: map[string]*nsSelections{}}, budgets: map[string]map[string]Budget{}, Deployments: deployments}
+	return &BudgetIndex{byNamespace: byNamespace{byNS: map[string]*nsSelections{}}, budgets: map[string]map[string]Budget{},
+		unjudged: map[string]struct{}{}, Deployments: deployments}
+}
+
+// selectorNotKept marks a budget whose selector StripBudgetForCache dropped;
+// its value is the selector's number of terms. Set on the cache's copy after
+// every annotation the budget carried is gone, so only the guard writes it.
+const selectorNotKept = "deployguard.io/selector-not-kept"
+
+// oversized reports whether p's selector is over the bound, as written or as
+// the cache transform left it.
+func oversized(p *policyv1.PodDisruptionBudget) bool {
+	_, dropped := p.Annotations[selectorNotKept]
+	return dropped || SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms
 }
 
 // StripBudgetForCache is the cache transform of PodDisruptionBudgets. The
@@ -52,11 +69,12 @@ func StripBudgetForCache(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
-	if SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms {
-		p.Spec.Selector = nil
-	}
 	p.ObjectMeta = metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		Generation: p.Generation, CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp}
+	if n := SelectorTerms(p.Spec.Selector); n > MaxBudgetSelectorTerms {
+		p.Spec.Selector = nil
+		p.Annotations = map[string]string{selectorNotKept: strconv.Itoa(n)}
+	}
 	p.Status = policyv1.PodDisruptionBudgetStatus{}
 	return p, nil
 }
@@ -65,7 +83,8 @@ func StripBudgetForCache(obj any) (any, error) {
 // MaxBudgetSelectorTerms is not filed.
 func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
 	b, ok := BudgetOf(p)
-	ok = ok && SelectorTerms(p.Spec.Selector) <= MaxBudgetSelectorTerms
+	over := oversized(p)
+	ok = ok && !over
 	var anchors []labelPair
 	if ok {
 		// Counted before taking this index's lock: the two are never held
@@ -79,6 +98,9 @@ func (x *BudgetIndex) Set(p *policyv1.PodDisruptionBudget) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.remove(p.Namespace, p.Name)
+	if over {
+		x.unjudged[p.Namespace+"/"+p.Name] = struct{}{}
+	}
 	if !ok {
 		return
 	}
@@ -100,6 +122,7 @@ func (x *BudgetIndex) Delete(namespace, name string) {
 }
 
 func (x *BudgetIndex) remove(namespace, name string) {
+	delete(x.unjudged, namespace+"/"+name)
 	ns := x.byNS[namespace]
 	if ns == nil {
 		return
@@ -126,6 +149,14 @@ func (x *BudgetIndex) Len() int {
 		n += len(ns)
 	}
 	return n
+}
+
+// Unjudged is the number of budgets not filed because their selector is over
+// MaxBudgetSelectorTerms: the drain check judges none of them.
+func (x *BudgetIndex) Unjudged() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.unjudged)
 }
 
 // Selecting implements BudgetSource.

@@ -277,9 +277,11 @@ func TestABudgetsSelectorIsBounded(t *testing.T) {
 			if over {
 				assert.Nil(t, kept.(*policyv1.PodDisruptionBudget).Spec.Selector, "the cache keeps no selector over the bound")
 				assert.Zero(t, x.Len(), "nor does the index file its budget")
+				assert.Equal(t, 1, x.Unjudged(), "it counts it")
 			} else {
 				assert.Equal(t, sel, kept.(*policyv1.PodDisruptionBudget).Spec.Selector, "the cache keeps a selector within the bound whole")
 				assert.Equal(t, 1, x.Len())
+				assert.Zero(t, x.Unjudged())
 			}
 			x.Set(pdb("web", sel, &one))
 			assert.Equal(t, !over, x.Len() == 1, "the index files a budget within the bound only, however it is given")
@@ -355,4 +357,34 @@ func TestABudgetsSelectorShrinksWithoutARefusal(t *testing.T) {
 	assert.Empty(t, w.ReviewBudget(pdb("web", large, &one), nil, "platform-bot", nil), "an exempt identity")
 	w.Options.DisruptionBudgets = review.BudgetsOff
 	assert.Empty(t, w.ReviewBudget(pdb("web", large, &one), nil, "someone", nil), "the drain check off")
+}
+
+// The index counts the budgets it does not judge for their selector's size,
+// as the cache hands them over, and forgets one shrunk or deleted. A
+// tenant's annotation of the cache's marker counts for nothing: the cache
+// keeps no annotation of a budget's own.
+func TestTheBudgetsNotJudgedAreCounted(t *testing.T) {
+	one := intstr.FromInt32(1)
+	cached := func(name string, sel *metav1.LabelSelector, annotations map[string]string) *policyv1.PodDisruptionBudget {
+		p := pdb(name, sel, &one)
+		p.Annotations = annotations
+		kept, err := review.StripBudgetForCache(p)
+		require.NoError(t, err)
+		return kept.(*policyv1.PodDisruptionBudget)
+	}
+	x := review.NewBudgetIndex(review.NewOverlapIndex(nil))
+	small := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}
+	x.Set(cached("forged", small, map[string]string{"deployguard.io/selector-not-kept": "100"}))
+	assert.Equal(t, 0, x.Unjudged(), "a tenant's annotation")
+	assert.Equal(t, 1, x.Len())
+	x.Set(cached("wide", sizedSelector(65, 0), nil))
+	x.Set(cached("wider", sizedSelector(0, 100), nil))
+	assert.Equal(t, 2, x.Unjudged())
+	x.Set(cached("wide", sizedSelector(65, 0), nil))
+	assert.Equal(t, 2, x.Unjudged(), "an update of one counted already")
+	x.Set(cached("wide", small, nil))
+	assert.Equal(t, 1, x.Unjudged(), "shrunk within the bound")
+	assert.Equal(t, 2, x.Len(), "and filed")
+	x.Delete("ns", "wider")
+	assert.Equal(t, 0, x.Unjudged(), "deleted")
 }

@@ -432,6 +432,9 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, pr *health.Probes, f *
 	if err != nil {
 		return nil, err
 	}
+	if err := guardwebhook.RegisterUnjudgedBudgets(metrics.Registry, budgets); err != nil {
+		return nil, err
+	}
 	if err := pr.AddReadyzCheck("deployments-indexed", func(*http.Request) error {
 		if !overlaps.Synced() || !budgets.Synced() {
 			return review.ErrIndexNotSynced
