@@ -20,6 +20,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -629,4 +630,18 @@ func TestATenantCannotGrowWhatTheGuardKeeps(t *testing.T) {
 	out := tn.kubectl(ctx, t, "apply", "-f", manifest)
 	assert.Contains(t, out, "Warning: spec.selector: 65 terms (match labels, expressions and their values), more than the 64 deployguard keeps of a PodDisruptionBudget's selector")
 	assert.Contains(t, out, "poddisruptionbudget.policy/wide created")
+	// The platform team sees it on the guard's metrics, until it is gone.
+	unjudged := func(want string) {
+		t.Helper()
+		harness.WaitFor(t, time.Minute, "deployguard_disruption_budgets_unjudged never read "+want, func(context.Context) (bool, string, error) {
+			code, body, err := local.Guard.Scrape()
+			if err != nil || code != http.StatusOK {
+				return false, fmt.Sprintf("scrape: %d %v", code, err), nil
+			}
+			return strings.Contains(body, "\ndeployguard_disruption_budgets_unjudged "+want+"\n"), body, nil
+		})
+	}
+	unjudged("1")
+	require.NoError(t, tn.c.Delete(ctx, &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: tn.ns, Name: "wide"}}))
+	unjudged("0")
 }
