@@ -115,7 +115,7 @@ func RegisterUnjudgedBudgets(reg prometheus.Registerer, budgets *review.BudgetIn
 	collectors.Add(r, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "deployguard_disruption_budgets_unjudged",
 		Help: fmt.Sprintf("PodDisruptionBudgets whose selector has more than %d terms (match labels, expressions and their values): "+
-			"the guard keeps no such selector in memory, and the drain check judges none of them.", review.MaxBudgetSelectorTerms),
+			"the guard keeps no such selector in memory, and the drain check judges none of them. Every replica counts the whole cluster: read max(), not sum().", review.MaxBudgetSelectorTerms),
 	}, func() float64 {
 		if x := unjudgedFrom.Load(); x != nil {
 			return float64(x.Unjudged())

@@ -638,7 +638,12 @@ func TestATenantCannotGrowWhatTheGuardKeeps(t *testing.T) {
 			if err != nil || code != http.StatusOK {
 				return false, fmt.Sprintf("scrape: %d %v", code, err), nil
 			}
-			return strings.Contains(body, "\ndeployguard_disruption_budgets_unjudged "+want+"\n"), body, nil
+			for _, line := range strings.Split(body, "\n") {
+				if strings.HasPrefix(line, "deployguard_disruption_budgets_unjudged ") {
+					return line == "deployguard_disruption_budgets_unjudged "+want, line, nil
+				}
+			}
+			return false, "no deployguard_disruption_budgets_unjudged series", nil
 		})
 	}
 	unjudged("1")

@@ -51,10 +51,12 @@ func NewBudgetIndex(deployments *OverlapIndex) *BudgetIndex {
 const selectorNotKept = "deployguard.io/selector-not-kept"
 
 // oversized reports whether p's selector is over the bound, as written or as
-// the cache transform left it.
+// the cache transform left it: marked, with no selector. A manifest that
+// carries the mark beside a selector (`deployguard check` files manifests
+// untransformed) is judged by its selector.
 func oversized(p *policyv1.PodDisruptionBudget) bool {
-	_, dropped := p.Annotations[selectorNotKept]
-	return dropped || SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms
+	_, marked := p.Annotations[selectorNotKept]
+	return (marked && p.Spec.Selector == nil) || SelectorTerms(p.Spec.Selector) > MaxBudgetSelectorTerms
 }
 
 // StripBudgetForCache is the cache transform of PodDisruptionBudgets. The
@@ -63,7 +65,9 @@ func oversized(p *policyv1.PodDisruptionBudget) bool {
 // the object may be, and its status (an entry per disrupted pod) are not
 // kept. Its selector is kept whole, the index needs it exactly, up to
 // MaxBudgetSelectorTerms: a larger one is not kept at all, and its budget not
-// filed (Set), so that what a tenant writes never sizes the guard.
+// filed (Set), so that what a tenant writes never sizes the guard. It runs
+// once on each object the informer receives, as client-go's informers do:
+// run again, it would drop the mark it set.
 func StripBudgetForCache(obj any) (any, error) {
 	p, ok := obj.(*policyv1.PodDisruptionBudget)
 	if !ok {

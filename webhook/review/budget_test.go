@@ -377,6 +377,13 @@ func TestTheBudgetsNotJudgedAreCounted(t *testing.T) {
 	x.Set(cached("forged", small, map[string]string{"deployguard.io/selector-not-kept": "100"}))
 	assert.Equal(t, 0, x.Unjudged(), "a tenant's annotation")
 	assert.Equal(t, 1, x.Len())
+	// deployguard check files manifests as written.
+	forged := pdb("forged-manifest", small, &one)
+	forged.Annotations = map[string]string{"deployguard.io/selector-not-kept": "100"}
+	x.Set(forged)
+	assert.Equal(t, 0, x.Unjudged(), "a manifest's annotation beside its selector")
+	assert.Equal(t, 2, x.Len(), "the manifest's budget is filed and judged")
+	x.Delete("ns", "forged-manifest")
 	x.Set(cached("wide", sizedSelector(65, 0), nil))
 	x.Set(cached("wider", sizedSelector(0, 100), nil))
 	assert.Equal(t, 2, x.Unjudged())
