@@ -129,7 +129,8 @@ func StripForCache(obj any) (any, error) {
 		}
 		o.Finalizers = nil
 		// Of the status, only whether a new pod is Ready: the metric checks
-		// start measuring a revision then.
+		// start measuring a revision then. A stalled scale-up reads the
+		// ReplicaFailure condition from the API server (replicaFailure).
 		o.Status = appsv1.ReplicaSetStatus{ReadyReplicas: o.Status.ReadyReplicas}
 	case metav1.Object:
 		o.SetManagedFields(nil)

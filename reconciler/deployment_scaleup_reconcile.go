@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -90,8 +91,14 @@ func (r *DeploymentReconciler) reconcileScaleUp(ctx context.Context, d *appsv1.D
 	for i := range pods {
 		in.Pods = append(in.Pods, ScaleUpPod{PodState: PodStateOf(&pods[i], now, o), Created: pods[i].CreationTimestamp.Time})
 	}
-	for _, c := range newRS.Status.Conditions {
-		if c.Type == appsv1.ReplicaSetReplicaFailure && c.Status == corev1.ConditionTrue {
+	if int32(len(pods)) < desired {
+		// Pods missing altogether: the ReplicaSet may be unable to create
+		// them (a quota, an admission refusal), which only its status says.
+		c, err := r.replicaFailure(ctx, newRS)
+		if err != nil {
+			return 0, err
+		}
+		if c != nil {
 			in.CreateFailure = &PodFailure{Pod: newRS.Name, Reason: c.Reason, Message: c.Message}
 			in.CreateFailureSince = c.LastTransitionTime.Time
 		}
@@ -168,4 +175,27 @@ func (c *ScaleUpCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(scaleUpsDesc, prometheus.GaugeValue, float64(n))
+}
+
+// replicaFailure is rs's ReplicaFailure condition when it holds, read from
+// the API server: the cache keeps of a ReplicaSet's status only its ready
+// replicas (StripForCache), not its conditions. A ReplicaSet gone or
+// replaced since has none.
+func (r *DeploymentReconciler) replicaFailure(ctx context.Context, rs *appsv1.ReplicaSet) (*appsv1.ReplicaSetCondition, error) {
+	whole := &appsv1.ReplicaSet{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rs), whole); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading ReplicaSet %s/%s: %w", rs.Namespace, rs.Name, err)
+	}
+	if whole.UID != rs.UID {
+		return nil, nil
+	}
+	for i := range whole.Status.Conditions {
+		if c := &whole.Status.Conditions[i]; c.Type == appsv1.ReplicaSetReplicaFailure && c.Status == corev1.ConditionTrue {
+			return c, nil
+		}
+	}
+	return nil, nil
 }

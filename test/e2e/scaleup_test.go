@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/deployguard/deployguard/reconciler/vocab"
 	"github.com/deployguard/deployguard/test/harness"
@@ -67,4 +70,42 @@ func TestScaleUpThatCannotCompleteIsReported(t *testing.T) {
 		return condition(d, vocab.ConditionStalled) == nil, describe(d), nil
 	})
 	assert.True(t, strings.HasPrefix(guardEvent(t, ns, "spread", vocab.ReasonScaleUpRecovered), "The scale-up no longer stalls: 2/2 replicas available"))
+}
+
+// A scale-up that a ResourceQuota refuses creates no pod at all: only the
+// ReplicaSet's ReplicaFailure condition says why, and the guard's cache keeps
+// none of a ReplicaSet's conditions. The guard reads it from the API server
+// and reports the stall with the quota's words.
+func TestScaleUpRefusedByAQuotaIsReported(t *testing.T) {
+	t.Parallel()
+	const progressDeadline = 15 * time.Second
+	ctx := context.Background()
+	ns := harness.NewNamespace(t, local.Client)
+	require.NoError(t, local.Client.Create(ctx, &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pods"},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("2")}},
+	}))
+	harness.WaitFor(t, time.Minute, "the quota controller never counted the namespace", func(ctx context.Context) (bool, string, error) {
+		var q corev1.ResourceQuota
+		if err := local.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pods"}, &q); err != nil {
+			return false, "", err
+		}
+		_, counted := q.Status.Used[corev1.ResourcePods]
+		return counted, fmt.Sprintf("%+v", q.Status), nil
+	})
+	d := harness.Deployment(ns, "quota", "app:1", shortDeadline)
+	d.Spec.ProgressDeadlineSeconds = ptr(int32(progressDeadline / time.Second))
+	require.NoError(t, local.Client.Create(ctx, d))
+	waitAvailable(t, ns, "quota", time.Minute)
+
+	require.NoError(t, update(t, ns, "quota", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(4)) }))
+	var stalled *appsv1.DeploymentCondition
+	harness.WaitFor(t, progressDeadline+45*time.Second, "the scale-up the quota refused was not reported", func(ctx context.Context) (bool, string, error) {
+		d := get(ctx, t, ns, "quota")
+		stalled = condition(d, vocab.ConditionStalled)
+		return stalled != nil && stalled.Status == corev1.ConditionTrue && stalled.Reason == vocab.ReasonScaleUpStalled, describe(d), nil
+	})
+	for _, want := range []string{"2/4 replicas available", "FailedCreate", "exceeded quota", "scale back to 2"} {
+		assert.Contains(t, stalled.Message, want)
+	}
 }
